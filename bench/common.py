@@ -1,0 +1,49 @@
+"""Timing helpers shared by the benchmarks: interleaved medians, with warm-up."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+
+def median_times(
+    fns: dict[str, Callable[[], object]],
+    *,
+    repeat: int = 21,
+    warmup: int = 2,
+    sync: Callable[[], None] | None = None,
+    budget_s: float = 20.0,
+) -> dict[str, float]:
+    """Median wall seconds of each function, called in turn round after round.
+
+    Interleaving puts every candidate under the same machine state (frequency, other load), so
+    their ratios are much steadier than timing one after the other. Fewer rounds (at least 5)
+    when the whole comparison would exceed ``budget_s``.
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    if sync:
+        sync()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    start_all = time.perf_counter()
+    for round_ in range(repeat):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            if sync:
+                sync()
+            times[name].append(time.perf_counter() - start)
+        if round_ >= 4 and time.perf_counter() - start_all > budget_s:
+            break
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    """A Markdown table, ready to paste into BENCHMARKS.md."""
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        cells = [f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in columns]
+        print("| " + " | ".join(cells) + " |")

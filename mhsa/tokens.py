@@ -1,0 +1,99 @@
+"""Tokens as the model sees them, with offsets, special/punctuation flags and word grouping."""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Tokens", "is_punctuation", "word_groups"]
+
+_PIECE_MARKS = ("##", "Ġ", "▁", "Ċ")
+
+
+def is_punctuation(token: str) -> bool:
+    """True when the token, without sub-word markers, is made only of punctuation characters."""
+    text = token
+    for mark in _PIECE_MARKS:
+        text = text.replace(mark, "")
+    text = text.strip()
+    return bool(text) and all(unicodedata.category(ch).startswith("P") for ch in text)
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """One tokenized sequence.
+
+    Attributes:
+        strings: token strings as the tokenizer names them (``"##ing"``, ``"Ġcat"``, ``"[CLS]"``).
+        offsets: ``(start, end)`` character span in the text per token; ``(0, 0)`` for specials.
+        special: True for special tokens ([CLS], [SEP], BOS/EOS, padding).
+        word_ids: index of the word a token belongs to; -1 for special tokens.
+    """
+
+    strings: tuple[str, ...]
+    offsets: tuple[tuple[int, int], ...]
+    special: tuple[bool, ...]
+    word_ids: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.strings)
+
+    @property
+    def punctuation(self) -> tuple[bool, ...]:
+        pairs = zip(self.strings, self.special, strict=True)
+        return tuple(is_punctuation(t) and not s for t, s in pairs)
+
+    @classmethod
+    def from_encoding(cls, tokenizer: Any, encoding: Any, ids: list[int]) -> Tokens:
+        """Build from a fast tokenizer's ``BatchEncoding`` (batch index 0) and its input ids."""
+        strings = tuple(tokenizer.convert_ids_to_tokens(ids))
+        special_ids = set(tokenizer.all_special_ids)
+        special = tuple(i in special_ids for i in ids)
+        offsets = (
+            tuple((int(a), int(b)) for a, b in encoding["offset_mapping"][0].tolist())
+            if "offset_mapping" in encoding
+            else ((0, 0),) * len(ids)
+        )
+        word_ids = _word_ids(encoding, special, len(ids))
+        return cls(strings, offsets, special, word_ids)
+
+
+def _word_ids(encoding: Any, special: tuple[bool, ...], n: int) -> tuple[int, ...]:
+    """Number words across both sequences of a pair; specials get -1."""
+    try:
+        words = encoding.word_ids(0)
+        seqs = encoding.sequence_ids(0)
+    except (ValueError, AttributeError):  # slow tokenizers have no word alignment
+        words, seqs = list(range(n)), [0] * n
+    out: list[int] = []
+    last_key: tuple[int | None, int | None] | None = None
+    counter = -1
+    for w, s, sp in zip(words, seqs, special, strict=False):
+        if w is None or sp:
+            out.append(-1)
+            last_key = None
+            continue
+        if (s, w) != last_key:
+            counter += 1
+            last_key = (s, w)
+        out.append(counter)
+    return tuple(out)
+
+
+def word_groups(word_ids: tuple[int, ...]) -> np.ndarray:
+    """Membership matrix ``[units, tokens]``: a unit is a word, or one special token alone."""
+    units: list[list[int]] = []
+    last = None
+    for i, w in enumerate(word_ids):
+        if w >= 0 and w == last:
+            units[-1].append(i)
+        else:
+            units.append([i])
+        last = w if w >= 0 else None
+    member = np.zeros((len(units), len(word_ids)), dtype=np.float32)
+    for u, idx in enumerate(units):
+        member[u, idx] = 1.0
+    return member

@@ -1,0 +1,64 @@
+"""python -m mhsa: attend, info, stats, and its answers to bad arguments."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import mhsa
+from mhsa.__main__ import main
+
+
+def test_attend_prints_summary_and_writes_result(tmp_path, capsys) -> None:
+    out = tmp_path / "cat.npz"
+    assert main(["attend", "The cat sat on the mat.", "--engine", "mhsa", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "[CLS] the cat sat on the mat . [SEP]" in text
+    assert "[6, 12, 9, 9]" in text and "max |ours - model|" in text
+    r = mhsa.AttentionResult.load(out)
+    assert r.engine == "mhsa" and r.attention.shape == (6, 12, 9, 9)
+
+
+def test_info_prints_model_facts(capsys) -> None:
+    assert main(["info", "--model", "default", "--device", "cpu"]) == 0
+    lines = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert lines["layers"] == "6" and lines["heads"] == "12"
+    assert lines["d_model"] == "384" and lines["d_head"] == "32"
+    assert lines["max_positions"] == "512"
+
+
+def test_stats_matches_head_stats_on_the_same_sentences(tmp_path, capsys, minilm) -> None:
+    sentences = ["The cat sat on the mat.", "", "Dogs bark, cats meow."]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(sentences), encoding="utf-8")
+    out, sim = tmp_path / "stats.csv", tmp_path / "sim.csv"
+    assert (
+        main(["stats", str(corpus), "--out", str(out), "--similarity", str(sim), "--device", "cpu"])
+        == 0
+    )
+    table = pd.read_csv(out, index_col="name")
+    want = mhsa.head_stats([mhsa.attend(s, model=minilm) for s in sentences if s])
+    assert len(table) == 72
+    np.testing.assert_allclose(table["entropy"], want["entropy"], rtol=1e-6)
+    assert (table["role"] == want["role"]).all()
+    assert pd.read_csv(sim, index_col=0).shape == (72, 72)
+    assert "2 sentences" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["attend", "   "], "The text is empty"),
+        (["attend", "x", "--engine", "bogus"], "invalid choice: 'bogus'"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["attend", "x", "--model", "no/such-model-here"], "not found locally"),
+        (["stats", "/no/such/file.txt", "--out", "x.csv"], "Cannot read /no/such/file.txt"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and err.startswith("python -m mhsa")

@@ -1,0 +1,207 @@
+"""Head analysis on hand-made attention with known answers, and on the real embedded model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mhsa
+from mhsa import AttentionResult
+from mhsa.stats import HeadStatsAccumulator
+
+
+def _result(
+    attention: np.ndarray, *, special: list[bool] | None = None, punct: list[bool] | None = None
+) -> AttentionResult:
+    n = attention.shape[-1]
+    return AttentionResult(
+        text="x",
+        tokens=[f"t{i}" for i in range(n)],
+        attention=attention.astype(np.float32),
+        offsets=[(0, 0)] * n,
+        special=special or [False] * n,
+        punctuation=punct or [False] * n,
+        word_ids=list(range(n)),
+        model="hand-made",
+        engine="test",
+        device="cpu",
+    )
+
+
+def _prev_head(n: int) -> np.ndarray:
+    a = np.zeros((n, n))
+    a[0, 0] = 1
+    a[np.arange(1, n), np.arange(n - 1)] = 1
+    return a
+
+
+def _next_head(n: int) -> np.ndarray:
+    a = np.zeros((n, n))
+    a[np.arange(n - 1), np.arange(1, n)] = 1
+    a[n - 1, n - 1] = 1
+    return a
+
+
+def test_previous_next_uniform_and_first_token_heads() -> None:
+    n = 8
+    first = np.zeros((n, n))
+    first[:, 0] = 1
+    heads = np.stack([_prev_head(n), _next_head(n), np.full((n, n), 1 / n), first])[None]
+    stats = mhsa.head_stats(_result(heads, special=[True] + [False] * 6 + [True]))
+    assert list(stats.index) == ["L0H0", "L0H1", "L0H2", "L0H3"]
+    prev, nxt, uniform, cls = (stats.iloc[i] for i in range(4))
+    assert prev["to_prev"] == pytest.approx(1.0) and prev["role"] == "previous token"
+    assert prev["mean_distance"] == pytest.approx((n - 1) / n)
+    assert nxt["to_next"] == pytest.approx(1.0) and nxt["role"] == "next token"
+    assert uniform["entropy"] == pytest.approx(np.log(n), rel=1e-6)  # smoothing keeps 1/n
+    assert uniform["role"] == "broad"
+    assert uniform["max_weight"] == pytest.approx(1 / n)
+    assert uniform["to_sep"] == pytest.approx(1 / n)
+    assert cls["to_first"] == pytest.approx(1.0) and cls["role"] == "first token"
+    # a one-hot head has the smoothed entropy, close to but above 0
+    assert 0 < prev["entropy"] < 0.01
+
+
+def test_punctuation_and_self_and_mixed_roles() -> None:
+    n = 6
+    punct = [False, False, True, False, False, True]
+    p = np.zeros((n, n))
+    p[:, 2] = p[:, 5] = 0.5
+    mixed = np.zeros((n, n))
+    mixed[:, 0] = 0.45
+    mixed[:, 3] = 0.55
+    heads = np.stack([p, np.eye(n), mixed])[None]
+    stats = mhsa.head_stats(_result(heads, punct=punct))
+    assert stats.loc["L0H0", "to_punct"] == pytest.approx(1.0)
+    assert stats.loc["L0H0", "role"] == "punctuation"
+    assert stats.loc["L0H1", "role"] == "self"
+    assert stats.loc["L0H2", "role"] == "mixed"
+
+
+def test_corpus_statistics_are_the_mean_over_sentences() -> None:
+    a = _result(np.stack([_prev_head(5), np.eye(5)])[None])
+    b = _result(np.stack([np.full((7, 7), 1 / 7), np.eye(7)])[None])
+    both = mhsa.head_stats([a, b])
+    one, two = mhsa.head_stats(a), mhsa.head_stats(b)
+    cols = ["entropy", "to_prev", "to_self", "mean_distance"]
+    np.testing.assert_allclose(both[cols], (one[cols] + two[cols]) / 2)
+    acc = HeadStatsAccumulator()
+    acc.add(a)
+    acc.add(b)
+    np.testing.assert_allclose(acc.frame()[cols], both[cols])
+
+
+def test_identical_heads_have_js_zero_cosine_one_and_share_a_cluster() -> None:
+    rng = np.random.default_rng(0)
+    n = 6
+    raw = rng.random((3, n, n)) ** 4
+    heads = raw / raw.sum(-1, keepdims=True)
+    heads[1] = heads[0]  # heads 0 and 1 identical
+    r = _result(heads[None])
+    js = mhsa.head_similarity(r, metric="js")
+    cos = mhsa.head_similarity(r, metric="cosine")
+    assert js.shape == (3, 3) and list(js.index) == ["L0H0", "L0H1", "L0H2"]
+    assert js.loc["L0H0", "L0H1"] == pytest.approx(0.0, abs=1e-6)
+    assert js.loc["L0H0", "L0H2"] > 0.05
+    assert np.allclose(js.to_numpy(), js.to_numpy().T)
+    assert cos.loc["L0H0", "L0H1"] == pytest.approx(1.0)
+    assert cos.loc["L0H0", "L0H2"] < 1.0
+    clusters = mhsa.head_clusters(js, 2)
+    assert clusters.labels["L0H0"] == clusters.labels["L0H1"] != clusters.labels["L0H2"]
+    assert sorted(clusters.order) == ["L0H0", "L0H1", "L0H2"]
+    assert abs(clusters.order.index("L0H0") - clusters.order.index("L0H1")) == 1
+
+
+def test_js_matches_scipy_jensenshannon_definition() -> None:
+    from scipy.spatial.distance import jensenshannon
+
+    rng = np.random.default_rng(1)
+    raw = rng.random((2, 5, 5))
+    heads = raw / raw.sum(-1, keepdims=True)
+    js = mhsa.head_similarity(_result(heads[None])).iloc[0, 1]
+    smooth = 0.999 * heads + 0.001 / 5
+    want = sum(jensenshannon(smooth[0, i], smooth[1, i]) ** 2 for i in range(5))
+    assert js == pytest.approx(want, rel=1e-4)
+
+
+def test_head_map_separates_three_groups_and_is_deterministic() -> None:
+    n = 6
+    rng = np.random.default_rng(0)
+    groups = [_prev_head(n), _next_head(n), np.full((n, n), 1 / n)]
+    heads = []
+    for g in groups:
+        for _ in range(4):
+            noisy = g + rng.random((n, n)) * 0.02
+            heads.append(noisy / noisy.sum(-1, keepdims=True))
+    r = _result(np.stack(heads).reshape(3, 4, n, n))
+    sim = mhsa.head_similarity(r)
+    xy = mhsa.head_map(sim, seed=0)
+    assert list(xy.columns[:2]) == ["x", "y"] and len(xy) == 12
+    pts = xy[["x", "y"]].to_numpy().reshape(3, 4, 2)
+    centres = pts.mean(1)
+    spread = max(np.linalg.norm(pts[g] - centres[g], axis=1).max() for g in range(3))
+    gaps = min(np.linalg.norm(centres[i] - centres[j]) for i in range(3) for j in range(i + 1, 3))
+    assert gaps > 5 * spread
+    np.testing.assert_allclose(mhsa.head_map(sim, seed=0)[["x", "y"]], xy[["x", "y"]])
+    labels = mhsa.head_clusters(sim, 3).labels.to_numpy().reshape(3, 4)
+    assert all(len(set(row)) == 1 for row in labels) and len(set(labels[:, 0])) == 3
+
+
+def test_rollout_of_identity_is_identity_and_rows_sum_to_one() -> None:
+    n = 5
+    eye = np.broadcast_to(np.eye(n), (3, 2, n, n)).copy()
+    np.testing.assert_allclose(
+        mhsa.attention_rollout(_result(eye)), np.broadcast_to(np.eye(n), (3, n, n))
+    )
+    uniform = np.full((2, 2, n, n), 1 / n)
+    roll = mhsa.attention_rollout(_result(uniform))
+    np.testing.assert_allclose(roll.sum(-1), 1.0, atol=1e-6)
+    # one layer: (U + I) / 2
+    np.testing.assert_allclose(roll[0], (np.full((n, n), 1 / n) + np.eye(n)) / 2, atol=1e-6)
+
+
+def test_real_model_statistics_are_finite_in_range_and_reproducible(minilm) -> None:
+    results = [
+        mhsa.attend(t, model=minilm)
+        for t in ["The cat sat on the mat.", "A second, longer sentence about attention heads."]
+    ]
+    stats = mhsa.head_stats(results)
+    assert len(stats) == 72
+    numeric = stats.drop(columns=["role", "layer", "head"])
+    assert np.isfinite(numeric.to_numpy()).all()
+    shares = ["to_first", "to_sep", "to_punct", "to_self", "to_prev", "to_next", "max_weight"]
+    assert ((stats[shares] >= -1e-6) & (stats[shares] <= 1 + 1e-6)).all().all()
+    assert (stats["entropy"] <= np.log(13) + 1e-6).all()
+    assert set(stats["role"]) <= {
+        "previous token",
+        "next token",
+        "self",
+        "first token",
+        "separator",
+        "punctuation",
+        "broad",
+        "mixed",
+    }
+    # like BERT (Clark et al.), MiniLM has heads that look at the previous token
+    assert (stats["role"] == "previous token").any()
+    again = mhsa.head_stats([mhsa.attend(r.text, model=minilm) for r in results])
+    np.testing.assert_allclose(
+        again.drop(columns="role").to_numpy(dtype=float),
+        stats.drop(columns="role").to_numpy(dtype=float),
+    )
+    sim = mhsa.head_similarity(results)
+    assert sim.shape == (72, 72) and np.allclose(np.diag(sim), 0, atol=1e-6)
+    words = mhsa.head_stats(results, word_level=True)
+    assert len(words) == 72 and np.isfinite(words["entropy"]).all()
+    roll = mhsa.attention_rollout(results[0])
+    assert roll.shape == (6, 9, 9)
+    np.testing.assert_allclose(roll.sum(-1), 1.0, atol=1e-5)
+
+
+def test_mixed_models_are_refused() -> None:
+    a = _result(np.full((1, 2, 3, 3), 1 / 3))
+    b = _result(np.full((2, 2, 3, 3), 1 / 3))
+    with pytest.raises(ValueError, match="different layers x heads"):
+        mhsa.head_stats([a, b])
+    with pytest.raises(ValueError, match="Unknown metric"):
+        mhsa.head_similarity(a, metric="euclid")
