@@ -281,6 +281,48 @@ class MultiHeadSelfAttention(nn.Module):
         merged = context.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T, D)
         return self.out(merged), weights
 
+    def attention_weights(
+        self,
+        query: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Per-head self-attention weights ``[B, H, T, T]`` only: Q and K, no V, no output.
+
+        The same numbers as ``forward(query, ...)[1]`` for a third less work; what a viewer
+        needs when it shows the weights and not the layer's output. ``out``: a preallocated
+        ``[B, H, T, T]`` tensor to write the weights into (no gradient).
+        """
+        if query.dim() != 3 or query.shape[-1] != self.d_model:
+            raise ValueError(
+                f"query must have shape [batch, length, {self.d_model}], got {list(query.shape)}"
+            )
+        two = 2 * self.d_model
+        bias = None if self.qkv.bias is None else self.qkv.bias[:two]
+        q, k = F.linear(query, self.qkv.weight[:two], bias).split(self.d_model, dim=-1)
+        q, k = (self._split_heads(t).contiguous() for t in (q, k))  # (B, H, T, Dh)
+        mask = None
+        if is_causal or attention_mask is not None:
+            mask = combine_masks(
+                None,
+                attention_mask,
+                is_causal=is_causal,
+                q_len=q.shape[2],
+                k_len=k.shape[2],
+                device=q.device,
+                dtype=q.dtype,
+            )
+        scores = torch.matmul(q * self.scale, k.transpose(-2, -1))  # (B, H, T, T)
+        if mask is not None:
+            scores = scores.masked_fill_(~mask, float("-inf"))
+        if out is not None:
+            weights = torch.ops.aten._softmax.out(scores, -1, False, out=out)
+        else:
+            weights = _softmax_lastdim(scores)
+        return weights.nan_to_num_(0.0) if mask is not None else weights
+
     @torch.no_grad()
     def forward_with_trace(
         self,

@@ -47,6 +47,7 @@ _LOADERS: tuple[tuple[str, Callable[[nn.Module], bool], Loader], ...] = (
         MultiHeadSelfAttention.from_distilbert,
     ),
 )
+_MAX_SEEDS_CACHED = 4
 SUPPORTED_FOR_MHSA = ", ".join(name for name, _, _ in _LOADERS)
 
 
@@ -133,42 +134,73 @@ def _capture_inputs(modules: list[nn.Module]):
             h.remove()
 
 
-def _stack(attentions: Any, what: str, name: str) -> torch.Tensor:
+def _checked(attentions: Any, what: str, name: str) -> tuple[torch.Tensor, ...]:
+    """The model's per-layer attentions, or a clear error when it gave none."""
     if not attentions or any(a is None for a in attentions):
         raise ModelLoadError(
-            f"Model {name!r} returned no {what} weights: its architecture does not expose "
-            f"attention with eager attention. Choose a BERT-, GPT-2- or T5/BART-style model."
+            f"Model {name!r} returned no {what}-attention weights: its architecture does not "
+            f"expose attention with eager attention. Choose a BERT-, GPT-2- or T5/BART-style model."
         )
-    return torch.stack([a[0] for a in attentions])  # (L, H, T, S)
+    return tuple(attentions)
 
 
-def _is_causal(attention: torch.Tensor) -> bool:
-    n = attention.shape[-1]
-    return n > 1 and bool((attention.triu(1) == 0).all())
+def _to_numpy(attentions: tuple[torch.Tensor, ...]) -> np.ndarray:
+    return torch.stack([a[0] for a in attentions]).float().cpu().numpy()  # (L, H, T, S)
+
+
+def _is_causal(attentions: Any) -> bool:
+    """A model masks later tokens when its first head has no weight above the diagonal."""
+    first = attentions[0][0, 0]  # (T, S)
+    return first.shape[-1] > 1 and not bool(first.triu(1).any())
+
+
+def _own_modules(
+    lm: LoadedModel, layers: list[tuple[nn.Module, Loader]], seed: int | None
+) -> list[MultiHeadSelfAttention]:
+    """Our module per layer: with the layer's weights, or fresh xavier weights from ``seed``.
+
+    Built once per model (and seed) and kept in ``lm.cache``; callers hold ``lm.lock``.
+    """
+    key = ("own-modules", seed)
+    if key not in lm.cache:
+        modules = [loader(module).eval() for module, loader in layers]
+        if seed is not None:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                modules = [
+                    MultiHeadSelfAttention(m.d_model, m.num_heads).to(lm.device).eval()
+                    for m in modules
+                ]
+        seeds = [k for k in lm.cache if k[0] == "own-modules" and k[1] is not None]
+        if len(seeds) >= _MAX_SEEDS_CACHED:
+            del lm.cache[seeds[0]]  # oldest random seed first: the cache stays bounded
+        lm.cache[key] = modules
+    return lm.cache[key]
 
 
 def _own_module_attention(
-    lm: LoadedModel,
-    layers: list[tuple[nn.Module, Loader]],
+    modules: list[MultiHeadSelfAttention],
     hidden: list[torch.Tensor],
     padding: torch.Tensor | None,
     *,
     causal: bool,
-    seed: int | None,
 ) -> torch.Tensor:
-    """Run our module on each layer's input; pretrained weights, or fresh ones when seed is set."""
-    out = []
-    with torch.random.fork_rng(devices=[]):
-        if seed is not None:
-            torch.manual_seed(seed)
-        for (module, loader), h in zip(layers, hidden, strict=False):
-            ours = loader(module)
-            if seed is not None:
-                ours = MultiHeadSelfAttention(ours.d_model, ours.num_heads)  # xavier, CPU RNG
-            ours = ours.to(device=h.device, dtype=h.dtype).eval()
-            _, weights = ours(h, attention_mask=padding, is_causal=causal)
-            out.append(weights[0])  # (H, T, T)
-    return torch.stack(out)  # (L, H, T, T)
+    """Our module's per-head weights for every layer, each fed that layer's input."""
+    n = hidden[0].shape[1]
+    heads = modules[0].num_heads
+    out = hidden[0].new_empty(len(modules), 1, heads, n, n)  # (L, B=1, H, T, T)
+    if padding is not None and bool(padding.all()):
+        padding = None  # nothing to mask: skip building and applying a mask
+    for layer, (ours, h) in enumerate(zip(modules, hidden, strict=True)):
+        ours.to(dtype=h.dtype).attention_weights(
+            h, attention_mask=padding, is_causal=causal, out=out[layer]
+        )
+    return out[:, 0]  # (L, H, T, T)
+
+
+def _max_abs_diff(ours: torch.Tensor, theirs: Any) -> float:
+    """Largest |ours - theirs| over all layers, one layer at a time (no full-size temporary)."""
+    return max(float((ours[i] - t[0]).abs_().max()) for i, t in enumerate(theirs))
 
 
 def attend(
@@ -223,48 +255,37 @@ def attend(
             )
         with _capture_inputs([m for m, _ in layers]) as hidden:
             outputs = lm.model(**inputs, output_attentions=True, return_dict=True)
+        name = lm.display_name
         result_extra: dict[str, Any] = {}
         if lm.is_encoder_decoder:
-            theirs = _stack(
-                getattr(outputs, "encoder_attentions", None), "encoder attention", lm.display_name
-            )
+            theirs = _checked(getattr(outputs, "encoder_attentions", None), "encoder", name)
             result_extra = {
                 "decoder_tokens": encoded.decoder_tokens,
-                "decoder_attention": _stack(
-                    getattr(outputs, "decoder_attentions", None),
-                    "decoder attention",
-                    lm.display_name,
-                )
-                .float()
-                .cpu()
-                .numpy(),
-                "cross_attention": _stack(
-                    getattr(outputs, "cross_attentions", None), "cross attention", lm.display_name
-                )
-                .float()
-                .cpu()
-                .numpy(),
+                "decoder_attention": _to_numpy(
+                    _checked(getattr(outputs, "decoder_attentions", None), "decoder", name)
+                ),
+                "cross_attention": _to_numpy(
+                    _checked(getattr(outputs, "cross_attentions", None), "cross", name)
+                ),
             }
         else:
-            theirs = _stack(getattr(outputs, "attentions", None), "attention", lm.display_name)
+            theirs = _checked(getattr(outputs, "attentions", None), "self", name)
         causal = _is_causal(theirs)
-        attention, max_diff = theirs, None
-        if engine != "transformers":
-            if len(hidden) != theirs.shape[0]:
+        max_diff = None
+        if engine == "transformers":
+            attention = torch.stack([a[0] for a in theirs])  # (L, H, T, T)
+        else:
+            if len(hidden) != len(theirs):
                 raise UnsupportedModelError(
-                    f"{lm.display_name!r} has {theirs.shape[0]} attention layers but "
-                    f"{len(hidden)} that our module can load. Supported: {SUPPORTED_FOR_MHSA}."
+                    f"{name!r} has {len(theirs)} attention layers but {len(hidden)} that our "
+                    f"module can load. Supported: {SUPPORTED_FOR_MHSA}."
                 )
+            modules = _own_modules(lm, layers, seed if engine == "mhsa-random" else None)
             attention = _own_module_attention(
-                lm,
-                layers,
-                hidden,
-                inputs.get("attention_mask"),
-                causal=causal,
-                seed=seed if engine == "mhsa-random" else None,
+                modules, hidden, inputs.get("attention_mask"), causal=causal
             )
             if engine == "mhsa":
-                max_diff = float((attention.float() - theirs.float()).abs().max())
+                max_diff = _max_abs_diff(attention, theirs)
         forward_seconds = time.perf_counter() - start
         array = attention.float().cpu().numpy()  # the one move to the CPU
     tokens = encoded.tokens

@@ -70,6 +70,8 @@ class LoadedModel:
     num_parameters: int
     load_seconds: float
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: per-model derived objects (our modules loaded with its weights), filled under ``lock``
+    cache: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     @property
     def config(self) -> Any:

@@ -1,0 +1,43 @@
+"""mhsa.attend on the embedded model: both engines, 8 to 512 tokens, median ms and ratio.
+
+    python -m bench.bench_attend
+
+Target: the mhsa engine (the model's forward pass to get each layer's input, then our module on
+every layer) within 1.5x of the transformers engine.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import mhsa  # noqa: E402
+from bench.common import median_times, print_table  # noqa: E402
+
+WORDS = "the quick brown fox jumps over a lazy dog while attention heads watch".split()
+
+
+def text_of(model: mhsa.LoadedModel, n_tokens: int) -> str:
+    """A sentence that tokenizes to exactly n_tokens (with [CLS] and [SEP])."""
+    words = (WORDS * (n_tokens // len(WORDS) + 2))[: n_tokens - 2]
+    text = " ".join(words)
+    assert len(model.tokenizer(text)["input_ids"]) == n_tokens
+    return text
+
+
+def main() -> None:
+    model = mhsa.load_model("default", device="cpu")
+    rows = []
+    for n in (8, 32, 128, 512):
+        text = text_of(model, n)
+        t = median_times({e: lambda e=e: mhsa.attend(text, model=model, engine=e)
+                          for e in ("transformers", "mhsa")})
+        rows.append({"tokens": n, "transformers ms": t["transformers"] * 1e3,
+                     "mhsa ms": t["mhsa"] * 1e3, "mhsa/transformers": t["mhsa"] / t["transformers"]})
+        print(rows[-1], flush=True)
+    print_table(rows, list(rows[0]))
+
+
+if __name__ == "__main__":
+    main()
