@@ -12,10 +12,24 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import mhsa  # noqa: E402
-from bench.common import median_times, print_table  # noqa: E402
+import mhsa
+from bench.common import median_times, print_table
 
-WORDS = "the quick brown fox jumps over a lazy dog while attention heads watch".split()
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "attention",
+    "heads",
+    "watch",
+]
 
 
 def text_of(model: mhsa.LoadedModel, n_tokens: int) -> str:
@@ -31,10 +45,20 @@ def main() -> None:
     rows = []
     for n in (8, 32, 128, 512):
         text = text_of(model, n)
-        t = median_times({e: lambda e=e: mhsa.attend(text, model=model, engine=e)
-                          for e in ("transformers", "mhsa")})
-        rows.append({"tokens": n, "transformers ms": t["transformers"] * 1e3,
-                     "mhsa ms": t["mhsa"] * 1e3, "mhsa/transformers": t["mhsa"] / t["transformers"]})
+        t = median_times(
+            {
+                e: lambda e=e: mhsa.attend(text, model=model, engine=e)
+                for e in ("transformers", "mhsa")
+            }
+        )
+        rows.append(
+            {
+                "tokens": n,
+                "transformers ms": t["transformers"] * 1e3,
+                "mhsa ms": t["mhsa"] * 1e3,
+                "mhsa/transformers": t["mhsa"] / t["transformers"],
+            }
+        )
         print(rows[-1], flush=True)
     print_table(rows, list(rows[0]))
 

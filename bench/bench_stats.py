@@ -12,9 +12,9 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import mhsa  # noqa: E402
-from bench.bench_attend import text_of  # noqa: E402
-from bench.common import median_times, print_table  # noqa: E402
+import mhsa
+from bench.bench_attend import text_of
+from bench.common import median_times, print_table
 
 
 def analyse(result: mhsa.AttentionResult) -> None:
@@ -31,15 +31,18 @@ def main() -> None:
     for n in (32, 128, 512):
         r = mhsa.attend(text_of(model, n), model=model)
         sim = mhsa.head_similarity(r)
-        t = median_times({
-            "all": lambda r=r: analyse(r),
-            "stats": lambda r=r: mhsa.head_stats(r),
-            "js": lambda r=r: mhsa.head_similarity(r, metric="js"),
-            "cosine": lambda r=r: mhsa.head_similarity(r, metric="cosine"),
-            "map": lambda s=sim: mhsa.head_map(s),
-            "clusters": lambda s=sim: mhsa.head_clusters(s, 6),
-            "rollout": lambda r=r: mhsa.attention_rollout(r),
-        }, repeat=11)
+        t = median_times(
+            {
+                "all": lambda r=r: analyse(r),
+                "stats": lambda r=r: mhsa.head_stats(r),
+                "js": lambda r=r: mhsa.head_similarity(r, metric="js"),
+                "cosine": lambda r=r: mhsa.head_similarity(r, metric="cosine"),
+                "map": lambda s=sim: mhsa.head_map(s),
+                "clusters": lambda s=sim: mhsa.head_clusters(s, 6),
+                "rollout": lambda r=r: mhsa.attention_rollout(r),
+            },
+            repeat=11,
+        )
         rows.append({"tokens": n, **{f"{k} ms": v * 1e3 for k, v in t.items()}})
         print(rows[-1], flush=True)
     print_table(rows, list(rows[0]))

@@ -6,7 +6,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -142,13 +142,12 @@ class AttentionResult:
         meta["offsets"] = [list(o) for o in self.offsets]
         return {"format": _FORMAT, "version": _FORMAT_VERSION, **meta}
 
-    def save(self, path: str | Path) -> Path:
-        """Write a compressed ``.npz``: the arrays plus a JSON header (no pickle)."""
-        path = Path(path)
+    def save(self, path: str | Path | BinaryIO) -> str | Path | BinaryIO:
+        """Write a compressed ``.npz`` (to a path or a binary file): the arrays plus a JSON
+        header (no pickle)."""
         arrays = {k: getattr(self, k) for k in _ARRAYS if getattr(self, k) is not None}
         header = np.frombuffer(json.dumps(self.header()).encode(), dtype=np.uint8)
-        with path.open("wb") as fh:
-            np.savez_compressed(fh, header=header, **arrays)
+        np.savez_compressed(path, header=header, **arrays)
         return path
 
     @classmethod

@@ -1,0 +1,72 @@
+"""MHSA Explorer: overview page. Run with `streamlit run app.py`."""
+
+from __future__ import annotations
+
+import io
+
+import pandas as pd
+import streamlit as st
+
+from ui import data, page
+
+query = page.setup("MHSA Explorer")
+st.caption(
+    "What do the heads of a multi-head self-attention layer look at? Type a sentence in the "
+    "sidebar, then explore the pages: heads, head similarity, statistics, the inside of MHSA, "
+    "rollout and comparison."
+)
+result = page.load(query)
+if result is not None:
+    model = data.loaded_model(query.model, query.device)
+    facts = model.facts()
+    st.subheader("Tokens as the model sees them")
+    tokens = pd.DataFrame(
+        {
+            "token": result.tokens,
+            "special": result.special,
+            "punctuation": result.punctuation,
+            "start": [o[0] for o in result.offsets],
+            "end": [o[1] for o in result.offsets],
+        }
+    )
+    st.dataframe(tokens.T, width="stretch")
+    st.subheader("Model")
+    cols = st.columns(6)
+    for col, (name, value) in zip(
+        cols,
+        [
+            ("layers", facts["layers"]),
+            ("heads", facts["heads"]),
+            ("d_model", facts["d_model"]),
+            ("d_head", facts["d_head"]),
+            ("parameters", f"{facts['parameters'] / 1e6:.1f}M"),
+            ("device", facts["device"]),
+        ],
+        strict=True,
+    ):
+        col.metric(name, value)
+    st.text(
+        f"Model: {facts['model']}  ·  type: {facts['type']}  ·  "
+        f"max positions: {facts['max_positions']}"
+    )
+    timing = st.columns(3)
+    timing[0].metric("load time", f"{result.timings['load']:.2f} s")
+    timing[1].metric("compute time", f"{result.timings['forward'] * 1e3:.1f} ms")
+    if result.max_abs_diff is not None:
+        timing[2].metric(
+            "our module vs the model",
+            f"max difference {result.max_abs_diff:.0e}",
+            help="Largest absolute difference between our MultiHeadSelfAttention's weights and "
+            "the model's own attention, over every layer, head and token pair.",
+        )
+    elif result.engine == "mhsa-random":
+        timing[2].metric("our module", f"untrained, seed {result.seed}")
+    buffer = io.BytesIO()
+    result.save(buffer)
+    st.download_button(
+        "Download the result (.npz)",
+        buffer.getvalue(),
+        file_name="attention.npz",
+        mime="application/octet-stream",
+    )
+page.finish()

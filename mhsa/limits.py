@@ -1,0 +1,70 @@
+"""Operator limits for a shared server, read from environment variables (see README).
+
+- MHSA_MAX_TOKENS (512): tokens per request; longer input is truncated, and the UI says how
+  many tokens were dropped.
+- MHSA_MAX_CHARS (100000): characters accepted from a text box or link.
+- MHSA_ALLOWED_MODELS (*): comma-separated model ids / folders allowed besides "default";
+  "*" allows any, an empty value only the embedded default.
+- MHSA_MAX_PARAMETERS (400000000): larger models are refused, from their config, before loading.
+- MHSA_MODEL_CACHE (2): models kept loaded per process.
+- MHSA_RESULT_CACHE (32): attention results kept per process (least recently used dropped).
+- MHSA_MAX_CORPUS (50): sentences used from the statistics page's corpus box.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from mhsa.errors import ModelLoadError
+
+__all__ = ["Limits"]
+
+
+def _int_env(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = int(raw) if raw else default
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_tokens: int = 512
+    max_chars: int = 100_000
+    allowed_models: tuple[str, ...] | None = None  # None: any model
+    max_parameters: int = 400_000_000
+    model_cache: int = 2
+    result_cache: int = 32
+    max_corpus: int = 50
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        raw = os.environ.get("MHSA_ALLOWED_MODELS", "*").strip()
+        allowed = None if raw == "*" else tuple(m.strip() for m in raw.split(",") if m.strip())
+        ints = {
+            f.name: _int_env(f"MHSA_{f.name.upper()}", f.default)
+            for f in fields(cls)
+            if f.type == "int"
+        }
+        return cls(allowed_models=allowed, **ints)
+
+    def check_model(self, name: str) -> None:
+        """Refuse a model the operator has not allowed (the embedded default always is)."""
+        if name == "default" or self.allowed_models is None:
+            return
+        wanted = name.rstrip("/")
+        allowed = {m.rstrip("/") for m in self.allowed_models}
+        if wanted in allowed or (
+            Path(wanted).is_absolute()
+            and str(Path(wanted).resolve())
+            in {str(Path(m).resolve()) for m in allowed if Path(m).is_absolute()}
+        ):
+            return
+        choices = ", ".join(["default", *self.allowed_models])
+        raise ModelLoadError(
+            f"This server only loads these models: {choices}. {name!r} is not among them."
+        )

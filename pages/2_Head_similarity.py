@@ -1,0 +1,41 @@
+"""Head similarity: which heads behave alike, as a matrix ordered by clusters and as a map."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import mhsa
+from mhsa import plots
+from ui import data, page
+from ui.state import Param, bounded_int, choice
+
+PARAMS = {
+    "metric": Param("js", choice("js", "cosine")),
+    "k": Param(6, bounded_int(1, 72)),
+    "color": Param("layer", choice("layer", "cluster")),
+}
+METRICS = {"js": "Jensen-Shannon distance (Clark et al.)", "cosine": "cosine similarity"}
+
+query = page.setup("Head similarity", PARAMS)
+result = page.load(query)
+if result is not None:
+    heads = result.num_layers * result.num_heads
+    left, mid, right = st.columns(3)
+    left.selectbox("Metric", list(METRICS), key="metric", format_func=METRICS.get)
+    mid.slider("Clusters", 1, min(heads, 24), key="k")
+    right.radio("Colour the map by", ["layer", "cluster"], key="color", horizontal=True)
+    queries = (query,)
+    sim = data.head_similarity(queries, st.session_state["metric"])
+    clusters = mhsa.head_clusters(sim, min(st.session_state["k"], heads))
+    stats = data.head_stats(queries)
+    page.figure(plots.similarity_figure(sim, clusters.order), "head-similarity", key="sim")
+    st.caption(
+        "Heads are ordered by hierarchical clustering (average linkage), so similar "
+        "heads sit side by side."
+    )
+    coords = data.head_map(queries, st.session_state["metric"])
+    colour = clusters.labels if st.session_state["color"] == "cluster" else None
+    page.figure(
+        plots.head_map_figure(coords, color=colour, roles=stats["role"]), "head-map", key="map"
+    )
+page.finish()

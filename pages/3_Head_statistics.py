@@ -1,0 +1,60 @@
+"""Head statistics: what kind of head each one is, for one sentence or a small corpus."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import mhsa
+from mhsa import plots
+from mhsa import stats as head_analysis
+from ui import data, page
+from ui.data import LIMITS
+from ui.state import Param, choice
+
+COLUMNS = list(head_analysis.STAT_COLUMNS)
+PARAMS = {"stat": Param("entropy", choice(*COLUMNS))}
+
+query = page.setup("Head statistics", PARAMS)
+corpus_text = st.text_area(
+    "Average over several sentences (one per line; empty = the sidebar's sentence)",
+    key="corpus",
+    height=100,
+)
+lines = [ln.strip() for ln in (corpus_text or "").splitlines() if ln.strip()]
+if len(lines) > LIMITS.max_corpus:
+    st.warning(
+        f"Only the first {LIMITS.max_corpus} of {len(lines)} sentences are used "
+        f"(this server's corpus limit).",
+        icon="✂️",
+    )
+    lines = lines[: LIMITS.max_corpus]
+queries = tuple(query._replace(text=t) for t in lines) or (query,)
+result = page.load(queries[0])
+if result is not None:
+    try:
+        table = data.head_stats(queries)
+    except mhsa.MHSAError as e:
+        page.error(e)
+        table = None
+    if table is not None:
+        st.caption(
+            f"{len(queries)} sentence(s). Roles: "
+            + "; ".join(
+                f"{role} {share:g}+" for _, (role, share) in head_analysis.ROLE_THRESHOLDS.items()
+            )
+            + "; else broad (entropy ≥ 80% of log n) or mixed."
+        )
+        st.dataframe(table, width="stretch", height=420)
+        st.download_button(
+            "Download table (.csv)",
+            table.to_csv(index_label="name"),
+            file_name="head-stats.csv",
+            mime="text/csv",
+        )
+        st.selectbox("Statistic as a layers x heads map", COLUMNS, key="stat")
+        page.figure(
+            plots.stat_grid(table, st.session_state["stat"]),
+            f"stat-{st.session_state['stat']}",
+            key="stat-grid",
+        )
+page.finish()

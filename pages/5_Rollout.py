@@ -1,0 +1,44 @@
+"""Rollout: how attention flows from the input tokens through the layers (Abnar & Zuidema)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from mhsa import plots
+from ui import data, page
+from ui.state import Param, bounded_int, clamp
+
+PARAMS = {"rlayer": Param(-1, bounded_int(-1, 1023))}
+
+query = page.setup("Attention rollout", PARAMS)
+result = page.load(query)
+if result is not None:
+    roll = data.rollout(query)
+    if st.session_state["rlayer"] == -1:
+        st.session_state["rlayer"] = result.num_layers - 1
+    clamp("rlayer", 0, result.num_layers - 1)
+    st.slider("Through layer", 0, result.num_layers - 1, key="rlayer")
+    layer = st.session_state["rlayer"]
+    page.figure(
+        plots.rollout_figure(roll, result.tokens, layer), f"rollout-L{layer}", key="rollout"
+    )
+    per_layer = roll[:, 0, :]  # what reaches the first position ([CLS]/BOS), layer by layer
+    page.figure(
+        plots.matrix_heatmap(
+            per_layer,
+            [f"after L{i}" for i in range(result.num_layers)],
+            result.tokens,
+            title="Rollout into the first token, layer by layer",
+            row_title="layer",
+            col_title="input token",
+            zmax=None,
+            value_name="share",
+        ),
+        "rollout-first-token",
+        key="rollout-first",
+    )
+    st.caption(
+        "Per layer: average the heads, add the identity (residual), renormalise rows, "
+        "multiply through the layers. Rows sum to 1."
+    )
+page.finish()

@@ -1,0 +1,47 @@
+"""Compare: two sentences side by side for the same head, and how the head statistics differ."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from mhsa import plots
+from ui import data, page
+from ui.state import Param, bounded_int, clamp, text_param
+
+PARAMS = {
+    "text2": Param("The dog sat on the log.", text_param),
+    "layer": Param(0, bounded_int(0, 1023)),
+    "head": Param(0, bounded_int(0, 1023)),
+}
+
+query = page.setup("Compare two sentences", PARAMS)
+st.text_area("Second sentence", key="text2", height=70)
+other = query._replace(text=st.session_state["text2"])
+first = page.load(query)
+second = page.load(other)
+if first is not None and second is not None:
+    layer = clamp("layer", 0, first.num_layers - 1)
+    head = clamp("head", 0, first.num_heads - 1)
+    c1, c2 = st.columns(2)
+    c1.number_input("Layer", 0, first.num_layers - 1, key="layer")
+    c2.number_input("Head", 0, first.num_heads - 1, key="head")
+    layer, head = st.session_state["layer"], st.session_state["head"]
+    left, right = st.columns(2)
+    with left:
+        page.figure(plots.head_heatmap(first, layer, head), "compare-first", key="cmp-a")
+    with right:
+        page.figure(plots.head_heatmap(second, layer, head), "compare-second", key="cmp-b")
+    a, b = data.head_stats((query,)), data.head_stats((other,))
+    numeric = a.columns.drop(["layer", "head", "role"])
+    diff = (b[numeric] - a[numeric]).add_prefix("Δ ")
+    diff.insert(0, "role 1", a["role"])
+    diff.insert(1, "role 2", b["role"])
+    st.subheader("Statistics: second minus first")
+    st.dataframe(diff, width="stretch", height=380)
+    st.download_button(
+        "Download differences (.csv)",
+        diff.to_csv(index_label="name"),
+        file_name="head-stats-diff.csv",
+        mime="text/csv",
+    )
+page.finish()

@@ -1,0 +1,171 @@
+"""Every page through Streamlit's AppTest: values on the figures, state in the URL, errors."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import mhsa
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = ["app.py", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "pages").glob("*.py"))]
+CAT_TOKENS = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".", "[SEP]"]
+
+
+def run(page: str, **query: str) -> AppTest:
+    at = AppTest.from_file(str(ROOT / page), default_timeout=120)
+    for key, value in query.items():
+        at.query_params[key] = value
+    return at.run()
+
+
+def specs(at: AppTest) -> list[dict]:
+    return [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+
+
+def ticktext(spec: dict, axis: str = "xaxis") -> list[str]:
+    return spec["layout"][axis]["ticktext"]
+
+
+def test_page_list_is_complete() -> None:
+    names = [Path(p).stem for p in PAGES]
+    assert names == ["app", "1_Heads", "2_Head_similarity", "3_Head_statistics",
+                     "4_Inside_MHSA", "5_Rollout", "6_Compare"]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_without_errors(page: str) -> None:
+    at = run(page)
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    assert at.title[0].value
+
+
+def test_overview_shows_tokens_facts_and_agreement() -> None:
+    at = run("app.py", engine="mhsa")
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["layers"] == "6" and metrics["heads"] == "12"
+    assert metrics["d_model"] == "384" and metrics["d_head"] == "32"
+    assert metrics["device"] == "cpu"
+    assert metrics["our module vs the model"].startswith("max difference")
+    assert float(metrics["our module vs the model"].split()[-1]) < 1e-4
+    tokens = at.dataframe[0].value
+    assert list(tokens.loc["token"]) == CAT_TOKENS
+
+
+def test_heads_page_axes_grid_and_focus() -> None:
+    at = run("pages/1_Heads.py")
+    grid, large, focus = specs(at)
+    heatmap, markers = grid["data"]
+    assert markers["type"] == "scatter" and len(markers["x"]["bdata"] if isinstance(
+        markers["x"], dict) else markers["x"]) > 0
+    assert ticktext(grid) == [f"H{h}" for h in range(12)]
+    assert ticktext(grid, "yaxis") == [f"L{i}" for i in range(6)]
+    assert ticktext(large) == CAT_TOKENS and ticktext(large, "yaxis") == CAT_TOKENS
+    assert ticktext(focus) == CAT_TOKENS
+    assert len(ticktext(focus, "yaxis")) == 72
+
+
+def test_heads_page_selection_from_url_and_bad_values() -> None:
+    at = run("pages/1_Heads.py", layer="3", head="7", token="2")
+    assert at.number_input(key="layer").value == 3 and at.number_input(key="head").value == 7
+    assert "Layer 3, head 7" in specs(at)[1]["layout"]["title"]["text"]
+    at.number_input(key="layer").set_value(4).run()
+    assert at.query_params["layer"] == "4" and at.query_params["head"] == "7"
+    assert "Layer 4, head 7" in specs(at)[1]["layout"]["title"]["text"]
+    bad = run("pages/1_Heads.py", layer="-4", head="many", step="99")
+    assert not bad.exception
+    warnings = " ".join(w.value for w in bad.warning)
+    assert "layer='-4' ignored" in warnings and "head='many' ignored" in warnings
+    assert bad.number_input(key="layer").value == 0
+
+
+def test_too_large_head_number_is_clamped_to_the_model() -> None:
+    at = run("pages/1_Heads.py", layer="40", head="30")
+    assert at.number_input(key="layer").value == 5 and at.number_input(key="head").value == 11
+
+
+def test_similarity_page_is_heads_by_heads() -> None:
+    at = run("pages/2_Head_similarity.py", metric="cosine")
+    matrix, head_map = specs(at)
+    assert len(ticktext(matrix)) == 72 and len(ticktext(matrix, "yaxis")) == 72
+    assert "cosine" in matrix["layout"]["title"]["text"]
+    assert len(head_map["data"][0]["text"]) == 72
+
+
+def test_statistics_page_table_and_corpus() -> None:
+    at = run("pages/3_Head_statistics.py")
+    table = at.dataframe[0].value
+    assert len(table) == 72 and "role" in table.columns
+    at.text_area(key="corpus").input("The cat sat.\nDogs bark loudly, all night.").run()
+    corpus = at.dataframe[0].value
+    want = mhsa.head_stats([mhsa.attend(t) for t in ["The cat sat.", "Dogs bark loudly, all night."]])
+    assert corpus["entropy"].to_numpy() == pytest.approx(want["entropy"].to_numpy(), rel=1e-5)
+    assert "2 sentence(s)" in " ".join(c.value for c in at.caption)
+
+
+def test_inside_mhsa_shapes_match_the_model_and_steps_move() -> None:
+    at = run("pages/4_Inside_MHSA.py", step="4")
+    shapes = dict(zip(at.table[0].value["step"], at.table[0].value["shape"], strict=True))
+    assert shapes["per-head Q"] == "[1, 12, 9, 32]"
+    assert shapes["raw scores"] == "[1, 12, 9, 9]"
+    assert shapes["output"] == "[1, 9, 384]"
+    assert at.subheader[0].value == "per-head Q"
+    at.button[1].click().run()  # Next
+    assert at.subheader[0].value == "per-head K"
+    fresh = run("pages/4_Inside_MHSA.py", source="fresh", dm="32", nh="4", step="7")
+    shapes = dict(zip(fresh.table[0].value["step"], fresh.table[0].value["shape"], strict=True))
+    assert shapes["per-head Q"] == "[1, 4, 9, 8]"
+
+
+def test_rollout_and_compare_pages() -> None:
+    at = run("pages/5_Rollout.py")
+    rollout, per_layer = specs(at)
+    assert ticktext(rollout) == CAT_TOKENS
+    assert len(ticktext(per_layer, "yaxis")) == 6
+    cmp = run("pages/6_Compare.py", text2="A dog ran.", layer="2", head="3")
+    first, second = specs(cmp)
+    assert ticktext(first) == CAT_TOKENS
+    assert ticktext(second) == ["[CLS]", "a", "dog", "ran", ".", "[SEP]"]
+    assert len(cmp.dataframe[0].value) == 72
+
+
+def test_bad_sentence_and_bad_model_show_errors_and_the_app_recovers() -> None:
+    at = run("app.py")
+    at.text_area(key="text").input("   ").run()
+    assert not at.exception and "empty" in at.error[0].value
+    at.text_area(key="text").input("Back to normal.").run()
+    assert not at.error and at.metric
+    at.text_input(key="model").input("no-such-org/no-such-model").run()
+    assert not at.exception and "not found locally" in at.error[0].value
+    at.text_input(key="model").input("default").run()
+    assert not at.error
+
+
+def test_user_text_stays_literal_on_axes_and_messages() -> None:
+    text = "<b>x</b> <script>alert(1)</script> & 🐱"
+    at = run("pages/1_Heads.py", text=text)
+    assert not at.exception and not at.error
+    labels = ticktext(specs(at)[1])
+    tokens = mhsa.attend(text).tokens
+    assert labels == [html.escape(t, quote=False) for t in tokens]
+    assert all("<" not in label for label in labels)
+    bad = run("app.py", model="**bold** <i>x</i>")
+    msg = bad.error[0].value
+    assert r"\*\*bold\*\*" in msg and r"\<i\>" in msg
+
+
+def test_sidebar_state_round_trips_through_the_url() -> None:
+    at = run("app.py", text="Hello there.", engine="mhsa-random", seed="5", words="1")
+    assert at.text_area(key="text").value == "Hello there."
+    assert at.radio(key="engine").value == "mhsa-random"
+    assert at.toggle(key="words").value is True
+    at.text_area(key="text").input("A new sentence.").run()
+    assert at.query_params["text"] == "A new sentence."
+    assert at.query_params["seed"] == "5" and at.query_params["words"] == "1"
+    at.radio(key="engine").set_value("transformers").run()
+    assert "engine" not in at.query_params  # defaults are left out of the link

@@ -1,0 +1,1 @@
+"""Streamlit-only helpers: shared sidebar, cached model loading, query-parameter state, export."""

@@ -1,0 +1,116 @@
+"""What every page does: page config, the shared sidebar, the current result, safe messages,
+figures with their downloads."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import plotly.graph_objects as go
+import streamlit as st
+
+import mhsa
+from ui import data
+from ui.data import LIMITS, Query
+from ui.state import GLOBAL_PARAMS, Param, show_notices, sync_url, use_params
+
+ENGINE_LABELS = {
+    "transformers": "Model's own attention",
+    "mhsa": "Our MHSA module, model's weights",
+    "mhsa-random": "Our MHSA module, untrained",
+}
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>$~:])")
+
+
+def md_escape(text: str) -> str:
+    """User text made literal inside Streamlit markdown (messages, captions)."""
+    return _MD_SPECIAL.sub(r"\\\1", str(text))
+
+
+def setup(title: str, params: dict[str, Param] | None = None) -> Query:
+    """Page config, state from the URL, the sidebar. Returns the settings of the result."""
+    st.set_page_config(page_title=f"{title} · MHSA Explorer", page_icon="🔍", layout="wide")
+    all_params = GLOBAL_PARAMS | (params or {})
+    use_params(all_params)
+    st.title(title)
+    show_notices()
+    query = _sidebar()
+    st.session_state["_mhsa_params"] = all_params
+    return query
+
+
+def finish() -> None:
+    """Mirror the final selections into the URL (call at the end of a page)."""
+    sync_url(st.session_state.get("_mhsa_params", GLOBAL_PARAMS))
+
+
+def _sidebar() -> Query:
+    with st.sidebar:
+        st.header("Settings")
+        st.text_area(
+            "Sentence",
+            key="text",
+            max_chars=LIMITS.max_chars,
+            height=100,
+            help="Press Ctrl+Enter (or click outside) to apply.",
+        )
+        st.text_input(
+            "Model",
+            key="model",
+            help="'default' is the embedded all-MiniLM-L6-v2 (works offline). "
+            "Or a transformers model id, or a local folder.",
+        )
+        st.radio("Engine", list(ENGINE_LABELS), key="engine", format_func=ENGINE_LABELS.get)
+        if st.session_state["engine"] == "mhsa-random":
+            st.number_input("Seed of the untrained weights", min_value=0, step=1, key="seed")
+        st.selectbox("Device", ["auto", "cpu", "cuda", "mps"], key="device")
+        st.toggle("Whole words (merge sub-word tokens)", key="words")
+    s = st.session_state
+    return Query(
+        s["text"],
+        s["model"].strip() or "default",
+        s["engine"],
+        s["device"],
+        int(s["seed"]),
+        bool(s["words"]),
+    )
+
+
+def error(e: Exception) -> None:
+    st.error(md_escape(str(e)), icon="🚫")
+
+
+def load(query: Query) -> mhsa.AttentionResult | None:
+    """The result for ``query``, or None after showing what went wrong (the page goes on)."""
+    try:
+        result = data.attention(query)
+    except mhsa.MHSAError as e:
+        error(e)
+        return None
+    if result.truncated_tokens:
+        st.warning(
+            f"The text was cut to {result.num_tokens} tokens: {result.truncated_tokens} tokens "
+            f"were dropped (this server's limit is {LIMITS.max_tokens} tokens).",
+            icon="✂️",
+        )
+    with st.sidebar:
+        st.caption(f"Running on **{md_escape(result.device)}**")
+    return result
+
+
+def figure(fig: go.Figure, name: str, *, key: str | None = None, **kwargs: Any) -> Any:
+    """A plotly chart with PNG (toolbar camera) and standalone-HTML downloads."""
+    config = {
+        "toImageButtonOptions": {"format": "png", "filename": name, "scale": 2},
+        "displaylogo": False,
+    }
+    event = st.plotly_chart(fig, key=key, config=config, **kwargs)
+    st.download_button(
+        "Download as HTML",
+        data=lambda: fig.to_html(include_plotlyjs=True, full_html=True),
+        file_name=f"{name}.html",
+        mime="text/html",
+        on_click="ignore",
+        key=f"html-{key or name}",
+    )
+    return event

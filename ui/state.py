@@ -1,0 +1,126 @@
+"""Every selection lives in st.session_state and is mirrored into the URL's query parameters,
+so a link reopens exactly the same view. A bad parameter falls back to its default with a notice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import streamlit as st
+
+from mhsa.limits import Limits
+
+DEFAULT_TEXT = "The cat sat on the mat."
+
+
+@dataclass(frozen=True)
+class Param:
+    """A state value: its default and a parser that raises ValueError on bad input."""
+
+    default: Any
+    parse: Callable[[str], Any]
+
+    def to_url(self, value: Any) -> str:
+        if isinstance(value, bool):
+            return "1" if value else "0"
+        return str(value)
+
+
+def choice(*options: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in options:
+            raise ValueError(f"must be one of {', '.join(options)}")
+        return raw
+
+    return parse
+
+
+def bounded_int(low: int, high: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        value = int(raw)
+        if not low <= value <= high:
+            raise ValueError(f"must be between {low} and {high}")
+        return value
+
+    return parse
+
+
+def flag(raw: str) -> bool:
+    if raw not in ("0", "1", "true", "false"):
+        raise ValueError("must be 0 or 1")
+    return raw in ("1", "true")
+
+
+def text_param(raw: str) -> str:
+    limit = Limits.from_env().max_chars
+    if len(raw) > limit:
+        raise ValueError(f"is longer than {limit:,} characters")
+    return raw
+
+
+def model_param(raw: str) -> str:
+    raw = raw.strip()
+    if not raw or len(raw) > 300:
+        raise ValueError("must be a model id or folder")
+    return raw
+
+
+GLOBAL_PARAMS: dict[str, Param] = {
+    "model": Param("default", model_param),
+    "engine": Param("transformers", choice("transformers", "mhsa", "mhsa-random")),
+    "device": Param("auto", choice("auto", "cpu", "cuda", "mps")),
+    "text": Param(DEFAULT_TEXT, text_param),
+    "words": Param(False, flag),
+    "seed": Param(0, bounded_int(0, 2**31 - 1)),
+}
+
+_LOADED = "_mhsa_query_loaded"
+_NOTICES = "_mhsa_notices"
+
+
+def use_params(params: dict[str, Param]) -> None:
+    """Make ``params`` live in session state: from the URL on a session's first run (with a
+    notice for each bad value), then kept across page switches."""
+    loaded: set[str] = st.session_state.setdefault(_LOADED, set())
+    notices: list[str] = st.session_state.setdefault(_NOTICES, [])
+    for key, param in params.items():
+        if key in st.session_state:
+            st.session_state[key] = st.session_state[key]  # keep widget state across pages
+            continue
+        value = param.default
+        if key not in loaded and key in st.query_params:
+            raw = st.query_params[key]
+            try:
+                value = param.parse(raw)
+            except (ValueError, TypeError) as e:
+                shown = raw if len(raw) <= 40 else raw[:40] + "…"
+                notices.append(f"Link parameter {key}={shown!r} ignored ({e}); using the default.")
+        loaded.add(key)
+        st.session_state[key] = value
+
+
+def clamp(key: str, low: int, high: int) -> int:
+    """Keep a numeric selection inside the range the current result allows."""
+    value = st.session_state.get(key, low)
+    if not isinstance(value, int) or not low <= value <= high:
+        value = min(max(int(value) if isinstance(value, int) else low, low), high)
+        st.session_state[key] = value
+    return value
+
+
+def sync_url(params: dict[str, Param]) -> None:
+    """Write the non-default values of ``params`` into the URL."""
+    wanted = {
+        key: param.to_url(st.session_state[key])
+        for key, param in params.items()
+        if key in st.session_state and st.session_state[key] != param.default
+    }
+    if dict(st.query_params) != wanted:
+        st.query_params.from_dict(wanted)
+
+
+def show_notices() -> None:
+    for message in st.session_state.pop(_NOTICES, []):
+        st.warning(message, icon="⚠️")
