@@ -31,7 +31,7 @@ __all__ = [
 
 COLORSCALE = "Blues"
 GRID_THUMB = 24  # largest side of a head's thumbnail in the grid, in cells
-MAX_TICKS = 160  # beyond this, token tick labels are thinned
+MAX_TICKS = 64  # beyond this, tick labels are thinned (hover still names every cell)
 
 
 def label(text: str, limit: int = 40) -> str:
@@ -61,7 +61,7 @@ def _axis(names: Sequence[str]) -> tuple[list[str], dict]:
 def _layout(fig: go.Figure, title: str, *, height: int | None = None) -> go.Figure:
     fig.update_layout(
         title={"text": label(title, 120)},
-        margin={"l": 10, "r": 10, "t": 50, "b": 10},
+        margin={"l": 10, "r": 10, "t": 110, "b": 10},
         height=height,
         plot_bgcolor="white",
     )

@@ -22,9 +22,13 @@ VIEWS = {
 
 
 def _select_from_grid() -> None:
-    points = st.session_state["grid"].selection.get("points", [])
-    if points and "customdata" in points[0]:
-        st.session_state["layer"], st.session_state["head"] = map(int, points[0]["customdata"])
+    """A click on a thumbnail's marker selects that head (customdata = [layer, head])."""
+    for point in st.session_state["grid"].selection.get("points", []):
+        data = point.get("customdata")
+        if point.get("curve_number") == 1 and data is not None:
+            values = list(data.values()) if isinstance(data, dict) else list(data)
+            st.session_state["layer"], st.session_state["head"] = int(values[0]), int(values[1])
+            return
 
 
 query = page.setup("Heads", PARAMS)

@@ -33,8 +33,15 @@ def ticktext(spec: dict, axis: str = "xaxis") -> list[str]:
 
 def test_page_list_is_complete() -> None:
     names = [Path(p).stem for p in PAGES]
-    assert names == ["app", "1_Heads", "2_Head_similarity", "3_Head_statistics",
-                     "4_Inside_MHSA", "5_Rollout", "6_Compare"]
+    assert names == [
+        "app",
+        "1_Heads",
+        "2_Head_similarity",
+        "3_Head_statistics",
+        "4_Inside_MHSA",
+        "5_Rollout",
+        "6_Compare",
+    ]
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -61,8 +68,10 @@ def test_heads_page_axes_grid_and_focus() -> None:
     at = run("pages/1_Heads.py")
     grid, large, focus = specs(at)
     heatmap, markers = grid["data"]
-    assert markers["type"] == "scatter" and len(markers["x"]["bdata"] if isinstance(
-        markers["x"], dict) else markers["x"]) > 0
+    assert (
+        markers["type"] == "scatter"
+        and len(markers["x"]["bdata"] if isinstance(markers["x"], dict) else markers["x"]) > 0
+    )
     assert ticktext(grid) == [f"H{h}" for h in range(12)]
     assert ticktext(grid, "yaxis") == [f"L{i}" for i in range(6)]
     assert ticktext(large) == CAT_TOKENS and ticktext(large, "yaxis") == CAT_TOKENS
@@ -103,7 +112,9 @@ def test_statistics_page_table_and_corpus() -> None:
     assert len(table) == 72 and "role" in table.columns
     at.text_area(key="corpus").input("The cat sat.\nDogs bark loudly, all night.").run()
     corpus = at.dataframe[0].value
-    want = mhsa.head_stats([mhsa.attend(t) for t in ["The cat sat.", "Dogs bark loudly, all night."]])
+    want = mhsa.head_stats(
+        [mhsa.attend(t) for t in ["The cat sat.", "Dogs bark loudly, all night."]]
+    )
     assert corpus["entropy"].to_numpy() == pytest.approx(want["entropy"].to_numpy(), rel=1e-5)
     assert "2 sentence(s)" in " ".join(c.value for c in at.caption)
 

@@ -1,0 +1,127 @@
+"""A real Streamlit server and Debian's Chromium driven by Playwright, shared by the browser tests
+and the browser benchmarks. Never downloads a browser: it uses /usr/lib/chromium/chromium.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("MHSA_CHROMIUM", "/usr/lib/chromium/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+PAGES = {
+    "Overview": "",
+    "Heads": "Heads",
+    "Head similarity": "Head_similarity",
+    "Head statistics": "Head_statistics",
+    "Inside MHSA": "Inside_MHSA",
+    "Rollout": "Rollout",
+    "Compare": "Compare",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def streamlit_server(env: dict[str, str] | None = None, timeout: float = 90) -> Iterator[str]:
+    """Serve app.py on 127.0.0.1 at a free port; yields the base URL, stops the server after."""
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(ROOT / "app.py"),
+        "--server.headless=true",
+        "--server.address=127.0.0.1",
+        f"--server.port={port}",
+        "--browser.gatherUsageStats=false",
+        "--server.fileWatcherType=none",
+    ]
+    full_env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        **(env or {}),
+    }
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                out = proc.stdout.read() if proc.stdout else ""
+                raise RuntimeError(f"streamlit did not become healthy:\n{out[-3000:]}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[object]:
+    """A Playwright Browser on Debian's Chromium."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def wait_for_app(page, *, plots: int = 0, timeout_ms: int = 60_000) -> None:
+    """Wait until Streamlit has finished running and at least ``plots`` plotly charts are drawn."""
+    page.wait_for_selector("[data-testid='stApp']", timeout=timeout_ms)
+    page.wait_for_function(
+        """(n) => {
+            const running = document.querySelector("[data-testid='stStatusWidget']");
+            const drawn = document.querySelectorAll('.js-plotly-plot .main-svg').length;
+            return !running && document.querySelectorAll('.js-plotly-plot').length >= n
+                && drawn >= n;
+        }""",
+        arg=plots,
+        timeout=timeout_ms,
+    )
+
+
+def tick_labels(page, chart: int, axis: str = "x") -> list[str]:
+    """The tick labels plotly actually rendered on one chart's axis."""
+    return page.eval_on_selector_all(
+        f".js-plotly-plot >> nth={chart} >> .{axis}tick text",
+        "els => els.map(e => e.textContent)",
+    )
