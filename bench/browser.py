@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -43,8 +44,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class ServerURL(str):
+    """The base URL of a running server, with its process id (for memory readings)."""
+
+    pid: int
+
+    def rss_mb(self) -> float:
+        """Resident memory of the server process, in MB (Linux /proc)."""
+        with open(f"/proc/{self.pid}/status") as fh:
+            kb = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+        return kb / 1024
+
+
 @contextlib.contextmanager
-def streamlit_server(env: dict[str, str] | None = None, timeout: float = 90) -> Iterator[str]:
+def streamlit_server(env: dict[str, str] | None = None, timeout: float = 90) -> Iterator[ServerURL]:
     """Serve app.py on 127.0.0.1 at a free port; yields the base URL, stops the server after."""
     port = free_port()
     cmd = [
@@ -65,10 +78,12 @@ def streamlit_server(env: dict[str, str] | None = None, timeout: float = 90) -> 
         "TOKENIZERS_PARALLELISM": "false",
         **(env or {}),
     }
+    log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - a file, not a pipe (a full pipe stalls)
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT, text=True
     )
-    url = f"http://127.0.0.1:{port}"
+    url = ServerURL(f"http://127.0.0.1:{port}")
+    url.pid = proc.pid
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -79,7 +94,8 @@ def streamlit_server(env: dict[str, str] | None = None, timeout: float = 90) -> 
             except OSError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                out = proc.stdout.read() if proc.stdout else ""
+                log.seek(0)
+                out = log.read()
                 raise RuntimeError(f"streamlit did not become healthy:\n{out[-3000:]}")
             time.sleep(0.3)
         yield url
@@ -89,6 +105,7 @@ def streamlit_server(env: dict[str, str] | None = None, timeout: float = 90) -> 
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
 
 
 @contextlib.contextmanager

@@ -38,6 +38,7 @@ class Walkthrough:
     d_model: int
     num_heads: int
     causal: bool
+    truncated_tokens: int = 0
 
     @property
     def d_head(self) -> int:
@@ -78,9 +79,12 @@ def walkthrough(
         seed: seed of the fresh weights and embedding.
     """
     text = _check_text(text)
-    enc = model.tokenizer(text, truncation=True, max_length=max_tokens, return_tensors="pt")
+    enc = model.tokenizer(
+        text, truncation=True, max_length=max_tokens, return_tensors="pt", split_special_tokens=True
+    )
     ids = enc["input_ids"][0].tolist()
     tokens = model.tokenizer.convert_ids_to_tokens(ids)
+    full = len(model.tokenizer(text, split_special_tokens=True)["input_ids"])
     if layer is None:
         if d_model < 1 or num_heads < 1 or d_model % num_heads:
             raise InputError(f"d_model ({d_model}) must be a multiple of the heads ({num_heads}).")
@@ -106,4 +110,6 @@ def walkthrough(
         source = f"layer {layer} of {model.display_name}"
     _, _, trace = ours.forward_with_trace(x, is_causal=causal)
     steps = [Step(s.name, s.formula, s.tensor.float().numpy()) for s in trace]
-    return Walkthrough(tokens, steps, source, ours.d_model, ours.num_heads, causal)
+    return Walkthrough(
+        tokens, steps, source, ours.d_model, ours.num_heads, causal, max(0, full - len(ids))
+    )

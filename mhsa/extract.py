@@ -87,7 +87,12 @@ def _encode(lm: LoadedModel, text: str, text_pair: str | None, max_tokens: int |
             raise InputError(f"max_tokens must be at least 1, got {max_tokens}.")
         limit = max_tokens if limit is None else min(limit, max_tokens)
     pair = None if lm.is_encoder_decoder else text_pair
-    kwargs: dict[str, Any] = {"return_tensors": "pt", "return_offsets_mapping": fast}
+    kwargs: dict[str, Any] = {
+        "return_tensors": "pt",
+        "return_offsets_mapping": fast,
+        "return_special_tokens_mask": True,
+        "split_special_tokens": True,  # "[CLS]" typed by a user is text, not a control token
+    }
     enc = tok(text, pair, truncation=False, **kwargs)
     n = enc["input_ids"].shape[1]
     truncated = 0
@@ -103,7 +108,7 @@ def _encode(lm: LoadedModel, text: str, text_pair: str | None, max_tokens: int |
         raise InputError("The text gives no tokens for this model: type a sentence.")
     ids = enc["input_ids"][0].tolist()
     tokens = Tokens.from_encoding(tok, enc, ids)
-    inputs = {k: v for k, v in enc.items() if k != "offset_mapping"}
+    inputs = {k: v for k, v in enc.items() if k not in ("offset_mapping", "special_tokens_mask")}
     decoder_tokens = None
     if lm.is_encoder_decoder:
         dec = tok(

@@ -50,8 +50,11 @@ class Tokens:
     def from_encoding(cls, tokenizer: Any, encoding: Any, ids: list[int]) -> Tokens:
         """Build from a fast tokenizer's ``BatchEncoding`` (batch index 0) and its input ids."""
         strings = tuple(tokenizer.convert_ids_to_tokens(ids))
-        special_ids = set(tokenizer.all_special_ids)
-        special = tuple(i in special_ids for i in ids)
+        if "special_tokens_mask" in encoding:  # the tokens the tokenizer added ([CLS], [SEP])
+            special = tuple(bool(m) for m in encoding["special_tokens_mask"][0].tolist())
+        else:
+            added = set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}
+            special = tuple(i in added for i in ids)
         offsets = (
             tuple((int(a), int(b)) for a, b in encoding["offset_mapping"][0].tolist())
             if "offset_mapping" in encoding

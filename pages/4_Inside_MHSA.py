@@ -71,6 +71,12 @@ if model is not None:
     except Exception as e:
         page.error(e)
         walk = None
+    if walk is not None and walk.truncated_tokens:
+        st.warning(
+            f"The classroom view shows the first {len(walk.tokens)} tokens: "
+            f"{walk.truncated_tokens} tokens were dropped to keep every step legible.",
+            icon="✂️",
+        )
     if walk is not None:
         step_no = clamp("step", 0, len(walk.steps) - 1)
         nav = st.columns([1, 1, 6])

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
 import mhsa
+from tests.hostile import CASES
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = ["app.py", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "pages").glob("*.py"))]
@@ -67,16 +70,18 @@ def test_overview_shows_tokens_facts_and_agreement() -> None:
 def test_heads_page_axes_grid_and_focus() -> None:
     at = run("pages/1_Heads.py")
     grid, large, focus = specs(at)
-    heatmap, markers = grid["data"]
-    assert (
-        markers["type"] == "scatter"
-        and len(markers["x"]["bdata"] if isinstance(markers["x"], dict) else markers["x"]) > 0
-    )
+    mosaic, markers = grid["data"]
+    # 6 x 12 thumbnails of 9 x 9 cells with one empty cell between them: a heatmap per head
+    assert mosaic["type"] == "heatmap" and mosaic["z"]["shape"] == "59, 119"
+    heads = np.frombuffer(base64.b64decode(markers["customdata"]["bdata"]), dtype=np.int8)
+    assert [tuple(p) for p in heads.reshape(-1, 2)] == [
+        (li, h) for li in range(6) for h in range(12)
+    ]
     assert ticktext(grid) == [f"H{h}" for h in range(12)]
     assert ticktext(grid, "yaxis") == [f"L{i}" for i in range(6)]
     assert ticktext(large) == CAT_TOKENS and ticktext(large, "yaxis") == CAT_TOKENS
     assert ticktext(focus) == CAT_TOKENS
-    assert len(ticktext(focus, "yaxis")) == 72
+    assert len(focus["data"][0]["y"]) == 72  # one row per head (tick labels are thinned)
 
 
 def test_heads_page_selection_from_url_and_bad_values() -> None:
@@ -101,7 +106,8 @@ def test_too_large_head_number_is_clamped_to_the_model() -> None:
 def test_similarity_page_is_heads_by_heads() -> None:
     at = run("pages/2_Head_similarity.py", metric="cosine")
     matrix, head_map = specs(at)
-    assert len(ticktext(matrix)) == 72 and len(ticktext(matrix, "yaxis")) == 72
+    assert len(matrix["data"][0]["x"]) == 72 and len(matrix["data"][0]["y"]) == 72
+    assert matrix["data"][0]["z"]["shape"] == "72, 72"
     assert "cosine" in matrix["layout"]["title"]["text"]
     assert len(head_map["data"][0]["text"]) == 72
 
@@ -180,3 +186,27 @@ def test_sidebar_state_round_trips_through_the_url() -> None:
     assert at.query_params["seed"] == "5" and at.query_params["words"] == "1"
     at.radio(key="engine").set_value("transformers").run()
     assert "engine" not in at.query_params  # defaults are left out of the link
+
+
+@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize(("name", "text", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_hostile_input_on_every_page(page: str, name: str, text: str, expected: object) -> None:
+    at = run(page, text=text, text2=text)  # Compare: the same text on both sides
+    assert not at.exception, [e.value for e in at.exception]
+    if expected == "error":
+        assert at.error and "empty" in at.error[0].value
+        return
+    assert not at.error, [e.value for e in at.error]
+    if expected.get("truncated"):
+        assert any("tokens were dropped" in w.value for w in at.warning)
+    tokens = mhsa.attend(text, max_tokens=512).tokens
+    escaped = [html.escape(t, quote=False) for t in tokens]
+    for spec in specs(at):
+        xaxis = spec["layout"].get("xaxis", {})
+        if spec["data"][0]["type"] == "heatmap" and xaxis.get("title", {}).get("text") in (
+            "key (to)",
+            "input token",
+        ):
+            shown = xaxis["ticktext"]
+            assert shown == escaped[:: max(1, -(-len(tokens) // 64))][: len(shown)]
+            assert all("<" not in label for label in shown)

