@@ -18,7 +18,7 @@ mkdir -p "$WORK"
 if ! command -v buildah >/dev/null || ! command -v podman >/dev/null || ! command -v debootstrap >/dev/null; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    buildah podman runc debootstrap >/dev/null
+    buildah podman runc debootstrap bc curl >/dev/null
 fi
 
 cat > "$WORK/storage.conf" <<CONF
@@ -30,7 +30,7 @@ CONF
 export CONTAINERS_STORAGE_CONF="$WORK/storage.conf"
 
 cleanup() {
-  podman --runtime runc rm -f "$NAME" >/dev/null 2>&1 || true
+  podman --runtime runc rm -f "$NAME" "$NAME-hc" >/dev/null 2>&1 || true
   podman rmi -f "$IMAGE" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
@@ -38,7 +38,8 @@ trap cleanup EXIT
 # 1. Base image: bookworm minbase with python3 (cached as a tarball between runs).
 if ! podman image exists docker.io/library/python:3.11-slim; then
   if [ ! -f "$WORK/rootfs.tar" ]; then
-    MIRROR=$(grep -rhoE 'https?://[^ ]+' /etc/apt/sources.list.d/ /etc/apt/sources.list 2>/dev/null | head -n1)
+    MIRROR=$(grep -hE '^URIs: .*/debian$' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1 | awk '{print $2}')
+    MIRROR=${MIRROR:-http://deb.debian.org/debian}
     rm -rf "$WORK/rootfs"
     debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates \
       bookworm "$WORK/rootfs" "$MIRROR" >/dev/null
@@ -53,16 +54,14 @@ fi
 # 2. Build the real Dockerfile. Here pip must take the CPU torch from this machine's wheel folder
 #    (no download index for it): passed as build args and read-only mounts, not baked in.
 FIND_LINKS=$(pip config list 2>/dev/null | sed -n "s/^global.find-links='\(.*\)'/\1/p")
-EXTRA_INDEX=$(pip config list 2>/dev/null | sed -n "s/^global.extra-index-url='\(.*\)'/\1/p")
 MOUNTS=(-v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
 PIP_ARGS="--cert /etc/ssl/certs/ca-certificates.crt"
-if [ -n "$FIND_LINKS" ]; then MOUNTS+=(-v "$FIND_LINKS:$FIND_LINKS:ro"); PIP_ARGS="--find-links $FIND_LINKS"; fi
-for url in $EXTRA_INDEX; do
-  dir=${url#file://}; [ -d "$dir" ] && MOUNTS+=(-v "$dir:$dir:ro") && PIP_ARGS="$PIP_ARGS --extra-index-url $url"
-done
+if [ -n "$FIND_LINKS" ]; then MOUNTS+=(-v "$FIND_LINKS:$FIND_LINKS:ro"); PIP_ARGS="$PIP_ARGS --find-links $FIND_LINKS"; fi
+# The CPU torch index is out of reach here: point TORCH_INDEX at PyPI itself (a no-op), the
+# CPU wheel comes from the find-links folder. On a normal Docker host the default applies.
 start=$(date +%s)
 buildah bud --format docker --isolation chroot --storage-driver vfs --pull=never \
-  "${MOUNTS[@]}" --build-arg "TORCH_INDEX=https://download.pytorch.org/whl/cpu" \
+  "${MOUNTS[@]}" --build-arg "TORCH_INDEX=https://pypi.org/simple" \
   --build-arg "PIP_EXTRA_ARGS=$PIP_ARGS" -t "$IMAGE" "$ROOT" >"$WORK/build.log" 2>&1 \
   || { tail -40 "$WORK/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
@@ -81,6 +80,18 @@ done
 t1=$(date +%s.%N)
 curl -fsS "http://127.0.0.1:$PORT/_stcore/health" | grep -q ok
 printf 'healthy after %.1f s\n' "$(echo "$t1 - $t0" | bc)"
+# The image's own HEALTHCHECK talks to port 8501; run it against a second container on that port
+# only when the port is free, so a developer's running app is never disturbed.
+if ! curl -fsS http://127.0.0.1:8501/_stcore/health >/dev/null 2>&1; then
+  podman --runtime runc run -d --name "$NAME-hc" --network host \
+    --ulimit "nofile=$(ulimit -Hn):$(ulimit -Hn)" --ulimit nproc=32768:32768 "$IMAGE" >/dev/null
+  for _ in $(seq 1 120); do
+    podman healthcheck run "$NAME-hc" >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  podman healthcheck run "$NAME-hc" && echo "image HEALTHCHECK: healthy"
+  podman --runtime runc rm -f "$NAME-hc" >/dev/null
+fi
 podman --runtime runc exec "$NAME" whoami | grep -qv root && echo "runs as non-root: $(podman --runtime runc exec "$NAME" id -u)"
 
 # 4. A heatmap renders from inside the container, in Debian's chromium.
