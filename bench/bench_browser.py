@@ -15,22 +15,13 @@ import statistics
 import time
 import urllib.parse
 
-from bench.browser import PAGES, chromium, streamlit_server, wait_for_app
+from bench.browser import PAGE_PLOTS, PAGES, chromium, streamlit_server, wait_for_app
 from bench.common import print_table
 
 WORDS = (
     "the quick brown fox jumps over a lazy dog while attention heads watch every "
     "token in the long sentence"
 ).split()
-MIN_PLOTS = {
-    "Overview": 0,
-    "Heads": 3,
-    "Head similarity": 2,
-    "Head statistics": 1,
-    "Inside MHSA": 1,
-    "Rollout": 2,
-    "Compare": 2,
-}
 
 
 def sentence(n_words: int, seed: int) -> str:
@@ -98,7 +89,7 @@ def long_input_pages(browser, url: str) -> list[dict]:
         query = urllib.parse.urlencode({"text": text, "text2": text})
         start = time.perf_counter()
         page.goto(f"{url}/{path}?{query}")
-        wait_for_app(page, plots=MIN_PLOTS[name], timeout_ms=120_000)
+        wait_for_app(page, plots=PAGE_PLOTS[name], timeout_ms=120_000)
         if name == "Overview":  # no plot there: wait for the model facts instead
             page.get_by_text("max positions").wait_for(timeout=120_000)
         seconds = time.perf_counter() - start

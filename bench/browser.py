@@ -27,6 +27,16 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+#: how many plotly charts each page draws once its result is shown
+PAGE_PLOTS = {
+    "Overview": 0,
+    "Heads": 3,
+    "Head similarity": 2,
+    "Head statistics": 1,
+    "Inside MHSA": 1,
+    "Rollout": 2,
+    "Compare": 2,
+}
 PAGES = {
     "Overview": "",
     "Heads": "Heads",

@@ -15,6 +15,7 @@ from torch import nn
 __all__ = [
     "MultiHeadSelfAttention",
     "TraceStep",
+    "attention_probabilities",
     "combine_masks",
     "scaled_dot_product_attention",
 ]
@@ -100,6 +101,41 @@ def _softmax_lastdim(scores: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._softmax.out(scores, -1, False, out=scores)
 
 
+def attention_probabilities(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """softmax(Q K^T * scale + mask) over keys, ``[B, H, T, S]``.
+
+    A query row with nothing to attend to gets all-zero weights, never NaN. ``out``: a
+    preallocated tensor to write the weights into (no gradient).
+    """
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    # Scaling Q (T x Dh values) is cheaper than scaling the scores (T x S values).
+    scores = torch.matmul(query * scale, key.transpose(-2, -1))  # (B, H, T, S)
+    scores = _apply_mask(scores, mask)
+    if out is not None:
+        weights = torch.ops.aten._softmax.out(scores, -1, False, out=out)
+    else:
+        weights = _softmax_lastdim(scores)
+    return weights.nan_to_num_(0.0) if mask is not None else weights  # empty rows: 0 / 0
+
+
+def _apply_mask(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Boolean mask (True = may attend) -> -inf elsewhere; float mask -> added. In place."""
+    if mask is None:
+        return scores
+    if mask.dtype == torch.bool:
+        return scores.masked_fill_(~mask, float("-inf"))
+    if torch.broadcast_shapes(scores.shape, mask.shape) == scores.shape:
+        return scores.add_(mask)
+    return scores + mask
+
+
 def scaled_dot_product_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -123,17 +159,7 @@ def scaled_dot_product_attention(
         ``(context [B, H, T, Dh], weights [B, H, T, S])``. A query row with nothing to attend to
         gets all-zero weights and a zero context, never NaN.
     """
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    # Scaling Q (T x Dh values) is cheaper than scaling the scores (T x S values).
-    scores = torch.matmul(query * scale, key.transpose(-2, -1))  # (B, H, T, S)
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill_(~mask, float("-inf"))
-        else:
-            scores = scores + mask
-    weights = _softmax_lastdim(scores)  # (B, H, T, S)
-    if mask is not None:
-        weights = weights.nan_to_num_(0.0)  # fully masked rows: exp(-inf) / 0
+    weights = attention_probabilities(query, key, mask, scale=scale)  # (B, H, T, S)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
     return torch.matmul(weights, value), weights  # (B, H, T, Dh)
@@ -314,14 +340,7 @@ class MultiHeadSelfAttention(nn.Module):
                 device=q.device,
                 dtype=q.dtype,
             )
-        scores = torch.matmul(q * self.scale, k.transpose(-2, -1))  # (B, H, T, T)
-        if mask is not None:
-            scores = scores.masked_fill_(~mask, float("-inf"))
-        if out is not None:
-            weights = torch.ops.aten._softmax.out(scores, -1, False, out=out)
-        else:
-            weights = _softmax_lastdim(scores)
-        return weights.nan_to_num_(0.0) if mask is not None else weights
+        return attention_probabilities(q, k, mask, scale=self.scale, out=out)  # (B, H, T, T)
 
     @torch.no_grad()
     def forward_with_trace(
@@ -371,12 +390,7 @@ class MultiHeadSelfAttention(nn.Module):
             device=qh.device,
             dtype=qh.dtype,
         )
-        if mask is None:
-            masked = scaled
-        elif mask.dtype == torch.bool:
-            masked = scaled.masked_fill(~mask, float("-inf"))
-        else:
-            masked = scaled + mask
+        masked = _apply_mask(scaled.clone(), mask)
         weights = torch.softmax(masked, dim=-1).nan_to_num_(0.0)  # (B, H, T, S)
         context = torch.matmul(weights, vh)  # (B, H, T, Dh)
         b, _, t, _ = context.shape

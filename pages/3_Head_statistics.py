@@ -44,13 +44,7 @@ if result is not None:
             )
             + "; else broad (entropy ≥ 80% of log n) or mixed."
         )
-        st.dataframe(table, width="stretch", height=420)
-        st.download_button(
-            "Download table (.csv)",
-            table.to_csv(index_label="name"),
-            file_name="head-stats.csv",
-            mime="text/csv",
-        )
+        page.table(table, "head-stats", label="Download table (.csv)", height=420)
         st.selectbox("Statistic as a layers x heads map", COLUMNS, key="stat")
         page.figure(
             plots.stat_grid(table, st.session_state["stat"]),

@@ -37,11 +37,5 @@ if first is not None and second is not None:
     diff.insert(0, "role 1", a["role"])
     diff.insert(1, "role 2", b["role"])
     st.subheader("Statistics: second minus first")
-    st.dataframe(diff, width="stretch", height=380)
-    st.download_button(
-        "Download differences (.csv)",
-        diff.to_csv(index_label="name"),
-        file_name="head-stats-diff.csv",
-        mime="text/csv",
-    )
+    page.table(diff, "head-stats-diff", label="Download differences (.csv)", height=380)
 page.finish()

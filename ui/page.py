@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -96,6 +97,14 @@ def load(query: Query) -> mhsa.AttentionResult | None:
     with st.sidebar:
         st.caption(f"Running on **{md_escape(result.device)}**")
     return result
+
+
+def table(frame: pd.DataFrame, name: str, *, label: str, height: int = 400) -> None:
+    """A sortable table with its CSV download."""
+    st.dataframe(frame, width="stretch", height=height)
+    st.download_button(
+        label, frame.to_csv(index_label="name"), file_name=f"{name}.csv", mime="text/csv"
+    )
 
 
 def figure(fig: go.Figure, name: str, *, key: str | None = None, **kwargs: Any) -> Any:

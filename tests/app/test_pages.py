@@ -210,3 +210,21 @@ def test_hostile_input_on_every_page(page: str, name: str, text: str, expected: 
             shown = xaxis["ticktext"]
             assert shown == escaped[:: max(1, -(-len(tokens) // 64))][: len(shown)]
             assert all("<" not in label for label in shown)
+
+
+def test_corpus_limit_is_shown_when_hit() -> None:
+    at = run("pages/3_Head_statistics.py")
+    lines = [f"Sentence {i} is short." for i in range(55)]
+    at.text_area(key="corpus").input("\n".join(lines)).run()
+    assert not at.exception and not at.error
+    assert any("Only the first 50 of 55 sentences" in w.value for w in at.warning)
+    assert "50 sentence(s)" in " ".join(c.value for c in at.caption)
+
+
+def test_link_with_a_sentence_over_the_limit_falls_back_with_a_notice() -> None:
+    at = run("pages/1_Heads.py", text="x" * 100_001, engine="nonsense")
+    warnings = " ".join(w.value for w in at.warning)
+    assert "text=" in warnings and "longer than 100,000 characters" in warnings
+    assert "engine='nonsense' ignored" in warnings
+    assert at.text_area(key="text").value == "The cat sat on the mat."
+    assert ticktext(specs(at)[1]) == CAT_TOKENS

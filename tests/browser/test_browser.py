@@ -10,20 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.browser import PAGES, chromium, streamlit_server, tick_labels, wait_for_app
+from bench.browser import PAGE_PLOTS, PAGES, chromium, streamlit_server, tick_labels, wait_for_app
 
 pytestmark = pytest.mark.browser
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 CAT = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".", "[SEP]"]
-MIN_PLOTS = {
-    "Overview": 0,
-    "Heads": 3,
-    "Head similarity": 2,
-    "Head statistics": 1,
-    "Inside MHSA": 1,
-    "Rollout": 2,
-    "Compare": 2,
-}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +43,7 @@ def page(browser):
 @pytest.mark.parametrize("name", list(PAGES))
 def test_each_page_renders_and_is_screenshot(app_url, page, name) -> None:
     page.goto(f"{app_url}/{PAGES[name]}")
-    wait_for_app(page, plots=MIN_PLOTS[name])
+    wait_for_app(page, plots=PAGE_PLOTS[name])
     assert page.locator("[data-testid='stException']").count() == 0
     assert page.locator("[data-testid='stAlertContentError']").count() == 0
     assert page.locator("h1").first.inner_text().strip() != ""

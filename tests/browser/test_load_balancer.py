@@ -21,31 +21,33 @@ CONF = Path(__file__).resolve().parents[2] / "deploy" / "nginx.conf"
 def test_two_replicas_behind_the_sticky_load_balancer(tmp_path) -> None:
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     assert Path(nginx).exists(), "nginx is missing: scripts/run-tests.sh installs it (Debian)"
-    port = free_port()
     with streamlit_server() as one, streamlit_server() as two:
+        port = free_port()  # chosen once both replicas hold theirs
         servers = "\n".join(f"        server {u.removeprefix('http://')};" for u in (one, two))
         conf = re.sub(r"(?:\s*server app\d:8501;)+", "\n" + servers, CONF.read_text())
         conf = conf.replace("listen 8080;", f"listen 127.0.0.1:{port};")
         conf = conf.replace("/tmp/mhsa-nginx", str(tmp_path / "nginx"))
         assert "ip_hash" in conf and str(two).removeprefix("http://") in conf
         (tmp_path / "nginx.conf").write_text(conf)
-        proc = subprocess.Popen(
-            [nginx, "-c", str(tmp_path / "nginx.conf"), "-g", "daemon off;"],
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        log = tmp_path / "nginx.log"
+        with log.open("w") as err:
+            proc = subprocess.Popen(
+                [nginx, "-c", str(tmp_path / "nginx.conf"), "-g", "daemon off;"], stderr=err
+            )
         try:
             url = f"http://127.0.0.1:{port}"
-            for _ in range(50):
+            health = b""
+            for _ in range(100):
                 try:
-                    if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                        break
+                    health = urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read()
+                    break
                 except OSError:
                     time.sleep(0.2)
+            assert health == b"ok", log.read_text()
             with chromium() as browser:
                 page = browser.new_page(viewport={"width": 1300, "height": 900})
                 page.goto(f"{url}/Heads")
-                wait_for_app(page, plots=3)
+                wait_for_app(page, plots=3, timeout_ms=120_000)
                 assert tick_labels(page, 1)[:3] == ["[CLS]", "the", "cat"]
                 box = page.get_by_role("textbox", name="Sentence")
                 box.fill("Through the proxy.")
