@@ -147,7 +147,11 @@ class AttentionResult:
         header (no pickle)."""
         arrays = {k: getattr(self, k) for k in _ARRAYS if getattr(self, k) is not None}
         header = np.frombuffer(json.dumps(self.header()).encode(), dtype=np.uint8)
-        np.savez_compressed(path, header=header, **arrays)
+        if isinstance(path, str | Path):
+            with Path(path).open("wb") as fh:  # the exact name (numpy would append ".npz")
+                np.savez_compressed(fh, header=header, **arrays)
+        else:
+            np.savez_compressed(path, header=header, **arrays)
         return path
 
     @classmethod

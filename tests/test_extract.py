@@ -105,6 +105,8 @@ def test_save_load_round_trip(minilm, tmp_path) -> None:
     np.testing.assert_array_equal(back.attention, r.attention)
     assert back.tokens == r.tokens and back.offsets == r.offsets and back.text == r.text
     assert back.max_abs_diff == r.max_abs_diff and back.engine == "mhsa"
+    plain = r.save(tmp_path / "result")  # no extension added behind the caller's back
+    assert (tmp_path / "result").is_file() and AttentionResult.load(plain).tokens == r.tokens
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     with pytest.raises(InputError, match="not an MHSA Explorer result"):
         AttentionResult.load(tmp_path / "junk.npz")
