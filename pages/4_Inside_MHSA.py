@@ -20,9 +20,11 @@ PARAMS = {
     "present": Param(False, flag),
 }
 PRESENTATION_CSS = """<style>
-[data-testid="stMain"] * { font-size: 1.35rem; }
-[data-testid="stMain"] h1 { font-size: 3rem; }
-[data-testid="stMain"] code { font-size: 1.6rem; }
+[data-testid="stMain"] p, [data-testid="stMain"] label, [data-testid="stMain"] li,
+[data-testid="stMain"] input { font-size: 1.4rem !important; }
+[data-testid="stMain"] h1, [data-testid="stMain"] h1 * { font-size: 3.4rem !important; }
+[data-testid="stMain"] h3, [data-testid="stMain"] h3 * { font-size: 2.4rem !important; }
+[data-testid="stMain"] pre, [data-testid="stMain"] code { font-size: 1.8rem !important; }
 </style>"""
 
 
@@ -33,7 +35,7 @@ def _move(delta: int) -> None:
 query = page.setup("Inside MHSA", PARAMS)
 if st.session_state["present"]:
     st.markdown(PRESENTATION_CSS, unsafe_allow_html=True)  # constant CSS, no user text
-top = st.columns([2, 1, 1, 1, 1])
+top = st.columns([2, 1, 1, 1.3, 1.5])
 top[0].radio(
     "Weights",
     ["pretrained", "fresh"],
@@ -114,6 +116,8 @@ if model is not None:
             colorscale="Blues" if step.name == "probabilities" else "RdBu",
             value_name="value",
         )
+        if st.session_state["present"]:
+            fig.update_layout(font={"size": 18})
         page.figure(fig, f"step-{step_no}-{step.name.replace(' ', '-')}", key="step-fig")
         with st.expander("All steps and their shapes"):
             st.table(
