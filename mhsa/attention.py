@@ -215,10 +215,7 @@ class MultiHeadSelfAttention(nn.Module):
         self, query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Q, K, V as ``[B, L, D]``; one fused matmul for self-attention."""
-        if query.dim() != 3 or query.shape[-1] != self.d_model:
-            raise ValueError(
-                f"query must have shape [batch, length, {self.d_model}], got {list(query.shape)}"
-            )
+        self._check_query(query)
         if key is None and value is None:
             return self.qkv(query).split(self.d_model, dim=-1)  # 3 x (B, T, D)
         key = query if key is None else key
@@ -233,6 +230,33 @@ class MultiHeadSelfAttention(nn.Module):
         else:
             k, v = F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)  # (B, S, D)
         return F.linear(query, w_q, b_q), k, v
+
+    def _check_query(self, query: torch.Tensor) -> None:
+        if query.dim() != 3 or query.shape[-1] != self.d_model:
+            raise ValueError(
+                f"query must have shape [batch, length, {self.d_model}], got {list(query.shape)}"
+            )
+
+    @staticmethod
+    def _mask(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        is_causal: bool,
+    ) -> torch.Tensor | None:
+        """The combined mask for per-head ``q`` ``[B, H, T, Dh]`` and ``k`` ``[B, H, S, Dh]``."""
+        if not is_causal and attn_mask is None and attention_mask is None:
+            return None
+        return combine_masks(
+            attn_mask,
+            attention_mask,
+            is_causal=is_causal,
+            q_len=q.shape[2],
+            k_len=k.shape[2],
+            device=q.device,
+            dtype=q.dtype,
+        )
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, length, _ = x.shape
@@ -271,19 +295,12 @@ class MultiHeadSelfAttention(nn.Module):
         causal_only = (
             is_causal and attn_mask is None and attention_mask is None and q.shape[2] == k.shape[2]
         )
-        mask = None
-        if (need_weights or not causal_only) and (
-            is_causal or attn_mask is not None or attention_mask is not None
-        ):
-            mask = combine_masks(
-                attn_mask,
-                attention_mask,
-                is_causal=is_causal,
-                q_len=q.shape[2],
-                k_len=k.shape[2],
-                device=q.device,
-                dtype=q.dtype,
-            )
+        # the fused kernel takes a plain causal mask as a flag, without building it
+        mask = (
+            None
+            if causal_only and not need_weights
+            else self._mask(q, k, attn_mask, attention_mask, is_causal)
+        )
         if need_weights:
             # bmm on head-major contiguous operands: no hidden copies inside the two matmuls
             q, k, v = (t.contiguous() for t in (q, k, v))  # (B, H, L, Dh)
@@ -321,25 +338,12 @@ class MultiHeadSelfAttention(nn.Module):
         needs when it shows the weights and not the layer's output. ``out``: a preallocated
         ``[B, H, T, T]`` tensor to write the weights into (no gradient).
         """
-        if query.dim() != 3 or query.shape[-1] != self.d_model:
-            raise ValueError(
-                f"query must have shape [batch, length, {self.d_model}], got {list(query.shape)}"
-            )
+        self._check_query(query)
         two = 2 * self.d_model
         bias = None if self.qkv.bias is None else self.qkv.bias[:two]
         q, k = F.linear(query, self.qkv.weight[:two], bias).split(self.d_model, dim=-1)
         q, k = (self._split_heads(t).contiguous() for t in (q, k))  # (B, H, T, Dh)
-        mask = None
-        if is_causal or attention_mask is not None:
-            mask = combine_masks(
-                None,
-                attention_mask,
-                is_causal=is_causal,
-                q_len=q.shape[2],
-                k_len=k.shape[2],
-                device=q.device,
-                dtype=q.dtype,
-            )
+        mask = self._mask(q, k, None, attention_mask, is_causal)
         return attention_probabilities(q, k, mask, scale=self.scale, out=out)  # (B, H, T, T)
 
     @torch.no_grad()
@@ -381,15 +385,7 @@ class MultiHeadSelfAttention(nn.Module):
             TraceStep("raw scores", "Q_h K_h^T", raw),
             TraceStep("scaled scores", f"Q_h K_h^T / sqrt(d_head)   (sqrt({self.d_head}))", scaled),
         ]
-        mask = combine_masks(
-            attn_mask,
-            attention_mask,
-            is_causal=is_causal,
-            q_len=qh.shape[2],
-            k_len=kh.shape[2],
-            device=qh.device,
-            dtype=qh.dtype,
-        )
+        mask = self._mask(qh, kh, attn_mask, attention_mask, is_causal)
         masked = _apply_mask(scaled.clone(), mask)
         weights = torch.softmax(masked, dim=-1).nan_to_num_(0.0)  # (B, H, T, S)
         context = torch.matmul(weights, vh)  # (B, H, T, Dh)
