@@ -46,8 +46,17 @@ def test_two_replicas_behind_the_sticky_load_balancer(tmp_path) -> None:
             assert health == b"ok", log.read_text()
             with chromium() as browser:
                 page = browser.new_page(viewport={"width": 1300, "height": 900})
+                console: list[str] = []
+                page.on("console", lambda m: console.append(m.text))
+                page.on("requestfailed", lambda r: console.append(f"failed {r.url} {r.failure}"))
                 page.goto(f"{url}/Heads")
-                wait_for_app(page, plots=3, timeout_ms=120_000)
+                try:
+                    wait_for_app(page, plots=3, timeout_ms=120_000)
+                except Exception as e:  # say why: the proxy's log and the browser's console
+                    raise AssertionError(
+                        f"no heatmaps through nginx: {e}\nnginx: {log.read_text()[-2000:]}\n"
+                        f"browser: {console[-20:]}"
+                    ) from e
                 assert tick_labels(page, 1)[:3] == ["[CLS]", "the", "cat"]
                 box = page.get_by_role("textbox", name="Sentence")
                 box.fill("Through the proxy.")
