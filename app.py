@@ -29,7 +29,7 @@ if result is not None:
             "end": [o[1] for o in result.offsets],
         }
     )
-    st.dataframe(tokens.T, width="stretch")
+    st.dataframe(tokens.T.astype(str), width="stretch")  # one type per column for Arrow
     st.subheader("Model")
     cols = st.columns(6)
     for col, (name, value) in zip(
