@@ -168,13 +168,14 @@ def _own_modules(
     """
     key = ("own-modules", seed)
     if key not in lm.cache:
-        modules = [loader(module).eval() for module, loader in layers]
-        if seed is not None:
+        if seed is None:
+            modules = [loader(module).eval() for module, loader in layers]
+        else:  # the same shapes as the pretrained layers (built once, cached above)
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 modules = [
                     MultiHeadSelfAttention(m.d_model, m.num_heads).to(lm.device).eval()
-                    for m in modules
+                    for m in _own_modules(lm, layers, None)
                 ]
         seeds = [k for k in lm.cache if k[0] == "own-modules" and k[1] is not None]
         if len(seeds) >= _MAX_SEEDS_CACHED:

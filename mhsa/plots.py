@@ -1,8 +1,8 @@
 """Plotly figures of attention results and head analyses. No torch, no streamlit.
 
 Every label that comes from user text goes through ``label`` (HTML-escaped: plotly renders tags
-such as ``<b>`` in tick labels and hovers), and token axes are numeric positions with tick text,
-so repeated tokens ("the" twice) keep their own rows and columns.
+such as ``<b>`` in tick labels and hovers), and token axes have one category per position with
+the token as tick text, so repeated tokens ("the" twice) keep their own rows and columns.
 """
 
 from __future__ import annotations
@@ -106,6 +106,11 @@ def matrix_heatmap(
     return _layout(fig, title, height=height)
 
 
+def _square_height(n: int) -> int:
+    """Pixels for an n x n token map: readable rows, within one screen."""
+    return min(900, max(420, 18 * n + 120))
+
+
 def head_heatmap(result: AttentionResult, layer: int, head: int) -> go.Figure:
     """One head at full resolution, tokens on both axes."""
     n = result.num_tokens
@@ -115,7 +120,7 @@ def head_heatmap(result: AttentionResult, layer: int, head: int) -> go.Figure:
         result.tokens,
         title=f"Layer {layer}, head {head}",
         zmax=1.0,
-        height=min(900, max(420, 18 * n + 120)),
+        height=_square_height(n),
     )
 
 
@@ -294,5 +299,5 @@ def rollout_figure(rollout: np.ndarray, tokens: Sequence[str], layer: int) -> go
         col_title="input token",
         zmax=None,
         value_name="share",
-        height=min(900, max(420, 18 * len(tokens) + 120)),
+        height=_square_height(len(tokens)),
     )
