@@ -51,16 +51,37 @@ if result is not None:
     )
     timing = st.columns(3)
     timing[0].metric("load time", f"{result.timings['load']:.2f} s")
-    timing[1].metric("compute time", f"{result.timings['forward'] * 1e3:.1f} ms")
+    timing[1].metric(
+        "compute time",
+        f"{result.timings['forward'] * 1e3:.1f} ms",
+        help="One forward pass of the whole model with this engine.",
+    )
+    if result.engine == "mhsa-random":
+        timing[2].metric("attention blocks", f"untrained, seed {result.seed}")
     if result.max_abs_diff is not None:
         timing[2].metric(
-            "our module vs the model",
-            f"max difference {result.max_abs_diff:.0e}",
-            help="Largest absolute difference between our MultiHeadSelfAttention's weights and "
-            "the model's own attention, over every layer, head and token pair.",
+            "model's own forward (check)",
+            f"{result.timings.get('verify', 0.0) * 1e3:.1f} ms",
+            help="The model's own forward pass, run once more to check our module against it.",
         )
-    elif result.engine == "mhsa-random":
-        timing[2].metric("our module", f"untrained, seed {result.seed}")
+        st.subheader("Our module against the model's own forward")
+        st.caption(
+            "The sentence ran through the model with every attention block swapped for our "
+            "MultiHeadSelfAttention (each layer's output feeding the next), then once more "
+            "through the model's own attention. Largest absolute differences:"
+        )
+        agreement = pd.DataFrame(
+            {
+                "compared": [f"layer {i} attention weights" for i in range(result.num_layers)]
+                + ["final hidden state (the model's output)"],
+                "max |ours - model|": [*result.layer_max_abs_diff, result.hidden_max_abs_diff],
+            }
+        )
+        st.dataframe(
+            agreement,
+            hide_index=True,
+            column_config={"max |ours - model|": st.column_config.NumberColumn(format="%.1e")},
+        )
     buffer = io.BytesIO()
     result.save(buffer)
     st.download_button(

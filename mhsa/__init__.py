@@ -3,9 +3,16 @@
 Never imports streamlit; only ``mhsa.plots`` imports plotly.
 """
 
-from mhsa.attention import MultiHeadSelfAttention, TraceStep, scaled_dot_product_attention
+from mhsa.adapters import SUPPORTED_FOR_MHSA
+from mhsa.attention import (
+    MultiHeadSelfAttention,
+    RotaryEmbedding,
+    TraceStep,
+    attention_core,
+    scaled_dot_product_attention,
+)
 from mhsa.errors import InputError, MHSAError, ModelLoadError, UnsupportedModelError
-from mhsa.extract import ENGINES, attend
+from mhsa.extract import ENGINE_DESCRIPTIONS, ENGINES, attend
 from mhsa.models import DEFAULT_MODEL, LoadedModel, get_model, load_model, pick_device
 from mhsa.result import AttentionResult
 from mhsa.stats import (
@@ -20,6 +27,8 @@ from mhsa.stats import (
 __all__ = [
     "DEFAULT_MODEL",
     "ENGINES",
+    "ENGINE_DESCRIPTIONS",
+    "SUPPORTED_FOR_MHSA",
     "AttentionResult",
     "HeadClusters",
     "InputError",
@@ -27,9 +36,11 @@ __all__ = [
     "MHSAError",
     "ModelLoadError",
     "MultiHeadSelfAttention",
+    "RotaryEmbedding",
     "TraceStep",
     "UnsupportedModelError",
     "attend",
+    "attention_core",
     "attention_rollout",
     "get_model",
     "head_clusters",

@@ -48,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--max-tokens", type=int, default=None, help="truncate to this many tokens")
     a.add_argument("--pair", default=None, help="second segment / decoder text")
     a.add_argument("--seed", type=int, default=0, help="seed of the mhsa-random engine")
+    a.add_argument(
+        "--verify",
+        action="store_true",
+        help="mhsa engine: also run the model's own forward and print the differences",
+    )
     a.add_argument("--out", type=Path, default=None, help="write the result (.npz)")
 
     i = sub.add_parser("info", help="print the model's layers, heads and sizes")
@@ -77,6 +82,7 @@ def _attend(args: argparse.Namespace) -> None:
         max_tokens=args.max_tokens,
         text_pair=args.pair,
         seed=args.seed,
+        verify=args.verify,
     )
     print(f"model    {r.model} ({r.num_parameters:,} parameters) on {r.device}, engine {r.engine}")
     print(f"tokens   {len(r.tokens)}: {' '.join(r.tokens)}")
@@ -85,7 +91,9 @@ def _attend(args: argparse.Namespace) -> None:
     print(f"shape    {list(r.attention.shape)} [layers, heads, query, key]")
     print(f"time     load {r.timings['load']:.2f} s, forward {r.timings['forward'] * 1e3:.1f} ms")
     if r.max_abs_diff is not None:
-        print(f"agrees   max |ours - model| = {r.max_abs_diff:.1e}")
+        layers = ", ".join(f"{d:.1e}" for d in r.layer_max_abs_diff or [])
+        print(f"agrees   max |ours - model| attention per layer: {layers}")
+        print(f"         final hidden state: {r.hidden_max_abs_diff:.1e}")
     if args.out:
         print(f"wrote    {r.save(args.out)}")
 

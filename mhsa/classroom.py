@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from mhsa.adapters import Run, own_blocks, through_own_module
 from mhsa.attention import MultiHeadSelfAttention
-from mhsa.errors import InputError, UnsupportedModelError
-from mhsa.extract import SUPPORTED_FOR_MHSA, _capture_inputs, _check_text, attention_layers
+from mhsa.errors import InputError
+from mhsa.extract import _check_text
 from mhsa.models import LoadedModel
 
 __all__ = ["Step", "Walkthrough", "walkthrough"]
@@ -37,15 +40,28 @@ class Walkthrough:
     source: str
     d_model: int
     num_heads: int
+    num_kv_heads: int
+    d_head: int
     causal: bool
+    rotary: bool
     truncated_tokens: int = 0
 
     @property
-    def d_head(self) -> int:
-        return self.d_model // self.num_heads
+    def groups(self) -> int:
+        """Query heads per key/value head (grouped-query attention; 1 = ordinary MHSA)."""
+        return self.num_heads // self.num_kv_heads
+
+    def kv_head(self, head: int) -> int:
+        """The key/value head that query head ``head`` reads."""
+        return head // self.groups
 
     def step(self, name: str) -> Step:
         return next(s for s in self.steps if s.name == name)
+
+
+class _Captured(Exception):
+    """Raised by the observer once the chosen layer's input is captured: the rest of the forward
+    pass is not needed."""
 
 
 def _token_embeddings(ids: list[int], d_model: int, seed: int) -> torch.Tensor:
@@ -55,6 +71,25 @@ def _token_embeddings(ids: list[int], d_model: int, seed: int) -> torch.Tensor:
         gen = torch.Generator().manual_seed(seed * 1_000_003 + int(token_id))
         rows.append(torch.randn(d_model, generator=gen))
     return torch.stack(rows)[None]  # (1, T, D)
+
+
+def _layer_input(model: LoadedModel, enc: dict, layer: int) -> tuple[torch.Tensor, Any]:
+    """The input of attention block ``layer`` when the model runs through our module, and our
+    module for that block. Holds the model's lock."""
+    blocks = own_blocks(model)
+    if not 0 <= layer < len(blocks):
+        raise InputError(f"Layer {layer} does not exist: choose 0 to {len(blocks) - 1}.")
+    captured: list[torch.Tensor] = []
+
+    def capture(name: str, tensor: torch.Tensor) -> None:
+        if name == "X":
+            captured.append(tensor.detach())
+            raise _Captured
+
+    run = Run(need_weights=False, observers={layer: capture})
+    with contextlib.suppress(_Captured), through_own_module(model, blocks, run):
+        model.model(**{k: v.to(model.device) for k, v in enc.items()})
+    return captured[0], blocks[layer].ours
 
 
 def walkthrough(
@@ -72,44 +107,47 @@ def walkthrough(
 
     Args:
         text: the sentence (at most ``max_tokens`` tokens are used, so every step stays legible).
-        model: supplies the tokenizer and, for ``layer`` given, that layer's weights and input.
+        model: supplies the tokenizer and, for ``layer`` given, that layer's weights and input
+            (the input the layer gets when the model runs through our module).
         layer: a pretrained layer; ``None`` for fresh xavier weights of ``d_model``/``num_heads``
             over a random token embedding.
         causal: apply a causal mask (the "masked" step then shows -inf above the diagonal).
         seed: seed of the fresh weights and embedding.
     """
     text = _check_text(text)
-    enc = model.tokenizer(
-        text, truncation=True, max_length=max_tokens, return_tensors="pt", split_special_tokens=True
-    )
-    ids = enc["input_ids"][0].tolist()
-    tokens = model.tokenizer.convert_ids_to_tokens(ids)
-    full = len(model.tokenizer(text, split_special_tokens=True)["input_ids"])
-    if layer is None:
-        if d_model < 1 or num_heads < 1 or d_model % num_heads:
-            raise InputError(f"d_model ({d_model}) must be a multiple of the heads ({num_heads}).")
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            ours = MultiHeadSelfAttention(d_model, num_heads).eval()
-        x = _token_embeddings(ids, d_model, seed)
-        source = f"fresh xavier weights, d_model {d_model}, {num_heads} heads (seed {seed})"
-    else:
-        layers = attention_layers(model.model)
-        if not layers:
-            raise UnsupportedModelError(
-                f"{model.display_name!r} has no attention layer our module can load. "
-                f"Supported: {SUPPORTED_FOR_MHSA}."
-            )
-        if not 0 <= layer < len(layers):
-            raise InputError(f"Layer {layer} does not exist: choose 0 to {len(layers) - 1}.")
-        module, loader = layers[layer]
-        with model.lock, torch.inference_mode(), _capture_inputs([module]) as hidden:
-            model.model(**{k: v.to(model.device) for k, v in enc.items()})
-        x = hidden[0].float().cpu()
-        ours = loader(module).float().cpu().eval()
-        source = f"layer {layer} of {model.display_name}"
-    _, _, trace = ours.forward_with_trace(x, is_causal=causal)
-    steps = [Step(s.name, s.formula, s.tensor.float().numpy()) for s in trace]
+    if layer is None and (d_model < 1 or num_heads < 1 or d_model % num_heads):
+        raise InputError(f"d_model ({d_model}) must be a multiple of the heads ({num_heads}).")
+    with model.lock, torch.inference_mode():  # the tokenizer and the model are shared
+        enc = model.tokenizer(
+            text,
+            truncation=True,
+            max_length=max_tokens,
+            return_tensors="pt",
+            split_special_tokens=True,
+        )
+        full = len(model.tokenizer(text, split_special_tokens=True)["input_ids"])
+        ids = enc["input_ids"][0].tolist()
+        tokens = model.tokenizer.convert_ids_to_tokens(ids)
+        if layer is None:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                ours = MultiHeadSelfAttention(d_model, num_heads).eval()
+            x = _token_embeddings(ids, d_model, seed)
+            source = f"fresh xavier weights, d_model {d_model}, {num_heads} heads (seed {seed})"
+        else:
+            x, ours = _layer_input(model, dict(enc), layer)
+            source = f"layer {layer} of {model.display_name}"
+        _, _, trace = ours.forward_with_trace(x, is_causal=causal)
+    steps = [Step(s.name, s.formula, s.tensor.float().cpu().numpy()) for s in trace]
     return Walkthrough(
-        tokens, steps, source, ours.d_model, ours.num_heads, causal, max(0, full - len(ids))
+        tokens,
+        steps,
+        source,
+        d_model=ours.d_model,
+        num_heads=ours.num_heads,
+        num_kv_heads=ours.num_kv_heads,
+        d_head=ours.d_head,
+        causal=causal,
+        rotary=ours.rotary is not None,
+        truncated_tokens=max(0, full - len(ids)),
     )

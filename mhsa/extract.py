@@ -3,52 +3,30 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
-from mhsa.attention import MultiHeadSelfAttention
-from mhsa.errors import InputError, ModelLoadError, UnsupportedModelError
+from mhsa.adapters import OwnBlock, Run, own_blocks, through_own_module
+from mhsa.errors import InputError, ModelLoadError
 from mhsa.models import DEFAULT_MODEL, LoadedModel, get_model
 from mhsa.result import AttentionResult
 from mhsa.tokens import Tokens
 
-__all__ = ["ENGINES", "attend", "attention_layers"]
+__all__ = ["ENGINES", "ENGINE_DESCRIPTIONS", "attend"]
 
 ENGINES = ("transformers", "mhsa", "mhsa-random")
-
-Loader = Callable[[nn.Module], MultiHeadSelfAttention]
-
-# How to recognise an attention block our module can load, and the loader for it. Structural
-# tests rather than class names: RoBERTa, ELECTRA, XLM-R... reuse BERT's layout under other names.
-_LOADERS: tuple[tuple[str, Callable[[nn.Module], bool], Loader], ...] = (
-    (
-        "BERT family (query/key/value + output.dense)",
-        lambda m: hasattr(m, "self") and hasattr(m.self, "query") and hasattr(m, "output"),
-        MultiHeadSelfAttention.from_bert,
-    ),
-    (
-        "GPT-2 family (c_attn/c_proj)",
-        lambda m: (
-            hasattr(m, "c_attn")
-            and hasattr(m, "c_proj")
-            and not getattr(m, "is_cross_attention", False)
-        ),
-        MultiHeadSelfAttention.from_gpt2,
-    ),
-    (
-        "DistilBERT (q_lin/k_lin/v_lin/out_lin)",
-        lambda m: hasattr(m, "q_lin") and hasattr(m, "out_lin"),
-        MultiHeadSelfAttention.from_distilbert,
-    ),
-)
-_MAX_SEEDS_CACHED = 4
-SUPPORTED_FOR_MHSA = ", ".join(name for name, _, _ in _LOADERS)
+#: What each engine computes, for people (sidebar, docs, command line).
+ENGINE_DESCRIPTIONS = {
+    "transformers": "the model's own (eager) attention",
+    "mhsa": "the model run through our MultiHeadSelfAttention: every attention block swapped for "
+    "our module with that block's weights; each layer's output feeds the next",
+    "mhsa-random": "the model with every attention block swapped for our module with fresh "
+    "(untrained) xavier weights from the seed; embeddings, feed-forward layers and norms stay "
+    "trained",
+}
 
 
 @dataclass(frozen=True)
@@ -57,17 +35,6 @@ class _Encoded:
     tokens: Tokens
     truncated: int
     decoder_tokens: list[str] | None
-
-
-def attention_layers(model: nn.Module) -> list[tuple[nn.Module, Loader]]:
-    """The self-attention blocks of a model our module can load, in layer order."""
-    found = []
-    for module in model.modules():
-        for _, matches, loader in _LOADERS:
-            if matches(module):
-                found.append((module, loader))
-                break
-    return found
 
 
 def _check_text(text: object, what: str = "text") -> str:
@@ -122,23 +89,6 @@ def _encode(lm: LoadedModel, text: str, text_pair: str | None, max_tokens: int |
     return _Encoded(inputs, tokens, truncated, decoder_tokens)
 
 
-@contextmanager
-def _capture_inputs(modules: list[nn.Module]):
-    """Record the hidden states entering each attention block during one forward pass."""
-    captured: list[torch.Tensor] = []
-
-    def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
-        hidden = args[0] if args else kwargs.get("hidden_states", kwargs.get("query"))
-        captured.append(hidden.detach())
-
-    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
-    try:
-        yield captured
-    finally:
-        for h in handles:
-            h.remove()
-
-
 def _checked(attentions: Any, what: str, name: str) -> tuple[torch.Tensor, ...]:
     """The model's per-layer attentions, or a clear error when it gave none."""
     if not attentions or any(a is None for a in attentions):
@@ -159,54 +109,62 @@ def _is_causal(attentions: Any) -> bool:
     return first.shape[-1] > 1 and not bool(first.triu(1).any())
 
 
-def _own_modules(
-    lm: LoadedModel, layers: list[tuple[nn.Module, Loader]], seed: int | None
-) -> list[MultiHeadSelfAttention]:
-    """Our module per layer: with the layer's weights, or fresh xavier weights from ``seed``.
-
-    Built once per model (and seed) and kept in ``lm.cache``; callers hold ``lm.lock``.
-    """
-    key = ("own-modules", seed)
-    if key not in lm.cache:
-        if seed is None:
-            modules = [loader(module).eval() for module, loader in layers]
-        else:  # the same shapes as the pretrained layers (built once, cached above)
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
-                modules = [
-                    MultiHeadSelfAttention(m.d_model, m.num_heads).to(lm.device).eval()
-                    for m in _own_modules(lm, layers, None)
-                ]
-        seeds = [k for k in lm.cache if k[0] == "own-modules" and k[1] is not None]
-        if len(seeds) >= _MAX_SEEDS_CACHED:
-            del lm.cache[seeds[0]]  # oldest random seed first: the cache stays bounded
-        lm.cache[key] = modules
-    return lm.cache[key]
+@dataclass(frozen=True)
+class _Forward:
+    attention: torch.Tensor  # (L, H, T, T)
+    causal: bool
+    extra: dict[str, Any]
+    last_hidden: torch.Tensor | None = None
 
 
-def _own_module_attention(
-    modules: list[MultiHeadSelfAttention],
-    hidden: list[torch.Tensor],
-    padding: torch.Tensor | None,
-    *,
-    causal: bool,
-) -> torch.Tensor:
-    """Our module's per-head weights for every layer, each fed that layer's input."""
-    n = hidden[0].shape[1]
-    heads = modules[0].num_heads
-    out = hidden[0].new_empty(len(modules), 1, heads, n, n)  # (L, B=1, H, T, T)
-    if padding is not None and bool(padding.all()):
-        padding = None  # nothing to mask: skip building and applying a mask
-    for layer, (ours, h) in enumerate(zip(modules, hidden, strict=True)):
-        ours.to(dtype=h.dtype).attention_weights(
-            h, attention_mask=padding, is_causal=causal, out=out[layer]
-        )
-    return out[:, 0]  # (L, H, T, T)
+def _transformers_forward(lm: LoadedModel, inputs: dict[str, torch.Tensor]) -> _Forward:
+    """The model's own eager attention, every layer."""
+    name = lm.display_name
+    outputs = lm.model(**inputs, output_attentions=True, return_dict=True)
+    extra: dict[str, Any] = {}
+    if lm.is_encoder_decoder:
+        theirs = _checked(getattr(outputs, "encoder_attentions", None), "encoder", name)
+        extra = {
+            "decoder_attention": _to_numpy(
+                _checked(getattr(outputs, "decoder_attentions", None), "decoder", name)
+            ),
+            "cross_attention": _to_numpy(
+                _checked(getattr(outputs, "cross_attentions", None), "cross", name)
+            ),
+        }
+    else:
+        theirs = _checked(getattr(outputs, "attentions", None), "self", name)
+    hidden = getattr(outputs, "last_hidden_state", None)
+    return _Forward(torch.stack([a[0] for a in theirs]), _is_causal(theirs), extra, hidden)
 
 
-def _max_abs_diff(ours: torch.Tensor, theirs: Any) -> float:
-    """Largest |ours - theirs| over all layers, one layer at a time (no full-size temporary)."""
-    return max(float((ours[i] - t[0]).abs_().max()) for i, t in enumerate(theirs))
+def _own_forward(
+    lm: LoadedModel, inputs: dict[str, torch.Tensor], blocks: list[OwnBlock]
+) -> _Forward:
+    """The whole model with every attention block swapped for ours; weights collected from our
+    modules into one preallocated array."""
+    n = inputs["input_ids"].shape[1]
+    first = blocks[0].ours
+    sink = first.qkv.weight.new_empty(len(blocks), 1, first.num_heads, n, n)  # (L, B, H, T, T)
+    with through_own_module(lm, blocks, Run(sink=sink)):
+        outputs = lm.model(**inputs, return_dict=True)
+    hidden = getattr(outputs, "last_hidden_state", None)
+    return _Forward(sink[:, 0], blocks[0].causal, {}, hidden)
+
+
+def _agreement(ours: _Forward, theirs: _Forward) -> dict[str, Any]:
+    """Largest |ours - theirs| per layer (one layer at a time) and of the final hidden state."""
+    per_layer = [
+        float((o - t).abs().max()) for o, t in zip(ours.attention, theirs.attention, strict=True)
+    ]
+    hidden = None
+    if ours.last_hidden is not None and theirs.last_hidden is not None:
+        hidden = float((ours.last_hidden - theirs.last_hidden).abs().max())
+    return {
+        "max_abs_diff": max(per_layer),
+        "layer_max_abs_diff": per_layer,
+        "hidden_max_abs_diff": hidden,
+    }
 
 
 def attend(
@@ -218,6 +176,7 @@ def attend(
     max_tokens: int | None = None,
     text_pair: str | None = None,
     seed: int = 0,
+    verify: bool = False,
 ) -> AttentionResult:
     """Per-head attention of a text.
 
@@ -225,76 +184,52 @@ def attend(
         text: the sentence.
         model: ``"default"`` (embedded all-MiniLM-L6-v2), a model id or folder, or a model
             already loaded with ``load_model`` (then ``device`` is the model's own).
-        engine: ``"transformers"`` (the model's eager attention), ``"mhsa"`` (our module with each
-            layer's weights, fed that layer's input) or ``"mhsa-random"`` (our module, fresh
-            xavier weights from ``seed``, fed the same inputs).
+        engine: ``"transformers"`` (the model's eager attention), ``"mhsa"`` (the model run
+            through our module: every attention block swapped for ours with its weights) or
+            ``"mhsa-random"`` (every attention block swapped for ours with fresh xavier weights
+            from ``seed``). See ``ENGINE_DESCRIPTIONS``.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"mps"``.
         max_tokens: truncate to this many tokens (the result reports how many were dropped);
             without it a text over the model's limit is an error.
         text_pair: second segment (encoders) or decoder text (encoder-decoder models).
         seed: seed of the ``mhsa-random`` weights.
+        verify: ``mhsa`` engine only: also run the model's own forward and report, per layer,
+            the largest difference of the attention weights and of the final hidden state. Off,
+            the model's own attention never runs.
 
     Raises:
         InputError, ModelLoadError, UnsupportedModelError: with a message saying what to do.
     """
     if engine not in ENGINES:
         raise InputError(f"Unknown engine {engine!r}: choose one of {', '.join(ENGINES)}.")
+    if verify and engine != "mhsa":
+        raise InputError("verify compares our module with the model's own: use engine='mhsa'.")
     text = _check_text(text)
     if text_pair is not None:
         text_pair = _check_text(text_pair, "second text")
     lm = model if isinstance(model, LoadedModel) else get_model(model or DEFAULT_MODEL, device)
-    if engine != "transformers" and lm.is_encoder_decoder:
-        raise UnsupportedModelError(
-            f"The {engine} engine cannot load {lm.display_name!r} (encoder-decoder). "
-            f"Supported: {SUPPORTED_FOR_MHSA}. Use the transformers engine for this model."
-        )
+    timings = {"load": lm.load_seconds}
     with lm.lock, torch.inference_mode():
         encoded = _encode(lm, text, text_pair, max_tokens)
         inputs = {k: v.to(lm.device) for k, v in encoded.inputs.items()}
-        start = time.perf_counter()
-        layers = attention_layers(lm.model) if engine != "transformers" else []
-        if engine != "transformers" and not layers:
-            raise UnsupportedModelError(
-                f"The {engine} engine cannot load the attention layers of {lm.display_name!r} "
-                f"({lm.config.model_type}). Supported: {SUPPORTED_FOR_MHSA}. "
-                f"Use the transformers engine for this model."
-            )
-        with _capture_inputs([m for m, _ in layers]) as hidden:
-            outputs = lm.model(**inputs, output_attentions=True, return_dict=True)
-        name = lm.display_name
-        result_extra: dict[str, Any] = {}
-        if lm.is_encoder_decoder:
-            theirs = _checked(getattr(outputs, "encoder_attentions", None), "encoder", name)
-            result_extra = {
-                "decoder_tokens": encoded.decoder_tokens,
-                "decoder_attention": _to_numpy(
-                    _checked(getattr(outputs, "decoder_attentions", None), "decoder", name)
-                ),
-                "cross_attention": _to_numpy(
-                    _checked(getattr(outputs, "cross_attentions", None), "cross", name)
-                ),
-            }
-        else:
-            theirs = _checked(getattr(outputs, "attentions", None), "self", name)
-        causal = _is_causal(theirs)
-        max_diff = None
+        agreement: dict[str, Any] = {}
         if engine == "transformers":
-            attention = torch.stack([a[0] for a in theirs])  # (L, H, T, T)
+            start = time.perf_counter()
+            result = _transformers_forward(lm, inputs)
+            timings["forward"] = time.perf_counter() - start
         else:
-            if len(hidden) != len(theirs):
-                raise UnsupportedModelError(
-                    f"{name!r} has {len(theirs)} attention layers but {len(hidden)} that our "
-                    f"module can load. Supported: {SUPPORTED_FOR_MHSA}."
-                )
-            modules = _own_modules(lm, layers, seed if engine == "mhsa-random" else None)
-            attention = _own_module_attention(
-                modules, hidden, inputs.get("attention_mask"), causal=causal
-            )
-            if engine == "mhsa":
-                max_diff = _max_abs_diff(attention, theirs)
-        forward_seconds = time.perf_counter() - start
-        array = attention.float().cpu().numpy()  # the one move to the CPU
+            blocks = own_blocks(lm, seed if engine == "mhsa-random" else None)
+            start = time.perf_counter()
+            result = _own_forward(lm, inputs, blocks)
+            timings["forward"] = time.perf_counter() - start
+            if verify:
+                start = time.perf_counter()
+                agreement = _agreement(result, _transformers_forward(lm, inputs))
+                timings["verify"] = time.perf_counter() - start
+        array = result.attention.float().cpu().numpy()  # the one move to the CPU
     tokens = encoded.tokens
+    if lm.is_encoder_decoder:
+        result.extra["decoder_tokens"] = encoded.decoder_tokens
     return AttentionResult(
         text=text,
         tokens=list(tokens.strings),
@@ -307,11 +242,11 @@ def attend(
         engine=engine,
         device=str(lm.device),
         num_parameters=lm.num_parameters,
-        timings={"load": lm.load_seconds, "forward": forward_seconds},
-        causal=causal,
+        timings=timings,
+        causal=result.causal,
         truncated_tokens=encoded.truncated,
-        max_abs_diff=max_diff,
         seed=seed if engine == "mhsa-random" else None,
         text_pair=text_pair,
-        **result_extra,
+        **agreement,
+        **result.extra,
     )

@@ -34,11 +34,16 @@ class AttentionResult:
         word_ids: word index of each token, -1 for special tokens.
         model: model name; engine: ``transformers`` | ``mhsa`` | ``mhsa-random``; device: where
             it ran; num_parameters: of the model.
-        timings: seconds, ``{"load": ..., "forward": ...}``.
+        timings: seconds, ``{"load": ..., "forward": ...}`` (plus ``"verify"``: the model's own
+            forward that ``verify=True`` adds).
         causal: the model masks attention to later tokens.
         truncated_tokens: tokens dropped to respect ``max_tokens`` / the model's limit.
-        max_abs_diff: for the ``mhsa`` engine, the largest absolute difference between our
-            module's weights and the model's own.
+        max_abs_diff: for the ``mhsa`` engine run with ``verify=True``, the largest absolute
+            difference between the attention weights of the model run through our module and
+            of the model's own forward, over every layer, head and token pair.
+        layer_max_abs_diff: the same, per layer.
+        hidden_max_abs_diff: the largest absolute difference of the final hidden state (the
+            model's output) between the two forward passes.
         seed: for ``mhsa-random``, the seed of the fresh weights.
         word_level: tokens were merged into words by ``to_words``.
         decoder_tokens, decoder_attention ``[layers, heads, m, m]``, cross_attention
@@ -60,6 +65,8 @@ class AttentionResult:
     causal: bool = False
     truncated_tokens: int = 0
     max_abs_diff: float | None = None
+    layer_max_abs_diff: list[float] | None = None
+    hidden_max_abs_diff: float | None = None
     seed: int | None = None
     word_level: bool = False
     text_pair: str | None = None

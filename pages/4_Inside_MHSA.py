@@ -6,11 +6,13 @@ import numpy as np
 import streamlit as st
 
 from mhsa import plots
+from mhsa.attention import OBSERVATION_POINTS
 from ui import data, page
 from ui.state import Param, bounded_int, clamp, flag
 
+LAST_STEP = len(OBSERVATION_POINTS) - 1  # the most steps a trace can have, minus one
 PARAMS = {
-    "step": Param(0, bounded_int(0, 13)),
+    "step": Param(0, bounded_int(0, LAST_STEP)),
     "source": Param("pretrained", lambda raw: {"pretrained": raw, "fresh": raw}[raw]),
     "mlayer": Param(0, bounded_int(0, 1023)),
     "dm": Param(64, bounded_int(4, 1024)),
@@ -29,7 +31,7 @@ PRESENTATION_CSS = """<style>
 
 
 def _move(delta: int) -> None:
-    st.session_state["step"] = min(max(st.session_state["step"] + delta, 0), 13)
+    st.session_state["step"] = min(max(st.session_state["step"] + delta, 0), LAST_STEP)
 
 
 query = page.setup("Inside MHSA", PARAMS)
@@ -89,9 +91,16 @@ if model is not None:
             (step_no + 1) / len(walk.steps),
             text=f"Step {step_no + 1} of {len(walk.steps)}: {step.name}",
         )
+        gqa = (
+            f", {walk.num_kv_heads} key/value heads (grouped-query attention: each serves "
+            f"{walk.groups} query heads)"
+            if walk.groups > 1
+            else ""
+        )
+        rope = ", rotary positions on Q and K" if walk.rotary else ""
         st.caption(
             f"Weights: {page.md_escape(walk.source)}; d_model {walk.d_model}, "
-            f"{walk.num_heads} heads, d_head {walk.d_head}"
+            f"{walk.num_heads} heads{gqa}, d_head {walk.d_head}{rope}"
         )
         st.subheader(step.name)
         st.code(step.formula, language=None)
@@ -100,7 +109,17 @@ if model is not None:
         head = clamp("mhead", 0, walk.num_heads - 1)
         if value.ndim == 3:  # per-head: pick the head
             st.number_input("Head", 0, walk.num_heads - 1, key="mhead")
-            value = value[st.session_state["mhead"]]
+            head = st.session_state["mhead"]
+            if value.shape[0] == walk.num_kv_heads != walk.num_heads:  # K or V of GQA
+                st.info(
+                    f"Grouped-query attention: query head {head} reads key/value head "
+                    f"{walk.kv_head(head)}, shared by query heads "
+                    f"{walk.kv_head(head) * walk.groups} to "
+                    f"{walk.kv_head(head) * walk.groups + walk.groups - 1}.",
+                    icon="🔗",
+                )
+                head = walk.kv_head(head)
+            value = value[head]
         tokens = walk.tokens
         square = value.shape == (len(tokens), len(tokens))
         cols = tokens if square else [f"d{i}" for i in range(value.shape[1])]

@@ -39,7 +39,8 @@ def loaded_model(name: str, device: str) -> mhsa.LoadedModel:
 
 @st.cache_data(max_entries=LIMITS.result_cache, show_spinner="Computing attention…")
 def attention(query: Query) -> mhsa.AttentionResult:
-    """The attention result for these settings (tokens or whole words)."""
+    """The attention result for these settings (tokens or whole words). The ``mhsa`` engine is
+    verified against the model's own forward once, here, and the figures travel in the result."""
     if len(query.text) > LIMITS.max_chars:
         raise mhsa.InputError(
             f"The text has {len(query.text):,} characters; this server accepts at most "
@@ -51,6 +52,7 @@ def attention(query: Query) -> mhsa.AttentionResult:
         engine=query.engine,
         max_tokens=LIMITS.max_tokens,
         seed=query.seed,
+        verify=query.engine == "mhsa",
     )
     return result.to_words() if query.words else result
 

@@ -17,8 +17,8 @@ from ui.state import GLOBAL_PARAMS, Param, show_notices, sync_url, use_params
 
 ENGINE_LABELS = {
     "transformers": "Model's own attention",
-    "mhsa": "Our MHSA module, model's weights",
-    "mhsa-random": "Our MHSA module, untrained",
+    "mhsa": "Model run through our MHSA module",
+    "mhsa-random": "Model with untrained MHSA modules",
 }
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>$~:])")
 
@@ -61,7 +61,15 @@ def _sidebar() -> Query:
             help="'default' is the embedded all-MiniLM-L6-v2 (works offline). "
             "Or a transformers model id, or a local folder.",
         )
-        st.radio("Engine", list(ENGINE_LABELS), key="engine", format_func=ENGINE_LABELS.get)
+        st.radio(
+            "Engine",
+            list(ENGINE_LABELS),
+            key="engine",
+            format_func=ENGINE_LABELS.get,
+            help="  \n".join(
+                f"**{ENGINE_LABELS[e]}**: {mhsa.ENGINE_DESCRIPTIONS[e]}." for e in ENGINE_LABELS
+            ),
+        )
         if st.session_state["engine"] == "mhsa-random":
             st.number_input("Seed of the untrained weights", min_value=0, step=1, key="seed")
         st.selectbox("Device", ["auto", "cpu", "cuda", "mps"], key="device")
