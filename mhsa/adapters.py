@@ -26,6 +26,7 @@ __all__ = [
     "Family",
     "OwnBlock",
     "Run",
+    "forward_through_own",
     "own_blocks",
     "through_own_module",
 ]
@@ -298,3 +299,14 @@ def through_own_module(lm: LoadedModel, blocks: list[OwnBlock], run: Run) -> Ite
             parent, attr = block._place
             setattr(parent, attr, block.original)
             block.run = None
+
+
+def forward_through_own(
+    lm: LoadedModel, inputs: Mapping[str, torch.Tensor], run: Run, *, seed: int | None = None
+) -> Any:
+    """``lm.model(**inputs)`` with every attention block ours (``seed``: fresh weights), doing
+    ``run``; returns the model's outputs (``last_hidden_state``...). Takes ``lm.lock``."""
+    with lm.lock:
+        blocks = own_blocks(lm, seed)
+        with through_own_module(lm, blocks, run):
+            return lm.model(**{k: v.to(lm.device) for k, v in inputs.items()}, return_dict=True)

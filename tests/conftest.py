@@ -67,3 +67,74 @@ def tiny_t5_path(tmp_path_factory: pytest.TempPathFactory) -> str:
         pad_token_id=0,
     )
     return _save_tiny(tmp_path_factory, "t5", T5Model(config))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Llama with grouped-query attention (4 query heads share 2 key/value heads) and llama3
+    rope scaling, so that the loaded frequencies are not the plain RoPE ones."""
+    import torch
+    from transformers import LlamaConfig, LlamaModel
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    )
+    return _save_tiny(tmp_path_factory, "llama", LlamaModel(config))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Qwen2: biases on Q/K/V but not on the output projection; 4 query heads, 1 key/value."""
+    import torch
+    from transformers import Qwen2Config, Qwen2Model
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=30522,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+    )
+    model = Qwen2Model(config)
+    with torch.no_grad():  # non-zero Q/K/V biases, so that loading them is tested
+        for layer in model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_()
+    return _save_tiny(tmp_path_factory, "qwen2", model)
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Mistral with a sliding window of 4 tokens, shorter than the test sentences."""
+    import torch
+    from transformers import MistralConfig, MistralModel
+
+    torch.manual_seed(0)
+    config = MistralConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        sliding_window=4,
+    )
+    return _save_tiny(tmp_path_factory, "mistral", MistralModel(config))

@@ -7,7 +7,6 @@ import torch
 from torch import nn
 
 from mhsa import MultiHeadSelfAttention
-from mhsa.extract import _capture_inputs, attention_layers
 
 TOL = 1e-5
 
@@ -192,10 +191,22 @@ def test_half_precision_on_cpu_stays_close(dtype: torch.dtype) -> None:
     assert torch.allclose(w.float(), want_w, atol=2e-2)
 
 
-def _layer_inputs(model: nn.Module, inputs: dict) -> tuple[list[torch.Tensor], object]:
-    layers = [m for m, _ in attention_layers(model)]
-    with torch.no_grad(), _capture_inputs(layers) as hidden:
-        outputs = model(**inputs, output_attentions=True, output_hidden_states=True)
+def _layer_inputs(
+    model: nn.Module, blocks: list[nn.Module], inputs: dict
+) -> tuple[list[torch.Tensor], object]:
+    """The hidden states entering each block during the model's own forward."""
+    hidden: list[torch.Tensor] = []
+
+    def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+        hidden.append((args[0] if args else kwargs["hidden_states"]).detach())
+
+    handles = [b.register_forward_pre_hook(hook, with_kwargs=True) for b in blocks]
+    try:
+        with torch.no_grad():
+            outputs = model(**inputs, output_attentions=True, output_hidden_states=True)
+    finally:
+        for h in handles:
+            h.remove()
     return hidden, outputs
 
 
@@ -234,7 +245,7 @@ def test_tiny_gpt2_layers_are_reproduced_and_causal(tiny_gpt2_path) -> None:
     attn_out: list[torch.Tensor] = []
     hooks = [b.attn.register_forward_hook(lambda _m, _i, o: attn_out.append(o[0])) for b in model.h]
     try:
-        hidden, outputs = _layer_inputs(model, {"input_ids": ids})
+        hidden, outputs = _layer_inputs(model, [b.attn for b in model.h], {"input_ids": ids})
     finally:
         for h in hooks:
             h.remove()
@@ -253,11 +264,12 @@ def test_tiny_distilbert_layers_are_reproduced(tiny_distilbert_path) -> None:
 
     model = AutoModel.from_pretrained(tiny_distilbert_path, attn_implementation="eager").eval()
     ids = torch.randint(0, 30522, (1, 10))
-    hidden, outputs = _layer_inputs(model, {"input_ids": ids})
+    blocks = [layer.attention for layer in model.transformer.layer]
+    hidden, outputs = _layer_inputs(model, blocks, {"input_ids": ids})
     assert len(hidden) == 2
-    for li, (module, loader) in enumerate(attention_layers(model)):
+    for li, block in enumerate(blocks):
         with torch.no_grad():
-            _, w = loader(module).eval()(hidden[li])
+            _, w = MultiHeadSelfAttention.from_distilbert(block).eval()(hidden[li])
         _assert_close(w, outputs.attentions[li])
 
 

@@ -12,10 +12,14 @@ from mhsa.__main__ import main
 
 def test_attend_prints_summary_and_writes_result(tmp_path, capsys) -> None:
     out = tmp_path / "cat.npz"
-    assert main(["attend", "The cat sat on the mat.", "--engine", "mhsa", "--out", str(out)]) == 0
+    args = ["attend", "The cat sat on the mat.", "--engine", "mhsa", "--verify", "--out", str(out)]
+    assert main(args) == 0
     text = capsys.readouterr().out
     assert "[CLS] the cat sat on the mat . [SEP]" in text
-    assert "[6, 12, 9, 9]" in text and "max |ours - model|" in text
+    assert "[6, 12, 9, 9]" in text and "max |ours - model| attention per layer" in text
+    per_layer = text.split("attention per layer: ")[1].splitlines()[0].split(", ")
+    assert len(per_layer) == 6 and all(float(d) < 1e-4 for d in per_layer)
+    assert float(text.split("final hidden state: ")[1].split()[0]) < 1e-4
     r = mhsa.AttentionResult.load(out)
     assert r.engine == "mhsa" and r.attention.shape == (6, 12, 9, 9)
 

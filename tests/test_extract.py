@@ -18,7 +18,7 @@ SENTENCES = [
 @pytest.mark.parametrize("text", SENTENCES)
 def test_engines_agree_on_the_embedded_model(minilm, text: str) -> None:
     theirs = mhsa.attend(text, model=minilm, engine="transformers")
-    ours = mhsa.attend(text, model=minilm, engine="mhsa")
+    ours = mhsa.attend(text, model=minilm, engine="mhsa", verify=True)
     assert theirs.tokens == ours.tokens
     assert theirs.attention.shape == (6, 12, len(theirs.tokens), len(theirs.tokens))
     assert theirs.attention.dtype == np.float32
@@ -57,7 +57,7 @@ def test_random_engine_differs_and_is_reproducible(minilm) -> None:
 def test_decoder_is_causal_in_both_engines(tiny_gpt2_path) -> None:
     model = mhsa.load_model(tiny_gpt2_path, device="cpu")
     theirs = mhsa.attend("the cat sat on the mat", model=model)
-    ours = mhsa.attend("the cat sat on the mat", model=model, engine="mhsa")
+    ours = mhsa.attend("the cat sat on the mat", model=model, engine="mhsa", verify=True)
     assert theirs.causal and ours.causal
     n = len(theirs.tokens)
     assert theirs.attention.shape == (2, 4, n, n)
@@ -99,12 +99,14 @@ def test_word_level_rows_sum_to_one_and_merge_pieces(minilm) -> None:
 
 
 def test_save_load_round_trip(minilm, tmp_path) -> None:
-    r = mhsa.attend("The <b>cat</b> & 🐱 sat.", model=minilm, engine="mhsa")
+    r = mhsa.attend("The <b>cat</b> & 🐱 sat.", model=minilm, engine="mhsa", verify=True)
     path = r.save(tmp_path / "r.npz")
     back = AttentionResult.load(path)
     np.testing.assert_array_equal(back.attention, r.attention)
     assert back.tokens == r.tokens and back.offsets == r.offsets and back.text == r.text
     assert back.max_abs_diff == r.max_abs_diff and back.engine == "mhsa"
+    assert back.layer_max_abs_diff == r.layer_max_abs_diff
+    assert back.hidden_max_abs_diff == r.hidden_max_abs_diff is not None
     plain = r.save(tmp_path / "result")  # no extension added behind the caller's back
     assert (tmp_path / "result").is_file() and AttentionResult.load(plain).tokens == r.tokens
     (tmp_path / "junk.npz").write_bytes(b"not a zip")

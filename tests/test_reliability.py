@@ -19,8 +19,8 @@ def test_hostile_input_through_attend(minilm, name: str, text: str, expected: ob
         with pytest.raises(mhsa.InputError, match="empty"):
             mhsa.attend(text, model=minilm)
         return
-    r = mhsa.attend(text, model=minilm, max_tokens=512, engine="mhsa")
-    assert r.max_abs_diff < 1e-4
+    r = mhsa.attend(text, model=minilm, max_tokens=512, engine="mhsa", verify=True)
+    assert r.max_abs_diff < 1e-4 and r.hidden_max_abs_diff < 1e-4
     assert np.isfinite(r.attention).all()
     np.testing.assert_allclose(r.attention.sum(-1), 1.0, atol=1e-5)
     for i, (start, end) in enumerate(r.offsets):  # tokens map back into the text

@@ -61,10 +61,13 @@ def test_overview_shows_tokens_facts_and_agreement() -> None:
     assert metrics["layers"] == "6" and metrics["heads"] == "12"
     assert metrics["d_model"] == "384" and metrics["d_head"] == "32"
     assert metrics["device"] == "cpu"
-    assert metrics["our module vs the model"].startswith("max difference")
-    assert float(metrics["our module vs the model"].split()[-1]) < 1e-4
+    assert metrics["model's own forward (check)"].endswith("ms")
     tokens = at.dataframe[0].value
     assert list(tokens.loc["token"]) == CAT_TOKENS
+    agreement = at.dataframe[1].value
+    assert list(agreement["compared"][:6]) == [f"layer {i} attention weights" for i in range(6)]
+    assert "final hidden state" in agreement["compared"].iloc[6]
+    assert (agreement["max |ours - model|"] < 1e-4).all()
 
 
 def test_heads_page_axes_grid_and_focus() -> None:

@@ -1,0 +1,234 @@
+"""The model runs through our module: every attention block swapped for ours, end to end.
+
+Each model is saved to a folder and loaded by path, as a user would. With engine ``mhsa`` the
+model's own attention blocks are never called (counted), and every layer's attention and the final
+hidden state equal the model's own forward.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import mhsa
+from mhsa.adapters import Run, forward_through_own, own_blocks, through_own_module
+
+TEXT = "The quick brown fox jumps over the lazy dog, then sleeps."
+TOL = 1e-4
+MODELS = ["minilm", "tiny_gpt2_path", "tiny_distilbert_path", "tiny_llama_path", "tiny_qwen2_path"]
+
+
+@pytest.fixture(params=MODELS + ["tiny_mistral_path"])
+def model(request) -> mhsa.LoadedModel:
+    value = request.getfixturevalue(request.param)
+    if isinstance(value, mhsa.LoadedModel):
+        return value
+    return _loaded(value)
+
+
+_LOADED: dict[str, mhsa.LoadedModel] = {}
+
+
+def _loaded(path: str) -> mhsa.LoadedModel:
+    if path not in _LOADED:
+        _LOADED[path] = mhsa.load_model(path, device="cpu")
+    return _LOADED[path]
+
+
+def _attention_classes(lm: mhsa.LoadedModel) -> set[type]:
+    """The classes of the model's own attention blocks and of what they call inside."""
+    classes = set()
+    with lm.lock:
+        for block in own_blocks(lm):
+            classes.add(type(block.original))
+            for child in block.original.children():
+                if hasattr(child, "query"):  # BERT: the inner self-attention
+                    classes.add(type(child))
+    return classes
+
+
+@pytest.fixture
+def count_own_attention_calls(monkeypatch):
+    """Patch the forward of the model's attention classes to count their calls."""
+
+    def patch(lm: mhsa.LoadedModel) -> dict[str, int]:
+        calls: dict[str, int] = {}
+        for cls in _attention_classes(lm):
+            original = cls.forward
+            calls[cls.__name__] = 0
+
+            def counting(self, *args, __original=original, __name=cls.__name__, **kwargs):
+                calls[__name] += 1
+                return __original(self, *args, **kwargs)
+
+            monkeypatch.setattr(cls, "forward", counting)
+        return calls
+
+    return patch
+
+
+def _inputs(lm: mhsa.LoadedModel, texts: list[str]) -> dict[str, torch.Tensor]:
+    tok = lm.tokenizer
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token or tok.unk_token
+    return dict(tok(texts, return_tensors="pt", padding=True))
+
+
+def test_engine_runs_through_our_module_and_equals_the_model(
+    model: mhsa.LoadedModel, count_own_attention_calls
+) -> None:
+    calls = count_own_attention_calls(model)
+    ours = mhsa.attend(TEXT, model=model, engine="mhsa")
+    assert sum(calls.values()) == 0, "the model's own attention ran with verify=False"
+    assert ours.max_abs_diff is None and ours.layer_max_abs_diff is None
+    theirs = mhsa.attend(TEXT, model=model, engine="transformers")
+    # the counter works: the transformers engine calls each class once a layer
+    assert calls == dict.fromkeys(calls, ours.num_layers)
+    assert ours.tokens == theirs.tokens and ours.causal == theirs.causal
+    per_layer = np.abs(ours.attention - theirs.attention).max(axis=(1, 2, 3))
+    assert per_layer.max() < TOL, per_layer
+    np.testing.assert_allclose(ours.attention.sum(-1), 1.0, atol=1e-5)
+
+    verified = mhsa.attend(TEXT, model=model, engine="mhsa", verify=True)
+    np.testing.assert_array_equal(verified.attention, ours.attention)
+    assert len(verified.layer_max_abs_diff) == ours.num_layers
+    np.testing.assert_allclose(verified.layer_max_abs_diff, per_layer, atol=1e-7)
+    assert verified.max_abs_diff == max(verified.layer_max_abs_diff)
+    assert verified.timings["verify"] > 0 and "verify" not in ours.timings
+
+    # the final hidden state, with a padded batch of two sentences
+    inputs = _inputs(model, [TEXT, "A short one."])
+    with torch.inference_mode():
+        mine = forward_through_own(model, inputs, Run(need_weights=False)).last_hidden_state
+        with model.lock:
+            own = model.model(**inputs).last_hidden_state
+    real = inputs["attention_mask"].bool()
+    hidden_diff = float((mine - own)[real].abs().max())
+    assert hidden_diff < TOL
+    assert float(own.abs().max()) > 0.1  # a hidden state worth comparing
+    assert verified.hidden_max_abs_diff < TOL
+
+
+def test_changing_our_module_changes_the_model_output(minilm) -> None:
+    """The swap is real: a change to our layer-2 module moves layers 3 to 5 and the output."""
+    inputs = _inputs(minilm, [TEXT])
+    run = Run(gates={2: torch.tensor([0.0] + [1.0] * 11)})
+    with torch.inference_mode():
+        gated = forward_through_own(minilm, inputs, run)
+        intact = forward_through_own(minilm, inputs, Run())
+    assert float((gated.last_hidden_state - intact.last_hidden_state).abs().max()) > 1e-3
+    r = mhsa.attend(TEXT, model=minilm, engine="mhsa")
+    np.testing.assert_array_equal(run.weights[2][0].numpy(), r.attention[2])  # before the gate
+    assert np.abs(run.weights[3][0].numpy() - r.attention[3]).max() > 1e-4  # after it
+
+
+def test_originals_are_restored_when_the_forward_raises(minilm) -> None:
+    blocks_before = [layer.attention for layer in minilm.model.encoder.layer]
+
+    def explode(name: str, _tensor: torch.Tensor) -> None:
+        if name == "probabilities":
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        forward_through_own(minilm, _inputs(minilm, [TEXT]), Run(observers={3: explode}))
+    assert [layer.attention for layer in minilm.model.encoder.layer] == blocks_before
+    assert all(b.run is None for b in own_blocks(minilm))
+    r = mhsa.attend(TEXT, model=minilm, engine="transformers")
+    assert np.isfinite(r.attention).all()
+
+
+def test_own_block_outside_a_run_says_so(minilm) -> None:
+    block = own_blocks(minilm)[0]
+    with pytest.raises(RuntimeError, match="through_own_module"):
+        block(torch.zeros(1, 3, 384))
+
+
+def test_random_engine_runs_fresh_modules_through_the_whole_model(minilm) -> None:
+    trained = mhsa.attend(TEXT, model=minilm, engine="mhsa")
+    a = mhsa.attend(TEXT, model=minilm, engine="mhsa-random", seed=3)
+    b = mhsa.attend(TEXT, model=minilm, engine="mhsa-random", seed=3)
+    np.testing.assert_array_equal(a.attention, b.attention)
+    fresh = own_blocks(minilm, 3)
+    # every layer has its own fresh weights (not one draw repeated), of the pretrained shapes
+    assert not torch.equal(fresh[0].ours.qkv.weight, fresh[1].ours.qkv.weight)
+    assert fresh[0].ours.qkv.weight.shape == own_blocks(minilm)[0].ours.qkv.weight.shape
+    assert np.abs(a.attention - trained.attention).max() > 1e-2
+    # layer 1's input is the output of the fresh layer 0: rerun layer 1 alone on the model's
+    # own hidden state and the weights differ, on the fresh layer-0 output they match
+    inputs = _inputs(minilm, [TEXT])
+    seen: list[torch.Tensor] = []
+    run = Run(observers={1: lambda name, t: seen.append(t.clone()) if name == "X" else None})
+    with torch.inference_mode():
+        forward_through_own(minilm, inputs, run, seed=3)
+        own_h1 = minilm.model(**inputs, output_hidden_states=True).hidden_states[1]
+        w_on_own = fresh[1].ours.attention_weights(own_h1)[0].numpy()
+        w_on_fresh = fresh[1].ours.attention_weights(seen[0])[0].numpy()
+    np.testing.assert_allclose(w_on_fresh, a.attention[1], atol=1e-6)
+    assert np.abs(w_on_own - a.attention[1]).max() > 1e-3
+    assert "fresh" in mhsa.ENGINE_DESCRIPTIONS["mhsa-random"]
+
+
+def test_verify_is_for_the_mhsa_engine_only(minilm) -> None:
+    with pytest.raises(mhsa.InputError, match="verify.*engine='mhsa'"):
+        mhsa.attend(TEXT, model=minilm, engine="transformers", verify=True)
+
+
+def _save(tmp_path, model) -> str:
+    from transformers import AutoTokenizer
+
+    model.save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(mhsa.models.default_model_path()).save_pretrained(tmp_path)
+    return str(tmp_path)
+
+
+def test_alibi_model_is_refused_with_the_supported_families(tmp_path) -> None:
+    from transformers import BloomConfig, BloomModel
+
+    torch.manual_seed(0)
+    path = _save(tmp_path, BloomModel(BloomConfig(vocab_size=30522, hidden_size=16, n_layer=1)))
+    lm = mhsa.load_model(path, device="cpu")
+    with pytest.raises(mhsa.UnsupportedModelError) as info:
+        mhsa.attend("hello there", model=lm, engine="mhsa")
+    message = str(info.value)
+    for family in ("BERT family", "DistilBERT", "GPT-2", "Llama-style"):
+        assert family in message
+    assert "transformers engine" in message
+    assert mhsa.attend("hello there", model=lm).num_layers == 1  # the other engine still works
+
+
+def test_qk_normalised_model_is_refused(tmp_path) -> None:
+    from transformers import Qwen3Config, Qwen3Model
+
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=30522,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
+    lm = mhsa.load_model(_save(tmp_path, Qwen3Model(config)), device="cpu")
+    with pytest.raises(mhsa.UnsupportedModelError, match="q_norm"):
+        mhsa.attend("hello there", model=lm, engine="mhsa")
+
+
+def test_classroom_reads_the_layer_input_of_the_run_and_shows_gqa_and_rope(
+    tiny_llama_path,
+) -> None:
+    from mhsa.classroom import walkthrough
+
+    lm = _loaded(tiny_llama_path)
+    walk = walkthrough(TEXT, model=lm, layer=1, causal=True)
+    names = [s.name for s in walk.steps]
+    assert names.index("per-head K") < names.index("rotated Q") < names.index("raw scores")
+    assert walk.num_heads == 4 and walk.num_kv_heads == 2 and walk.groups == 2 and walk.rotary
+    assert walk.step("per-head K").shape[1] == 2 and walk.step("per-head Q").shape[1] == 4
+    assert walk.kv_head(3) == 1 and walk.kv_head(1) == 0
+    r = mhsa.attend(TEXT, model=lm, engine="mhsa", max_tokens=64)
+    n = len(walk.tokens)
+    np.testing.assert_allclose(
+        walk.step("probabilities").value[0], r.attention[1, :, :n, :n], atol=1e-6
+    )
