@@ -294,8 +294,9 @@ def _softmax(
         weights = torch.ops.aten._softmax.out(scores, -1, False, out=out)
     elif inplace and dtype == torch.float32:
         weights = torch.ops.aten._softmax.out(scores, -1, False, out=scores)
-    else:
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
+    else:  # 16-bit scores: exp and sum in float32
+        upcast = torch.float32 if dtype in (torch.float16, torch.bfloat16) else None
+        weights = torch.softmax(scores, dim=-1, dtype=upcast).to(dtype)
     if masked:  # empty rows are 0 / 0
         weights = weights.nan_to_num_(0.0) if inplace else torch.where(weights.isnan(), 0, weights)
     if out is not None and weights is not out:

@@ -42,3 +42,48 @@ def test_cuda_half_precision_and_empty_rows(dtype: torch.dtype) -> None:
     allowed[3] = False
     fast, _ = half(x.to("cuda", dtype), attn_mask=allowed, need_weights=False)
     assert not torch.isnan(fast).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_gqa_and_rope_match_cpu(dtype: torch.dtype) -> None:
+    from mhsa import RotaryEmbedding
+
+    torch.manual_seed(0)
+    ours = MultiHeadSelfAttention(
+        64, 8, num_kv_heads=2, rotary=RotaryEmbedding.default(8), bias=False
+    ).eval()
+    x = torch.randn(2, 40, 64)
+    gates = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.5, 1.0, 1.0, 1.0])
+    cpu_out, cpu_w = ours(x, is_causal=True, head_gates=gates)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gpu = ours.to("cuda", dtype)
+    out, w = gpu(x.to("cuda", dtype), is_causal=True, head_gates=gates.cuda())
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    assert w.dtype == dtype
+    assert torch.allclose(out.float().cpu(), cpu_out, atol=tol)
+    assert torch.allclose(w.float().cpu(), cpu_w, atol=tol)
+    fast, _ = gpu(x.to("cuda", dtype), is_causal=True, head_gates=gates.cuda(), need_weights=False)
+    assert torch.allclose(fast.float().cpu(), cpu_out, atol=tol)
+
+
+def test_cuda_backward_through_masks() -> None:
+    torch.manual_seed(0)
+    ours = MultiHeadSelfAttention(32, 4, num_kv_heads=2).cuda()
+    x = torch.randn(2, 9, 32, device="cuda", requires_grad=True)
+    keep = torch.tensor([[1] * 9, [1] * 6 + [0] * 3], device="cuda")
+    out, _ = ours(x, attention_mask=keep, is_causal=True)
+    out.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    assert ours.qkv.weight.grad.abs().sum() > 0
+
+
+def test_cuda_engine_runs_the_model_through_our_module() -> None:
+    import numpy as np
+
+    import mhsa
+
+    lm = mhsa.load_model("default", device="cuda")
+    r = mhsa.attend("The cat sat on the mat.", model=lm, engine="mhsa", verify=True)
+    assert r.device.startswith("cuda")
+    assert r.max_abs_diff < 1e-4 and r.hidden_max_abs_diff < 1e-3
+    np.testing.assert_allclose(r.attention.sum(-1), 1.0, atol=1e-5)
