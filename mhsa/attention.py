@@ -216,10 +216,14 @@ def attention_core(
     # steps stay out of place, so every mask kind can be differentiated.
     inplace = not torch.is_grad_enabled() or not (query.requires_grad or key.requires_grad)
     groups = h // g
-    scores = torch.matmul(query, _repeat_kv(key, groups).transpose(-2, -1))  # (B, H, T, S)
-    scores = observe("raw scores", scores) or scores
-    scores = scores.mul_(scale) if inplace else scores * scale
-    scores = observe("scaled scores", scores) or scores
+    key_t = _repeat_kv(key, groups).transpose(-2, -1)  # (B, H, Dh, S)
+    if observe is _identity:  # scaling Q (T x Dh values) is cheaper than the scores (T x S)
+        scores = torch.matmul(query * scale, key_t)  # (B, H, T, S)
+    else:  # both steps, for whoever watches them
+        scores = torch.matmul(query, key_t)  # (B, H, T, S)
+        scores = observe("raw scores", scores) or scores
+        scores = scores.mul_(scale) if inplace else scores * scale
+        scores = observe("scaled scores", scores) or scores
     scores = _apply_mask(scores, mask, inplace)
     scores = observe("masked scores", scores) or scores
     weights = _softmax(scores, inplace=inplace, out=weights_out, masked=mask is not None)

@@ -142,6 +142,28 @@ def test_inside_mhsa_shapes_match_the_model_and_steps_move() -> None:
     assert shapes["per-head Q"] == "[1, 4, 9, 8]"
 
 
+def test_inside_mhsa_shows_rotation_and_gqa_grouping_for_a_llama_layer(tiny_llama_path) -> None:
+    at = run("pages/4_Inside_MHSA.py", model=tiny_llama_path, mlayer="1", step="6", mhead="3")
+    steps = list(at.table[0].value["step"])
+    assert steps[4:9] == ["per-head Q", "per-head K", "per-head V", "rotated Q", "rotated K"]
+    shapes = dict(zip(steps, at.table[0].value["shape"], strict=True))
+    assert shapes["per-head Q"] == "[1, 4, 9, 8]" and shapes["per-head K"] == "[1, 2, 9, 8]"
+    assert at.subheader[0].value == "per-head V"
+    caption = at.caption[0].value
+    assert "2 key/value heads" in caption and "rotary positions" in caption
+    assert "query head 3 reads key/value head 1" in at.info[0].value
+    at.button[1].click().run()  # Next: the rotation of Q
+    assert at.subheader[0].value == "rotated Q"
+    assert "RoPE" in at.code[0].value
+
+
+def test_overview_of_the_random_engine_says_what_it_is() -> None:
+    at = run("app.py", engine="mhsa-random", seed="4")
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["attention blocks"] == "untrained, seed 4"
+    assert len(at.dataframe) == 1  # no agreement table: nothing to agree with
+
+
 def test_rollout_and_compare_pages() -> None:
     at = run("pages/5_Rollout.py")
     rollout, per_layer = specs(at)
