@@ -151,6 +151,12 @@ def _identity(_name: str, tensor: torch.Tensor) -> None:
     return None
 
 
+def _seen(observe: Observer, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` after ``observe`` saw it: the observer's replacement, if it returned one."""
+    replaced = observe(name, tensor)
+    return tensor if replaced is None else replaced
+
+
 def _gate(context: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
     """Multiply each head's context ``[B, H, T, Dh]`` by its gate (``[H]`` or ``[B, H]``)."""
     b, h = context.shape[:2]
@@ -221,22 +227,22 @@ def attention_core(
         scores = torch.matmul(query * scale, key_t)  # (B, H, T, S)
     else:  # both steps, for whoever watches them
         scores = torch.matmul(query, key_t)  # (B, H, T, S)
-        scores = observe("raw scores", scores) or scores
+        scores = _seen(observe, "raw scores", scores)
         scores = scores.mul_(scale) if inplace else scores * scale
-        scores = observe("scaled scores", scores) or scores
+        scores = _seen(observe, "scaled scores", scores)
     scores = _apply_mask(scores, mask, inplace)
-    scores = observe("masked scores", scores) or scores
+    scores = _seen(observe, "masked scores", scores)
     weights = _softmax(scores, inplace=inplace, out=weights_out, masked=mask is not None)
-    weights = observe("probabilities", weights) or weights
+    weights = _seen(observe, "probabilities", weights)
     if value is None:
         return None, weights
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
     context = torch.matmul(weights, _repeat_kv(value, groups))  # (B, H, T, Dh)
-    context = observe("per-head context", context) or context
+    context = _seen(observe, "per-head context", context)
     if head_gates is not None:
         context = _gate(context, head_gates)
-        context = observe("gated context", context) or context
+        context = _seen(observe, "gated context", context)
     return context, weights
 
 
@@ -568,9 +574,9 @@ class MultiHeadSelfAttention(nn.Module):
         obs = observe or _identity
         b, _, t, _ = context.shape
         merged = context.transpose(1, 2).reshape(b, t, self.q_size)  # (B, T, H Dh)
-        merged = obs("concatenated heads", merged) or merged
+        merged = _seen(obs, "concatenated heads", merged)
         output = self.out(merged)  # (B, T, D)
-        return obs("output", output) or output, weights
+        return _seen(obs, "output", output), weights
 
     def _attend(
         self,
@@ -590,7 +596,7 @@ class MultiHeadSelfAttention(nn.Module):
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Projections, heads, rotary positions, then ``attention_core``."""
         obs = observe or _identity
-        query = obs("X", query) or query
+        query = _seen(obs, "X", query)
         if weights_only:
             self._check_query(query)
             q, k = F.linear(query, *self._qk_parameters()).split(self._qkv_sizes[:2], dim=-1)
@@ -600,12 +606,12 @@ class MultiHeadSelfAttention(nn.Module):
         named = {"Q": q, "K": k, "V": v}
         for name, t in named.items():
             if t is not None:
-                named[name] = obs(name, t) or t
+                named[name] = _seen(obs, name, t)
         q, k, v = (None if t is None else self._split_heads(t) for t in named.values())
-        q = obs("per-head Q", q) or q  # (B, H, T, Dh)
-        k = obs("per-head K", k) or k  # (B, G, S, Dh)
+        q = _seen(obs, "per-head Q", q)  # (B, H, T, Dh)
+        k = _seen(obs, "per-head K", k)  # (B, G, S, Dh)
         if v is not None:
-            v = obs("per-head V", v) or v
+            v = _seen(obs, "per-head V", v)
         if self.rotary is not None:
             if q.shape[2] != k.shape[2]:
                 raise ValueError("rotary positions need self-attention (equal query/key length)")
@@ -613,8 +619,8 @@ class MultiHeadSelfAttention(nn.Module):
                 self._positions(positions, q.shape[2], q.device), q.dtype
             )
             q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
-            q = obs("rotated Q", q) or q
-            k = obs("rotated K", k) or k
+            q = _seen(obs, "rotated Q", q)
+            k = _seen(obs, "rotated K", k)
         mask = None
         if attn_mask is not None or attention_mask is not None:
             mask = combine_masks(

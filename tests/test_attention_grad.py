@@ -219,3 +219,21 @@ def test_half_precision_softmax_in_float32(dtype: torch.dtype) -> None:
     assert torch.allclose(w.float().sum(-1), torch.ones(B, H, T), atol=1e-2)
     want = ours.float()(x.float())[1]
     assert torch.allclose(w.float(), want, atol=5e-2)
+
+
+def test_an_observer_can_replace_an_intermediate() -> None:
+    """Uniform weights put in at "probabilities": each head's context is the mean of its V."""
+    torch.manual_seed(0)
+    ours = MultiHeadSelfAttention(D, H).eval()
+    x = torch.randn(B, T, D)
+
+    def uniform(name: str, tensor: torch.Tensor) -> torch.Tensor | None:
+        return torch.full_like(tensor, 1.0 / T) if name == "probabilities" else None
+
+    with torch.no_grad():
+        out, w = ours(x, observe=uniform)
+        v = torch.nn.functional.linear(x, *[p[2 * D :] for p in (ours.qkv.weight, ours.qkv.bias)])
+        want = ours.out(v.mean(1, keepdim=True).expand(B, T, D))
+    assert torch.equal(w, torch.full((B, H, T, T), 1.0 / T))
+    assert torch.allclose(out, want, atol=1e-6)
+    assert not torch.allclose(out, ours(x)[0], atol=1e-3)
