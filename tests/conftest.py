@@ -10,6 +10,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 
 import mhsa
+from tests.tiny import DECODER_SIZES, save_tiny
 
 
 @pytest.fixture(scope="session")
@@ -18,13 +19,7 @@ def minilm() -> mhsa.LoadedModel:
 
 
 def _save_tiny(tmp_path_factory: pytest.TempPathFactory, name: str, model) -> str:
-    from transformers import AutoTokenizer
-
-    folder = tmp_path_factory.mktemp(name)
-    model.save_pretrained(folder)
-    # Any tokenizer available offline will do: the embedded model's WordPiece tokenizer.
-    AutoTokenizer.from_pretrained(mhsa.models.default_model_path()).save_pretrained(folder)
-    return str(folder)
+    return save_tiny(tmp_path_factory.mktemp(name), model)
 
 
 @pytest.fixture(scope="session")
@@ -78,13 +73,8 @@ def tiny_llama_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
+        **DECODER_SIZES,
         num_key_value_heads=2,
-        max_position_embeddings=128,
         rope_scaling={
             "rope_type": "llama3",
             "factor": 8.0,
@@ -103,15 +93,7 @@ def tiny_qwen2_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     from transformers import Qwen2Config, Qwen2Model
 
     torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=30522,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        max_position_embeddings=128,
-    )
+    config = Qwen2Config(**DECODER_SIZES, num_key_value_heads=1)
     model = Qwen2Model(config)
     with torch.no_grad():  # non-zero Q/K/V biases, so that loading them is tested
         for layer in model.layers:
@@ -127,14 +109,5 @@ def tiny_mistral_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     from transformers import MistralConfig, MistralModel
 
     torch.manual_seed(0)
-    config = MistralConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        sliding_window=4,
-    )
+    config = MistralConfig(**DECODER_SIZES, num_key_value_heads=2, sliding_window=4)
     return _save_tiny(tmp_path_factory, "mistral", MistralModel(config))

@@ -13,6 +13,7 @@ import torch
 
 import mhsa
 from mhsa.adapters import Run, forward_through_own, own_blocks
+from tests.tiny import DECODER_SIZES, save_tiny
 
 TEXT = "The quick brown fox jumps over the lazy dog, then sleeps."
 TOL = 1e-4
@@ -181,19 +182,11 @@ def test_verify_is_for_the_mhsa_engine_only(minilm) -> None:
         mhsa.attend(TEXT, model=minilm, engine="transformers", verify=True)
 
 
-def _save(tmp_path, model) -> str:
-    from transformers import AutoTokenizer
-
-    model.save_pretrained(tmp_path)
-    AutoTokenizer.from_pretrained(mhsa.models.default_model_path()).save_pretrained(tmp_path)
-    return str(tmp_path)
-
-
 def test_alibi_model_is_refused_with_the_supported_families(tmp_path) -> None:
     from transformers import BloomConfig, BloomModel
 
     torch.manual_seed(0)
-    path = _save(tmp_path, BloomModel(BloomConfig(vocab_size=30522, hidden_size=16, n_layer=1)))
+    path = save_tiny(tmp_path, BloomModel(BloomConfig(vocab_size=30522, hidden_size=16, n_layer=1)))
     lm = mhsa.load_model(path, device="cpu")
     with pytest.raises(mhsa.UnsupportedModelError) as info:
         mhsa.attend("hello there", model=lm, engine="mhsa")
@@ -208,16 +201,8 @@ def test_qk_normalised_model_is_refused(tmp_path) -> None:
     from transformers import Qwen3Config, Qwen3Model
 
     torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=30522,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-    )
-    lm = mhsa.load_model(_save(tmp_path, Qwen3Model(config)), device="cpu")
+    config = Qwen3Config(**DECODER_SIZES, num_key_value_heads=2, head_dim=8)
+    lm = mhsa.load_model(save_tiny(tmp_path, Qwen3Model(config)), device="cpu")
     with pytest.raises(mhsa.UnsupportedModelError, match="q_norm"):
         mhsa.attend("hello there", model=lm, engine="mhsa")
 

@@ -1,0 +1,27 @@
+"""Tiny random transformers models for tests, saved to a folder as a user's model would be."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mhsa
+
+#: the sizes every tiny decoder shares: 2 layers, 4 query heads of 8 dimensions
+DECODER_SIZES = {
+    "vocab_size": 30522,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 128,
+}
+
+
+def save_tiny(folder: str | Path, model) -> str:
+    """Save ``model`` with a tokenizer into ``folder``; any tokenizer available offline will do:
+    the embedded model's WordPiece tokenizer."""
+    from transformers import AutoTokenizer
+
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(mhsa.models.default_model_path()).save_pretrained(folder)
+    return str(folder)
