@@ -39,7 +39,7 @@ EXPOSE 8501
 # Operator limits (see README, "Limits for shared servers"); extra local models go in /models.
 # hadolint ignore=DL3064
 ENV MHSA_MAX_TOKENS=512 \
-    MHSA_ALLOWED_MODELS=* \
+    MHSA_ALLOWED_MODELS= \
     MHSA_MAX_PARAMETERS=400000000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python3", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8501/_stcore/health', timeout=4).read().strip() != b'ok')"]

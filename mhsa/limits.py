@@ -3,8 +3,10 @@
 - MHSA_MAX_TOKENS (512): tokens per request; longer input is truncated, and the UI says how
   many tokens were dropped.
 - MHSA_MAX_CHARS (100000): characters accepted from a text box or link.
-- MHSA_ALLOWED_MODELS (*): comma-separated model ids / folders allowed besides "default";
-  "*" allows any, an empty value only the embedded default.
+- MHSA_ALLOWED_MODELS (empty): comma-separated model ids / folders allowed besides "default";
+  empty (the default) allows only the embedded model, "*" allows any model id or folder (for a
+  machine of one's own: on a shared server "*" lets anyone who sends a link make the server read
+  any local folder or download any model).
 - MHSA_MAX_PARAMETERS (400000000): larger models are refused, from their config, before loading.
 - MHSA_MODEL_CACHE (2): models kept loaded per process.
 - MHSA_RESULT_CACHE (32): attention results kept per process (least recently used dropped).
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields
-from pathlib import Path
 
 from mhsa.errors import ModelLoadError
 
@@ -35,7 +36,7 @@ def _int_env(name: str, default: int) -> int:
 class Limits:
     max_tokens: int = 512
     max_chars: int = 100_000
-    allowed_models: tuple[str, ...] | None = None  # None: any model
+    allowed_models: tuple[str, ...] | None = ()  # None: any model; (): the embedded one only
     max_parameters: int = 400_000_000
     model_cache: int = 2
     result_cache: int = 32
@@ -43,7 +44,7 @@ class Limits:
 
     @classmethod
     def from_env(cls) -> Limits:
-        raw = os.environ.get("MHSA_ALLOWED_MODELS", "*").strip()
+        raw = os.environ.get("MHSA_ALLOWED_MODELS", "").strip()
         allowed = None if raw == "*" else tuple(m.strip() for m in raw.split(",") if m.strip())
         ints = {
             f.name: _int_env(f"MHSA_{f.name.upper()}", f.default)
@@ -58,13 +59,9 @@ class Limits:
             return
         wanted = name.rstrip("/")
         allowed = {m.rstrip("/") for m in self.allowed_models}
-        if wanted in allowed or (
-            Path(wanted).is_absolute()
-            and str(Path(wanted).resolve())
-            in {str(Path(m).resolve()) for m in allowed if Path(m).is_absolute()}
-        ):
+        if wanted in allowed:
             return
         choices = ", ".join(["default", *self.allowed_models])
-        raise ModelLoadError(
+        raise ModelLoadError(  # the same words whether or not such a folder or model exists
             f"This server only loads these models: {choices}. {name!r} is not among them."
         )

@@ -32,3 +32,24 @@ CASES: list[tuple[str, str, object]] = [
     ("only punctuation", "?!... ,;:", {"all_punct": True}),
     ("unknown only", "👍👍 🐱", {"contains": ["[UNK]"]}),
 ]
+
+
+def rendered(body: str) -> tuple[str, str]:
+    """What a markdown body shows: ``(visible text, html)``, rendered by a CommonMark parser with
+    HTML enabled, as Streamlit's markdown renders messages and captions."""
+    import html
+    import re
+
+    from markdown_it import MarkdownIt
+
+    page = MarkdownIt("commonmark", {"html": True}).render(body)
+    return html.unescape(re.sub(r"<[^>]+>", "", page)), page
+
+
+def markup_tags(body: str) -> list[str]:
+    """The tags a markdown body renders to besides plain paragraphs and line breaks: links,
+    images, emphasis, headings, raw HTML... Empty for text shown literally."""
+    import re
+
+    _, page = rendered(body)
+    return [t for t in re.findall(r"<\s*(/?\w+)", page) if t.strip("/") not in ("p", "br")]

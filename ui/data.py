@@ -33,7 +33,7 @@ class Query(NamedTuple):
 @st.cache_resource(max_entries=LIMITS.model_cache, show_spinner="Loading the model…")
 def loaded_model(name: str, device: str) -> mhsa.LoadedModel:
     """One model object per (name, device), shared by every session of the process."""
-    LIMITS.check_model(name)
+    Limits.from_env().check_model(name)  # read at call time: the operator's current policy
     return mhsa.load_model(name, device=device, max_parameters=LIMITS.max_parameters)
 
 

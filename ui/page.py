@@ -3,7 +3,6 @@ figures with their downloads."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import pandas as pd
@@ -13,19 +12,23 @@ import streamlit as st
 import mhsa
 from ui import data
 from ui.data import LIMITS, Query
-from ui.state import GLOBAL_PARAMS, Param, show_notices, sync_url, use_params
+from ui.state import (
+    GLOBAL_PARAMS,
+    MAX_LINK_VALUE_BYTES,
+    Param,
+    md_escape,
+    show_notices,
+    sync_url,
+    use_params,
+)
+
+__all__ = ["ENGINE_LABELS", "error", "figure", "finish", "load", "md_escape", "setup", "table"]
 
 ENGINE_LABELS = {
     "transformers": "Model's own attention",
     "mhsa": "Model run through our MHSA module",
     "mhsa-random": "Model with untrained MHSA modules",
 }
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>$~:])")
-
-
-def md_escape(text: str) -> str:
-    """User text made literal inside Streamlit markdown (messages, captions)."""
-    return _MD_SPECIAL.sub(r"\\\1", str(text))
 
 
 def setup(title: str, params: dict[str, Param] | None = None) -> Query:
@@ -41,8 +44,16 @@ def setup(title: str, params: dict[str, Param] | None = None) -> Query:
 
 
 def finish() -> None:
-    """Mirror the final selections into the URL (call at the end of a page)."""
-    sync_url(st.session_state.get("_mhsa_params", GLOBAL_PARAMS))
+    """Mirror the final selections into the URL (call at the end of a page), and say which
+    value is too long to travel in a link."""
+    too_long = sync_url(st.session_state.get("_mhsa_params", GLOBAL_PARAMS))
+    if too_long:
+        with st.sidebar:
+            st.caption(
+                f"Not in the link (too long to share by link, over "
+                f"{MAX_LINK_VALUE_BYTES:,} bytes encoded): {', '.join(too_long)}. "
+                "Share the text itself alongside the link."
+            )
 
 
 def _sidebar() -> Query:

@@ -4,15 +4,35 @@ so a link reopens exactly the same view. A bad parameter falls back to its defau
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import streamlit as st
 
+from mhsa.errors import MHSAError
 from mhsa.limits import Limits
 
 DEFAULT_TEXT = "The cat sat on the mat."
+#: Longest value (percent-encoded bytes) a link carries: nginx's default request line is 8 KiB,
+#: and the address bar holds every other parameter too.
+MAX_LINK_VALUE_BYTES = 4000
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>$~:&=])")
+
+
+def md_escape(text: object) -> str:
+    """Text made literal inside Streamlit markdown (messages, captions, labels): every markdown
+    character escaped, so no link, image, emphasis or HTML renders; control characters shown as
+    their code points."""
+    clean = "".join(c if c.isprintable() or c in "\n\t" else f"U+{ord(c):04X}" for c in str(text))
+    return _MD_SPECIAL.sub(r"\\\1", clean)
+
+
+def link_bytes(value: str) -> int:
+    """Size of a value in a link (percent-encoded UTF-8)."""
+    return len(quote(value, safe=""))
 
 
 @dataclass(frozen=True)
@@ -61,9 +81,15 @@ def text_param(raw: str) -> str:
 
 
 def model_param(raw: str) -> str:
+    """A model named in a link loads only if the operator allowed it (``MHSA_ALLOWED_MODELS``);
+    the refusal says the same whether or not such a folder or model exists."""
     raw = raw.strip()
     if not raw or len(raw) > 300:
         raise ValueError("must be a model id or folder")
+    try:
+        Limits.from_env().check_model(raw)
+    except MHSAError as e:
+        raise ValueError("this server does not load that model from a link") from e
     return raw
 
 
@@ -94,9 +120,12 @@ def use_params(params: dict[str, Param]) -> None:
             raw = st.query_params[key]
             try:
                 value = param.parse(raw)
-            except (ValueError, TypeError) as e:
+            except Exception as e:  # any parse failure of any type: a link is hostile input
                 shown = raw if len(raw) <= 40 else raw[:40] + "…"
-                notices.append(f"Link parameter {key}={shown!r} ignored ({e}); using the default.")
+                reason = str(e) if isinstance(e, ValueError) else "not a valid value"
+                notices.append(
+                    f"Link parameter {key}={shown!r} ignored ({reason}); using the default."
+                )
         loaded.add(key)
         st.session_state[key] = value
 
@@ -110,17 +139,22 @@ def clamp(key: str, low: int, high: int) -> int:
     return value
 
 
-def sync_url(params: dict[str, Param]) -> None:
-    """Write the non-default values of ``params`` into the URL."""
-    wanted = {
-        key: param.to_url(st.session_state[key])
-        for key, param in params.items()
-        if key in st.session_state and st.session_state[key] != param.default
-    }
+def sync_url(params: dict[str, Param]) -> list[str]:
+    """Write the non-default values of ``params`` into the URL, leaving out any value too long
+    to travel in a link. Returns the keys left out."""
+    wanted, too_long = {}, []
+    for key, param in params.items():
+        if key in st.session_state and st.session_state[key] != param.default:
+            value = param.to_url(st.session_state[key])
+            if link_bytes(value) > MAX_LINK_VALUE_BYTES:
+                too_long.append(key)
+            else:
+                wanted[key] = value
     if dict(st.query_params) != wanted:
         st.query_params.from_dict(wanted)
+    return too_long
 
 
 def show_notices() -> None:
     for message in st.session_state.pop(_NOTICES, []):
-        st.warning(message, icon="⚠️")
+        st.warning(md_escape(message), icon="⚠️")

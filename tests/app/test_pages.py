@@ -12,7 +12,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import mhsa
-from tests.hostile import CASES
+from tests.hostile import CASES, markup_tags, rendered
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = ["app.py", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "pages").glob("*.py"))]
@@ -96,7 +96,7 @@ def test_heads_page_selection_from_url_and_bad_values() -> None:
     assert "Layer 4, head 7" in specs(at)[1]["layout"]["title"]["text"]
     bad = run("pages/1_Heads.py", layer="-4", head="many", step="99")
     assert not bad.exception
-    warnings = " ".join(w.value for w in bad.warning)
+    warnings = " ".join(rendered(w.value)[0] for w in bad.warning)
     assert "layer='-4' ignored" in warnings and "head='many' ignored" in warnings
     assert bad.number_input(key="layer").value == 0
 
@@ -142,7 +142,10 @@ def test_inside_mhsa_shapes_match_the_model_and_steps_move() -> None:
     assert shapes["per-head Q"] == "[1, 4, 9, 8]"
 
 
-def test_inside_mhsa_shows_rotation_and_gqa_grouping_for_a_llama_layer(tiny_llama_path) -> None:
+def test_inside_mhsa_shows_rotation_and_gqa_grouping_for_a_llama_layer(
+    tiny_llama_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("MHSA_ALLOWED_MODELS", tiny_llama_path)  # the operator allows it
     at = run("pages/4_Inside_MHSA.py", model=tiny_llama_path, mlayer="1", step="6", mhead="3")
     steps = list(at.table[0].value["step"])
     assert steps[4:9] == ["per-head Q", "per-head K", "per-head V", "rotated Q", "rotated K"]
@@ -155,6 +158,21 @@ def test_inside_mhsa_shows_rotation_and_gqa_grouping_for_a_llama_layer(tiny_llam
     at.button[1].click().run()  # Next: the rotation of Q
     assert at.subheader[0].value == "rotated Q"
     assert "RoPE" in at.code[0].value
+
+
+def test_models_load_only_if_the_operator_allowed_them(tiny_gpt2_path, monkeypatch) -> None:
+    monkeypatch.delenv("MHSA_ALLOWED_MODELS", raising=False)  # the default policy
+    for name in (tiny_gpt2_path, "/etc", "/no/such/folder", "gpt2"):
+        at = run("app.py", model=name)
+        assert not at.error and not at.exception
+        notice = rendered(at.warning[0].value)[0]
+        # the same words whether the folder exists, is no model, or is missing: nothing disclosed
+        assert "this server does not load that model from a link" in notice
+        assert at.text_input(key="model").value == "default"
+    monkeypatch.setenv("MHSA_ALLOWED_MODELS", f"{tiny_gpt2_path},/models/other")
+    at = run("app.py", model=tiny_gpt2_path)
+    assert not at.warning and not at.error
+    assert {m.label: m.value for m in at.metric}["layers"] == "2"
 
 
 def test_overview_of_the_random_engine_says_what_it_is() -> None:
@@ -183,7 +201,8 @@ def test_bad_sentence_and_bad_model_show_errors_and_the_app_recovers() -> None:
     at.text_area(key="text").input("Back to normal.").run()
     assert not at.error and at.metric
     at.text_input(key="model").input("no-such-org/no-such-model").run()
-    assert not at.exception and "not found locally" in at.error[0].value
+    assert not at.exception
+    assert "only loads these models: default" in rendered(at.error[0].value)[0]
     at.text_input(key="model").input("default").run()
     assert not at.error
 
@@ -196,9 +215,11 @@ def test_user_text_stays_literal_on_axes_and_messages() -> None:
     tokens = mhsa.attend(text).tokens
     assert labels == [html.escape(t, quote=False) for t in tokens]
     assert all("<" not in label for label in labels)
-    bad = run("app.py", model="**bold** <i>x</i>")
-    msg = bad.error[0].value
-    assert r"\*\*bold\*\*" in msg and r"\<i\>" in msg
+    bad = run("app.py", model="**bold** <i>x</i>")  # not allowed: falls back with a notice
+    assert not bad.error and bad.metric
+    notice = bad.warning[0].value
+    assert "model='**bold** <i>x</i>' ignored" in rendered(notice)[0]
+    assert markup_tags(notice) == []
 
 
 def test_sidebar_state_round_trips_through_the_url() -> None:
@@ -248,7 +269,7 @@ def test_corpus_limit_is_shown_when_hit() -> None:
 
 def test_link_with_a_sentence_over_the_limit_falls_back_with_a_notice() -> None:
     at = run("pages/1_Heads.py", text="x" * 100_001, engine="nonsense")
-    warnings = " ".join(w.value for w in at.warning)
+    warnings = " ".join(rendered(w.value)[0] for w in at.warning)
     assert "text=" in warnings and "longer than 100,000 characters" in warnings
     assert "engine='nonsense' ignored" in warnings
     assert at.text_area(key="text").value == "The cat sat on the mat."

@@ -1,0 +1,112 @@
+"""Every link parameter of every page is hostile: generated values (markdown, HTML, control
+characters, huge numbers, NaN, right-to-left text, very long strings) never raise and never
+render markup; the known attacks of the hardening issue, each by name."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.app.test_pages import PAGES, ROOT, run
+from tests.hostile import markup_tags, rendered
+from ui.state import GLOBAL_PARAMS
+
+#: tags that only user or link text could bring into a message: a page never renders them itself
+FORBIDDEN = {"a", "img", "script", "iframe", "b", "i", "u", "em", "h1", "h2", "h3", "style", "svg"}
+MARKDOWN_ELEMENTS = ("warning", "error", "info", "success", "caption", "markdown")
+
+HOSTILE = st.one_of(
+    st.sampled_from(
+        [
+            "[Sign in](https://example.org)",
+            "![x](https://example.org/x.png)",
+            "<img src=x onerror=alert(1)>",
+            "<script>alert(1)</script>",
+            "**bold** _em_ # heading",
+            "https://example.org/phish",
+            "&lt;b&gt;entity&lt;/b&gt;",
+            "\u202eevil\u202c \u05e9\u05dc\u05d5\u05dd \u0645\u0631\u062d\u0628\u0627",
+            "\x00\x07\x1b[31m\r\n",
+            "nan",
+            "inf",
+            "-inf",
+            "1e309",
+            "-1",
+            "99999999999999999999999999",
+            "0x1F",
+            "",
+            " ",
+            "x" * 10_000,
+            "[a](javascript:alert(1))" * 50,
+        ]
+    ),
+    st.text(max_size=60),
+    st.integers(min_value=-(10**30), max_value=10**30).map(str),
+)
+
+
+def page_params(page: str) -> list[str]:
+    """The link parameters a page reads: the shared ones and its own ``PARAMS``."""
+    keys = list(GLOBAL_PARAMS)
+    tree = ast.parse((ROOT / page).read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "PARAMS" for t in node.targets
+        ):
+            keys += [k.value for k in node.value.keys if isinstance(k, ast.Constant)]
+    return keys
+
+
+def rendered_tags(at) -> set[str]:
+    tags: set[str] = set()
+    for kind in MARKDOWN_ELEMENTS:
+        for element in at.get(kind):
+            tags.update(t.strip("/") for t in markup_tags(str(element.value)))
+    return tags
+
+
+def test_page_params_are_found() -> None:
+    assert "step" in page_params("pages/4_Inside_MHSA.py")
+    assert "layer" in page_params("pages/1_Heads.py") and "text" in page_params("app.py")
+    assert "step" not in page_params("pages/1_Heads.py")
+
+
+@pytest.mark.parametrize("page", PAGES)
+@settings(
+    max_examples=8,
+    deadline=None,
+    derandomize=True,  # the same values in every CI run
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_generated_link_values_never_raise_or_render_markup(page: str, data) -> None:
+    key = data.draw(st.sampled_from(page_params(page)), label="parameter")
+    value = data.draw(HOSTILE, label="value")
+    at = run(page, **{key: value})
+    assert not at.exception, [e.value for e in at.exception]
+    tags = rendered_tags(at)
+    assert not tags & FORBIDDEN, (key, value, tags)
+
+
+def test_markdown_link_in_a_parameter_shows_as_text() -> None:
+    at = run("pages/1_Heads.py", layer="[Sign in](https://example.org)")
+    assert not at.exception
+    notice = at.warning[0].value
+    assert "layer='[Sign in](https://example.org)' ignored" in rendered(notice)[0]
+    assert markup_tags(notice) == []
+
+
+def test_unknown_choice_of_another_exception_type_falls_back() -> None:
+    """``source`` parses with a dict lookup (KeyError): the state layer catches every type."""
+    at = run("pages/4_Inside_MHSA.py", source="x")
+    assert not at.exception
+    assert "source='x' ignored" in rendered(at.warning[0].value)[0]
+    assert at.radio(key="source").value == "pretrained"
+
+
+def test_unknown_parameters_are_ignored() -> None:
+    at = run("pages/1_Heads.py", bogus="<b>x</b>", step="3")  # step belongs to another page
+    assert not at.exception and not at.warning
