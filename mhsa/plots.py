@@ -232,7 +232,9 @@ def similarity_figure(similarity: pd.DataFrame, order: Sequence[str] | None = No
         sim.to_numpy(),
         names,
         names,
-        title="Head similarity (cosine)" if cosine else "Head distance (Jensen-Shannon)",
+        title="Head similarity (cosine)"
+        if cosine
+        else "Head divergence (Jensen-Shannon, summed over query rows)",
         row_title="head",
         col_title="head",
         zmin=None,

@@ -14,7 +14,10 @@ PARAMS = {
     "k": Param(6, bounded_int(1, 72)),
     "color": Param("layer", choice("layer", "cluster")),
 }
-METRICS = {"js": "Jensen-Shannon distance (Clark et al.)", "cosine": "cosine similarity"}
+METRICS = {
+    "js": "Jensen-Shannon divergence, summed over rows (Clark et al.)",
+    "cosine": "cosine similarity",
+}
 
 query = page.setup("Head similarity", PARAMS)
 result = page.load(query)

@@ -44,6 +44,8 @@ if result is not None:
             )
             + "; else broad (entropy ≥ 80% of log n) or mixed."
         )
+        with st.expander("How these differ from Clark et al. 2019"):
+            st.markdown(head_analysis.CLARK_DIFFERENCES)
         page.table(table, "head-stats", label="Download table (.csv)", height=420)
         st.selectbox("Statistic as a layers x heads map", COLUMNS, key="stat")
         page.figure(

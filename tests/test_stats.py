@@ -205,3 +205,41 @@ def test_mixed_models_are_refused() -> None:
         mhsa.head_stats([a, b])
     with pytest.raises(ValueError, match="Unknown metric"):
         mhsa.head_similarity(a, metric="euclid")
+
+
+@pytest.mark.parametrize("n", [256, 512])
+def test_js_holds_at_long_inputs_for_near_identical_and_different_heads(n: int) -> None:
+    """float32 cancellation made near-identical heads at 512 tokens about 10x too far apart."""
+    from scipy.spatial.distance import jensenshannon
+
+    rng = np.random.default_rng(n)
+    logits = rng.normal(size=(n, n)) * 2
+    base = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    heads = [base]
+    for scale in (1e-4, 1e-2):  # near-identical, close
+        h = base * np.clip(1 + scale * rng.normal(size=(n, n)), 0.1, None)
+        heads.append(h / h.sum(-1, keepdims=True))
+    other = rng.random((n, n))
+    heads.append(other / other.sum(-1, keepdims=True))  # unrelated
+    a = np.stack(heads)[None].astype(np.float32)  # (1, 4, n, n)
+    js = mhsa.head_similarity(_result(a)).to_numpy()
+    smooth = 0.999 * a[0].astype(np.float64) + 0.001 / n
+    for j in (1, 2, 3):
+        want = (jensenshannon(smooth[0], smooth[j], axis=1) ** 2).sum()
+        assert js[0, j] == pytest.approx(want, rel=1e-3), (j, js[0, j], want)
+    assert js[0, 1] < 1e-5 < js[0, 2] < js[0, 3]
+
+
+def test_single_token_sentences_leave_undefined_statistics_out_in_any_order() -> None:
+    """A one-token sentence has no previous or next token: its to_prev/to_next are left out
+    of the mean, whatever the order of the sentences."""
+    one = _result(np.ones((1, 1, 1, 1)))
+    prev_head = np.eye(4, k=-1)
+    prev_head[0, 0] = 1.0
+    four = _result(prev_head[None, None])
+    for order in ([one, four], [four, one]):
+        stats = mhsa.head_stats(order)
+        assert stats["to_prev"].iloc[0] == pytest.approx(1.0)  # from the 4-token sentence only
+        assert stats["to_next"].iloc[0] == pytest.approx(0.0)
+        assert stats["to_self"].iloc[0] == pytest.approx((1.0 + 0.25) / 2)  # both sentences
+    assert np.isnan(mhsa.head_stats(one)["to_prev"].iloc[0])
