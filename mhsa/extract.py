@@ -50,8 +50,14 @@ def _encode(lm: LoadedModel, text: str, text_pair: str | None, max_tokens: int |
     fast = bool(getattr(tok, "is_fast", False))
     limit = lm.max_positions
     if max_tokens is not None:
-        if max_tokens < 1:
-            raise InputError(f"max_tokens must be at least 1, got {max_tokens}.")
+        special = tok.num_special_tokens_to_add(
+            pair=text_pair is not None and not lm.is_encoder_decoder
+        )
+        if max_tokens < special + 1:
+            raise InputError(
+                f"max_tokens must be at least {special + 1}: {lm.display_name} adds {special} "
+                f"special tokens to every text, got {max_tokens}."
+            )
         limit = max_tokens if limit is None else min(limit, max_tokens)
     pair = None if lm.is_encoder_decoder else text_pair
     kwargs: dict[str, Any] = {
@@ -71,6 +77,10 @@ def _encode(lm: LoadedModel, text: str, text_pair: str | None, max_tokens: int |
             )
         enc = tok(text, pair, truncation=True, max_length=limit, **kwargs)
         truncated = n - enc["input_ids"].shape[1]
+        if enc["input_ids"].shape[1] > limit:  # the tokenizer could not cut it (pair too long)
+            raise InputError(
+                f"The text cannot be cut to {limit} tokens; shorten it (or the second text)."
+            )
     if n == 0 or enc["input_ids"].shape[1] == 0:
         raise InputError("The text gives no tokens for this model: type a sentence.")
     ids = enc["input_ids"][0].tolist()

@@ -126,6 +126,11 @@ def test_too_long_text_is_refused_or_truncated(minilm) -> None:
         mhsa.attend(text, model=minilm)
     r = mhsa.attend(text, model=minilm, max_tokens=64)
     assert len(r.tokens) == 64 and r.truncated_tokens == 702 - 64
+    r = mhsa.attend(text, model=minilm, max_tokens=3)  # [CLS] word [SEP]
+    assert r.tokens == ["[CLS]", "word", "[SEP]"] and r.truncated_tokens == 699
+    for too_few in (1, 2):  # [CLS] and [SEP] alone: no room for the text
+        with pytest.raises(InputError, match=r"max_tokens must be at least 3.*adds 2 special"):
+            mhsa.attend(text, model=minilm, max_tokens=too_few)
     r = mhsa.attend(text, model=minilm, max_tokens=10_000)
     assert len(r.tokens) == 512 and r.truncated_tokens == 190
 
