@@ -9,7 +9,9 @@
   any local folder or download any model).
 - MHSA_MAX_PARAMETERS (400000000): larger models are refused, from their config, before loading.
 - MHSA_MODEL_CACHE (2): models kept loaded per process.
-- MHSA_RESULT_CACHE (32): attention results kept per process (least recently used dropped).
+- MHSA_RESULT_CACHE_MB (512): megabytes of attention results kept per process, shared
+  read-only by every session (least recently used dropped; MiniLM at 512 tokens is 75 MB).
+- MHSA_RESULT_CACHE (32): derived analyses (statistics, similarity...) kept per process.
 - MHSA_MAX_CORPUS (50): sentences used from the statistics page's corpus box.
 """
 
@@ -40,6 +42,7 @@ class Limits:
     max_parameters: int = 400_000_000
     model_cache: int = 2
     result_cache: int = 32
+    result_cache_mb: int = 512
     max_corpus: int = 50
 
     @classmethod

@@ -93,3 +93,55 @@ def test_operator_limits_from_environment(monkeypatch) -> None:
     monkeypatch.setenv("MHSA_ALLOWED_MODELS", "")
     with pytest.raises(mhsa.ModelLoadError, match="only loads these models: default\\."):
         Limits.from_env().check_model("gpt2")
+
+
+class _LockCheckingTokenizer:
+    """A tokenizer that records whether each call happened under the model's lock."""
+
+    def __init__(self, tokenizer, lock: threading.Lock) -> None:
+        self._tokenizer, self._lock, self.calls = tokenizer, lock, []
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append(self._lock.locked())
+        return self._tokenizer(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._tokenizer, name)
+
+
+def test_classroom_and_attend_tokenize_only_under_the_model_lock(minilm) -> None:
+    """Fast tokenizers keep truncation settings as shared state: the classroom's truncating call
+    and attend's full-length call must never overlap. Every call holds the model's lock."""
+    import dataclasses
+
+    from mhsa.classroom import walkthrough
+
+    lock = threading.Lock()
+    guard = _LockCheckingTokenizer(minilm.tokenizer, lock)
+    lm = dataclasses.replace(minilm, tokenizer=guard, lock=lock, cache={})
+    walkthrough("The cat sat on the mat, then slept.", model=lm, layer=2, max_tokens=5)
+    mhsa.attend("The cat sat on the mat, then slept.", model=lm, max_tokens=64)
+    assert len(guard.calls) >= 3 and all(guard.calls), guard.calls
+
+
+def test_classroom_truncation_and_attend_run_concurrently(minilm) -> None:
+    from mhsa.classroom import walkthrough
+
+    text = "Attention heads look at the previous token, the separator and commas, often."
+    full = mhsa.attend(text, model=minilm).tokens
+    barrier = threading.Barrier(4)
+
+    def worker(k: int) -> list[tuple[str, int]]:
+        barrier.wait()
+        seen = []
+        for _ in range(10):
+            if k % 2:
+                seen.append(("walk", len(walkthrough(text, model=minilm, max_tokens=6).tokens)))
+            else:
+                seen.append(("attend", len(mhsa.attend(text, model=minilm).tokens)))
+        return seen
+
+    with ThreadPoolExecutor(4) as pool:
+        results = [r for batch in pool.map(worker, range(4)) for r in batch]
+    assert {n for kind, n in results if kind == "walk"} == {6}
+    assert {n for kind, n in results if kind == "attend"} == {len(full)}

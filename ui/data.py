@@ -1,4 +1,6 @@
-"""Cached access to models and results: models once per process, results in a bounded LRU.
+"""Cached access to models and results: models once per process; attention results in one
+process-wide cache bounded in bytes, shared read-only by every session (no copy per rerun);
+small derived analyses in Streamlit's data cache.
 
 Cached functions take the settings (a small tuple of strings), never the large arrays, so that
 Streamlit hashes a few bytes per call rather than the attention itself.
@@ -6,6 +8,7 @@ Streamlit hashes a few bytes per call rather than the attention itself.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -13,8 +16,10 @@ import pandas as pd
 import streamlit as st
 
 import mhsa
+from mhsa.cache import ResultCache
 from mhsa.classroom import Walkthrough, walkthrough
 from mhsa.limits import Limits
+from mhsa.stats import HeadSimilarityAccumulator, HeadStatsAccumulator
 
 LIMITS = Limits.from_env()
 
@@ -37,10 +42,13 @@ def loaded_model(name: str, device: str) -> mhsa.LoadedModel:
     return mhsa.load_model(name, device=device, max_parameters=LIMITS.max_parameters)
 
 
-@st.cache_data(max_entries=LIMITS.result_cache, show_spinner="Computing attention…")
-def attention(query: Query) -> mhsa.AttentionResult:
-    """The attention result for these settings (tokens or whole words). The ``mhsa`` engine is
-    verified against the model's own forward once, here, and the figures travel in the result."""
+@st.cache_resource
+def result_cache() -> ResultCache:
+    """The process's attention results (``MHSA_RESULT_CACHE_MB``), shared by every session."""
+    return ResultCache(Limits.from_env().result_cache_mb * 2**20)
+
+
+def _compute(query: Query) -> mhsa.AttentionResult:
     if len(query.text) > LIMITS.max_chars:
         raise mhsa.InputError(
             f"The text has {len(query.text):,} characters; this server accepts at most "
@@ -57,18 +65,45 @@ def attention(query: Query) -> mhsa.AttentionResult:
     return result.to_words() if query.words else result
 
 
-def _results(queries: tuple[Query, ...]) -> list[mhsa.AttentionResult]:
-    return [attention(q) for q in queries]
+def attention(query: Query) -> mhsa.AttentionResult:
+    """The attention result for these settings (tokens or whole words): the one shared,
+    read-only object from the result cache, computed on a miss. The ``mhsa`` engine is verified
+    against the model's own forward once, here, and the figures travel in the result."""
+    cache = result_cache()
+    hit = cache.get(query)
+    if hit is not None:
+        return hit
+    with st.spinner("Computing attention…"):
+        return cache.put(query, _compute(query))
+
+
+def _results(queries: tuple[Query, ...]) -> Iterator[mhsa.AttentionResult]:
+    """One query: the shared result. A corpus: one result at a time, each dropped once the
+    accumulator has it, and kept out of the shared cache (a corpus must neither hold all its
+    arrays at once nor evict every other session's results)."""
+    if len(queries) == 1:
+        yield attention(queries[0])
+        return
+    cache = result_cache()
+    for q in queries:
+        hit = cache.get(q)
+        yield hit if hit is not None else _compute(q)
 
 
 @st.cache_data(max_entries=LIMITS.result_cache, show_spinner="Analysing heads…")
 def head_stats(queries: tuple[Query, ...]) -> pd.DataFrame:
-    return mhsa.head_stats(_results(queries))
+    acc = HeadStatsAccumulator()
+    for result in _results(queries):
+        acc.add(result)
+    return acc.frame()
 
 
 @st.cache_data(max_entries=LIMITS.result_cache, show_spinner="Comparing heads…")
 def head_similarity(queries: tuple[Query, ...], metric: str) -> pd.DataFrame:
-    return mhsa.head_similarity(_results(queries), metric=metric)
+    acc = HeadSimilarityAccumulator(metric)
+    for result in _results(queries):
+        acc.add(result)
+    return acc.frame()
 
 
 @st.cache_data(max_entries=LIMITS.result_cache, show_spinner=False)

@@ -1,0 +1,46 @@
+"""The shared result cache: bounded in bytes, least recently used first, read-only, no copies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mhsa.cache import ResultCache, result_nbytes
+from tests.test_stats import _result
+
+
+def _sized(n: int, value: float = 0.5) -> object:
+    return _result(np.full((2, 3, n, n), value, dtype=np.float32))
+
+
+def test_bounded_in_bytes_least_recently_used_first() -> None:
+    one = result_nbytes(_sized(10))
+    assert one == 2 * 3 * 10 * 10 * 4
+    cache = ResultCache(3 * one)
+    for key in "abc":
+        cache.put(key, _sized(10))
+    assert cache.get("a") is not None  # a is now the most recent
+    cache.put("d", _sized(10))  # evicts b, the least recently used
+    assert "b" not in cache and all(k in cache for k in "acd")
+    assert cache.nbytes == 3 * one <= cache.max_bytes
+    big = cache.put("e", _sized(20))  # 4x one: larger than the whole budget
+    assert big is not None and "e" not in cache and len(cache) == 3
+    cache.put("f", _sized(17))  # 2.89x one: everything else goes
+    assert list(cache._items) == ["f"] and cache.nbytes == result_nbytes(_sized(17))
+
+
+def test_shared_object_is_read_only_and_computed_once() -> None:
+    cache = ResultCache(10**6)
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return _sized(8)
+
+    first = cache.get_or_compute("k", compute)
+    again = cache.get_or_compute("k", compute)
+    assert first is again and len(calls) == 1
+    with pytest.raises(ValueError, match="read-only"):
+        first.attention[0, 0, 0, 0] = 1.0
+    with pytest.raises(ValueError, match="max_bytes"):
+        ResultCache(-1)
