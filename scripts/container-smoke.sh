@@ -67,6 +67,12 @@ buildah bud --format docker --isolation chroot --storage-driver vfs --pull=never
 echo "build: $(( $(date +%s) - start )) s"
 podman image inspect "$IMAGE" --format 'image size: {{.Size}} bytes'
 podman image inspect "$IMAGE" --format '{{json .Config.Healthcheck}}' | grep -q _stcore/health
+# What the README promises of the image, read from the built image itself.
+config=$(podman image inspect "$IMAGE" --format '{{.Config.User}} {{json .Config.ExposedPorts}} {{json .Config.Env}}')
+for want in '^10001 ' '"8501/tcp"' '"HF_HUB_OFFLINE=1"' '"MHSA_ALLOWED_MODELS="' '"MHSA_MAX_TOKENS=512"'; do
+  echo "$config" | grep -q -- "$want" || { echo "image config lacks $want: $config"; exit 1; }
+done
+echo "image config: user 10001, port 8501, offline, embedded model only by default"
 
 # 3. Run it, time the cold start to healthy.
 t0=$(date +%s.%N)
@@ -93,6 +99,19 @@ if ! curl -fsS http://127.0.0.1:8501/_stcore/health >/dev/null 2>&1; then
   podman --runtime runc rm -f "$NAME-hc" >/dev/null
 fi
 podman --runtime runc exec "$NAME" whoami | grep -qv root && echo "runs as non-root: $(podman --runtime runc exec "$NAME" id -u)"
+# The model policy inside the running container: a link cannot make it load another model.
+podman --runtime runc exec "$NAME" python3 -c "
+from mhsa.limits import Limits
+from mhsa.errors import ModelLoadError
+limits = Limits.from_env()
+assert limits.allowed_models == (), limits
+try:
+    limits.check_model('/etc')
+except ModelLoadError:
+    print('model policy: embedded model only')
+else:
+    raise SystemExit('the image loads any model')
+"
 
 # 4. A heatmap renders from inside the container, in Debian's chromium.
 "$ROOT/.venv/bin/python" - "$PORT" <<'PY'

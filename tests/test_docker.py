@@ -30,14 +30,12 @@ def test_hadolint_passes() -> None:
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-def test_image_shape() -> None:
-    assert DOCKERFILE.count("FROM python:3.11-slim") == 1
-    # dependencies are installed before the code is copied (a cached layer)
+def test_build_structure() -> None:
+    """What the image cannot show: the layer order and the GPU build argument. The image's own
+    promises (user, port, health check, offline, model policy) are checked on the built image
+    by scripts/container-smoke.sh, in CI."""
     assert DOCKERFILE.index("requirements.txt") < DOCKERFILE.index("COPY --chown=app:app mhsa")
-    assert re.search(r"^USER 10001$", DOCKERFILE, re.M)
-    assert "EXPOSE 8501" in DOCKERFILE and "/_stcore/health" in DOCKERFILE
-    assert "HF_HUB_OFFLINE=1" in DOCKERFILE and "--server.address=0.0.0.0" in DOCKERFILE
-    assert "ARG TORCH_INDEX" in DOCKERFILE  # the GPU variant is a build argument
+    assert re.search(r"^ARG TORCH_INDEX=", DOCKERFILE, re.M)
 
 
 def test_dockerignore_keeps_the_image_small() -> None:

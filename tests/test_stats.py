@@ -85,10 +85,10 @@ def test_corpus_statistics_are_the_mean_over_sentences() -> None:
     one, two = mhsa.head_stats(a), mhsa.head_stats(b)
     cols = ["entropy", "to_prev", "to_self", "mean_distance"]
     np.testing.assert_allclose(both[cols], (one[cols] + two[cols]) / 2)
-    acc = HeadStatsAccumulator()
-    acc.add(a)
-    acc.add(b)
-    np.testing.assert_allclose(acc.frame()[cols], both[cols])
+    acc = HeadStatsAccumulator()  # a twice, b once: weights 2/3 and 1/3
+    for r in (a, b, a):
+        acc.add(r)
+    np.testing.assert_allclose(acc.frame()[cols], (2 * one[cols] + two[cols]) / 3)
 
 
 def test_identical_heads_have_js_zero_cosine_one_and_share_a_cluster() -> None:
@@ -145,6 +145,19 @@ def test_head_map_separates_three_groups_and_is_deterministic() -> None:
     np.testing.assert_allclose(mhsa.head_map(sim, seed=0)[["x", "y"]], xy[["x", "y"]])
     labels = mhsa.head_clusters(sim, 3).labels.to_numpy().reshape(3, 4)
     assert all(len(set(row)) == 1 for row in labels) and len(set(labels[:, 0])) == 3
+
+
+def test_rollout_multiplies_later_layers_on_the_left() -> None:
+    """Two layers that do not commute: R_1 = A'_1 A'_0, not A'_0 A'_1 (A' = (A + I) / 2 for
+    one head with rows summing to one)."""
+    first = np.array([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])  # rows 0, 1 -> token 0
+    second = np.array([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0], [0.0, 1.0, 0.0]])  # all -> token 1
+    roll = mhsa.attention_rollout(_result(np.stack([first, second])[:, None]))
+    a0, a1 = (first + np.eye(3)) / 2, (second + np.eye(3)) / 2
+    np.testing.assert_allclose(roll[0], a0, atol=1e-6)
+    np.testing.assert_allclose(roll[1], a1 @ a0, atol=1e-6)
+    assert np.abs(a1 @ a0 - a0 @ a1).max() > 0.1  # the reversed product would be caught
+    np.testing.assert_allclose(roll[1].sum(-1), 1.0, atol=1e-6)
 
 
 def test_rollout_of_identity_is_identity_and_rows_sum_to_one() -> None:

@@ -27,7 +27,13 @@ def test_two_replicas_behind_the_sticky_load_balancer(tmp_path) -> None:
         conf = re.sub(r"(?:\s*server app\d:8501;)+", "\n" + servers, CONF.read_text())
         conf = conf.replace("listen 8080;", f"listen 127.0.0.1:{port};")
         conf = conf.replace("/tmp/mhsa-nginx", str(tmp_path / "nginx"))
-        assert "ip_hash" in conf and str(two).removeprefix("http://") in conf
+        assert str(two).removeprefix("http://") in conf
+        # the test's copy logs which replica served each request (routing stays as shipped)
+        access = tmp_path / "access.log"
+        conf = conf.replace(
+            "access_log off;",
+            f"log_format upstream '$upstream_addr $request'; access_log {access} upstream;",
+        )
         (tmp_path / "nginx.conf").write_text(conf)
         log = tmp_path / "nginx.log"
         with log.open("w") as err:
@@ -68,6 +74,22 @@ def test_two_replicas_behind_the_sticky_load_balancer(tmp_path) -> None:
                     timeout=60_000,
                 )
                 assert tick_labels(page, 1) == ["[CLS]", "through", "the", "proxy", ".", "[SEP]"]
+                # a link as long as the app puts in the address bar passes the proxy
+                from urllib.parse import quote
+
+                from ui.state import MAX_LINK_VALUE_BYTES
+
+                text = "Longest link é. " * 400
+                while len(quote(text, safe="")) > MAX_LINK_VALUE_BYTES:
+                    text = text[:-1]
+                assert len(quote(text, safe="")) > MAX_LINK_VALUE_BYTES - 10
+                page.goto(f"{url}/Heads?text={quote(text, safe='')}")
+                wait_for_app(page, plots=3, timeout_ms=120_000)
+                assert page.get_by_role("textbox", name="Sentence").input_value() == text
+            # stickiness, by behaviour: every request of the browser went to one replica
+            served = [ln.split(" ", 1) for ln in access.read_text().splitlines() if ln.strip()]
+            replicas = {addr for addr, _ in served if addr != "-"}
+            assert len(served) >= 10 and len(replicas) == 1, served[:20]
         finally:
             proc.terminate()
             proc.wait(timeout=10)
