@@ -43,13 +43,21 @@ def rendered(body: str) -> tuple[str, str]:
     from markdown_it import MarkdownIt
 
     page = MarkdownIt("commonmark", {"html": True}).render(body)
-    return html.unescape(re.sub(r"<[^>]+>", "", page)), page
+    text = html.unescape(re.sub(r"<[^>]+>", "", page))
+    return text.replace("\u2060", ""), page  # word joiners are invisible
 
 
 def markup_tags(body: str) -> list[str]:
     """The tags a markdown body renders to besides plain paragraphs and line breaks: links,
     images, emphasis, headings, raw HTML... Empty for text shown literally."""
+    import html
     import re
 
     _, page = rendered(body)
-    return [t for t in re.findall(r"<\s*(/?\w+)", page) if t.strip("/") not in ("p", "br")]
+    text = html.unescape(re.sub(r"<[^>]+>", "", page))  # with its word joiners
+    tags = [t for t in re.findall(r"<\s*(/?\w+)", page) if t.strip("/") not in ("p", "br")]
+    # GitHub-flavoured markdown (Streamlit's) also links bare URLs, www. names and e-mail
+    # addresses found in the text after escapes are resolved
+    if re.search(r"https?://|www\.|[\w.+-]@[\w-]+\.\w", text, re.IGNORECASE):
+        tags.append("a")
+    return tags

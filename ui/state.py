@@ -22,12 +22,17 @@ MAX_LINK_VALUE_BYTES = 4000
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>$~:&=])")
 
 
+#: GitHub-flavoured markdown turns bare URLs, www. names and e-mail addresses into links after
+#: escapes are resolved; an invisible word joiner (U+2060) in each trigger stops that.
+_AUTOLINK = re.compile(r"(?<=:)(?=//)|(?<=www)(?=\.)|(?=@)", re.IGNORECASE)
+
+
 def md_escape(text: object) -> str:
     """Text made literal inside Streamlit markdown (messages, captions, labels): every markdown
-    character escaped, so no link, image, emphasis or HTML renders; control characters shown as
-    their code points."""
+    character escaped, so no link, image, emphasis or HTML renders; bare URLs and e-mail
+    addresses kept from becoming links; control characters shown as their code points."""
     clean = "".join(c if c.isprintable() or c in "\n\t" else f"U+{ord(c):04X}" for c in str(text))
-    return _MD_SPECIAL.sub(r"\\\1", clean)
+    return _MD_SPECIAL.sub(r"\\\1", _AUTOLINK.sub("\u2060", clean))
 
 
 def link_bytes(value: str) -> int:

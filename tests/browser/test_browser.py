@@ -1,19 +1,24 @@
-"""The real app in Debian's Chromium: every page, typing, the rendered labels, clicking a head.
+"""The real app in Debian's Chromium: every page, typing, the rendered labels, clicking a head,
+hostile links.
 
-Screenshots land in docs/ (one per page), the ones the README shows.
+Screenshots go to a temporary folder; ``scripts/screenshots.sh`` sets ``MHSA_SCREENSHOTS=docs``
+to refresh the ones the README shows (the tests never touch tracked files).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
 from bench.browser import PAGE_PLOTS, PAGES, chromium, streamlit_server, tick_labels, wait_for_app
 
 pytestmark = pytest.mark.browser
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(os.environ.get("MHSA_SCREENSHOTS") or tempfile.mkdtemp(prefix="mhsa-shots-"))
 CAT = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".", "[SEP]"]
 
 
@@ -52,7 +57,9 @@ def test_each_page_renders_and_is_screenshot(app_url, page, name) -> None:
     if name == "Overview":
         page.get_by_text("max positions").wait_for()
     DOCS.mkdir(exist_ok=True)
-    page.screenshot(path=str(DOCS / f"{PAGES[name] or 'Overview'}.png"), full_page=False)
+    shot = DOCS / f"{PAGES[name] or 'Overview'}.png"
+    page.screenshot(path=str(shot), full_page=False)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_typing_a_sentence_updates_the_heatmaps(app_url, page) -> None:
@@ -96,3 +103,34 @@ def test_shared_link_reopens_the_same_view(app_url, page) -> None:
     title = page.locator(".js-plotly-plot >> nth=1 >> .gtitle").text_content()
     assert title == "Layer 4, head 9"
     assert tick_labels(page, 1) == ["[CLS]", "a", "shared", "link", ".", "[SEP]"]
+
+
+HOSTILE_LINK = {
+    "text": "<img src=x onerror=alert(1)> [Sign in](https://example.org/phish)",
+    "layer": "[Sign in](https://example.org/phish)",
+    "head": "<b>9</b>",
+    "model": "[Sign in](https://example.org/phish)",
+    "engine": "<script>alert(1)</script>",
+    "source": "x",
+    "step": "1e309",
+    "metric": "**x**",
+    "k": "NaN",
+}
+
+
+@pytest.mark.parametrize("name", list(PAGES))
+def test_hostile_link_shows_no_error_screen_and_no_markup_from_the_url(app_url, page, name) -> None:
+    query = "&".join(f"{k}={quote(v, safe='')}" for k, v in HOSTILE_LINK.items())
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto(f"{app_url}/{PAGES[name]}?{query}")
+    wait_for_app(page, plots=PAGE_PLOTS[name])
+    assert page.locator("[data-testid='stException']").count() == 0
+    main = page.locator("[data-testid='stMain']")
+    assert main.locator("a[href*='example.org']").count() == 0  # no link from the URL
+    assert page.locator("img[src='x']").count() == 0 and not dialogs  # no element, no script
+    assert page.locator("a[href*='example.org']").count() == 0
+    # the link's text is shown literally where it is shown (the notices), word joiners aside
+    if name == "Heads":
+        shown = main.inner_text().replace("\u2060", "")
+        assert "layer='[Sign in](https://example.org/phish)' ignored" in shown

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Refresh the screenshots in docs/ that the README shows (the tests themselves never write there).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh dev
+MHSA_SCREENSHOTS=docs HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -p no:cacheprovider \
+  tests/browser/test_browser.py -k "screenshot or clicking"
