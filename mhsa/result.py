@@ -102,6 +102,10 @@ class AttentionResult:
     def to_words(self) -> AttentionResult:
         """Merge sub-word tokens into words (Clark et al. 2019).
 
+        A word is what the tokenizer's pre-tokenizer keeps together (``word_ids``): text between
+        whitespace, with every punctuation character a word of its own. Clark et al. used their
+        input's own word list instead.
+
         Attention *to* a word is the sum over its pieces; attention *from* a word is the mean over
         its pieces, so rows still sum to 1. Special tokens stay units of their own.
         """
