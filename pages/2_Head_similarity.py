@@ -7,7 +7,7 @@ import streamlit as st
 import mhsa
 from mhsa import plots
 from ui import data, page
-from ui.state import Param, bounded_int, choice
+from ui.state import Param, bounded_int, choice, clamp
 
 PARAMS = {
     "metric": Param("js", choice("js", "cosine")),
@@ -25,6 +25,7 @@ if result is not None:
     heads = result.num_layers * result.num_heads
     left, mid, right = st.columns(3)
     left.selectbox("Metric", list(METRICS), key="metric", format_func=METRICS.get)
+    clamp("k", 1, min(heads, 24))  # a link may ask for more clusters than the slider offers
     mid.slider("Clusters", 1, min(heads, 24), key="k")
     right.radio("Colour the map by", ["layer", "cluster"], key="color", horizontal=True)
     queries = (query,)

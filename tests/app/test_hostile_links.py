@@ -110,3 +110,11 @@ def test_unknown_choice_of_another_exception_type_falls_back() -> None:
 def test_unknown_parameters_are_ignored() -> None:
     at = run("pages/1_Heads.py", bogus="<b>x</b>", step="3")  # step belongs to another page
     assert not at.exception and not at.warning
+
+
+def test_numbers_are_clamped_to_what_the_result_allows() -> None:
+    at = run("pages/2_Head_similarity.py", k="50")  # valid link value, more than the slider has
+    assert not at.exception and at.slider(key="k").value == 24
+    step = run("pages/4_Inside_MHSA.py", step="99")  # beyond the last step of any trace
+    assert not step.exception
+    assert "step='99' ignored" in rendered(step.warning[0].value)[0]

@@ -94,7 +94,7 @@ def test_heads_page_selection_from_url_and_bad_values() -> None:
     at.number_input(key="layer").set_value(4).run()
     assert at.query_params["layer"] == "4" and at.query_params["head"] == "7"
     assert "Layer 4, head 7" in specs(at)[1]["layout"]["title"]["text"]
-    bad = run("pages/1_Heads.py", layer="-4", head="many", step="99")
+    bad = run("pages/1_Heads.py", layer="-4", head="many")
     assert not bad.exception
     warnings = " ".join(rendered(w.value)[0] for w in bad.warning)
     assert "layer='-4' ignored" in warnings and "head='many' ignored" in warnings
