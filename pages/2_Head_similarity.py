@@ -15,7 +15,7 @@ PARAMS = {
     "color": Param("layer", choice("layer", "cluster")),
 }
 METRICS = {
-    "js": "Jensen-Shannon divergence, summed over rows (Clark et al.)",
+    "js": "JS divergence (Clark et al.)",
     "cosine": "cosine similarity",
 }
 
