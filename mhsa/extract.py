@@ -238,8 +238,9 @@ def attend(
                 timings["verify"] = time.perf_counter() - start
         array = result.attention.float().cpu().numpy()  # the one move to the CPU
     tokens = encoded.tokens
+    extra = dict(result.extra)
     if lm.is_encoder_decoder:
-        result.extra["decoder_tokens"] = encoded.decoder_tokens
+        extra["decoder_tokens"] = encoded.decoder_tokens
     return AttentionResult(
         text=text,
         tokens=list(tokens.strings),
@@ -258,5 +259,5 @@ def attend(
         seed=seed if engine == "mhsa-random" else None,
         text_pair=text_pair,
         **agreement,
-        **result.extra,
+        **extra,
     )
