@@ -12,6 +12,11 @@ pytestmark = pytest.mark.slow
 
 
 def _rss_mb() -> float:
+    """Resident memory, after handing freed heap pages back to the system (glibc keeps them
+    otherwise, which would measure the allocator rather than what the app holds)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/status") as fh:
         line = next(ln for ln in fh if ln.startswith("VmRSS:"))
     return int(line.split()[1]) / 1024
@@ -21,18 +26,21 @@ def test_long_texts_stay_within_the_result_budget(monkeypatch) -> None:
     monkeypatch.setenv("MHSA_RESULT_CACHE_MB", "160")  # two MiniLM results at 512 tokens
     data.result_cache.clear()  # a fresh process-wide cache that reads the limit
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
-    texts = [" ".join(words[i:] + words[:i]) + " " + " ".join(["word"] * 600) for i in range(6)]
+    texts = [" ".join(words[i:] + words[:i]) + " " + " ".join(["word"] * 600) for i in range(10)]
     at = run("pages/1_Heads.py", text=texts[0])  # warm: model loaded, first result cached
     assert not at.exception and not at.error
     start = _rss_mb()
-    for text in texts[1:] + texts[:2]:  # six sessions with new texts, then two revisits
+    for text in texts[1:] + texts[:2]:  # nine sessions with new texts, then two revisits
         at = run("pages/5_Rollout.py", text=text)
         assert not at.exception and not at.error
         assert any("tokens were dropped" in w.value for w in at.warning)  # 512 tokens
     cache = data.result_cache()
     one = 6 * 12 * 512 * 512 * 4
     assert len(cache) == 2 and cache.nbytes == 2 * one <= 160 * 2**20
-    # seven 75 MB results went through; the process kept two of them (and no copies per rerun)
-    assert _rss_mb() - start < 160 + 2 * one / 2**20, (start, _rss_mb())
+    # ten 75 MB results (755 MB) went through; the process kept two of them and no copies per
+    # rerun: it grows by less than the budget and three results' worth of transient buffers
+    growth = _rss_mb() - start
+    print(f"RSS growth over nine new 512-token texts: {growth:.0f} MB")
+    assert growth < 160 + 3 * one / 2**20, (start, growth)
     assert data.attention(data.Query(texts[1])) is data.attention(data.Query(texts[1]))
     data.result_cache.clear()
