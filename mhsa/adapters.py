@@ -28,6 +28,7 @@ __all__ = [
     "Run",
     "forward_through_own",
     "own_blocks",
+    "run_own_forward",
     "through_own_module",
 ]
 
@@ -301,12 +302,19 @@ def through_own_module(lm: LoadedModel, blocks: list[OwnBlock], run: Run) -> Ite
             block.run = None
 
 
+def run_own_forward(
+    lm: LoadedModel, blocks: list[OwnBlock], run: Run, inputs: Mapping[str, torch.Tensor]
+) -> Any:
+    """``lm.model(**inputs)`` with ``blocks`` standing in for its attention blocks, doing ``run``;
+    returns the model's outputs. The caller holds ``lm.lock``."""
+    with through_own_module(lm, blocks, run):
+        return lm.model(**{k: v.to(lm.device) for k, v in inputs.items()}, return_dict=True)
+
+
 def forward_through_own(
     lm: LoadedModel, inputs: Mapping[str, torch.Tensor], run: Run, *, seed: int | None = None
 ) -> Any:
-    """``lm.model(**inputs)`` with every attention block ours (``seed``: fresh weights), doing
-    ``run``; returns the model's outputs (``last_hidden_state``...). Takes ``lm.lock``."""
+    """``run_own_forward`` with every attention block ours (``seed``: fresh weights), under
+    ``lm.lock``; returns the model's outputs (``last_hidden_state``...)."""
     with lm.lock:
-        blocks = own_blocks(lm, seed)
-        with through_own_module(lm, blocks, run):
-            return lm.model(**{k: v.to(lm.device) for k, v in inputs.items()}, return_dict=True)
+        return run_own_forward(lm, own_blocks(lm, seed), run, inputs)

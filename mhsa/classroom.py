@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mhsa.adapters import Run, own_blocks, through_own_module
+from mhsa.adapters import Run, own_blocks, run_own_forward
 from mhsa.attention import MultiHeadSelfAttention
 from mhsa.errors import InputError
 from mhsa.extract import _check_text
@@ -87,8 +87,8 @@ def _layer_input(model: LoadedModel, enc: dict, layer: int) -> tuple[torch.Tenso
             raise _Captured
 
     run = Run(need_weights=False, observers={layer: capture})
-    with contextlib.suppress(_Captured), through_own_module(model, blocks, run):
-        model.model(**{k: v.to(model.device) for k, v in enc.items()})
+    with contextlib.suppress(_Captured):
+        run_own_forward(model, blocks, run, enc)
     return captured[0], blocks[layer].ours
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mhsa.adapters import OwnBlock, Run, own_blocks, through_own_module
+from mhsa.adapters import OwnBlock, Run, own_blocks, run_own_forward
 from mhsa.errors import InputError, ModelLoadError
 from mhsa.models import DEFAULT_MODEL, LoadedModel, get_model
 from mhsa.result import AttentionResult
@@ -156,8 +156,7 @@ def _own_forward(
     n = inputs["input_ids"].shape[1]
     first = blocks[0].ours
     sink = first.qkv.weight.new_empty(len(blocks), 1, first.num_heads, n, n)  # (L, B, H, T, T)
-    with through_own_module(lm, blocks, Run(sink=sink)):
-        outputs = lm.model(**inputs, return_dict=True)
+    outputs = run_own_forward(lm, blocks, Run(sink=sink), inputs)
     hidden = getattr(outputs, "last_hidden_state", None)
     return _Forward(sink[:, 0], blocks[0].causal, {}, hidden)
 
