@@ -13,6 +13,7 @@ from mhsa.attention import (
 )
 from mhsa.errors import InputError, MHSAError, ModelLoadError, UnsupportedModelError
 from mhsa.extract import ENGINE_DESCRIPTIONS, ENGINES, attend
+from mhsa.importance import Ablation, ablate, head_importance, pruning_curve
 from mhsa.models import DEFAULT_MODEL, LoadedModel, get_model, load_model, pick_device
 from mhsa.result import AttentionResult
 from mhsa.stats import (
@@ -29,6 +30,7 @@ __all__ = [
     "ENGINES",
     "ENGINE_DESCRIPTIONS",
     "SUPPORTED_FOR_MHSA",
+    "Ablation",
     "AttentionResult",
     "HeadClusters",
     "InputError",
@@ -39,15 +41,18 @@ __all__ = [
     "RotaryEmbedding",
     "TraceStep",
     "UnsupportedModelError",
+    "ablate",
     "attend",
     "attention_core",
     "attention_rollout",
     "get_model",
     "head_clusters",
+    "head_importance",
     "head_map",
     "head_similarity",
     "head_stats",
     "load_model",
     "pick_device",
+    "pruning_curve",
     "scaled_dot_product_attention",
 ]

@@ -1,4 +1,4 @@
-"""Command line: ``python -m mhsa {attend,info,stats} ...`` -- attention without the browser."""
+"""Command line: ``python -m mhsa {attend,info,stats,importance} ...`` without the browser."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ _EPILOG = """examples:
   python -m mhsa attend "The cat sat on the mat." --engine mhsa --out cat.npz
   python -m mhsa info --model default
   python -m mhsa stats corpus.txt --out stats.csv --similarity sim.csv
+  python -m mhsa importance corpus.txt --method ablation --out importance.csv
 """
 
 
@@ -68,6 +69,31 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--similarity", type=Path, default=None, help="also write heads x heads JS (.csv)"
     )
+    from mhsa.importance import METHODS, TARGETS
+
+    m = sub.add_parser(
+        "importance",
+        help="how much each head matters over a corpus (knock-outs or gradients)",
+        description="Head importance (Michel et al. 2019) over a corpus, one sentence per line; "
+        "for --target similarity, two sentences per line separated by a tab.",
+    )
+    m.add_argument(
+        "corpus", type=Path, help="text file, one sentence (or tab-separated pair) per line"
+    )
+    common(m)
+    m.add_argument("--method", default="ablation", choices=list(METHODS))
+    m.add_argument(
+        "--target",
+        default=None,
+        choices=list(TARGETS),
+        help="default: lm-loss with a language-model head, else similarity for pairs, else "
+        "embedding",
+    )
+    m.add_argument("--normalize", action="store_true", help="per-layer l2 normalisation")
+    m.add_argument("--max-tokens", type=int, default=None)
+    m.add_argument("--out", type=Path, required=True, help="importance table (.csv)")
+    m.add_argument("--pruning", type=Path, default=None, help="also write the pruning curve (.csv)")
+    m.add_argument("--seed", type=int, default=0, help="seed of the pruning curve's random order")
     return p
 
 
@@ -105,19 +131,26 @@ def _info(args: argparse.Namespace) -> None:
         print(f"{key:14} {value:,}" if isinstance(value, int) else f"{key:14} {value}")
 
 
+def _corpus(path: Path) -> list[str]:
+    try:
+        lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
+    except OSError as e:
+        raise MHSAError(f"Cannot read {path}: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise MHSAError(f"{path} is not UTF-8 text.") from e
+    sentences = [ln for ln in lines if ln]
+    if not sentences:
+        raise MHSAError(f"{path} holds no sentences (one per line).")
+    return sentences
+
+
 def _stats(args: argparse.Namespace) -> None:
     from tqdm import tqdm
 
     import mhsa
     from mhsa.stats import HeadSimilarityAccumulator, HeadStatsAccumulator
 
-    try:
-        lines = [ln.strip() for ln in args.corpus.read_text(encoding="utf-8").splitlines()]
-    except OSError as e:
-        raise MHSAError(f"Cannot read {args.corpus}: {e.strerror}") from e
-    sentences = [ln for ln in lines if ln]
-    if not sentences:
-        raise MHSAError(f"{args.corpus} holds no sentences (one per line).")
+    sentences = _corpus(args.corpus)
     model = mhsa.load_model(args.model, device=args.device)
     stats = HeadStatsAccumulator(word_level=args.word_level)
     sim = HeadSimilarityAccumulator("js") if args.similarity else None
@@ -133,11 +166,61 @@ def _stats(args: argparse.Namespace) -> None:
         print(f"wrote {args.similarity}")
 
 
+def _importance(args: argparse.Namespace) -> None:
+    from tqdm import tqdm
+
+    import mhsa
+
+    items: list[str | tuple[str, str]] = []
+    for line in _corpus(args.corpus):
+        first, tab, second = line.partition("\t")
+        items.append((first.strip(), second.strip()) if tab and second.strip() else first)
+    model = mhsa.load_model(args.model, device=args.device)
+    with tqdm(total=len(items), desc="importance", unit="step", file=sys.stderr) as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        table = mhsa.head_importance(
+            items,
+            model=model,
+            method=args.method,
+            target=args.target,
+            normalize=args.normalize,
+            max_tokens=args.max_tokens,
+            progress=progress,
+        )
+        curve = None
+        if args.pruning:
+            bar.reset()
+            bar.set_description("pruning")
+            curve = mhsa.pruning_curve(
+                items,
+                model=model,
+                target=args.target,
+                importance=table,
+                seed=args.seed,
+                max_tokens=args.max_tokens,
+                progress=progress,
+            )
+    table.to_csv(args.out, index_label="name")
+    target = table.attrs["target"]
+    print(f"wrote {args.out} ({len(items)} texts, {len(table)} heads, {args.method}, {target})")
+    top = table.sort_values("importance", ascending=False).head(5)
+    print("most important: " + ", ".join(f"{n} {v:.3g}" for n, v in top["importance"].items()))
+    if curve is not None:
+        curve.to_csv(args.pruning, index=False)
+        print(f"wrote {args.pruning}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        {"attend": _attend, "info": _info, "stats": _stats}[args.command](args)
+        {"attend": _attend, "info": _info, "stats": _stats, "importance": _importance}[
+            args.command
+        ](args)
     except MHSAError as e:
         parser.error(str(e))
     return 0

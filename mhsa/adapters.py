@@ -134,6 +134,12 @@ class Run:
         sink: optional preallocated ``[layers, B, H, T, T]`` that receives each layer's weights.
         observers: per layer, an observer of our module's intermediates.
         weights: per layer, the weights our module returned (filled during the pass).
+        fan_out: ``(layer, rows)``: the hidden states entering that layer (batch 1) are repeated
+            into ``rows`` copies, which the layers from there on carry side by side (with
+            ``gates`` of shape ``[rows, H]``: one knock-out per row).
+        replay: per layer, an output of that whole layer recorded earlier (``record``) for the
+            same input, returned without computing the layer (the layers below a knock-out).
+        record: when a dict, receives every layer's output.
     """
 
     gates: Mapping[int, torch.Tensor] = field(default_factory=dict)
@@ -141,6 +147,39 @@ class Run:
     sink: torch.Tensor | None = None
     observers: Mapping[int, Observer] = field(default_factory=dict)
     weights: dict[int, torch.Tensor | None] = field(default_factory=dict)
+    fan_out: tuple[int, int] | None = None
+    replay: Mapping[int, Any] = field(default_factory=dict)
+    record: dict[int, Any] | None = None
+
+
+class _Replay(nn.Module):
+    """Stands in for a whole layer: returns what the layer returned earlier for this input."""
+
+    def __init__(self, output: Any) -> None:
+        super().__init__()
+        self._output = (output,)  # a tuple: tensors inside are not registered as buffers
+
+    def forward(self, *_args: Any, **_kwargs: Any) -> Any:
+        return self._output[0]
+
+
+def _repeat_hidden(rows: int) -> Callable[..., Any]:
+    """Forward pre-hook: the layer's hidden states (batch 1) repeated into ``rows`` copies."""
+
+    def hook(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if args:
+            return (args[0].repeat(rows, *[1] * (args[0].dim() - 1)), *args[1:]), kwargs
+        hidden = kwargs["hidden_states"]
+        return args, {**kwargs, "hidden_states": hidden.repeat(rows, *[1] * (hidden.dim() - 1))}
+
+    return hook
+
+
+def _recorder(record: dict[int, Any], layer: int) -> Callable[..., None]:
+    def hook(_module: nn.Module, _args: Any, output: Any) -> None:
+        record[layer] = output
+
+    return hook
 
 
 class OwnBlock(nn.Module):
@@ -158,6 +197,7 @@ class OwnBlock(nn.Module):
         *,
         layer: int,
         place: tuple[nn.Module, str],
+        layer_place: tuple[nn.Module, str],
     ) -> None:
         super().__init__()
         self.ours = ours
@@ -167,6 +207,7 @@ class OwnBlock(nn.Module):
         # plain tuples: not registered as submodules (no second copy in .modules() / .to())
         self._original = (original,)
         self._place = place
+        self._layer_place = layer_place  # where the whole layer (the block's parent) sits
         self.run: Run | None = None
 
     @property
@@ -234,13 +275,19 @@ def _build_blocks(lm: LoadedModel) -> list[OwnBlock]:
         raise _unsupported(lm, "no attention block of a supported layout")
     if layers is not None and len(found) != layers:
         raise _unsupported(lm, f"{len(found)} of its {layers} layers have a supported block")
+    places = {id(child): (m, a) for m in lm.model.modules() for a, child in m.named_children()}
     blocks = []
     for i, (family, block, parent, attr) in enumerate(found):
         try:
-            ours = family.load(block, lm.model).eval()
+            # gradients flow through our modules (to head gates), never into their weights
+            ours = family.load(block, lm.model).eval().requires_grad_(False)
         except ValueError as e:
             raise _unsupported(lm, str(e)) from e
-        blocks.append(OwnBlock(family, block, ours, layer=i, place=(parent, attr)))
+        blocks.append(
+            OwnBlock(
+                family, block, ours, layer=i, place=(parent, attr), layer_place=places[id(parent)]
+            )
+        )
     return blocks
 
 
@@ -271,9 +318,11 @@ def _build_own_blocks(lm: LoadedModel, seed: int | None) -> list[OwnBlock]:
         del lm.cache[seeds[0]]  # oldest random seed first: the cache stays bounded
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        fresh = [b.ours.fresh_copy().eval() for b in trained]
+        fresh = [b.ours.fresh_copy().eval().requires_grad_(False) for b in trained]
     return [
-        OwnBlock(b.family, b.original, ours, layer=b.layer, place=b._place)
+        OwnBlock(
+            b.family, b.original, ours, layer=b.layer, place=b._place, layer_place=b._layer_place
+        )
         for b, ours in zip(trained, fresh, strict=True)
     ]
 
@@ -288,14 +337,30 @@ def through_own_module(lm: LoadedModel, blocks: list[OwnBlock], run: Run) -> Ite
     The caller holds ``lm.lock`` (the model is shared). The originals are always put back.
     """
     swapped: list[OwnBlock] = []
+    replaced: list[tuple[nn.Module, str, nn.Module]] = []
+    handles: list[Any] = []
     try:
         for block in blocks:
             parent, attr = block._place
             block.run = run
             setattr(parent, attr, block)
             swapped.append(block)
+            layer = parent  # the whole layer around the attention block
+            if run.record is not None:
+                handles.append(layer.register_forward_hook(_recorder(run.record, block.layer)))
+            if run.fan_out is not None and run.fan_out[0] == block.layer:
+                hook = _repeat_hidden(run.fan_out[1])
+                handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
+            if block.layer in run.replay:
+                outer, name = block._layer_place
+                replaced.append((outer, name, layer))
+                setattr(outer, name, _Replay(run.replay[block.layer]))
         yield run
     finally:
+        for handle in handles:
+            handle.remove()
+        for outer, name, layer in replaced:
+            setattr(outer, name, layer)
         for block in swapped:
             parent, attr = block._place
             setattr(parent, attr, block.original)
@@ -303,12 +368,21 @@ def through_own_module(lm: LoadedModel, blocks: list[OwnBlock], run: Run) -> Ite
 
 
 def run_own_forward(
-    lm: LoadedModel, blocks: list[OwnBlock], run: Run, inputs: Mapping[str, torch.Tensor]
+    lm: LoadedModel,
+    blocks: list[OwnBlock],
+    run: Run,
+    inputs: Mapping[str, torch.Tensor],
+    *,
+    with_head: bool = False,
 ) -> Any:
     """``lm.model(**inputs)`` with ``blocks`` standing in for its attention blocks, doing ``run``;
-    returns the model's outputs. The caller holds ``lm.lock``."""
+    returns the model's outputs (``with_head``: the language-model head's, with ``logits``).
+    The caller holds ``lm.lock``."""
+    module = lm.head_model if with_head else lm.model
+    if module is None:
+        raise UnsupportedModelError(f"{lm.display_name!r} has no language-model head.")
     with through_own_module(lm, blocks, run):
-        return lm.model(**{k: v.to(lm.device) for k, v in inputs.items()}, return_dict=True)
+        return module(**{k: v.to(lm.device) for k, v in inputs.items()}, return_dict=True)
 
 
 def forward_through_own(

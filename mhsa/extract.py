@@ -236,14 +236,41 @@ def attend(
                 agreement = _agreement(result, _transformers_forward(lm, inputs))
                 timings["verify"] = time.perf_counter() - start
         array = result.attention.float().cpu().numpy()  # the one move to the CPU
-    tokens = encoded.tokens
     extra = dict(result.extra)
     if lm.is_encoder_decoder:
         extra["decoder_tokens"] = encoded.decoder_tokens
+    return _make_result(
+        lm,
+        encoded,
+        text,
+        array,
+        engine=engine,
+        timings=timings,
+        causal=result.causal,
+        seed=seed if engine == "mhsa-random" else None,
+        text_pair=text_pair,
+        **agreement,
+        **extra,
+    )
+
+
+def _make_result(
+    lm: LoadedModel,
+    encoded: _Encoded,
+    text: str,
+    attention: np.ndarray,
+    *,
+    engine: str,
+    timings: dict[str, float],
+    causal: bool,
+    **fields: Any,
+) -> AttentionResult:
+    """The ``AttentionResult`` of an encoded text and its ``[L, H, T, T]`` attention."""
+    tokens = encoded.tokens
     return AttentionResult(
         text=text,
         tokens=list(tokens.strings),
-        attention=np.ascontiguousarray(array, dtype=np.float32),
+        attention=np.ascontiguousarray(attention, dtype=np.float32),
         offsets=list(tokens.offsets),
         special=list(tokens.special),
         punctuation=list(tokens.punctuation),
@@ -253,10 +280,7 @@ def attend(
         device=str(lm.device),
         num_parameters=lm.num_parameters,
         timings=timings,
-        causal=result.causal,
+        causal=causal,
         truncated_tokens=encoded.truncated,
-        seed=seed if engine == "mhsa-random" else None,
-        text_pair=text_pair,
-        **agreement,
-        **extra,
+        **fields,
     )

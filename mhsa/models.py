@@ -72,6 +72,11 @@ class LoadedModel:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: per-model derived objects (our modules loaded with its weights), filled under ``lock``
     cache: dict[Any, Any] = field(default_factory=dict, repr=False)
+    #: the checkpoint's language-model head around ``model`` (``model`` is its base model), or
+    #: None when the checkpoint has none
+    head_model: Any = None
+    #: ``"causal"`` (next-token head), ``"masked"`` (masked-LM head) or None
+    lm_head: str | None = None
 
     @property
     def config(self) -> Any:
@@ -119,6 +124,30 @@ def count_parameters(config: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+#: checkpoint architectures whose language-model head is loaded with the model (the head lets
+#: head importance measure the model's own loss); any other checkpoint loads its base model
+_LM_HEADS = (("LMHeadModel", "causal"), ("ForCausalLM", "causal"), ("ForMaskedLM", "masked"))
+
+
+def _lm_head_kind(config: Any) -> str | None:
+    for arch in getattr(config, "architectures", None) or []:
+        for suffix, kind in _LM_HEADS:
+            if str(arch).endswith(suffix):
+                return kind
+    return None
+
+
+def _load_weights(path: str, kind: str | None) -> tuple[Any, Any]:
+    """``(base model, model with its LM head or None)``, eager attention, never remote code."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    if kind is None:
+        return AutoModel.from_pretrained(path, attn_implementation="eager"), None
+    auto = AutoModelForCausalLM if kind == "causal" else AutoModelForMaskedLM
+    full = auto.from_pretrained(path, attn_implementation="eager")
+    return full.base_model, full
+
+
 def _load_config(name: str, path: str) -> Any:
     from transformers import AutoConfig
 
@@ -152,7 +181,7 @@ def load_model(
     Raises:
         ModelLoadError: the model cannot be found, is too large, or cannot return attentions.
     """
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no per-load progress bars in logs and the CLI
@@ -172,10 +201,14 @@ def load_model(
         )
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModel.from_pretrained(path, attn_implementation="eager")
+        kind = _lm_head_kind(config)
+        model, head_model = _load_weights(path, kind)
     except (OSError, ValueError, KeyError) as e:
         raise ModelLoadError(f"Model {display!r} could not be loaded: {e}") from e
-    model.eval().to(dev)
+    top = head_model if head_model is not None else model
+    # never trained here: no parameter gradients, so that gradients with respect to head gates
+    # (head importance) cost a backward pass through the activations only
+    top.eval().requires_grad_(False).to(dev)
     return LoadedModel(
         name=name,
         display_name=display,
@@ -184,6 +217,8 @@ def load_model(
         device=dev,
         num_parameters=n_params,
         load_seconds=time.perf_counter() - start,
+        head_model=head_model,
+        lm_head=kind if head_model is not None else None,
     )
 
 

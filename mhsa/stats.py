@@ -31,7 +31,7 @@ __all__ = [
 STAT_COLUMNS = (
     "entropy",
     "mean_distance",
-    "max_weight",
+    "confidence",
     "to_first",
     "to_sep",
     "to_punct",
@@ -52,6 +52,12 @@ ROLE_THRESHOLDS: dict[str, tuple[str, float]] = {
     "to_punct": ("punctuation", 0.6),
 }
 BROAD_ENTROPY_RATIO = 0.8
+#: Voita et al. 2019: a head is positional when its largest weight sits at one fixed relative
+#: offset for at least 90% of the tokens. Offsets from -POSITIONAL_WINDOW to +POSITIONAL_WINDOW
+#: are counted.
+POSITIONAL_SHARE = 0.9
+POSITIONAL_WINDOW = 8
+_OFFSETS = np.arange(-POSITIONAL_WINDOW, POSITIONAL_WINDOW + 1)
 
 #: Where our definitions differ from Clark et al.'s code (markdown, shown on the statistics page).
 CLARK_DIFFERENCES = """\
@@ -88,7 +94,7 @@ def _sentence_stats(result: AttentionResult) -> np.ndarray:
     entropy = -(smoothed * np.log(smoothed)).sum(-1).mean(-1)  # (L, H)
     idx = np.arange(n)
     mean_distance = (a * np.abs(idx[:, None] - idx[None, :])).sum(-1).mean(-1)
-    max_weight = a.max(-1).mean(-1)
+    confidence = a.max(-1).mean(-1)  # Voita et al.: mean over tokens of the largest weight
     special = np.asarray(result.special, dtype=bool)
     sep = special.copy()
     sep[0] = False  # [SEP]/EOS: special tokens other than the first one
@@ -100,7 +106,7 @@ def _sentence_stats(result: AttentionResult) -> np.ndarray:
     columns = [
         entropy,
         mean_distance,
-        max_weight,
+        confidence,
         a[..., 0].mean(-1),
         a[..., sep].sum(-1).mean(-1),
         a[..., punct].sum(-1).mean(-1),
@@ -108,8 +114,25 @@ def _sentence_stats(result: AttentionResult) -> np.ndarray:
         prev.mean(-1) if n > 1 else nan,
         nxt.mean(-1) if n > 1 else nan,
         np.full(a.shape[:2], np.log(n)),
+        *_offset_shares(a),
     ]
     return np.stack([c.reshape(-1) for c in columns], axis=1)
+
+
+def _offset_shares(a: np.ndarray) -> list[np.ndarray]:
+    """Per offset d in the window, ``[L, H]``: the share of the query rows i that have a token
+    at i + d whose largest weight is at i + d (NaN where no row has one)."""
+    n = a.shape[-1]
+    argmax_offset = a.argmax(-1) - np.arange(n)  # (L, H, n)
+    shares = []
+    for d in _OFFSETS:
+        rows = n - abs(int(d))
+        if rows <= 0:
+            shares.append(np.full(a.shape[:2], np.nan))
+            continue
+        valid = slice(max(0, -d), n - max(0, d))  # rows i with 0 <= i + d < n
+        shares.append((argmax_offset[..., valid] == d).sum(-1) / rows)
+    return shares
 
 
 def _roles(frame: pd.DataFrame, log_n: np.ndarray) -> list[str]:
@@ -162,10 +185,17 @@ class HeadStatsAccumulator:
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(self._defined > 0, self._sum / self._defined, np.nan)
         layers, heads = self._shape
-        frame = pd.DataFrame(mean[:, :-1], columns=list(STAT_COLUMNS))
+        k = len(STAT_COLUMNS)
+        frame = pd.DataFrame(mean[:, :k], columns=list(STAT_COLUMNS))
         frame.insert(0, "head", np.tile(np.arange(heads), layers))
         frame.insert(0, "layer", np.repeat(np.arange(layers), heads))
-        frame["role"] = _roles(frame, mean[:, -1])
+        frame["role"] = _roles(frame, mean[:, k])
+        shares = mean[:, k + 1 :]  # (L * H, offsets)
+        defined = ~np.isnan(shares).all(1)
+        best = np.nanargmax(np.where(np.isnan(shares), -1.0, shares), axis=1)
+        frame["positional_offset"] = np.where(defined, _OFFSETS[best], 0)
+        frame["positional_share"] = np.where(defined, shares[np.arange(len(best)), best], np.nan)
+        frame["positional"] = frame["positional_share"] >= POSITIONAL_SHARE
         frame.index = [f"L{li}H{h}" for li, h in zip(frame["layer"], frame["head"], strict=False)]
         return frame
 
@@ -177,7 +207,8 @@ def head_stats(
 
     Columns: ``layer``, ``head``; ``entropy`` (of each query row, smoothed as
     0.9999 A + 0.0001/n, averaged over rows; log n for a uniform head); ``mean_distance``
-    (attention-weighted |i - j|); ``max_weight`` (mean over rows of the largest weight); the mean
+    (attention-weighted |i - j|); ``confidence`` (Voita et al. 2019: mean over rows of the
+    largest weight); the mean
     over query rows of the attention mass on the first token (``to_first``, [CLS]/BOS), on the
     other special tokens (``to_sep``, [SEP]/EOS), on punctuation (``to_punct``), on itself
     (``to_self``), on the previous token (``to_prev``, rows 1..n-1) and on the next one
@@ -193,6 +224,12 @@ def head_stats(
     ``role`` is the behaviour whose share passes its threshold in ``ROLE_THRESHOLDS`` (0.5 for
     previous/next/self, 0.6 for first/separator/punctuation; the largest wins), else "broad" when
     the entropy is at least 80% of log n, else "mixed".
+
+    Voita et al. 2019's positional heads: ``positional_offset`` is the relative offset d (-8..8)
+    at which the head's largest weight sits most often, ``positional_share`` the share of query
+    rows (those with a token at i + d) whose largest weight is there, and ``positional`` says
+    whether that share is at least 0.9 (their threshold; they found offsets -1 and +1). Over a
+    corpus the shares are averaged over sentences, like every other statistic.
 
     Args:
         results: one result, or a corpus of results from the same model.

@@ -55,7 +55,7 @@ def test_previous_next_uniform_and_first_token_heads() -> None:
     assert nxt["to_next"] == pytest.approx(1.0) and nxt["role"] == "next token"
     assert uniform["entropy"] == pytest.approx(np.log(n), rel=1e-6)  # smoothing keeps 1/n
     assert uniform["role"] == "broad"
-    assert uniform["max_weight"] == pytest.approx(1 / n)
+    assert uniform["confidence"] == pytest.approx(1 / n)
     assert uniform["to_sep"] == pytest.approx(1 / n)
     assert cls["to_first"] == pytest.approx(1.0) and cls["role"] == "first token"
     # a one-hot head has the smoothed entropy, close to but above 0
@@ -180,9 +180,9 @@ def test_real_model_statistics_are_finite_in_range_and_reproducible(minilm) -> N
     ]
     stats = mhsa.head_stats(results)
     assert len(stats) == 72
-    numeric = stats.drop(columns=["role", "layer", "head"])
+    numeric = stats.drop(columns=["role", "layer", "head", "positional"]).astype(float)
     assert np.isfinite(numeric.to_numpy()).all()
-    shares = ["to_first", "to_sep", "to_punct", "to_self", "to_prev", "to_next", "max_weight"]
+    shares = ["to_first", "to_sep", "to_punct", "to_self", "to_prev", "to_next", "confidence"]
     assert ((stats[shares] >= -1e-6) & (stats[shares] <= 1 + 1e-6)).all().all()
     assert (stats["entropy"] <= np.log(13) + 1e-6).all()
     assert set(stats["role"]) <= {
@@ -256,3 +256,43 @@ def test_single_token_sentences_leave_undefined_statistics_out_in_any_order() ->
         assert stats["to_next"].iloc[0] == pytest.approx(0.0)
         assert stats["to_self"].iloc[0] == pytest.approx((1.0 + 0.25) / 2)  # both sentences
     assert np.isnan(mhsa.head_stats(one)["to_prev"].iloc[0])
+
+
+def test_voita_confidence_and_positional_heads() -> None:
+    """Voita et al. 2019: confidence is the mean over tokens of the largest weight; a head is
+    positional when its largest weight sits at one relative offset for at least 90% of tokens."""
+    n = 12
+    prev = _prev_head(n)  # row 0 has no previous token: every row that has one attends to it
+    two_back = np.zeros((n, n))
+    two_back[np.arange(2, n), np.arange(n - 2)] = 0.7
+    two_back[np.arange(2, n), np.arange(2, n)] = 0.3
+    two_back[:2, 0] = 1.0
+    # offset +1 for 9 of its 11 rows (82%): below the 0.9 threshold
+    mostly_next = _next_head(n)
+    mostly_next[[3, 7]] = 0
+    mostly_next[[3, 7], [3, 7]] = 1
+    rng = np.random.default_rng(0)
+    soft = rng.dirichlet(np.ones(n), size=n)
+    heads = np.stack([prev, two_back, mostly_next, soft])[None]
+    stats = mhsa.head_stats(_result(heads))
+    p, two, mostly, s = (stats.iloc[i] for i in range(4))
+    assert (p["positional_offset"], p["positional_share"], p["positional"]) == (-1, 1.0, True)
+    assert (two["positional_offset"], two["positional"]) == (-2, True)
+    assert two["confidence"] == pytest.approx((2 * 1.0 + (n - 2) * 0.7) / n)
+    assert mostly["positional_offset"] == 1
+    assert mostly["positional_share"] == pytest.approx(9 / 11)
+    assert not mostly["positional"]
+    assert s["confidence"] == pytest.approx(soft.max(-1).mean(), rel=1e-6)
+    assert not s["positional"]
+
+
+def test_positional_share_is_a_mean_over_sentences() -> None:
+    n = 6
+    first = np.zeros((n, n))
+    first[:, 0] = 1  # offsets 0, -1, ..., -5: the share of offset -1 is 1/5
+    acc = HeadStatsAccumulator()
+    acc.add(_result(_prev_head(n)[None, None]))
+    acc.add(_result(first[None, None]))
+    row = acc.frame().iloc[0]
+    assert row["positional_offset"] == -1
+    assert row["positional_share"] == pytest.approx((1.0 + 1 / 5) / 2)
