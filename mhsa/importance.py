@@ -177,9 +177,14 @@ def _prepare(
     return _Item(encoded, (encoded.inputs,), ids.clone())
 
 
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """16-bit values in float32 for the target's sums; float32 and float64 as they are."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 def _embedding(outputs: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """Attention-mask-weighted mean of the last hidden state, ``[rows, D]``."""
-    hidden = outputs.last_hidden_state.float()
+    hidden = _wide(outputs.last_hidden_state)
     mask = inputs.get("attention_mask", torch.ones(hidden.shape[:2], dtype=torch.long))
     weight = mask.to(hidden.device, hidden.dtype)[..., None]  # (1, T, 1): broadcast over rows
     return (hidden * weight).sum(1) / weight.sum(1)
@@ -193,7 +198,7 @@ def _loss(lm: LoadedModel, logits: torch.Tensor, labels: torch.Tensor) -> torch.
     rows, t, vocab = logits.shape
     labels = labels.expand(rows, t)
     per_token = F.cross_entropy(
-        logits.float().reshape(-1, vocab), labels.reshape(-1), reduction="none"
+        _wide(logits).reshape(-1, vocab), labels.reshape(-1), reduction="none"
     ).view(rows, t)
     scored = (labels != -100).to(per_token.dtype)
     return (per_token * scored).sum(1) / scored.sum(1)
@@ -494,7 +499,8 @@ def head_importance(
 
     per_text = []
     for text, pair in items:
-        with lm.lock, torch.inference_mode():
+        # the gradient's inputs must be ordinary tensors (autograd saves them)
+        with lm.lock, torch.inference_mode(method == "ablation"):
             measure = _Measure(lm, target)
             item = _prepare(lm, text, pair, target, max_tokens)
             if method == "ablation":

@@ -25,11 +25,30 @@ def _save_tiny(tmp_path_factory: pytest.TempPathFactory, name: str, model) -> st
 @pytest.fixture(scope="session")
 def tiny_gpt2_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     import torch
-    from transformers import GPT2Config, GPT2Model
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=30522, n_positions=64, n_embd=32, n_layer=2, n_head=4)
-    return _save_tiny(tmp_path_factory, "gpt2", GPT2Model(config))
+    # with its language-model head, as GPT-2 checkpoints come (lm-loss target)
+    return _save_tiny(tmp_path_factory, "gpt2", GPT2LMHeadModel(config))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_mlm_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A BERT with its masked-LM head (bert-base-uncased's layout, tiny)."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    return _save_tiny(tmp_path_factory, "bert-mlm", BertForMaskedLM(config))
 
 
 @pytest.fixture(scope="session")
@@ -69,7 +88,7 @@ def tiny_llama_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Llama with grouped-query attention (4 query heads share 2 key/value heads) and llama3
     rope scaling, so that the loaded frequencies are not the plain RoPE ones."""
     import torch
-    from transformers import LlamaConfig, LlamaModel
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(
@@ -83,7 +102,7 @@ def tiny_llama_path(tmp_path_factory: pytest.TempPathFactory) -> str:
             "original_max_position_embeddings": 16,
         },
     )
-    return _save_tiny(tmp_path_factory, "llama", LlamaModel(config))
+    return _save_tiny(tmp_path_factory, "llama", LlamaForCausalLM(config))
 
 
 @pytest.fixture(scope="session")

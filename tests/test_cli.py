@@ -66,3 +66,25 @@ def test_bad_arguments_exit_2_with_one_line(argv, message, capsys) -> None:
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and err.startswith("python -m mhsa")
+
+
+def test_importance_matches_the_library_and_writes_the_pruning_curve(
+    tmp_path, capsys, minilm
+) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The cat sat on the mat.\n\nDogs bark at night.\n", encoding="utf-8")
+    out, curve = tmp_path / "importance.csv", tmp_path / "pruning.csv"
+    argv = ["importance", str(corpus), "--method", "ablation", "--out", str(out)]
+    assert main([*argv, "--pruning", str(curve), "--seed", "3"]) == 0
+    printed = capsys.readouterr()
+    assert "2 texts, 72 heads, ablation, embedding" in printed.out
+    assert "importance" in printed.err  # the progress bar
+    table = pd.read_csv(out, index_col="name")
+    expected = mhsa.head_importance(
+        ["The cat sat on the mat.", "Dogs bark at night."], model=minilm
+    )
+    assert list(table.index) == list(expected.index)
+    np.testing.assert_allclose(table["importance"], expected["importance"], rtol=1e-6, atol=1e-9)
+    pruning = pd.read_csv(curve)
+    assert set(pruning["order"]) == {"importance", "random"}
+    assert pruning["heads_pruned"].max() == 72
