@@ -1,17 +1,22 @@
-"""A process-wide cache of read-only attention results, bounded in bytes (no web framework here:
-the app shares one instance between all browser sessions)."""
+"""A process-wide cache of read-only attention results (and the analyses derived from them),
+bounded in bytes (no web framework here: the app shares one instance between all browser
+sessions)."""
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
 
 import numpy as np
+import pandas as pd
 
 from mhsa.result import AttentionResult
 
-__all__ = ["ResultCache", "result_nbytes"]
+__all__ = ["ResultCache", "result_nbytes", "value_nbytes"]
+
+T = TypeVar("T")
 
 _ARRAYS = ("attention", "cross_attention", "decoder_attention")
 
@@ -21,17 +26,33 @@ def result_nbytes(result: AttentionResult) -> int:
     return sum(a.nbytes for a in (getattr(result, k) for k in _ARRAYS) if a is not None)
 
 
-def _freeze(result: AttentionResult) -> AttentionResult:
+def _results_in(value: Any) -> list[AttentionResult]:
+    """The attention results a cached value holds (itself, or an ``Ablation``'s two)."""
+    if isinstance(value, AttentionResult):
+        return [value]
+    return [getattr(value, k) for k in ("intact", "ablated") if hasattr(value, k)]
+
+
+def value_nbytes(value: Any) -> int:
+    """Bytes a cached value holds: a result's arrays, an ``Ablation``'s two results, a table."""
+    if isinstance(value, pd.DataFrame | pd.Series):
+        return int(value.memory_usage(deep=True).sum())
+    return sum(result_nbytes(r) for r in _results_in(value))
+
+
+def _freeze(value: T) -> T:
     """Make the arrays read-only: one object is shared by every reader, none may change it."""
-    for key in _ARRAYS:
-        array = getattr(result, key)
-        if isinstance(array, np.ndarray):
-            array.flags.writeable = False
-    return result
+    for result in _results_in(value):
+        for key in _ARRAYS:
+            array = getattr(result, key)
+            if isinstance(array, np.ndarray):
+                array.flags.writeable = False
+    return value
 
 
 class ResultCache:
-    """Least-recently-used results, at most ``max_bytes`` of arrays in all, shared read-only.
+    """Least-recently-used results (and analyses: ablations, tables), at most ``max_bytes`` in
+    all, shared read-only.
 
     ``get_or_compute`` returns the very object it keeps (no copy per reader). A result larger
     than the whole budget is returned but not kept. Safe to call from several threads; two
@@ -42,7 +63,7 @@ class ResultCache:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be at least 0, got {max_bytes}")
         self.max_bytes = max_bytes
-        self._items: OrderedDict[Hashable, tuple[AttentionResult, int]] = OrderedDict()
+        self._items: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self._lock = threading.Lock()
         self.nbytes = 0
 
@@ -53,7 +74,7 @@ class ResultCache:
         with self._lock:
             return key in self._items
 
-    def get(self, key: Hashable) -> AttentionResult | None:
+    def get(self, key: Hashable) -> Any:
         with self._lock:
             item = self._items.get(key)
             if item is None:
@@ -61,8 +82,8 @@ class ResultCache:
             self._items.move_to_end(key)
             return item[0]
 
-    def put(self, key: Hashable, result: AttentionResult) -> AttentionResult:
-        size = result_nbytes(_freeze(result))
+    def put(self, key: Hashable, result: T) -> T:
+        size = value_nbytes(_freeze(result))
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
@@ -76,9 +97,7 @@ class ResultCache:
             self.nbytes += size
             return result
 
-    def get_or_compute(
-        self, key: Hashable, compute: Callable[[], AttentionResult]
-    ) -> AttentionResult:
+    def get_or_compute(self, key: Hashable, compute: Callable[[], T]) -> T:
         hit = self.get(key)
         return hit if hit is not None else self.put(key, compute())
 

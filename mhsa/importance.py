@@ -38,6 +38,7 @@ __all__ = [
     "head_importance",
     "parse_head",
     "pruning_curve",
+    "rank_correlation",
     "target_value",
 ]
 
@@ -616,3 +617,14 @@ def pruning_curve(
     )
     frame.attrs.update(target=target, seed=seed, texts=len(items), recomputed=False)
     return frame
+
+
+def rank_correlation(importance: pd.DataFrame, stats: pd.DataFrame, column: str) -> float:
+    """Spearman's rank correlation between the heads' importance and a ``head_stats`` column
+    (Voita et al.: the important heads are the confident ones), NaN when undefined."""
+    from scipy.stats import spearmanr
+
+    joined = importance[["importance"]].join(stats[[column]]).dropna().astype(float)
+    if len(joined) < 3 or joined.nunique().min() < 2:
+        return float("nan")
+    return float(spearmanr(joined["importance"], joined[column]).statistic)

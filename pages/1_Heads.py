@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import streamlit as st
 
+import mhsa
 from mhsa import plots
-from ui import page
-from ui.state import Param, bounded_int, choice, clamp
+from mhsa.importance import TARGETS
+from ui import data, page
+from ui.state import Param, bounded_int, choice, clamp, heads_param
 
 PARAMS = {
     "layer": Param(0, bounded_int(0, 1023)),
     "head": Param(0, bounded_int(0, 1023)),
     "token": Param(0, bounded_int(0, 100_000)),
     "view": Param("head", choice("head", "mean-heads", "mean-layers")),
+    "off": Param([], heads_param),
 }
 VIEWS = {
     "head": "one head",
@@ -29,6 +32,66 @@ def _select_from_grid() -> None:
             values = list(data.values()) if isinstance(data, dict) else list(data)
             st.session_state["layer"], st.session_state["head"] = int(values[0]), int(values[1])
             return
+
+
+def _toggle_off(name: str) -> None:
+    off = list(st.session_state["off"])
+    st.session_state["off"] = heads_param(
+        ",".join([h for h in off if h != name] if name in off else [*off, name])
+    )
+
+
+def _knock_outs(result: mhsa.AttentionResult, layer: int, head: int) -> None:
+    """Heads switched off: every layer's attention after the knock-out beside the intact one,
+    and how much the output moved."""
+    st.subheader("Knock-outs")
+    labels = result.head_labels()
+    off = [h for h in st.session_state["off"] if h in labels]
+    if off != st.session_state["off"]:
+        st.warning("Heads this model does not have were left out of the knock-out.", icon="⚠️")
+        st.session_state["off"] = off
+    st.multiselect("Heads switched off", labels, key="off", placeholder="none: the intact model")
+    name = f"L{layer}H{head}"
+    st.button(
+        f"Switch {name} {'back on' if name in off else 'off'}",
+        on_click=_toggle_off,
+        args=(name,),
+    )
+    off = st.session_state["off"]
+    if not off:
+        st.caption(
+            "Pick heads to switch off (here, or with the button after clicking a head above): "
+            "the sentence then runs through our module with those heads' outputs set to 0, and "
+            "every layer above shows how its attention changed."
+        )
+        return
+    try:
+        a = data.ablation(query, tuple(off), None)
+    except mhsa.MHSAError as e:
+        page.error(e)
+        return
+    cols = st.columns(3)
+    cols[0].metric("Output change", f"{a.change:.4g}", help=TARGETS[a.target])
+    if a.target != "embedding":
+        cols[1].metric(f"{a.target} intact", f"{a.intact_value:.4g}")
+        cols[2].metric(f"{a.target} after", f"{a.ablated_value:.4g}")
+    st.caption(
+        f"Target: {a.target} ({TARGETS[a.target]}). Knock-outs run through our module with the "
+        "model's own weights, whatever the engine in the sidebar."
+    )
+    before, after = st.columns(2)
+    with before:
+        page.figure(plots.head_grid(a.intact, selected=(layer, head)), "intact", key="ko-in")
+    with after:
+        page.figure(plots.head_grid(a.ablated, selected=(layer, head)), "knocked-out", key="ko-out")
+    page.figure(plots.layer_change_figure(a.intact, a.ablated), "layer-change", key="ko-layers")
+    before, after = st.columns(2)
+    with before:
+        page.figure(plots.head_heatmap(a.intact, layer, head), f"{name}-intact", key="ko-h1")
+    with after:
+        fig = plots.head_heatmap(a.ablated, layer, head)
+        fig.update_layout(title={"text": f"Layer {layer}, head {head}, after the knock-out"})
+        page.figure(fig, f"{name}-knocked-out", key="ko-h2")
 
 
 query = page.setup("Heads", PARAMS)
@@ -77,4 +140,5 @@ if result is not None:
         format_func=lambda i: f"{i}: {result.tokens[i]}",
     )
     page.figure(plots.token_focus(result, st.session_state["token"]), "token-focus", key="focus")
+    _knock_outs(result, layer, head)
 page.finish()

@@ -8,7 +8,8 @@ Streamlit hashes a few bytes per call rather than the attention itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -129,3 +130,104 @@ def classroom(
         causal=causal,
         seed=query.seed,
     )
+
+
+# --- which heads matter -------------------------------------------------------------------------
+Progress = Callable[[int, int], None]
+
+
+def _importance_key(queries: tuple[Query, ...]) -> tuple[tuple[str, str, str], ...]:
+    """What importance depends on: texts, model, device (not the engine: knock-outs always run
+    through our module with the model's weights; not whole words: computed on tokens)."""
+    return tuple((q.text, q.model, q.device) for q in queries)
+
+
+def _items(queries: tuple[Query, ...], pair: str, target: str | None) -> list[object]:
+    """Sentences, or for ``similarity`` pairs: ``A || B`` on a corpus line, else the page's
+    second sentence."""
+    if target != "similarity":
+        return [q.text for q in queries]
+    items: list[object] = []
+    for q in queries:
+        first, bar, second = q.text.partition("||")
+        items.append((first.strip(), second.strip()) if bar and second.strip() else (q.text, pair))
+    return items
+
+
+def ablation(query: Query, off: tuple[str, ...], target: str | None) -> mhsa.Ablation:
+    """The sentence with the heads in ``off`` switched off, beside the intact model (shared
+    process-wide, bounded by the result cache's bytes)."""
+    key = ("ablation", _importance_key((query,)), off, target, query.words)
+
+    def compute() -> mhsa.Ablation:
+        a = mhsa.ablate(
+            query.text,
+            off,
+            model=loaded_model(query.model, query.device),
+            target=target,
+            max_tokens=LIMITS.max_tokens,
+        )
+        if query.words:
+            a = dataclasses.replace(a, intact=a.intact.to_words(), ablated=a.ablated.to_words())
+        return a
+
+    hit = result_cache().get(key)
+    if hit is not None:
+        return hit
+    with st.spinner("Switching heads off…"):
+        return result_cache().put(key, compute())
+
+
+def importance(
+    queries: tuple[Query, ...],
+    method: str,
+    target: str | None,
+    pair: str,
+    normalize: bool,
+    progress: Progress | None = None,
+) -> pd.DataFrame:
+    """``mhsa.head_importance`` over the sentences, kept in the shared cache; ``progress`` sees
+    each step (raising from it cancels: nothing half-done is kept)."""
+    key = ("importance", _importance_key(queries), method, target, pair, normalize)
+    hit = result_cache().get(key)
+    if hit is not None:
+        return hit
+    first = queries[0]
+    table = mhsa.head_importance(
+        _items(queries, pair, target),
+        model=loaded_model(first.model, first.device),
+        method=method,
+        target=target,
+        normalize=normalize,
+        max_tokens=LIMITS.max_tokens,
+        progress=progress,
+    )
+    return result_cache().put(key, table)
+
+
+def pruning(
+    queries: tuple[Query, ...],
+    method: str,
+    target: str | None,
+    pair: str,
+    seed: int,
+    progress: Progress | None = None,
+) -> pd.DataFrame:
+    """``mhsa.pruning_curve`` (importance order from ``importance``, computed once) with its
+    seeded random baseline, kept in the shared cache."""
+    key = ("pruning", _importance_key(queries), method, target, pair, seed)
+    hit = result_cache().get(key)
+    if hit is not None:
+        return hit
+    table = importance(queries, method, target, pair, False, progress)
+    first = queries[0]
+    curve = mhsa.pruning_curve(
+        _items(queries, pair, target),
+        model=loaded_model(first.model, first.device),
+        target=target,
+        seed=seed,
+        importance=table,
+        max_tokens=LIMITS.max_tokens,
+        progress=progress,
+    )
+    return result_cache().put(key, curve)

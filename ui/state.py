@@ -50,6 +50,8 @@ class Param:
     def to_url(self, value: Any) -> str:
         if isinstance(value, bool):
             return "1" if value else "0"
+        if isinstance(value, list | tuple):
+            return ",".join(map(str, value))
         return str(value)
 
 
@@ -76,6 +78,20 @@ def flag(raw: str) -> bool:
     if raw not in ("0", "1", "true", "false"):
         raise ValueError("must be 0 or 1")
     return raw in ("1", "true")
+
+
+_HEAD_LABEL = re.compile(r"^L(\d{1,4})H(\d{1,4})$")
+
+
+def heads_param(raw: str) -> list[str]:
+    """Heads as ``L{layer}H{head}`` labels, comma-separated (at most 256 of them)."""
+    labels = [p.strip() for p in raw.split(",") if p.strip()]
+    if len(labels) > 256:
+        raise ValueError("names more than 256 heads")
+    for item in labels:
+        if not _HEAD_LABEL.match(item):
+            raise ValueError("must be heads written as L<layer>H<head>, separated by commas")
+    return sorted(set(labels), key=lambda s: tuple(map(int, s[1:].split("H"))))
 
 
 def text_param(raw: str) -> str:

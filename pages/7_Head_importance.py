@@ -1,0 +1,184 @@
+"""Head importance: which heads matter (Michel et al. 2019, Voita et al. 2019), over a sentence
+or a small corpus, with the pruning curve and its random baseline."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import mhsa
+from mhsa import plots
+from mhsa.importance import METHODS, TARGETS, rank_correlation
+from mhsa.stats import STAT_COLUMNS
+from ui import data, page
+from ui.data import LIMITS
+from ui.state import Param, bounded_int, choice, flag, text_param
+
+DEFAULT_PAIR = "A cat was sitting on the rug."
+AGAINST = [*STAT_COLUMNS, "positional_share"]
+PARAMS = {
+    "method": Param("ablation", choice(*METHODS)),
+    "target": Param("auto", choice("auto", *TARGETS)),
+    "pair": Param(DEFAULT_PAIR, text_param),
+    "normalize": Param(False, flag),
+    "prune_seed": Param(0, bounded_int(0, 2**31 - 1)),
+    "against": Param("confidence", choice(*AGAINST)),
+}
+TARGET_LABELS = {
+    "auto": "automatic",
+    "embedding": "sentence embedding",
+    "similarity": "similarity of two sentences",
+    "lm-loss": "language-model loss",
+}
+METRIC_NAMES = {
+    "embedding": "1 − cos(embedding, intact embedding)",
+    "similarity": "cosine similarity of the two sentences",
+    "lm-loss": "language-model loss",
+}
+EXPLANATION = """\
+**What the numbers mean.** A head is switched off by multiplying its output by 0 before the
+layer's output projection (its *gate*), in our module running the model with its own weights.
+The *target* says what "the output" is:
+
+- **sentence embedding**: the attention-mask-weighted mean of the last hidden state (how
+  sentence-transformers pool all-MiniLM-L6-v2); the change is 1 − cosine with the intact one.
+- **similarity of two sentences**: the cosine similarity of their embeddings (the task MiniLM was
+  trained for); the change is how far it moves.
+- **language-model loss**: for models whose checkpoint has a language-model head: the
+  cross-entropy of the text (next token, or a fixed seeded 15% of tokens masked).
+
+The *method* says how a head's importance is measured:
+
+- **ablation** (leave-one-out): the target's change with that head alone off, averaged over the
+  sentences. Exact, one knock-out per head.
+- **gradient** (Michel et al. 2019): |∂ target / ∂ gate| at every gate = 1, averaged over the
+  sentences: one backward pass for all heads, a first-order estimate. Zero for the embedding
+  change (it is at its minimum when nothing changed), so that target needs ablation.
+  *Normalise per layer* divides each layer's importances by their l2 norm, as Michel et al. do.
+
+The **pruning curve** switches heads off cumulatively, least important first (importance
+computed once, before pruning, not after each step), beside a random order drawn from the seed:
+the gap between the curves is what the importance ranking is worth. Michel et al. found that
+about 40% of BERT's heads can go on MNLI before accuracy drops.
+
+**Confidence** (Voita et al. 2019) is the mean over tokens of a head's largest weight; they
+found the important heads are confident, positional (the largest weight at a fixed offset for
+90% of tokens) or syntactic.
+
+References: P. Michel, O. Levy, G. Neubig, "Are Sixteen Heads Really Better than One?",
+NeurIPS 2019. E. Voita, D. Talbot, F. Moiseev, R. Sennrich, I. Titov, "Analyzing Multi-Head
+Self-Attention: Specialized Heads Do the Heavy Lifting, the Rest Can Be Pruned", ACL 2019.
+"""
+
+
+def _open_head() -> None:
+    """A click on the map opens that head on the Heads page (after this run)."""
+    for point in st.session_state["importance-grid"].selection.get("points", []):
+        values = point.get("customdata")
+        if point.get("curve_number") == 1 and values is not None:
+            values = list(values.values()) if isinstance(values, dict) else list(values)
+            st.session_state["_open_head"] = (int(values[0]), int(values[1]))
+            return
+
+
+def _progress(what: str):
+    bar = st.progress(0.0, text=f"{what}…")
+
+    def update(done: int, total: int) -> None:
+        bar.progress(min(1.0, done / max(total, 1)), text=f"{what}: {done} of {total} steps")
+
+    return bar, update
+
+
+query = page.setup("Head importance", PARAMS)
+st.caption(
+    "Which heads matter? Switch each head off and measure how the model's output changes "
+    "(knock-outs through our module), or take the gradient with respect to each head's gate."
+)
+if "_open_head" in st.session_state:
+    st.session_state["layer"], st.session_state["head"] = st.session_state.pop("_open_head")
+    st.switch_page("pages/1_Heads.py")
+corpus_text = st.text_area(
+    "Average over several sentences (one per line; empty = the sidebar's sentence; for the "
+    "similarity target a line may hold a pair as: first sentence || second sentence)",
+    key="corpus",
+    height=100,
+)
+lines = [ln.strip() for ln in (corpus_text or "").splitlines() if ln.strip()]
+if len(lines) > LIMITS.max_corpus:
+    st.warning(
+        f"Only the first {LIMITS.max_corpus} of {len(lines)} sentences are used "
+        f"(this server's corpus limit).",
+        icon="✂️",
+    )
+    lines = lines[: LIMITS.max_corpus]
+queries = tuple(query._replace(text=t) for t in lines) or (query,)
+left, mid, right = st.columns(3)
+left.radio("Method", list(METHODS), key="method", help=" ".join(METHODS.values()))
+mid.radio("Target", list(TARGET_LABELS), key="target", format_func=TARGET_LABELS.get)
+right.toggle("Normalise per layer (Michel et al.)", key="normalize")
+right.number_input("Seed of the random pruning order", min_value=0, step=1, key="prune_seed")
+if st.session_state["target"] == "similarity":
+    st.text_input("Second sentence (compared with each sentence)", key="pair")
+with st.expander("What these numbers mean, and the references"):
+    st.markdown(EXPLANATION)
+result = page.load(queries[0])
+if result is not None:
+    state = st.session_state
+    target = None if state["target"] == "auto" else state["target"]
+    settings = (queries, state["method"], target, state["pair"])
+    run_now = len(queries) == 1 or state.get("_importance_go") == settings
+    if not run_now:
+        st.info(f"Importance over {len(queries)} sentences takes a while.", icon="⏳")
+        if st.button("Compute importance", type="primary"):
+            state["_importance_go"] = settings
+            st.rerun()
+    else:
+        if len(queries) > 1 and st.button("Cancel"):
+            state.pop("_importance_go", None)  # the rerun this click starts stops the work
+            st.rerun()
+        bar, update = _progress("Head importance")
+        try:
+            table = data.importance(*settings, state["normalize"], update)
+            bar.empty()
+            bar, update = _progress("Pruning curve")
+            curve = data.pruning(*settings, state["prune_seed"], update)
+            bar.empty()
+        except mhsa.MHSAError as e:
+            bar.empty()
+            page.error(e)
+            table = curve = None
+        if table is not None and curve is not None:
+            resolved = table.attrs["target"]
+            st.caption(
+                f"{len(queries)} sentence(s) · target: {TARGET_LABELS[resolved]} "
+                f"({TARGETS[resolved]}) · method: {state['method']} ({METHODS[state['method']]})"
+            )
+            page.figure(
+                plots.head_value_grid(
+                    table,
+                    "importance",
+                    title="Importance of each head: click one to open it on the Heads page",
+                ),
+                "head-importance",
+                key="importance-grid",
+                on_select=_open_head,
+                selection_mode="points",
+            )
+            page.table(table, "head-importance", label="Download importance (.csv)", height=300)
+            page.figure(
+                plots.pruning_figure(curve, METRIC_NAMES[resolved]), "pruning-curve", key="pc"
+            )
+            st.download_button(
+                "Download the pruning curve (.csv)",
+                curve.to_csv(index=False),
+                file_name="pruning-curve.csv",
+                mime="text/csv",
+            )
+            st.subheader("Are the important heads the specialised ones?")
+            st.selectbox("Against", AGAINST, key="against")
+            stats = data.head_stats(tuple(q._replace(text=q.text.split("||")[0]) for q in queries))
+            against = state["against"]
+            rho = rank_correlation(table, stats, against)
+            page.figure(plots.importance_scatter(table, stats, against), "importance-vs", key="vs")
+            st.caption(f"Spearman rank correlation of importance and {against}: {rho:.2f}")
+page.finish()
