@@ -36,6 +36,7 @@ PAGE_PLOTS = {
     "Inside MHSA": 1,
     "Rollout": 2,
     "Compare": 2,
+    "Head importance": 3,
 }
 PAGES = {
     "Overview": "",
@@ -45,6 +46,7 @@ PAGES = {
     "Inside MHSA": "Inside_MHSA",
     "Rollout": "Rollout",
     "Compare": "Compare",
+    "Head importance": "Head_importance",
 }
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "head_map",
     "head_similarity",
     "head_stats",
+    "stats_difference",
 ]
 
 STAT_COLUMNS = (
@@ -239,6 +240,22 @@ def head_stats(
     for r in _as_list(results):
         acc.add(r)
     return acc.frame()
+
+
+def stats_difference(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
+    """Two ``head_stats`` tables compared head by head: ``Δ column`` (second minus first) for
+    every numeric statistic; roles and positional offsets (``-1``, or ``no``) side by side."""
+
+    def positional(stats: pd.DataFrame) -> pd.Series:
+        return stats["positional_offset"].astype(str).where(stats["positional"], "no")
+
+    numeric = [c for c in STAT_COLUMNS if c in first.columns] + ["positional_share"]
+    diff = (second[numeric] - first[numeric]).add_prefix("Δ ")
+    diff.insert(0, "role 1", first["role"])
+    diff.insert(1, "role 2", second["role"])
+    diff.insert(2, "positional 1", positional(first))
+    diff.insert(3, "positional 2", positional(second))
+    return diff
 
 
 # --- similarity -----------------------------------------------------------------------------

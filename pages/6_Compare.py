@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from mhsa import plots
+from mhsa.stats import stats_difference
 from ui import data, page
 from ui.state import Param, bounded_int, clamp, text_param
 
@@ -32,10 +33,7 @@ if first is not None and second is not None:
     with right:
         page.figure(plots.head_heatmap(second, layer, head), "compare-second", key="cmp-b")
     a, b = data.head_stats((query,)), data.head_stats((other,))
-    numeric = a.columns.drop(["layer", "head", "role"])
-    diff = (b[numeric] - a[numeric]).add_prefix("Δ ")
-    diff.insert(0, "role 1", a["role"])
-    diff.insert(1, "role 2", b["role"])
+    diff = stats_difference(a, b)
     st.subheader("Statistics: second minus first")
     page.table(diff, "head-stats-diff", label="Download differences (.csv)", height=380)
 page.finish()

@@ -296,3 +296,18 @@ def test_positional_share_is_a_mean_over_sentences() -> None:
     row = acc.frame().iloc[0]
     assert row["positional_offset"] == -1
     assert row["positional_share"] == pytest.approx((1.0 + 1 / 5) / 2)
+
+
+def test_stats_difference_is_second_minus_first_with_labels_side_by_side() -> None:
+    from mhsa.stats import stats_difference
+
+    n = 12
+    first = np.zeros((n, n))
+    first[:, 0] = 1
+    a = mhsa.head_stats(_result(_prev_head(n)[None, None]))
+    b = mhsa.head_stats(_result(first[None, None]))
+    diff = stats_difference(a, b).iloc[0]
+    assert diff["Δ to_prev"] == pytest.approx(b["to_prev"].iloc[0] - 1.0)
+    assert diff["Δ to_first"] == pytest.approx(1.0 - a["to_first"].iloc[0])
+    assert (diff["role 1"], diff["role 2"]) == ("previous token", "first token")
+    assert (diff["positional 1"], diff["positional 2"]) == ("-1", "no")

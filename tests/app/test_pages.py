@@ -44,6 +44,7 @@ def test_page_list_is_complete() -> None:
         "4_Inside_MHSA",
         "5_Rollout",
         "6_Compare",
+        "7_Head_importance",
     ]
 
 
