@@ -115,6 +115,10 @@ HOSTILE_LINK = {
     "step": "1e309",
     "metric": "**x**",
     "k": "NaN",
+    "off": "[Sign in](https://example.org/phish)",
+    "method": "<script>alert(1)</script>",
+    "target": "**x**",
+    "pair": "<img src=x onerror=alert(1)> [Sign in](https://example.org/phish)",
 }
 
 
@@ -134,3 +138,53 @@ def test_hostile_link_shows_no_error_screen_and_no_markup_from_the_url(app_url, 
     if name == "Heads":
         shown = main.inner_text().replace("\u2060", "")
         assert "layer='[Sign in](https://example.org/phish)' ignored" in shown
+
+
+@pytest.mark.parametrize(
+    ("method", "target"),
+    [("ablation", "auto"), ("ablation", "similarity"), ("gradient", "similarity")],
+)
+def test_importance_page_for_each_method_and_target(app_url, page, method, target) -> None:
+    page.goto(f"{app_url}/Head_importance?method={method}&target={target}")
+    wait_for_app(page, plots=PAGE_PLOTS["Head importance"])
+    assert page.locator("[data-testid='stAlertContentError']").count() == 0
+    titles = page.locator(".js-plotly-plot .gtitle").all_text_contents()
+    assert titles[0].startswith("Importance of each head")
+    assert titles[1].startswith("Pruning curve") and titles[2] == "Importance against confidence"
+    page.get_by_text(f"method: {method}").first.wait_for()
+
+
+def test_gradient_of_the_embedding_shows_why_in_the_browser(app_url, page) -> None:
+    page.goto(f"{app_url}/Head_importance?method=gradient")
+    wait_for_app(page)
+    error = page.locator("[data-testid='stAlertContentError']")
+    error.wait_for()
+    assert "zero at the intact model" in error.inner_text()
+    assert page.locator("[data-testid='stException']").count() == 0
+
+
+def test_clicking_the_importance_map_opens_that_head(app_url, page) -> None:
+    page.goto(f"{app_url}/Head_importance")
+    wait_for_app(page, plots=PAGE_PLOTS["Head importance"])
+    layer, head = 3, 7
+    point = page.locator(".js-plotly-plot >> nth=0 >> .scatterlayer .point").nth(layer * 12 + head)
+    box = point.bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_url(re.compile(r"/Heads\?"), timeout=60_000)
+    wait_for_app(page, plots=PAGE_PLOTS["Heads"])
+    title = page.locator(".js-plotly-plot >> nth=1 >> .gtitle").text_content()
+    assert title == f"Layer {layer}, head {head}"
+    assert "layer=3" in page.url and "head=7" in page.url
+
+
+def test_knock_outs_on_the_heads_page(app_url, page) -> None:
+    page.goto(f"{app_url}/Heads?off=L0H3")
+    wait_for_app(page, plots=PAGE_PLOTS["Heads"] + 5)
+    page.get_by_text("Output change").wait_for()
+    titles = page.locator(".js-plotly-plot .gtitle").all_text_contents()
+    assert "How much each layer's attention moved" in titles
+    # switch one more head off with the button under the grid (the selected head: L0H0)
+    page.get_by_role("button", name="Switch L0H0 off").click()
+    page.wait_for_url(re.compile(r"off=L0H0(%2C|,)L0H3"), timeout=60_000)
+    wait_for_app(page, plots=PAGE_PLOTS["Heads"] + 5)
+    page.screenshot(path=str(DOCS / "Heads-knock-out.png"), full_page=True)
