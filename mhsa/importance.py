@@ -141,6 +141,19 @@ class _Item:
     encoded: _Encoded  # the first sentence, as typed (its attention is what is shown)
     scored: tuple[dict[str, torch.Tensor], ...]  # what the target runs: 1 or 2 sentences
     labels: torch.Tensor | None  # lm-loss: [1, T], -100 where not scored
+    stacked: dict[str, torch.Tensor] | None = None  # similarity: both sentences, one padded batch
+
+
+def _stack(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor], pad: int):
+    """Two encoded sentences as one right-padded batch of two (the attention mask hides the
+    padding from every attention and from the pooling)."""
+    n = max(first["input_ids"].shape[1], second["input_ids"].shape[1])
+    out = {}
+    for key in first.keys() & second.keys():
+        fill = pad if key == "input_ids" else 0
+        rows = [F.pad(x[key], (0, n - x[key].shape[1]), value=fill) for x in (first, second)]
+        out[key] = torch.cat(rows)
+    return out
 
 
 def _masked(lm: LoadedModel, encoded: _Encoded) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -166,7 +179,11 @@ def _prepare(
     encoded = _encode(lm, _check_text(text), None, max_tokens)
     if target == "similarity":
         second = _encode(lm, _check_text(pair, "second sentence"), None, max_tokens)
-        return _Item(encoded, (encoded.inputs, second.inputs), None)
+        pad = getattr(lm.tokenizer, "pad_token_id", None)
+        stacked = None
+        if pad is not None and "attention_mask" in encoded.inputs:
+            stacked = _stack(encoded.inputs, second.inputs, pad)
+        return _Item(encoded, (encoded.inputs, second.inputs), None, stacked)
     if target != "lm-loss":
         return _Item(encoded, (encoded.inputs,), None)
     if lm.lm_head == "masked":
@@ -187,7 +204,7 @@ def _embedding(outputs: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """Attention-mask-weighted mean of the last hidden state, ``[rows, D]``."""
     hidden = _wide(outputs.last_hidden_state)
     mask = inputs.get("attention_mask", torch.ones(hidden.shape[:2], dtype=torch.long))
-    weight = mask.to(hidden.device, hidden.dtype)[..., None]  # (1, T, 1): broadcast over rows
+    weight = mask.to(hidden.device, hidden.dtype)[..., None]  # (1 or B, T, 1)
     return (hidden * weight).sum(1) / weight.sum(1)
 
 
@@ -228,6 +245,12 @@ class _Measure:
         """The target's raw value per row: the embedding ``[rows, D]`` (``embedding``), the
         cosine similarity ``[rows]`` or the loss ``[rows]``. Rows fan out at ``layer``; the
         layers below it are replayed from ``replay`` (one record per scored sentence)."""
+        if item.stacked is not None and rows == 1 and not replay and record is None:
+            # similarity without fan-out (gradient, a single knock-out): one batch of two
+            run = Run(gates=gates, need_weights=False)
+            outputs = run_own_forward(self.lm, self.blocks, run, item.stacked)
+            pooled = _embedding(outputs, item.stacked)
+            return F.cosine_similarity(pooled[:1], pooled[1:], dim=-1)
         found = []
         for s, inputs in enumerate(item.scored):
             run = Run(
