@@ -36,8 +36,8 @@ METRIC_NAMES = {
 }
 EXPLANATION = """\
 **What the numbers mean.** A head is switched off by multiplying its output by 0 before the
-layer's output projection (its *gate*), in our module running the model with its own weights.
-The *target* says what "the output" is:
+layer's output projection (its **gate**), in our module running the model with its own weights.
+The **target** says what "the output" is:
 
 - **sentence embedding**: the attention-mask-weighted mean of the last hidden state (how
   sentence-transformers pool all-MiniLM-L6-v2); the change is 1 − cosine with the intact one.
@@ -46,14 +46,14 @@ The *target* says what "the output" is:
 - **language-model loss**: for models whose checkpoint has a language-model head: the
   cross-entropy of the text (next token, or a fixed seeded 15% of tokens masked).
 
-The *method* says how a head's importance is measured:
+The **method** says how a head's importance is measured:
 
 - **ablation** (leave-one-out): the target's change with that head alone off, averaged over the
   sentences. Exact, one knock-out per head.
 - **gradient** (Michel et al. 2019): |∂ target / ∂ gate| at every gate = 1, averaged over the
   sentences: one backward pass for all heads, a first-order estimate. Zero for the embedding
   change (it is at its minimum when nothing changed), so that target needs ablation.
-  *Normalise per layer* divides each layer's importances by their l2 norm, as Michel et al. do.
+  "Normalise per layer" divides each layer's importances by their l2 norm, as Michel et al. do.
 
 The **pruning curve** switches heads off cumulatively, least important first (importance
 computed once, before pruning, not after each step), beside a random order drawn from the seed:
