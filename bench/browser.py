@@ -33,10 +33,11 @@ PAGE_PLOTS = {
     "Heads": 3,
     "Head similarity": 2,
     "Head statistics": 1,
-    "Inside MHSA": 1,
+    "Inside MHSA": 2,
     "Rollout": 2,
     "Compare": 2,
     "Head importance": 3,
+    "Line view": 1,
 }
 PAGES = {
     "Overview": "",
@@ -47,6 +48,7 @@ PAGES = {
     "Rollout": "Rollout",
     "Compare": "Compare",
     "Head importance": "Head_importance",
+    "Line view": "Line_view",
 }
 
 

@@ -12,9 +12,16 @@ from mhsa.attention import (
     scaled_dot_product_attention,
 )
 from mhsa.errors import InputError, MHSAError, ModelLoadError, UnsupportedModelError
-from mhsa.extract import ENGINE_DESCRIPTIONS, ENGINES, attend
+from mhsa.extract import (
+    ENGINE_DESCRIPTIONS,
+    ENGINE_LABELS,
+    ENGINES,
+    MAX_NEW_TOKENS,
+    attend,
+    generate,
+)
 from mhsa.importance import Ablation, ablate, head_importance, pruning_curve
-from mhsa.models import DEFAULT_MODEL, LoadedModel, get_model, load_model, pick_device
+from mhsa.models import DEFAULT_MODEL, DEVICES, LoadedModel, get_model, load_model, pick_device
 from mhsa.result import AttentionResult
 from mhsa.stats import (
     HeadClusters,
@@ -23,12 +30,17 @@ from mhsa.stats import (
     head_map,
     head_similarity,
     head_stats,
+    top_attended,
 )
+from mhsa.tokens import find_tokens
 
 __all__ = [
     "DEFAULT_MODEL",
+    "DEVICES",
     "ENGINES",
     "ENGINE_DESCRIPTIONS",
+    "ENGINE_LABELS",
+    "MAX_NEW_TOKENS",
     "SUPPORTED_FOR_MHSA",
     "Ablation",
     "AttentionResult",
@@ -45,6 +57,8 @@ __all__ = [
     "attend",
     "attention_core",
     "attention_rollout",
+    "find_tokens",
+    "generate",
     "get_model",
     "head_clusters",
     "head_importance",
@@ -55,4 +69,5 @@ __all__ = [
     "pick_device",
     "pruning_curve",
     "scaled_dot_product_attention",
+    "top_attended",
 ]

@@ -32,15 +32,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    from mhsa.extract import ENGINES
+    from mhsa.models import DEVICES
+
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument(
             "--model",
             default="default",
             help="'default' (embedded all-MiniLM-L6-v2), a model id or a folder",
         )
-        sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
-
-    from mhsa.extract import ENGINES
+        sp.add_argument("--device", default="auto", choices=DEVICES)
 
     a = sub.add_parser("attend", help="compute per-head attention of a text and save it")
     a.add_argument("text", help="the sentence")

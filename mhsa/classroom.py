@@ -12,10 +12,10 @@ import torch
 from mhsa.adapters import Run, own_blocks, run_own_forward
 from mhsa.attention import MultiHeadSelfAttention
 from mhsa.errors import InputError
-from mhsa.extract import _check_text
+from mhsa.extract import _check_text, _encode
 from mhsa.models import LoadedModel
 
-__all__ = ["Step", "Walkthrough", "walkthrough"]
+__all__ = ["Neuron", "Step", "Walkthrough", "walkthrough"]
 
 MAX_CLASSROOM_TOKENS = 64
 
@@ -34,6 +34,30 @@ class Step:
 
 
 @dataclass(frozen=True)
+class Neuron:
+    """BertViz's neuron view of one query token in one head: how its weights come about.
+
+    Attributes:
+        head, token: the query head and the query token.
+        query: ``q`` ``[d_head]`` (after the rotation, for RoPE models);
+        keys: every ``k_j`` ``[n, d_head]`` of the key/value head that query head reads;
+        products: ``q ⊙ k_j`` ``[n, d_head]`` (each row sums to ``q·k_j``);
+        dots: ``q·k_j`` ``[n]``; scaled: ``q·k_j × scale`` after the mask (-inf where masked);
+        probabilities: the softmax ``[n]``; scale: the factor (1/sqrt(d_head) by default).
+    """
+
+    head: int
+    token: int
+    query: np.ndarray
+    keys: np.ndarray
+    products: np.ndarray
+    dots: np.ndarray
+    scaled: np.ndarray
+    probabilities: np.ndarray
+    scale: float
+
+
+@dataclass(frozen=True)
 class Walkthrough:
     tokens: list[str]
     steps: list[Step]
@@ -45,6 +69,7 @@ class Walkthrough:
     causal: bool
     rotary: bool
     truncated_tokens: int = 0
+    scale: float = 1.0
 
     @property
     def groups(self) -> int:
@@ -57,6 +82,32 @@ class Walkthrough:
 
     def step(self, name: str) -> Step:
         return next(s for s in self.steps if s.name == name)
+
+    def neuron(self, head: int, token: int) -> Neuron:
+        """The neuron view of query ``token`` in query ``head``, from the traced steps."""
+        if not 0 <= head < self.num_heads:
+            raise InputError(f"Head {head} does not exist: choose 0 to {self.num_heads - 1}.")
+        if not 0 <= token < len(self.tokens):
+            raise InputError(f"Token {token} does not exist: choose 0 to {len(self.tokens) - 1}.")
+        names = {s.name for s in self.steps}
+        q_name, k_name = (
+            ("rotated Q", "rotated K") if "rotated Q" in names else ("per-head Q", "per-head K")
+        )
+        q = self.step(q_name).value[0, head, token]
+        keys = self.step(k_name).value[0, self.kv_head(head)]
+        dots = self.step("raw scores").value[0, head, token]
+        scaled = self.step("masked scores").value[0, head, token]
+        return Neuron(
+            head=head,
+            token=token,
+            query=q,
+            keys=keys,
+            products=q[None, :] * keys,
+            dots=dots,
+            scaled=scaled,
+            probabilities=self.step("probabilities").value[0, head, token],
+            scale=self.scale,
+        )
 
 
 class _Captured(Exception):
@@ -117,17 +168,10 @@ def walkthrough(
     text = _check_text(text)
     if layer is None and (d_model < 1 or num_heads < 1 or d_model % num_heads):
         raise InputError(f"d_model ({d_model}) must be a multiple of the heads ({num_heads}).")
-    with model.lock, torch.inference_mode():  # the tokenizer and the model are shared
-        enc = model.tokenizer(
-            text,
-            truncation=True,
-            max_length=max_tokens,
-            return_tensors="pt",
-            split_special_tokens=True,
-        )
-        full = len(model.tokenizer(text, split_special_tokens=True)["input_ids"])
-        ids = enc["input_ids"][0].tolist()
-        tokens = model.tokenizer.convert_ids_to_tokens(ids)
+    encoded = _encode(model, text, None, max_tokens)  # the tokenizing every view shares
+    ids = encoded.inputs["input_ids"][0].tolist()
+    tokens = list(encoded.tokens.strings)
+    with model.lock, torch.inference_mode():  # the model is shared
         if layer is None:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
@@ -135,7 +179,7 @@ def walkthrough(
             x = _token_embeddings(ids, d_model, seed)
             source = f"fresh xavier weights, d_model {d_model}, {num_heads} heads (seed {seed})"
         else:
-            x, ours = _layer_input(model, dict(enc), layer)
+            x, ours = _layer_input(model, dict(encoded.inputs), layer)
             source = f"layer {layer} of {model.display_name}"
         _, _, trace = ours.forward_with_trace(x, is_causal=causal)
     steps = [Step(s.name, s.formula, s.tensor.float().cpu().numpy()) for s in trace]
@@ -149,5 +193,6 @@ def walkthrough(
         d_head=ours.d_head,
         causal=causal,
         rotary=ours.rotary is not None,
-        truncated_tokens=max(0, full - len(ids)),
+        truncated_tokens=encoded.truncated,
+        scale=float(ours.scale),
     )

@@ -15,9 +15,25 @@ from mhsa.models import DEFAULT_MODEL, LoadedModel, get_model
 from mhsa.result import AttentionResult
 from mhsa.tokens import Tokens
 
-__all__ = ["ENGINES", "ENGINE_DESCRIPTIONS", "attend"]
+__all__ = [
+    "ENGINES",
+    "ENGINE_DESCRIPTIONS",
+    "ENGINE_LABELS",
+    "MAX_NEW_TOKENS",
+    "attend",
+    "generate",
+]
+
+#: most tokens ``generate`` adds (attention over prompt + generation stays explorable)
+MAX_NEW_TOKENS = 128
 
 ENGINES = ("transformers", "mhsa", "mhsa-random")
+#: Each engine's short name for people (the app's sidebar and figure titles).
+ENGINE_LABELS = {
+    "transformers": "Model's own attention",
+    "mhsa": "Model run through our MHSA module",
+    "mhsa-random": "Model with untrained MHSA modules",
+}
 #: What each engine computes, for people (sidebar, docs, command line).
 ENGINE_DESCRIPTIONS = {
     "transformers": "the model's own (eager) attention",
@@ -282,5 +298,53 @@ def _make_result(
         timings=timings,
         causal=causal,
         truncated_tokens=encoded.truncated,
+        facts=lm.facts(),
         **fields,
     )
+
+
+def generate(
+    text: str,
+    *,
+    model: str | LoadedModel = DEFAULT_MODEL,
+    max_new_tokens: int = 20,
+    sample: bool = False,
+    seed: int = 0,
+    device: str = "auto",
+) -> str:
+    """The prompt ``text`` followed by what a causal language model writes next: greedy, or
+    sampled (temperature 1, the whole vocabulary) from ``seed``. The prompt is kept verbatim
+    (the continuation is decoded on its own and appended), so ``len(text)`` is where the
+    generated characters begin; attend to the returned text to see attention over both.
+
+    Raises:
+        InputError: the model has no causal language-model head, or the numbers are off.
+    """
+    text = _check_text(text)
+    lm = model if isinstance(model, LoadedModel) else get_model(model or DEFAULT_MODEL, device)
+    if lm.lm_head != "causal":
+        raise InputError(
+            f"{lm.display_name} has no next-token (causal language-model) head, so it cannot "
+            "generate text: load a causal LM checkpoint (GPT-2, Llama, Qwen2, ...)."
+        )
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise InputError(f"Generate between 1 and {MAX_NEW_TOKENS} tokens, not {max_new_tokens}.")
+    tok = lm.tokenizer
+    with lm.lock, torch.inference_mode():
+        encoded = _encode(lm, text, None, None)
+        inputs = {k: v.to(lm.device) for k, v in encoded.inputs.items()}
+        room = (lm.max_positions or 10**9) - inputs["input_ids"].shape[1]
+        if room < 1:
+            raise InputError("The prompt already fills the model's context: shorten it.")
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        how: dict[str, Any] = {"do_sample": False}
+        if sample:
+            how = {"do_sample": True, "top_k": 0, "top_p": 1.0, "temperature": 1.0}
+        devices = [lm.device] if lm.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):  # the caller's random state is untouched
+            torch.manual_seed(seed)
+            out = lm.head_model.generate(
+                **inputs, max_new_tokens=min(max_new_tokens, room), pad_token_id=pad, **how
+            )
+    new = out[0, inputs["input_ids"].shape[1] :].tolist()
+    return text + tok.decode(new, skip_special_tokens=True)

@@ -34,6 +34,10 @@ def default_model_path() -> str:
     return str(get_model_path())
 
 
+#: The devices a model can be asked to run on (``auto``: the best one present).
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
 def pick_device(device: str | torch.device = "auto") -> torch.device:
     """``"auto"``: cuda, then mps, then cpu. Anything else is checked for availability."""
     name = str(device)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -17,19 +18,26 @@ import plotly.graph_objects as go
 from mhsa.result import AttentionResult
 
 __all__ = [
+    "decorate",
     "downsample",
+    "figure_data",
     "head_grid",
     "head_heatmap",
     "head_map_figure",
     "label",
+    "line_view",
     "matrix_heatmap",
+    "mean_heatmap",
+    "neuron_figure",
     "rollout_figure",
     "similarity_figure",
     "stat_grid",
+    "step_heatmap",
     "token_focus",
 ]
 
-COLORSCALE = "Blues"
+COLORSCALE = "Blues"  # every attention weight, on every page, 0 (white) to 1 (dark blue)
+SIGNED_COLORSCALE = "RdBu"  # signed values (vectors, scores): blue above 0, red below
 GRID_THUMB = 24  # largest side of a head's thumbnail in the grid, in cells
 MAX_TICKS = 64  # beyond this, tick labels are thinned (hover still names every cell)
 
@@ -114,7 +122,7 @@ def _square_height(n: int) -> int:
 def head_heatmap(result: AttentionResult, layer: int, head: int) -> go.Figure:
     """One head at full resolution, tokens on both axes."""
     n = result.num_tokens
-    return matrix_heatmap(
+    fig = matrix_heatmap(
         result.attention[layer, head],
         result.tokens,
         result.tokens,
@@ -122,6 +130,7 @@ def head_heatmap(result: AttentionResult, layer: int, head: int) -> go.Figure:
         zmax=1.0,
         height=_square_height(n),
     )
+    return _token_axes(fig)
 
 
 def downsample(matrix: np.ndarray, size: int) -> np.ndarray:
@@ -210,7 +219,7 @@ def token_focus(result: AttentionResult, token: int) -> go.Figure:
     """Where one token attends, in every head: rows are heads, columns are keys."""
     a = result.attention[:, :, token, :]  # (L, H, n)
     rows = result.head_labels()
-    return matrix_heatmap(
+    fig = matrix_heatmap(
         a.reshape(-1, a.shape[-1]),
         rows,
         result.tokens,
@@ -220,6 +229,7 @@ def token_focus(result: AttentionResult, token: int) -> go.Figure:
         zmax=1.0,
         height=min(1400, 120 + 12 * len(rows)),
     )
+    return _token_axes(fig, rows=False)
 
 
 def similarity_figure(similarity: pd.DataFrame, order: Sequence[str] | None = None) -> go.Figure:
@@ -292,7 +302,7 @@ def stat_grid(stats: pd.DataFrame, column: str) -> go.Figure:
 
 def rollout_figure(rollout: np.ndarray, tokens: Sequence[str], layer: int) -> go.Figure:
     """Rolled-out attention after ``layer``: how much each input token reaches each position."""
-    return matrix_heatmap(
+    fig = matrix_heatmap(
         rollout[layer],
         tokens,
         tokens,
@@ -303,6 +313,7 @@ def rollout_figure(rollout: np.ndarray, tokens: Sequence[str], layer: int) -> go
         value_name="share",
         height=_square_height(len(tokens)),
     )
+    return _token_axes(fig)
 
 
 def head_value_grid(
@@ -428,3 +439,344 @@ def layer_change_figure(intact: AttentionResult, ablated: AttentionResult) -> go
     fig.update_yaxes(title="|attention after − before|")
     fig.update_layout(barmode="group")
     return _layout(fig, "How much each layer's attention moved", height=360)
+
+
+# --- views of one layer, one head, one token -----------------------------------------------------
+#: distinct colours for heads (line view), cycled beyond 24 heads
+HEAD_COLORS = (
+    "#1f77b4 #ff7f0e #2ca02c #d62728 #9467bd #8c564b #e377c2 #7f7f7f #bcbd22 #17becf "
+    "#393b79 #e6550d #31a354 #843c39 #756bb1 #637939 #d6616b #3182bd #8c6d31 #ce6dbd "
+    "#636363 #9c9ede #fd8d3c #74c476"
+).split()
+LINE_BINS = 5  # opacity levels: a line's opacity is its weight, rounded up to 1/LINE_BINS
+LINE_MIN_WEIGHT = 0.01  # lines below this weight are not drawn (invisible anyway)
+LINE_DENSE = 40  # beyond this many tokens, each token keeps only its LINE_TOP_K strongest lines
+LINE_TOP_K = 5
+
+
+def _rgba(color: str, alpha: float) -> str:
+    r, g, b = (int(color[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha:.2f})"
+
+
+def line_pairs(
+    weights: np.ndarray, *, token: int | None, min_weight: float, top_k: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (query, key) pairs a line view draws for one head's ``[n, n]`` weights: at least
+    ``min_weight``, only the ``top_k`` strongest per query when given, only row ``token`` when
+    given."""
+    keep = weights >= min_weight
+    if top_k is not None and top_k < weights.shape[1]:
+        kth = -np.sort(-weights, axis=1)[:, top_k - 1 : top_k]
+        keep &= weights >= kth
+    if token is not None:
+        keep[np.arange(len(keep)) != token] = False
+    return np.nonzero(keep)
+
+
+def line_view(
+    result: AttentionResult,
+    layer: int,
+    *,
+    heads: Sequence[int] | None = None,
+    token: int | None = None,
+    min_weight: float = LINE_MIN_WEIGHT,
+    top_k: int | None = None,
+) -> go.Figure:
+    """BertViz's head view: the tokens in two columns (left: from, right: to) joined by lines
+    whose opacity is the weight, each head in its own colour (click a legend entry to hide or
+    show a head). ``token`` shows only that token's lines; beyond ``LINE_DENSE`` tokens each
+    token keeps its ``LINE_TOP_K`` strongest lines unless ``top_k`` says otherwise, and the
+    title says so.
+
+    Traces: 0 the left tokens, 1 the right tokens (``customdata`` = token index, for
+    selecting by click), then per head one trace per opacity level (``legendgroup`` = head).
+    """
+    n = result.num_tokens
+    heads = list(range(result.num_heads)) if heads is None else list(heads)
+    if top_k is None and n > LINE_DENSE:
+        top_k = LINE_TOP_K
+    y = -np.arange(n, dtype=float)
+    names = [label(t, 24) for t in result.tokens]
+    fig = go.Figure()
+    for side, x in (("from", 0.0), ("to", 1.0)):
+        fig.add_trace(
+            go.Scatter(
+                x=np.full(n, x),
+                y=y,
+                mode="markers+text",
+                text=names,
+                textposition="middle left" if side == "from" else "middle right",
+                marker={"size": 8, "color": "rgba(120,120,120,0.35)"},
+                customdata=np.arange(n),
+                hovertemplate=f"%{{text}} (#%{{customdata}}, {side}): click to show only its "
+                "lines<extra></extra>",
+                showlegend=False,
+                name=f"tokens ({side})",
+            )
+        )
+    for h in heads:
+        w = result.attention[layer, h]
+        q, k = line_pairs(w, token=token, min_weight=min_weight, top_k=top_k)
+        levels = np.clip(np.ceil(w[q, k] * LINE_BINS), 1, LINE_BINS).astype(int)
+        color = HEAD_COLORS[h % len(HEAD_COLORS)]
+        first = True
+        for level in range(1, LINE_BINS + 1):
+            sel = levels == level
+            if not sel.any() and not (first and level == LINE_BINS):
+                continue
+            m = int(sel.sum())
+            xs = np.tile([0.0, 1.0, np.nan], m)
+            ys = np.column_stack([y[q[sel]], y[k[sel]], np.full(m, np.nan)]).ravel()
+            fig.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=ys,
+                    mode="lines",
+                    line={
+                        "color": _rgba(color, level / LINE_BINS),
+                        "width": 2 if n <= LINE_DENSE else 1,
+                    },
+                    hoverinfo="skip",
+                    name=f"head {h}",
+                    legendgroup=f"H{h}",
+                    showlegend=first,
+                    meta={"head": h, "lines": m},
+                )
+            )
+            first = False
+    what = f"lines of '{result.tokens[token]}'" if token is not None else "all tokens"
+    dense = f", top {top_k} per token" if top_k is not None else ""
+    fig.update_xaxes(visible=False, range=[-0.6, 1.6])
+    fig.update_yaxes(visible=False, range=[-n + 0.5, 0.8])
+    fig.update_layout(
+        legend={"title": {"text": "heads (click to toggle)"}, "itemsizing": "constant"},
+        clickmode="event+select",
+        dragmode=False,
+        meta={"line_view": True},
+    )
+    return _layout(
+        fig,
+        f"Layer {layer}, {what}: opacity = weight (weights ≥ {min_weight:g}{dense})",
+        height=min(4000, 140 + (22 if n <= LINE_DENSE else 14) * n),
+    )
+
+
+def mean_heatmap(result: AttentionResult, *, layer: int | None = None, head: int | None = None):
+    """The mean over the heads of ``layer``, or over the layers for ``head``."""
+    if layer is not None:
+        matrix, title = result.attention[layer].mean(0), f"Layer {layer}, mean over heads"
+    elif head is not None:
+        matrix, title = result.attention[:, head].mean(0), f"Head {head}, mean over layers"
+    else:
+        raise ValueError("give a layer or a head")
+    fig = matrix_heatmap(matrix, result.tokens, result.tokens, title=title, zmax=1.0)
+    return _token_axes(fig, height=_square_height(result.num_tokens))
+
+
+def step_heatmap(value: np.ndarray, tokens: Sequence[str], name: str, shape: list[int]):
+    """One step of the classroom walk-through: a token x token matrix (scores, weights) or
+    token x dimension (vectors); -inf (masked) shows as blank."""
+    square = value.shape == (len(tokens), len(tokens))
+    cols = tokens if square else [f"d{i}" for i in range(value.shape[1])]
+    probabilities = name == "probabilities"
+    fig = matrix_heatmap(
+        np.where(np.isinf(value), np.nan, value),
+        tokens,
+        cols,
+        title=f"{name} {shape}",
+        row_title="token",
+        col_title="key" if square else "dimension",
+        zmin=0.0 if probabilities else None,
+        colorscale=COLORSCALE if probabilities else SIGNED_COLORSCALE,
+        value_name="value",
+    )
+    return _token_axes(fig, cols=square)
+
+
+def neuron_figure(neuron: Any, tokens: Sequence[str]) -> go.Figure:
+    """BertViz's neuron view for one query token and head: the query vector, each key vector,
+    their elementwise product, q·k, the scaled score and the softmax, values on hover."""
+    from plotly.subplots import make_subplots
+
+    n, d = neuron.keys.shape
+    rows = [f"{label(t, 20)} #{i}" for i, t in enumerate(tokens)]
+    dims = [f"d{i}" for i in range(d)]
+    fig = make_subplots(
+        rows=2,
+        cols=5,
+        row_heights=[1, max(n, 2)],
+        column_widths=[0.37, 0.37, 0.09, 0.09, 0.08],
+        shared_xaxes="columns",
+        vertical_spacing=0.02,
+        horizontal_spacing=0.015,
+        subplot_titles=["query q", "", "", "", "", "keys k", "q ⊙ k", "q·k", "× scale", "softmax"],
+    )
+    signed = {"colorscale": SIGNED_COLORSCALE, "zmid": 0, "showscale": False}
+    vec = "%{y}, %{x}: %{z:.4f}<extra>%{meta}</extra>"
+    fig.add_trace(
+        go.Heatmap(
+            z=neuron.query[None],
+            x=dims,
+            y=[rows[neuron.token]],
+            hovertemplate=vec,
+            meta="q",
+            **signed,
+        ),
+        1,
+        1,
+    )
+    for col, (z, what) in enumerate(((neuron.keys, "k"), (neuron.products, "q ⊙ k")), start=1):
+        fig.add_trace(
+            go.Heatmap(z=z, x=dims, y=rows, hovertemplate=vec, meta=what, **signed), 2, col
+        )
+    for col, (z, what, scale) in enumerate(
+        (
+            (neuron.dots, "q·k", signed),
+            (neuron.scaled, f"q·k × {neuron.scale:.4g}", signed),
+            (neuron.probabilities, "softmax", {"colorscale": COLORSCALE, "zmin": 0, "zmax": 1}),
+        ),
+        start=3,
+    ):
+        fig.add_trace(
+            go.Heatmap(
+                z=np.asarray(z)[:, None],
+                x=[what],
+                y=rows,
+                meta=what,
+                hovertemplate="%{y}: %{z:.4f}<extra>%{meta}</extra>",
+                **{**scale, "showscale": False},
+            ),
+            2,
+            col,
+        )
+    fig.update_yaxes(autorange="reversed", showticklabels=False)
+    fig.update_yaxes(
+        showticklabels=True,
+        row=2,
+        col=1,
+        tickmode="array",
+        tickvals=rows,
+        ticktext=[label(t, 16) for t in tokens],
+    )
+    fig.update_yaxes(showticklabels=True, row=1, col=1)
+    fig.update_xaxes(showticklabels=False)
+    return _layout(
+        fig,
+        f"Neuron view: head {neuron.head}, query '{tokens[neuron.token]}' (#{neuron.token})",
+        height=min(2400, 200 + 20 * n),
+    )
+
+
+# --- what every figure of tokens can show: the found token, the generated part ------------------
+def _token_axes(fig: go.Figure, *, rows: bool = True, cols: bool = True, height=None) -> go.Figure:
+    """Mark ``fig`` as a heatmap with tokens on its rows and/or columns (``decorate`` reads it)."""
+    fig.update_layout(meta={"token_axes": ("y" if rows else "") + ("x" if cols else "")})
+    if height is not None:
+        fig.update_layout(height=height)
+    return fig
+
+
+def decorate(fig: go.Figure, *, found: int | None = None, generated_from: int | None = None):
+    """On a figure of tokens: a box round the found token's row and column, and a dashed line
+    where the generated text begins (tokens ``generated_from`` on). The line view gets the
+    same on its two columns. Figures without tokens are returned unchanged."""
+    meta = fig.layout.meta if isinstance(fig.layout.meta, dict) else {}
+    axes = meta.get("token_axes", "")
+    line = meta.get("line_view", False)
+    if found is not None:
+        box = {"color": "#d62728", "width": 2}
+        if line:
+            for x in (0.0, 1.0):
+                fig.add_shape(
+                    type="rect",
+                    x0=x - 0.03,
+                    x1=x + 0.03,
+                    y0=-found - 0.45,
+                    y1=-found + 0.45,
+                    line=box,
+                )
+        if "y" in axes:
+            fig.add_shape(
+                type="rect", xref="x domain", x0=0, x1=1, y0=found - 0.5, y1=found + 0.5, line=box
+            )
+        if "x" in axes:
+            fig.add_shape(
+                type="rect", yref="y domain", y0=0, y1=1, x0=found - 0.5, x1=found + 0.5, line=box
+            )
+    if generated_from is not None:
+        dash = {"color": "#2ca02c", "width": 2, "dash": "dash"}
+        if line:
+            fig.add_shape(
+                type="line",
+                xref="x domain",
+                x0=0,
+                x1=1,
+                y0=-generated_from + 0.5,
+                y1=-generated_from + 0.5,
+                line=dash,
+            )
+        if "y" in axes:
+            fig.add_shape(
+                type="line",
+                xref="x domain",
+                x0=0,
+                x1=1,
+                y0=generated_from - 0.5,
+                y1=generated_from - 0.5,
+                line=dash,
+            )
+        if "x" in axes:
+            fig.add_shape(
+                type="line",
+                yref="y domain",
+                y0=0,
+                y1=1,
+                x0=generated_from - 0.5,
+                x1=generated_from - 0.5,
+                line=dash,
+            )
+        if axes or line:
+            fig.add_annotation(
+                text="dashed: generated text begins",
+                xref="paper",
+                yref="paper",
+                x=1,
+                y=-0.02,
+                showarrow=False,
+                font={"color": "#2ca02c"},
+            )
+    return fig
+
+
+def figure_data(fig: go.Figure) -> pd.DataFrame:
+    """The numbers a figure draws, one row per cell or point: ``trace``, ``x``, ``y`` and, for
+    heatmaps, ``value`` (NaN cells left out); a line of the line view is its two ends."""
+    frames = []
+    for i, trace in enumerate(fig.data):
+        name = trace.name or trace.meta or f"trace {i}"
+        if trace.type == "heatmap":
+            z = np.asarray(trace.z, dtype=float)
+            if z.ndim == 1:
+                z = z[None]
+            xs = list(trace.x) if trace.x is not None else list(range(z.shape[1]))
+            ys = list(trace.y) if trace.y is not None else list(range(z.shape[0]))
+            r, c = np.nonzero(~np.isnan(z))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "trace": str(name),
+                        "y": [ys[j] for j in r],
+                        "x": [xs[j] for j in c],
+                        "value": z[r, c],
+                    }
+                )
+            )
+        elif trace.x is not None and trace.y is not None:
+            xs, ys = np.asarray(trace.x, dtype=object), np.asarray(trace.y, dtype=object)
+            keep = np.array([v is not None and v == v for v in ys], dtype=bool)
+            frame = pd.DataFrame({"trace": str(name), "x": xs[keep], "y": ys[keep]})
+            if trace.text is not None and not isinstance(trace.text, str):
+                frame["text"] = np.asarray(trace.text, dtype=object)[keep]
+            frames.append(frame)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

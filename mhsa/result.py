@@ -44,6 +44,10 @@ class AttentionResult:
         layer_max_abs_diff: the same, per layer.
         hidden_max_abs_diff: the largest absolute difference of the final hidden state (the
             model's output) between the two forward passes.
+        facts: the model's layers, heads, d_model, d_head, parameters, type, max positions and
+            device (``LoadedModel.facts``), so that views need not go back to the model.
+        prompt_chars: for text a model generated (``mhsa.generate``), where the generated
+            characters begin; tokens from there on are ``generated``.
         seed: for ``mhsa-random``, the seed of the fresh weights.
         word_level: tokens were merged into words by ``to_words``.
         decoder_tokens, decoder_attention ``[layers, heads, m, m]``, cross_attention
@@ -68,6 +72,8 @@ class AttentionResult:
     layer_max_abs_diff: list[float] | None = None
     hidden_max_abs_diff: float | None = None
     seed: int | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+    prompt_chars: int | None = None
     word_level: bool = False
     text_pair: str | None = None
     decoder_tokens: list[str] | None = None
@@ -93,6 +99,21 @@ class AttentionResult:
     @property
     def num_tokens(self) -> int:
         return len(self.tokens)
+
+    @property
+    def generated(self) -> list[bool]:
+        """Which tokens the model generated (all False unless ``prompt_chars`` is set)."""
+        if self.prompt_chars is None:
+            return [False] * self.num_tokens
+        return [
+            not sp and start >= self.prompt_chars
+            for (start, _), sp in zip(self.offsets, self.special, strict=True)
+        ]
+
+    @property
+    def generated_from(self) -> int | None:
+        """The first generated token, or None."""
+        return next((i for i, g in enumerate(self.generated) if g), None)
 
     def head_labels(self) -> list[str]:
         """``L{layer}H{head}`` for every head, layer-major."""

@@ -27,6 +27,7 @@ __all__ = [
     "head_similarity",
     "head_stats",
     "stats_difference",
+    "top_attended",
 ]
 
 STAT_COLUMNS = (
@@ -443,3 +444,18 @@ def attention_rollout(result: AttentionResult) -> np.ndarray:
         current = a[layer] @ current
         out[layer] = current
     return out.astype(np.float32)
+
+
+def top_attended(result: AttentionResult, layer: int, head: int, k: int = 5) -> pd.DataFrame:
+    """Where each token attends most in one head, for inputs too long for a heatmap: one row
+    per query token (index ``#i token``), columns ``1``..``k`` naming the key token and its
+    weight (``"mat #6 0.412"``), strongest first."""
+    a = result.attention[layer, head]
+    k = max(1, min(k, a.shape[1]))
+    order = np.argsort(-a, axis=1, kind="stable")[:, :k]
+    tokens = result.tokens
+    return pd.DataFrame(
+        [[f"{tokens[j]} #{j} {a[i, j]:.3f}" for j in row] for i, row in enumerate(order)],
+        index=[f"#{i} {t}" for i, t in enumerate(tokens)],
+        columns=[str(r + 1) for r in range(k)],
+    )

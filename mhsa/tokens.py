@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Tokens", "is_punctuation", "word_groups"]
+__all__ = ["Tokens", "find_tokens", "is_punctuation", "word_groups"]
 
 _PIECE_MARKS = ("##", "Ġ", "▁", "Ċ")
 
@@ -20,6 +20,25 @@ def is_punctuation(token: str) -> bool:
         text = text.replace(mark, "")
     text = text.strip()
     return bool(text) and all(unicodedata.category(ch).startswith("P") for ch in text)
+
+
+def _bare(token: str) -> str:
+    for mark in _PIECE_MARKS:
+        token = token.replace(mark, "")
+    return token.strip().casefold()
+
+
+def find_tokens(tokens: list[str], needle: str) -> list[int]:
+    """Positions of the tokens that match ``needle`` (case-insensitive, sub-word markers such
+    as ``##`` and ``Ġ`` ignored): exact matches first, then tokens that contain it, each in
+    order of position. An empty needle matches nothing."""
+    want = needle.strip().casefold()
+    if not want:
+        return []
+    bare = [_bare(t) for t in tokens]
+    exact = [i for i, t in enumerate(bare) if t == want]
+    partial = [i for i, t in enumerate(bare) if want in t and t != want]
+    return exact + partial
 
 
 @dataclass(frozen=True)

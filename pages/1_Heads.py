@@ -7,7 +7,7 @@ import streamlit as st
 import mhsa
 from mhsa import plots
 from mhsa.importance import TARGETS
-from ui import data, page
+from ui import page, service
 from ui.state import Param, bounded_int, choice, clamp, heads_param
 
 PARAMS = {
@@ -16,7 +16,9 @@ PARAMS = {
     "token": Param(0, bounded_int(0, 100_000)),
     "view": Param("head", choice("head", "mean-heads", "mean-layers")),
     "off": Param([], heads_param),
+    "topk": Param(5, bounded_int(1, 20)),
 }
+LONG_INPUT = 64  # beyond this many tokens the top-k list opens by itself
 VIEWS = {
     "head": "one head",
     "mean-heads": "mean over the heads of the layer",
@@ -66,7 +68,7 @@ def _knock_outs(result: mhsa.AttentionResult, layer: int, head: int) -> None:
         )
         return
     try:
-        a = data.ablation(query, tuple(off), None)
+        a = service.ablation(query, tuple(off), None)
     except mhsa.MHSAError as e:
         page.error(e)
         return
@@ -116,22 +118,21 @@ if result is not None:
     if view == "head":
         fig = plots.head_heatmap(result, layer, head)
     elif view == "mean-heads":
-        fig = plots.matrix_heatmap(
-            result.attention[layer].mean(0),
-            result.tokens,
-            result.tokens,
-            title=f"Layer {layer}, mean over heads",
-            zmax=1.0,
-        )
+        fig = plots.mean_heatmap(result, layer=layer)
     else:
-        fig = plots.matrix_heatmap(
-            result.attention[:, head].mean(0),
-            result.tokens,
-            result.tokens,
-            title=f"Head {head}, mean over layers",
-            zmax=1.0,
-        )
+        fig = plots.mean_heatmap(result, head=head)
     page.figure(fig, f"L{layer}H{head}-{view}", key="head-large")
+    with st.expander(
+        f"Where each token attends most in layer {layer}, head {head} (a list for inputs too "
+        "long to read as a heatmap)",
+        expanded=result.num_tokens > LONG_INPUT,
+    ):
+        st.number_input("Top", 1, 20, key="topk")
+        page.table(
+            mhsa.top_attended(result, layer, head, st.session_state["topk"]),
+            f"{st.session_state.get('_mhsa_file_stem', 'mhsa')}-L{layer}H{head}-top",
+            label="Download the list (.csv)",
+        )
     st.subheader("Token focus")
     st.selectbox(
         "Token",

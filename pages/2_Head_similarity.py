@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-import mhsa
 from mhsa import plots
-from ui import data, page
+from ui import page, service
 from ui.state import Param, bounded_int, choice, clamp
 
 PARAMS = {
@@ -29,15 +28,15 @@ if result is not None:
     mid.slider("Clusters", 1, min(heads, 24), key="k")
     right.radio("Colour the map by", ["layer", "cluster"], key="color", horizontal=True)
     queries = (query,)
-    sim = data.head_similarity(queries, st.session_state["metric"])
-    clusters = mhsa.head_clusters(sim, min(st.session_state["k"], heads))
-    stats = data.head_stats(queries)
+    sim = service.head_similarity(queries, st.session_state["metric"])
+    clusters = service.head_clusters(queries, st.session_state["metric"], st.session_state["k"])
+    stats = service.head_stats(queries)
     page.figure(plots.similarity_figure(sim, clusters.order), "head-similarity", key="sim")
     st.caption(
         "Heads are ordered by hierarchical clustering (average linkage), so similar "
         "heads sit side by side."
     )
-    coords = data.head_map(queries, st.session_state["metric"])
+    coords = service.head_map(queries, st.session_state["metric"])
     colour = clusters.labels if st.session_state["color"] == "cluster" else None
     page.figure(
         plots.head_map_figure(coords, color=colour, roles=stats["role"]), "head-map", key="map"

@@ -7,8 +7,8 @@ import streamlit as st
 import mhsa
 from mhsa import plots
 from mhsa import stats as head_analysis
-from ui import data, page
-from ui.data import LIMITS
+from ui import page, service
+from ui.service import LIMITS
 from ui.state import Param, choice
 
 COLUMNS = list(head_analysis.STAT_COLUMNS)
@@ -32,7 +32,7 @@ queries = tuple(query._replace(text=t) for t in lines) or (query,)
 result = page.load(queries[0])
 if result is not None:
     try:
-        table = data.head_stats(queries)
+        table = service.head_stats(queries)
     except mhsa.MHSAError as e:
         page.error(e)
         table = None

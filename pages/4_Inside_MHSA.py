@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
 import streamlit as st
 
 from mhsa import plots
 from mhsa.attention import OBSERVATION_POINTS
-from ui import data, page
+from ui import page, service
 from ui.state import Param, bounded_int, clamp, flag
 
 LAST_STEP = len(OBSERVATION_POINTS) - 1  # the most steps a trace can have, minus one
@@ -19,15 +18,9 @@ PARAMS = {
     "nh": Param(4, bounded_int(1, 64)),
     "causal": Param(False, flag),
     "mhead": Param(0, bounded_int(0, 63)),
-    "present": Param(False, flag),
+    "nquery": Param(0, bounded_int(0, 1023)),
+    "nhead": Param(0, bounded_int(0, 63)),
 }
-PRESENTATION_CSS = """<style>
-[data-testid="stMain"] p, [data-testid="stMain"] label, [data-testid="stMain"] li,
-[data-testid="stMain"] input { font-size: 1.4rem !important; }
-[data-testid="stMain"] h1, [data-testid="stMain"] h1 * { font-size: 3.4rem !important; }
-[data-testid="stMain"] h3, [data-testid="stMain"] h3 * { font-size: 2.4rem !important; }
-[data-testid="stMain"] pre, [data-testid="stMain"] code { font-size: 1.8rem !important; }
-</style>"""
 
 
 def _move(delta: int) -> None:
@@ -35,9 +28,7 @@ def _move(delta: int) -> None:
 
 
 query = page.setup("Inside MHSA", PARAMS)
-if st.session_state["present"]:
-    st.markdown(PRESENTATION_CSS, unsafe_allow_html=True)  # constant CSS, no user text
-top = st.columns([2, 1, 1, 1.3, 1.5])
+top = st.columns([2, 1, 1, 1.3])
 top[0].radio(
     "Weights",
     ["pretrained", "fresh"],
@@ -49,13 +40,13 @@ top[0].radio(
     }.get,
 )
 fresh = st.session_state["source"] == "fresh"
-model = None
+facts = None
 try:
-    model = data.loaded_model(query.model, query.device)
+    facts = service.model_facts(query.model, query.device)
 except Exception as e:
     page.error(e)
-if model is not None:
-    layers = model.facts()["layers"] or 1
+if facts is not None:
+    layers = facts["layers"] or 1
     if fresh:
         top[1].number_input("d_model", 4, 1024, step=4, key="dm")
         top[2].number_input("heads", 1, 64, key="nh")
@@ -63,9 +54,8 @@ if model is not None:
         clamp("mlayer", 0, layers - 1)
         top[1].number_input("Layer", 0, layers - 1, key="mlayer")
     top[3].toggle("Causal mask", key="causal")
-    top[4].toggle("Presentation mode", key="present")
     try:
-        walk = data.classroom(
+        walk = service.classroom(
             query._replace(words=False),
             None if fresh else st.session_state["mlayer"],
             st.session_state["dm"],
@@ -120,24 +110,31 @@ if model is not None:
                 )
                 head = walk.kv_head(head)
             value = value[head]
-        tokens = walk.tokens
-        square = value.shape == (len(tokens), len(tokens))
-        cols = tokens if square else [f"d{i}" for i in range(value.shape[1])]
-        shown = np.where(np.isinf(value), np.nan, value)  # -inf (masked) shows as blank
-        fig = plots.matrix_heatmap(
-            shown,
-            tokens,
-            cols,
-            title=f"{step.name} {step.shape}",
-            row_title="token",
-            col_title="key" if square else "dimension",
-            zmin=0.0 if step.name == "probabilities" else None,
-            colorscale="Blues" if step.name == "probabilities" else "RdBu",
-            value_name="value",
-        )
-        if st.session_state["present"]:
-            fig.update_layout(font={"size": 18})
+        fig = plots.step_heatmap(value, walk.tokens, step.name, step.shape)
         page.figure(fig, f"step-{step_no}-{step.name.replace(' ', '-')}", key="step-fig")
+        if not fresh:
+            st.subheader("Neuron view: how one token's weights come about")
+            pick = st.columns(2)
+            clamp("nquery", 0, len(walk.tokens) - 1)
+            pick[0].selectbox(
+                "Query token",
+                range(len(walk.tokens)),
+                key="nquery",
+                format_func=lambda i: f"#{i} {walk.tokens[i]}",
+            )
+            clamp("nhead", 0, walk.num_heads - 1)
+            pick[1].number_input("Query head", 0, walk.num_heads - 1, key="nhead")
+            neuron = walk.neuron(st.session_state["nhead"], st.session_state["nquery"])
+            page.figure(
+                plots.neuron_figure(neuron, walk.tokens),
+                f"neuron-L{st.session_state['mlayer']}H{neuron.head}-q{neuron.token}",
+                key="neuron",
+            )
+            st.caption(
+                "The query vector q of the chosen token (top), each key vector k, their "
+                "elementwise product q ⊙ k (each row sums to q·k), q·k, the scaled score and "
+                "the softmax: the weights of that token's row in the head. Hover for values."
+            )
         with st.expander("All steps and their shapes"):
             st.table(
                 {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from mhsa import plots
-from ui import data, page
+from ui import page, service
 from ui.state import Param, bounded_int, clamp
 
 PARAMS = {"rlayer": Param(-1, bounded_int(-1, 1023))}
@@ -13,7 +13,7 @@ PARAMS = {"rlayer": Param(-1, bounded_int(-1, 1023))}
 query = page.setup("Attention rollout", PARAMS)
 result = page.load(query)
 if result is not None:
-    roll = data.rollout(query)
+    roll = service.rollout(query)
     if st.session_state["rlayer"] == -1:
         st.session_state["rlayer"] = result.num_layers - 1
     clamp("rlayer", 0, result.num_layers - 1)

@@ -6,7 +6,7 @@ import streamlit as st
 
 from mhsa import plots
 from mhsa.stats import stats_difference
-from ui import data, page
+from ui import page, service
 from ui.state import Param, bounded_int, clamp, text_param
 
 PARAMS = {
@@ -32,7 +32,7 @@ if first is not None and second is not None:
         page.figure(plots.head_heatmap(first, layer, head), "compare-first", key="cmp-a")
     with right:
         page.figure(plots.head_heatmap(second, layer, head), "compare-second", key="cmp-b")
-    a, b = data.head_stats((query,)), data.head_stats((other,))
+    a, b = service.head_stats((query,)), service.head_stats((other,))
     diff = stats_difference(a, b)
     st.subheader("Statistics: second minus first")
     page.table(diff, "head-stats-diff", label="Download differences (.csv)", height=380)

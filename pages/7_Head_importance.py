@@ -9,8 +9,8 @@ import mhsa
 from mhsa import plots
 from mhsa.importance import METHODS, TARGETS, rank_correlation
 from mhsa.stats import STAT_COLUMNS
-from ui import data, page
-from ui.data import LIMITS
+from ui import page, service
+from ui.service import LIMITS
 from ui.state import Param, bounded_int, choice, flag, text_param
 
 DEFAULT_PAIR = "A cat was sitting on the rug."
@@ -138,10 +138,10 @@ if result is not None:
             st.rerun()
         bar, update = _progress("Head importance")
         try:
-            table = data.importance(*settings, state["normalize"], update)
+            table = service.importance(*settings, state["normalize"], update)
             bar.empty()
             bar, update = _progress("Pruning curve")
-            curve = data.pruning(*settings, state["prune_seed"], update)
+            curve = service.pruning(*settings, state["prune_seed"], update)
             bar.empty()
         except mhsa.MHSAError as e:
             bar.empty()
@@ -176,7 +176,7 @@ if result is not None:
             )
             st.subheader("Are the important heads the specialised ones?")
             st.selectbox("Against", AGAINST, key="against")
-            stats = data.head_stats(tuple(q._replace(text=q.text.split("||")[0]) for q in queries))
+            stats = service.first_sentence_stats(queries)
             against = state["against"]
             rho = rank_correlation(table, stats, against)
             page.figure(plots.importance_scatter(table, stats, against), "importance-vs", key="vs")

@@ -10,8 +10,9 @@ import plotly.graph_objects as go
 import streamlit as st
 
 import mhsa
-from ui import data
-from ui.data import LIMITS, Query
+from mhsa import plots
+from ui import service
+from ui.service import LIMITS, Query
 from ui.state import (
     GLOBAL_PARAMS,
     MAX_LINK_VALUE_BYTES,
@@ -22,13 +23,20 @@ from ui.state import (
     use_params,
 )
 
-__all__ = ["ENGINE_LABELS", "error", "figure", "finish", "load", "md_escape", "setup", "table"]
+__all__ = ["error", "figure", "finish", "load", "md_escape", "setup", "table"]
 
-ENGINE_LABELS = {
-    "transformers": "Model's own attention",
-    "mhsa": "Model run through our MHSA module",
-    "mhsa-random": "Model with untrained MHSA modules",
-}
+#: how the camera button of every figure saves it (client-side: plotly.js draws the image of
+#: exactly what is on screen, zoom and hidden traces included)
+EXPORT_FORMATS = {"png": "PNG, 4x resolution", "svg": "SVG (vector, for papers)"}
+
+
+PRESENTATION_CSS = """<style>
+[data-testid="stMain"] p, [data-testid="stMain"] label, [data-testid="stMain"] li,
+[data-testid="stMain"] input { font-size: 1.4rem !important; }
+[data-testid="stMain"] h1, [data-testid="stMain"] h1 * { font-size: 3.4rem !important; }
+[data-testid="stMain"] h3, [data-testid="stMain"] h3 * { font-size: 2.4rem !important; }
+[data-testid="stMain"] pre, [data-testid="stMain"] code { font-size: 1.8rem !important; }
+</style>"""
 
 
 def setup(title: str, params: dict[str, Param] | None = None) -> Query:
@@ -36,6 +44,8 @@ def setup(title: str, params: dict[str, Param] | None = None) -> Query:
     st.set_page_config(page_title=f"{title} · MHSA Explorer", page_icon="🔍", layout="wide")
     all_params = GLOBAL_PARAMS | (params or {})
     use_params(all_params)
+    if st.session_state.get("present"):
+        st.markdown(PRESENTATION_CSS, unsafe_allow_html=True)  # constant CSS, no user text
     st.title(title)
     show_notices()
     query = _sidebar()
@@ -56,6 +66,11 @@ def finish() -> None:
             )
 
 
+def s_model() -> str:
+    """The model the sidebar names."""
+    return st.session_state["model"].strip() or "default"
+
+
 def _sidebar() -> Query:
     with st.sidebar:
         st.header("Settings")
@@ -74,26 +89,58 @@ def _sidebar() -> Query:
         )
         st.radio(
             "Engine",
-            list(ENGINE_LABELS),
+            mhsa.ENGINES,
             key="engine",
-            format_func=ENGINE_LABELS.get,
+            format_func=mhsa.ENGINE_LABELS.get,
             help="  \n".join(
-                f"**{ENGINE_LABELS[e]}**: {mhsa.ENGINE_DESCRIPTIONS[e]}." for e in ENGINE_LABELS
+                f"**{mhsa.ENGINE_LABELS[e]}**: {mhsa.ENGINE_DESCRIPTIONS[e]}." for e in mhsa.ENGINES
             ),
         )
         if st.session_state["engine"] == "mhsa-random":
             st.number_input("Seed of the untrained weights", min_value=0, step=1, key="seed")
-        st.selectbox("Device", ["auto", "cpu", "cuda", "mps"], key="device")
+        st.selectbox("Device", mhsa.DEVICES, key="device")
         st.toggle("Whole words (merge sub-word tokens)", key="words")
+        if service.can_generate(s_model(), st.session_state["device"]):
+            st.number_input(
+                "Generate tokens after the sentence",
+                0,
+                mhsa.MAX_NEW_TOKENS,
+                key="gen",
+                help="This model has a next-token head: it continues the sentence (greedy, or "
+                "sampled from the seed), and every page shows attention over the sentence and "
+                "what it wrote, the generated part behind a dashed green line.",
+            )
+            if st.session_state["gen"]:
+                st.toggle("Sample (seeded) instead of greedy", key="sample")
+        st.text_input(
+            "Find a token",
+            key="find",
+            max_chars=200,
+            help="Selects the first matching token (case-insensitive, ## and Ġ ignored) and "
+            "boxes it in red in every figure of tokens.",
+        )
+        st.toggle("Presentation mode (large text, for a projector)", key="present")
+        st.radio(
+            "Figures save as",
+            list(EXPORT_FORMATS),
+            key="export",
+            format_func=EXPORT_FORMATS.get,
+            horizontal=True,
+            help="The camera button on every figure saves what is on screen in this format.",
+        )
     s = st.session_state
-    return Query(
+    query = Query(
         s["text"],
-        s["model"].strip() or "default",
+        s_model(),
         s["engine"],
         s["device"],
         int(s["seed"]),
         bool(s["words"]),
+        int(s["gen"]) if service.can_generate(s_model(), s["device"]) else 0,
+        bool(s["sample"]),
     )
+    s["_mhsa_file_stem"] = service.file_stem(query)
+    return query
 
 
 def error(e: Exception) -> None:
@@ -103,7 +150,7 @@ def error(e: Exception) -> None:
 def load(query: Query) -> mhsa.AttentionResult | None:
     """The result for ``query``, or None after showing what went wrong (the page goes on)."""
     try:
-        result = data.attention(query)
+        result = service.attention(query)
     except mhsa.MHSAError as e:
         error(e)
         return None
@@ -115,7 +162,34 @@ def load(query: Query) -> mhsa.AttentionResult | None:
         )
     with st.sidebar:
         st.caption(f"Running on **{md_escape(result.device)}**")
+    _find(result)
+    st.session_state["_mhsa_generated_from"] = result.generated_from
     return result
+
+
+def _find(result: mhsa.AttentionResult) -> None:
+    """Resolve the sidebar's "Find a token" on this result: the match picked (several: a
+    choice), selected on the pages that select a token, boxed in every figure of tokens."""
+    s = st.session_state
+    found = None
+    matches = mhsa.find_tokens(result.tokens, s["find"])
+    with st.sidebar:
+        if s["find"].strip() and not matches:
+            st.caption("No token matches the search.")
+        elif len(matches) > 1:
+            st.selectbox(
+                f"{len(matches)} matches",
+                matches,
+                key="match",
+                format_func=lambda i: f"#{i} {result.tokens[i]}",
+            )
+            found = s["match"] if s.get("match") in matches else matches[0]
+        elif matches:
+            found = matches[0]
+    if found is not None and s.get("_mhsa_found") != found:
+        s["token"] = found  # the Heads page's token focus and the line view's token
+        s["ltoken"] = found
+    s["_mhsa_found"] = found
 
 
 def table(frame: pd.DataFrame, name: str, *, label: str, height: int = 400) -> None:
@@ -126,19 +200,48 @@ def table(frame: pd.DataFrame, name: str, *, label: str, height: int = 400) -> N
     )
 
 
-def figure(fig: go.Figure, name: str, *, key: str | None = None, **kwargs: Any) -> Any:
-    """A plotly chart with PNG (toolbar camera) and standalone-HTML downloads."""
+def figure(
+    fig: go.Figure, name: str, *, key: str | None = None, decorate: bool = True, **kwargs: Any
+) -> Any:
+    """A plotly chart whose camera button saves exactly what is on screen as PNG (4x) or SVG
+    (the sidebar's choice), with the figure as standalone HTML and its data as CSV. File names
+    say the sentence (hash), the model and ``name`` (which says the layer and head).
+    ``decorate``: box the found token and mark the generated text (figures of the page's
+    sentence; off for figures of another one)."""
+    stem = f"{st.session_state.get('_mhsa_file_stem', 'mhsa')}-{name}"
+    fmt = st.session_state.get("export", "png")
     config = {
-        "toImageButtonOptions": {"format": "png", "filename": name, "scale": 2},
+        "toImageButtonOptions": {
+            "format": fmt if fmt in EXPORT_FORMATS else "png",
+            "filename": stem,
+            "scale": 4,
+        },
         "displaylogo": False,
     }
+    if decorate:
+        fig = plots.decorate(
+            go.Figure(fig),
+            found=st.session_state.get("_mhsa_found"),
+            generated_from=st.session_state.get("_mhsa_generated_from"),
+        )
+    if st.session_state.get("present"):
+        fig.update_layout(font={"size": 20}, title_font={"size": 28})
     event = st.plotly_chart(fig, key=key, config=config, **kwargs)
-    st.download_button(
+    html_col, csv_col, _ = st.columns([1, 1, 3])
+    html_col.download_button(
         "Download as HTML",
         data=lambda: fig.to_html(include_plotlyjs=True, full_html=True),
-        file_name=f"{name}.html",
+        file_name=f"{stem}.html",
         mime="text/html",
         on_click="ignore",
         key=f"html-{key or name}",
+    )
+    csv_col.download_button(
+        "Data as CSV",
+        data=lambda: service.figure_csv(fig),
+        file_name=f"{stem}.csv",
+        mime="text/csv",
+        on_click="ignore",
+        key=f"csv-{key or name}",
     )
     return event

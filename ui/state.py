@@ -13,7 +13,9 @@ from urllib.parse import quote
 import streamlit as st
 
 from mhsa.errors import MHSAError
+from mhsa.extract import ENGINES, MAX_NEW_TOKENS
 from mhsa.limits import Limits
+from mhsa.models import DEVICES
 
 DEFAULT_TEXT = "The cat sat on the mat."
 #: Longest value (percent-encoded bytes) a link carries: nginx's default request line is 8 KiB,
@@ -94,6 +96,20 @@ def heads_param(raw: str) -> list[str]:
     return sorted(set(labels), key=lambda s: tuple(map(int, s[1:].split("H"))))
 
 
+def heads_list_param(raw: str) -> list[int]:
+    """Head numbers, comma-separated (at most 256)."""
+    heads = [int(p) for p in raw.split(",") if p.strip()]
+    if len(heads) > 256 or any(not 0 <= h <= 1023 for h in heads):
+        raise ValueError("must be head numbers from 0 to 1023")
+    return sorted(set(heads))
+
+
+def search_param(raw: str) -> str:
+    if len(raw) > 200:
+        raise ValueError("is longer than 200 characters")
+    return raw
+
+
 def text_param(raw: str) -> str:
     limit = Limits.from_env().max_chars
     if len(raw) > limit:
@@ -116,12 +132,18 @@ def model_param(raw: str) -> str:
 
 GLOBAL_PARAMS: dict[str, Param] = {
     "model": Param("default", model_param),
-    "engine": Param("transformers", choice("transformers", "mhsa", "mhsa-random")),
-    "device": Param("auto", choice("auto", "cpu", "cuda", "mps")),
+    "engine": Param("transformers", choice(*ENGINES)),
+    "device": Param("auto", choice(*DEVICES)),
     "text": Param(DEFAULT_TEXT, text_param),
     "words": Param(False, flag),
     "seed": Param(0, bounded_int(0, 2**31 - 1)),
+    "export": Param("png", choice("png", "svg")),
+    "gen": Param(0, bounded_int(0, MAX_NEW_TOKENS)),
+    "sample": Param(False, flag),
+    "find": Param("", search_param),
+    "present": Param(False, flag),
 }
+
 
 _LOADED = "_mhsa_query_loaded"
 _NOTICES = "_mhsa_notices"

@@ -1,6 +1,10 @@
-"""Cached access to models and results: models once per process; attention results in one
-process-wide cache bounded in bytes, shared read-only by every session (no copy per rerun);
-small derived analyses in Streamlit's data cache.
+"""The service layer between the pages (``ui``/``pages``) and the engine (``mhsa``): it turns
+the sidebar's settings (a ``Query``) into results and analyses, caches them, and hands the pages
+ready-made values, so that pages only lay out widgets and figures.
+
+Models load once per process; attention results live in one process-wide cache bounded in
+bytes, shared read-only by every session (no copy per rerun); small derived analyses live in
+Streamlit's data cache.
 
 Cached functions take the settings (a small tuple of strings), never the large arrays, so that
 Streamlit hashes a few bytes per call rather than the attention itself.
@@ -9,14 +13,19 @@ Streamlit hashes a few bytes per call rather than the attention itself.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
+import re
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import streamlit as st
 
 import mhsa
+from mhsa import plots
 from mhsa.cache import ResultCache
 from mhsa.classroom import Walkthrough, walkthrough
 from mhsa.limits import Limits
@@ -34,6 +43,8 @@ class Query(NamedTuple):
     device: str = "auto"
     seed: int = 0
     words: bool = False
+    generate: int = 0  # tokens a causal LM writes after the text (0: none)
+    sample: bool = False  # sampled from ``seed`` instead of greedy
 
 
 @st.cache_resource(max_entries=LIMITS.model_cache, show_spinner="Loading the model…")
@@ -49,20 +60,58 @@ def result_cache() -> ResultCache:
     return ResultCache(Limits.from_env().result_cache_mb * 2**20)
 
 
+def file_stem(query: Query) -> str:
+    """The start of every saved file's name: the sentence's hash, the model, the engine."""
+    digest = hashlib.sha1(query.text.encode("utf-8", "replace")).hexdigest()[:8]
+    model = re.sub(r"[^A-Za-z0-9._-]+", "_", query.model.rstrip("/").rsplit("/", 1)[-1])[-40:]
+    return f"{digest}-{model or 'model'}-{query.engine}"
+
+
+def figure_csv(fig: go.Figure) -> str:
+    """The numbers a figure draws, as CSV (``mhsa.plots.figure_data``)."""
+    return plots.figure_data(fig).to_csv(index=False)
+
+
+def model_facts(model: str, device: str) -> dict:
+    """Layers, heads, d_model, ... of a model (loading it once)."""
+    return loaded_model(model, device).facts()
+
+
+def can_generate(model: str, device: str) -> bool:
+    """The model loads and has a next-token head (false for anything that fails to load: the
+    page says why when it loads the result)."""
+    try:
+        return loaded_model(model, device).lm_head == "causal"
+    except Exception:
+        return False
+
+
 def _compute(query: Query) -> mhsa.AttentionResult:
     if len(query.text) > LIMITS.max_chars:
         raise mhsa.InputError(
             f"The text has {len(query.text):,} characters; this server accepts at most "
             f"{LIMITS.max_chars:,}. Shorten it."
         )
+    text = query.text
+    if query.generate:
+        with st.spinner("Generating…"):
+            text = mhsa.generate(
+                query.text,
+                model=loaded_model(query.model, query.device),
+                max_new_tokens=query.generate,
+                sample=query.sample,
+                seed=query.seed,
+            )
     result = mhsa.attend(
-        query.text,
+        text,
         model=loaded_model(query.model, query.device),
         engine=query.engine,
         max_tokens=LIMITS.max_tokens,
         seed=query.seed,
         verify=query.engine == "mhsa",
     )
+    if query.generate:
+        result = dataclasses.replace(result, prompt_chars=len(query.text))
     return result.to_words() if query.words else result
 
 
@@ -99,6 +148,11 @@ def head_stats(queries: tuple[Query, ...]) -> pd.DataFrame:
     return acc.frame()
 
 
+def first_sentence_stats(queries: tuple[Query, ...]) -> pd.DataFrame:
+    """``head_stats`` of the sentences, of the first of each ``A || B`` pair."""
+    return head_stats(tuple(q._replace(text=q.text.split("||")[0]) for q in queries))
+
+
 @st.cache_data(max_entries=LIMITS.result_cache, show_spinner="Comparing heads…")
 def head_similarity(queries: tuple[Query, ...], metric: str) -> pd.DataFrame:
     acc = HeadSimilarityAccumulator(metric)
@@ -110,6 +164,47 @@ def head_similarity(queries: tuple[Query, ...], metric: str) -> pd.DataFrame:
 @st.cache_data(max_entries=LIMITS.result_cache, show_spinner=False)
 def head_map(queries: tuple[Query, ...], metric: str) -> pd.DataFrame:
     return mhsa.head_map(head_similarity(queries, metric))
+
+
+@st.cache_data(max_entries=LIMITS.result_cache, show_spinner=False)
+def head_clusters(queries: tuple[Query, ...], metric: str, k: int) -> mhsa.HeadClusters:
+    """Hierarchical clusters of the heads (at most ``k``) under ``metric``."""
+    similarity = head_similarity(queries, metric)
+    return mhsa.head_clusters(similarity, min(k, len(similarity)))
+
+
+def token_table(result: mhsa.AttentionResult) -> pd.DataFrame:
+    """The tokens as the model sees them: one column per token, rows token, special,
+    punctuation, start, end (as text: one type per column for Arrow)."""
+    frame = pd.DataFrame(
+        {
+            "token": result.tokens,
+            "special": result.special,
+            "punctuation": result.punctuation,
+            "start": [o[0] for o in result.offsets],
+            "end": [o[1] for o in result.offsets],
+        }
+    )
+    return frame.T.astype(str)
+
+
+def agreement_table(result: mhsa.AttentionResult) -> pd.DataFrame:
+    """Our module against the model's own forward: the largest difference per layer's
+    attention and of the final hidden state."""
+    return pd.DataFrame(
+        {
+            "compared": [f"layer {i} attention weights" for i in range(result.num_layers)]
+            + ["final hidden state (the model's output)"],
+            "max |ours - model|": [*result.layer_max_abs_diff, result.hidden_max_abs_diff],
+        }
+    )
+
+
+def result_file(result: mhsa.AttentionResult) -> bytes:
+    """The result as the ``.npz`` file ``AttentionResult.load`` reads."""
+    buffer = io.BytesIO()
+    result.save(buffer)
+    return buffer.getvalue()
 
 
 @st.cache_data(max_entries=LIMITS.result_cache, show_spinner=False)

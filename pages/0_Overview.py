@@ -1,0 +1,72 @@
+"""Overview: the tokens as the model sees them, the model's facts, timings, and our module's
+agreement with the model's own forward."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from ui import page, service
+
+query = page.setup("MHSA Explorer")
+st.caption(
+    "What do the heads of a multi-head self-attention layer look at? Type a sentence in the "
+    "sidebar, then explore the pages: heads, head similarity, statistics, the inside of MHSA, "
+    "rollout and comparison."
+)
+result = page.load(query)
+if result is not None:
+    facts = result.facts
+    st.subheader("Tokens as the model sees them")
+    st.dataframe(service.token_table(result), width="stretch")
+    st.subheader("Model")
+    cols = st.columns(6)
+    for col, (name, value) in zip(
+        cols,
+        [
+            ("layers", facts["layers"]),
+            ("heads", facts["heads"]),
+            ("d_model", facts["d_model"]),
+            ("d_head", facts["d_head"]),
+            ("parameters", f"{facts['parameters'] / 1e6:.1f}M"),
+            ("device", facts["device"]),
+        ],
+        strict=True,
+    ):
+        col.metric(name, value)
+    st.text(
+        f"Model: {facts['model']}  ·  type: {facts['type']}  ·  "
+        f"max positions: {facts['max_positions']}"
+    )
+    timing = st.columns(3)
+    timing[0].metric("load time", f"{result.timings['load']:.2f} s")
+    timing[1].metric(
+        "compute time",
+        f"{result.timings['forward'] * 1e3:.1f} ms",
+        help="One forward pass of the whole model with this engine.",
+    )
+    if result.engine == "mhsa-random":
+        timing[2].metric("attention blocks", f"untrained, seed {result.seed}")
+    if result.max_abs_diff is not None:
+        timing[2].metric(
+            "model's own forward (check)",
+            f"{result.timings.get('verify', 0.0) * 1e3:.1f} ms",
+            help="The model's own forward pass, run once more to check our module against it.",
+        )
+        st.subheader("Our module against the model's own forward")
+        st.caption(
+            "The sentence ran through the model with every attention block swapped for our "
+            "MultiHeadSelfAttention (each layer's output feeding the next), then once more "
+            "through the model's own attention. Largest absolute differences:"
+        )
+        st.dataframe(
+            service.agreement_table(result),
+            hide_index=True,
+            column_config={"max |ours - model|": st.column_config.NumberColumn(format="%.1e")},
+        )
+    st.download_button(
+        "Download the result (.npz)",
+        service.result_file(result),
+        file_name="attention.npz",
+        mime="application/octet-stream",
+    )
+page.finish()

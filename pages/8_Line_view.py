@@ -1,0 +1,65 @@
+"""Line view (BertViz's head view): the tokens in two columns joined by lines whose opacity is
+the weight, every head of a layer in its own colour."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from mhsa import plots
+from ui import page
+from ui.state import Param, bounded_int, clamp, heads_list_param
+
+PARAMS = {
+    "layer": Param(0, bounded_int(0, 1023)),
+    "lheads": Param([], heads_list_param),
+    "ltoken": Param(-1, bounded_int(-1, 100_000)),
+}
+
+
+def _select_token() -> None:
+    """A click on a token (trace 0: left column, 1: right) shows only its lines."""
+    for point in st.session_state["lines"].selection.get("points", []):
+        if point.get("curve_number") in (0, 1) and point.get("customdata") is not None:
+            st.session_state["ltoken"] = int(point["customdata"])
+            return
+
+
+query = page.setup("Line view", PARAMS)
+result = page.load(query)
+if result is not None:
+    layer = clamp("layer", 0, result.num_layers - 1)
+    clamp("ltoken", -1, result.num_tokens - 1)
+    valid = [h for h in st.session_state["lheads"] if h < result.num_heads]
+    st.session_state["lheads"] = valid
+    left, mid, right = st.columns([1, 3, 2])
+    left.number_input("Layer", 0, result.num_layers - 1, key="layer")
+    mid.multiselect(
+        "Heads shown",
+        range(result.num_heads),
+        key="lheads",
+        format_func=lambda h: f"head {h}",
+        placeholder="all heads",
+    )
+    right.selectbox(
+        "Lines of",
+        range(-1, result.num_tokens),
+        key="ltoken",
+        format_func=lambda i: "every token" if i < 0 else f"#{i} {result.tokens[i]}",
+    )
+    token = st.session_state["ltoken"]
+    heads = st.session_state["lheads"] or None
+    page.figure(
+        plots.line_view(
+            result, st.session_state["layer"], heads=heads, token=None if token < 0 else token
+        ),
+        f"L{st.session_state['layer']}-lines" + ("" if token < 0 else f"-t{token}"),
+        key="lines",
+        on_select=_select_token,
+        selection_mode="points",
+    )
+    st.caption(
+        "Left: the token attending (query); right: the token attended to (key). A line's "
+        "opacity is the weight, its colour the head. Click a token to see only its lines, "
+        "click a head in the legend to hide it (double-click: only that head)."
+    )
+page.finish()

@@ -1,0 +1,210 @@
+"""The views of issue 13 at the library level: line view, neuron view, token search, top-k
+lists, generated text, figure data for export, model facts in the result."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import mhsa
+from mhsa import plots
+from mhsa.classroom import walkthrough
+
+SENTENCE = "The cat sat on the mat."
+
+
+@pytest.fixture(scope="module")
+def cat() -> mhsa.AttentionResult:
+    return mhsa.attend(SENTENCE, model=mhsa.get_model("default", "cpu"))
+
+
+def _lines_of(fig, head: int) -> int:
+    """Lines the figure draws for ``head``: segments between NaN gaps in its traces."""
+    total = 0
+    for trace in fig.data:
+        if trace.legendgroup == f"H{head}":
+            total += int(np.sum(~np.isnan(np.asarray(trace.x, dtype=float)))) // 2
+    return total
+
+
+def test_line_view_draws_one_line_per_weight_above_the_threshold(cat) -> None:
+    fig = plots.line_view(cat, 2)
+    for head in (0, 5, 11):
+        a = cat.attention[2, head]
+        assert _lines_of(fig, head) == int(np.count_nonzero(a >= 0.01))
+
+
+def test_line_view_opacity_follows_the_weight(cat) -> None:
+    fig = plots.line_view(cat, 1, heads=[3])
+    a = cat.attention[1, 3]
+    by_pair = {}
+    for trace in fig.data[2:]:
+        alpha = float(re.search(r"rgba\(\d+,\d+,\d+,([\d.]+)\)", trace.line.color).group(1))
+        ys = np.asarray(trace.y, dtype=float).reshape(-1, 3)
+        for y_from, y_to, _ in ys:
+            by_pair[(int(-y_from), int(-y_to))] = alpha
+    strongest = np.unravel_index(np.argmax(a), a.shape)
+    assert by_pair[tuple(int(i) for i in strongest)] == pytest.approx(
+        np.ceil(a.max() * plots.LINE_BINS) / plots.LINE_BINS
+    )
+    weakest_kept = min(by_pair, key=lambda p: a[p])
+    assert by_pair[weakest_kept] <= by_pair[tuple(int(i) for i in strongest)]
+    assert {t.legendgroup for t in fig.data[2:]} == {"H3"}  # only the head asked for
+
+
+def test_line_view_of_one_token_and_top_k(cat) -> None:
+    fig = plots.line_view(cat, 0, token=2)
+    for trace in fig.data[2:]:
+        starts = np.asarray(trace.y, dtype=float)[0::3]
+        assert np.all(starts == -2)  # every line leaves token 2
+    assert "lines of 'cat'" in fig.layout.title.text
+    top = plots.line_view(cat, 0, heads=[7], top_k=2)
+    rows = cat.attention[0, 7]
+    expected = sum(sum(1 for w in sorted(r, reverse=True)[:2] if w >= 0.01) for r in rows)
+    assert _lines_of(top, 7) == expected
+    assert "top 2 per token" in top.layout.title.text
+
+
+def test_line_view_beyond_the_dense_limit_keeps_the_top_lines_and_says_so() -> None:
+    text = " ".join(["word"] * 60)
+    r = mhsa.attend(text, model=mhsa.get_model("default", "cpu"))
+    fig = plots.line_view(r, 0, heads=[0])
+    assert r.num_tokens > plots.LINE_DENSE
+    assert f"top {plots.LINE_TOP_K} per token" in fig.layout.title.text
+    assert _lines_of(fig, 0) <= plots.LINE_TOP_K * r.num_tokens
+
+
+def test_neuron_view_equals_the_models_own_query_and_key(cat) -> None:
+    lm = mhsa.get_model("default", "cpu")
+    layer, head, token = 2, 5, 3
+    walk = walkthrough(SENTENCE, model=lm, layer=layer)
+    neuron = walk.neuron(head, token)
+    x = torch.from_numpy(walk.step("X").value)
+    own = lm.model.encoder.layer[layer].attention.self  # the model's own BERT projections
+    d = walk.d_head
+    with torch.no_grad():
+        q = own.query(x)[0, token, head * d : (head + 1) * d].numpy()
+        k = own.key(x)[0, :, head * d : (head + 1) * d].numpy()
+    np.testing.assert_allclose(neuron.query, q, atol=1e-5)
+    np.testing.assert_allclose(neuron.keys, k, atol=1e-5)
+    np.testing.assert_allclose(neuron.products.sum(1), k @ q, atol=1e-4)
+    np.testing.assert_allclose(neuron.dots, k @ q, atol=1e-4)
+    np.testing.assert_allclose(neuron.scaled, k @ q / np.sqrt(d), atol=1e-4)
+    # the model's own attention (transformers engine) for that row
+    np.testing.assert_allclose(neuron.probabilities, cat.attention[layer, head, token], atol=1e-5)
+    fig = plots.neuron_figure(neuron, walk.tokens)
+    assert [t.meta for t in fig.data][:3] == ["q", "k", "q ⊙ k"]
+    np.testing.assert_allclose(np.asarray(fig.data[-1].z)[:, 0], neuron.probabilities)
+
+
+def test_neuron_view_rejects_a_head_or_token_out_of_range(cat) -> None:
+    walk = walkthrough(SENTENCE, model=mhsa.get_model("default", "cpu"), layer=0)
+    with pytest.raises(mhsa.InputError, match="Head 12 does not exist"):
+        walk.neuron(12, 0)
+    with pytest.raises(mhsa.InputError, match="Token 9 does not exist"):
+        walk.neuron(0, 9)
+
+
+def test_find_tokens_matches_exact_first_ignoring_case_and_piece_marks() -> None:
+    tokens = ["[CLS]", "The", "##cat", "concat", "Ġcat", "dog", "[SEP]"]
+    assert mhsa.find_tokens(tokens, "CAT") == [2, 4, 3]
+    assert mhsa.find_tokens(tokens, "  ") == []
+    assert mhsa.find_tokens(tokens, "zebra") == []
+
+
+def test_top_attended_names_the_strongest_keys_in_order(cat) -> None:
+    table = mhsa.top_attended(cat, 3, 4, k=3)
+    a = cat.attention[3, 4]
+    assert list(table.columns) == ["1", "2", "3"] and len(table) == cat.num_tokens
+    for i in (0, 2, 7):
+        j = int(np.argmax(a[i]))
+        assert table.iloc[i, 0] == f"{cat.tokens[j]} #{j} {a[i, j]:.3f}"
+        second = sorted(a[i], reverse=True)[1]
+        assert table.iloc[i, 1].endswith(f"{second:.3f}")
+
+
+def test_facts_travel_in_the_result(cat) -> None:
+    lm = mhsa.get_model("default", "cpu")
+    assert cat.facts["layers"] == lm.config.num_hidden_layers == 6
+    assert cat.facts["d_head"] == lm.config.hidden_size // lm.config.num_attention_heads
+    assert cat.to_words().facts == cat.facts
+
+
+def test_figure_data_has_every_cell_of_a_heatmap(cat) -> None:
+    frame = plots.figure_data(plots.head_heatmap(cat, 4, 2))
+    assert len(frame) == cat.num_tokens**2
+    cell = frame[(frame["y"] == "cat #2") & (frame["x"] == "mat #6")]
+    assert cell["value"].item() == pytest.approx(float(cat.attention[4, 2, 2, 6]))
+
+
+def test_decorate_boxes_the_found_token_and_marks_generation(cat) -> None:
+    fig = plots.decorate(plots.head_heatmap(cat, 0, 0), found=3, generated_from=6)
+    rects = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert {(r.y0, r.y1) for r in rects if r.xref == "x domain"} == {(2.5, 3.5)}
+    assert {(r.x0, r.x1) for r in rects if r.yref == "y domain"} == {(2.5, 3.5)}
+    assert [s.x0 for s in fig.layout.shapes if s.type == "line" and s.yref == "y domain"] == [5.5]
+    untouched = plots.decorate(plots.stat_grid(mhsa.head_stats(cat), "entropy"), found=3)
+    assert not untouched.layout.shapes
+
+
+# --- generated text -------------------------------------------------------------------------------
+def _greedy_by_hand(lm: mhsa.LoadedModel, text: str, steps: int) -> list[int]:
+    enc = lm.tokenizer(text, return_tensors="pt")
+    ids = enc["input_ids"]
+    with torch.no_grad():
+        for _ in range(steps):
+            extra = {k: torch.zeros_like(ids) for k in ("token_type_ids",) if k in enc}
+            logits = lm.head_model(input_ids=ids, **extra).logits[0, -1]
+            ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
+    return ids[0].tolist()
+
+
+def test_generate_greedy_equals_argmax_step_by_step(tiny_gpt2_path) -> None:
+    lm = mhsa.load_model(tiny_gpt2_path, device="cpu")
+    prompt = "The cat sat"
+    full = mhsa.generate(prompt, model=lm, max_new_tokens=4)
+    assert full.startswith(prompt)
+    expected = _greedy_by_hand(lm, prompt, 4)
+    n_prompt = len(lm.tokenizer(prompt)["input_ids"])
+    assert full == prompt + lm.tokenizer.decode(expected[n_prompt:], skip_special_tokens=True)
+
+
+def test_sampling_is_reproducible_from_its_seed(tiny_gpt2_path) -> None:
+    lm = mhsa.load_model(tiny_gpt2_path, device="cpu")
+    runs = {
+        s: mhsa.generate("A", model=lm, max_new_tokens=6, sample=True, seed=s) for s in range(4)
+    }
+    assert runs[1] == mhsa.generate("A", model=lm, max_new_tokens=6, sample=True, seed=1)
+    assert len(set(runs.values())) > 1  # a random 30k vocabulary: seeds differ
+
+
+def test_generated_tokens_are_marked_in_the_result(tiny_gpt2_path) -> None:
+    lm = mhsa.load_model(tiny_gpt2_path, device="cpu")
+    prompt = "The cat sat"
+    full = mhsa.generate(prompt, model=lm, max_new_tokens=5)
+    r = mhsa.attend(full, model=lm)
+    r = dataclasses.replace(r, prompt_chars=len(prompt))
+    first = r.generated_from
+    assert first is not None and r.offsets[first][0] >= len(prompt)
+    assert not any(r.generated[:first])
+    rest = zip(r.generated[first:], r.special[first:], strict=True)
+    assert all(g != special for g, special in rest)  # every non-special token after it
+    assert r.offsets[first - 1][1] <= len(prompt)
+
+
+def test_generate_needs_a_causal_lm_head() -> None:
+    with pytest.raises(mhsa.InputError, match="no next-token"):
+        mhsa.generate("Hello", model=mhsa.get_model("default", "cpu"), max_new_tokens=3)
+
+
+def test_file_stem_names_sentence_model_and_engine() -> None:
+    from ui.service import Query, file_stem
+
+    stem = file_stem(Query("Hi there.", model="org/My Model", engine="mhsa"))
+    digest = hashlib.sha1(b"Hi there.").hexdigest()[:8]
+    assert stem == f"{digest}-My_Model-mhsa"
