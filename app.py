@@ -32,6 +32,7 @@ navigation = st.navigation(
             for path, title, icon in pages
         ]
         for section, pages in SECTIONS.items()
-    }
+    },
+    expanded=True,  # every page listed, none behind "view more"
 )
 navigation.run()

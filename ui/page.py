@@ -39,8 +39,21 @@ PRESENTATION_CSS = """<style>
 </style>"""
 
 
+def _use_the_navigation() -> None:
+    """Streamlit runs an app that has a ``pages/`` folder the old way (every file a page, the
+    entry point called "app") until ``app.py`` has called ``st.navigation`` once in the
+    process: a first visitor arriving by a page's own link would get the old navigation.
+    Leave that mode and rerun, which runs ``app.py`` and its navigation to the same page."""
+    from streamlit.runtime.pages_manager import PagesManager
+
+    if PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        st.rerun()
+
+
 def setup(title: str, params: dict[str, Param] | None = None) -> Query:
     """Page config, state from the URL, the sidebar. Returns the settings of the result."""
+    _use_the_navigation()
     st.set_page_config(page_title=f"{title} · MHSA Explorer", page_icon="🔍", layout="wide")
     all_params = GLOBAL_PARAMS | (params or {})
     use_params(all_params)

@@ -175,12 +175,13 @@ def head_clusters(queries: tuple[Query, ...], metric: str, k: int) -> mhsa.HeadC
 
 def token_table(result: mhsa.AttentionResult) -> pd.DataFrame:
     """The tokens as the model sees them: one column per token, rows token, special,
-    punctuation, start, end (as text: one type per column for Arrow)."""
+    punctuation, generated, start, end (as text: one type per column for Arrow)."""
     frame = pd.DataFrame(
         {
             "token": result.tokens,
             "special": result.special,
             "punctuation": result.punctuation,
+            "generated": result.generated,
             "start": [o[0] for o in result.offsets],
             "end": [o[1] for o in result.offsets],
         }

@@ -70,7 +70,9 @@ def rendered_tags(at) -> set[str]:
 
 def test_page_params_are_found() -> None:
     assert "step" in page_params("pages/4_Inside_MHSA.py")
-    assert "layer" in page_params("pages/1_Heads.py") and "text" in page_params("app.py")
+    assert "layer" in page_params("pages/1_Heads.py") and "text" in page_params(
+        "pages/0_Overview.py"
+    )
     assert "step" not in page_params("pages/1_Heads.py")
 
 

@@ -15,7 +15,7 @@ import mhsa
 from tests.hostile import CASES, markup_tags, rendered
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = ["app.py", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "pages").glob("*.py"))]
+PAGES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "pages").glob("*.py"))
 CAT_TOKENS = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".", "[SEP]"]
 
 
@@ -37,7 +37,7 @@ def ticktext(spec: dict, axis: str = "xaxis") -> list[str]:
 def test_page_list_is_complete() -> None:
     names = [Path(p).stem for p in PAGES]
     assert names == [
-        "app",
+        "0_Overview",
         "1_Heads",
         "2_Head_similarity",
         "3_Head_statistics",
@@ -45,6 +45,7 @@ def test_page_list_is_complete() -> None:
         "5_Rollout",
         "6_Compare",
         "7_Head_importance",
+        "8_Line_view",
     ]
 
 
@@ -57,7 +58,7 @@ def test_every_page_renders_without_errors(page: str) -> None:
 
 
 def test_overview_shows_tokens_facts_and_agreement() -> None:
-    at = run("app.py", engine="mhsa")
+    at = run("pages/0_Overview.py", engine="mhsa")
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["layers"] == "6" and metrics["heads"] == "12"
     assert metrics["d_model"] == "384" and metrics["d_head"] == "32"
@@ -164,20 +165,20 @@ def test_inside_mhsa_shows_rotation_and_gqa_grouping_for_a_llama_layer(
 def test_models_load_only_if_the_operator_allowed_them(tiny_gpt2_path, monkeypatch) -> None:
     monkeypatch.delenv("MHSA_ALLOWED_MODELS", raising=False)  # the default policy
     for name in (tiny_gpt2_path, "/etc", "/no/such/folder", "gpt2"):
-        at = run("app.py", model=name)
+        at = run("pages/0_Overview.py", model=name)
         assert not at.error and not at.exception
         notice = rendered(at.warning[0].value)[0]
         # the same words whether the folder exists, is no model, or is missing: nothing disclosed
         assert "this server does not load that model from a link" in notice
         assert at.text_input(key="model").value == "default"
     monkeypatch.setenv("MHSA_ALLOWED_MODELS", f"{tiny_gpt2_path},/models/other")
-    at = run("app.py", model=tiny_gpt2_path)
+    at = run("pages/0_Overview.py", model=tiny_gpt2_path)
     assert not at.warning and not at.error
     assert {m.label: m.value for m in at.metric}["layers"] == "2"
 
 
 def test_overview_of_the_random_engine_says_what_it_is() -> None:
-    at = run("app.py", engine="mhsa-random", seed="4")
+    at = run("pages/0_Overview.py", engine="mhsa-random", seed="4")
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["attention blocks"] == "untrained, seed 4"
     assert len(at.dataframe) == 1  # no agreement table: nothing to agree with
@@ -196,7 +197,7 @@ def test_rollout_and_compare_pages() -> None:
 
 
 def test_bad_sentence_and_bad_model_show_errors_and_the_app_recovers() -> None:
-    at = run("app.py")
+    at = run("pages/0_Overview.py")
     at.text_area(key="text").input("   ").run()
     assert not at.exception and "empty" in at.error[0].value
     at.text_area(key="text").input("Back to normal.").run()
@@ -216,7 +217,9 @@ def test_user_text_stays_literal_on_axes_and_messages() -> None:
     tokens = mhsa.attend(text).tokens
     assert labels == [html.escape(t, quote=False) for t in tokens]
     assert all("<" not in label for label in labels)
-    bad = run("app.py", model="**bold** <i>x</i>")  # not allowed: falls back with a notice
+    bad = run(
+        "pages/0_Overview.py", model="**bold** <i>x</i>"
+    )  # not allowed: falls back with a notice
     assert not bad.error and bad.metric
     notice = bad.warning[0].value
     assert "model='**bold** <i>x</i>' ignored" in rendered(notice)[0]
@@ -224,7 +227,7 @@ def test_user_text_stays_literal_on_axes_and_messages() -> None:
 
 
 def test_sidebar_state_round_trips_through_the_url() -> None:
-    at = run("app.py", text="Hello there.", engine="mhsa-random", seed="5", words="1")
+    at = run("pages/0_Overview.py", text="Hello there.", engine="mhsa-random", seed="5", words="1")
     assert at.text_area(key="text").value == "Hello there."
     assert at.radio(key="engine").value == "mhsa-random"
     assert at.toggle(key="words").value is True

@@ -188,3 +188,112 @@ def test_knock_outs_on_the_heads_page(app_url, page) -> None:
     page.wait_for_url(re.compile(r"off=L0H0(%2C|,)L0H3"), timeout=60_000)
     wait_for_app(page, plots=PAGE_PLOTS["Heads"] + 5)
     page.screenshot(path=str(DOCS / "Heads-knock-out.png"), full_page=True)
+
+
+# --- issue 13: navigation, line view, export, token search, generated text ---------------------
+def test_navigation_is_named_grouped_and_old_links_still_work(page) -> None:
+    with streamlit_server() as url:  # a fresh server: this link is its first visitor
+        _first_visit_by_a_page_link(url, page)
+
+
+def _first_visit_by_a_page_link(app_url, page) -> None:
+    page.goto(f"{app_url}/Head_similarity?metric=cosine")  # a link made before the navigation
+    wait_for_app(page, plots=PAGE_PLOTS["Head similarity"])
+    headers = page.locator("[data-testid='stNavSectionHeader']").all_text_contents()
+    assert [h.replace("expand_more", "").strip() for h in headers] == [
+        "Explore",
+        "Analyse",
+        "Teach",
+    ]
+    nav = page.locator("[data-testid='stSidebarNav']")
+    links = [t.strip() for t in nav.locator("a").all_text_contents()]  # icon name + title
+    assert len(links) == len(PAGES)
+    for link, title in zip(links, ["Overview", "Heads", "Line view"], strict=False):
+        assert link.endswith(title)
+    assert not [t for t in links if t.lower().endswith("app")]
+    nav.get_by_text("Heads", exact=True).click()  # one click from anywhere
+    page.wait_for_url(re.compile(r"/Heads"), timeout=60_000)
+    wait_for_app(page, plots=PAGE_PLOTS["Heads"])
+    assert page.locator("h1").first.inner_text().strip() == "Heads"
+
+
+def _line_counts(page) -> dict[str, int]:
+    """Lines the browser drew per stroke colour: subpaths (M commands) of the line paths."""
+    return page.eval_on_selector_all(
+        ".js-plotly-plot .scatterlayer .trace path.js-line",
+        """els => {
+            const out = {};
+            for (const e of els) {
+                const rgb = (e.style.stroke || '').replace(/\\s/g, '');
+                const n = ((e.getAttribute('d') || '').match(/M/g) || []).length;
+                out[rgb] = (out[rgb] || 0) + n;
+            }
+            return out;
+        }""",
+    )
+
+
+def test_line_view_draws_each_heads_lines_in_its_colour(app_url, page) -> None:
+    import numpy as np
+
+    import mhsa
+    from mhsa.plots import HEAD_COLORS
+
+    page.goto(f"{app_url}/Line_view?layer=3")
+    wait_for_app(page, plots=1)
+    a = mhsa.attend("The cat sat on the mat.").attention[3]
+    counts = _line_counts(page)
+    for h in (0, 4, 11):
+        r, g, b = (int(HEAD_COLORS[h][i : i + 2], 16) for i in (1, 3, 5))
+        drawn = counts.get(f"rgb({r},{g},{b})", 0)  # the weight is the stroke's opacity
+        assert drawn == int(np.count_nonzero(a[h] >= 0.01)), (h, counts)
+    # a click on a token shows only its lines
+    point = page.locator(".js-plotly-plot .scatterlayer .trace").first.locator("path.point").nth(2)
+    box = point.bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_url(re.compile(r"ltoken=2"), timeout=60_000)
+    wait_for_app(page, plots=1)
+    assert "lines of 'cat'" in page.locator(".js-plotly-plot .gtitle").first.text_content()
+    page.screenshot(path=str(DOCS / "Line_view.png"), full_page=False)
+
+
+def test_svg_export_saves_the_figure_as_svg(app_url, page) -> None:
+    page.goto(f"{app_url}/Heads?export=svg&layer=2&head=7")
+    wait_for_app(page, plots=PAGE_PLOTS["Heads"])
+    chart = page.locator(".js-plotly-plot").nth(1)
+    chart.hover()
+    with page.expect_download(timeout=60_000) as info:
+        chart.locator("[data-title^='Download plot']").click()
+    download = info.value
+    assert download.suggested_filename.endswith("-default-transformers-L2H7-head.svg")
+    svg = Path(download.path()).read_text()
+    assert svg.lstrip().startswith("<svg") and "Layer 2, head 7" in svg
+    assert ">cat<" in svg  # the tokens travel as text in the vector file
+
+
+def test_token_search_at_512_tokens_selects_and_boxes_it(app_url, page) -> None:
+    vocabulary = ["the", "cat", "dog", "sat", "on", "mat", "and", "a", "big", "house"]
+    words = [vocabulary[i % len(vocabulary)] for i in range(515)]
+    words[400] = "elephant"
+    page.goto(f"{app_url}/Heads?text={quote(' '.join(words))}&find=elephant")
+    wait_for_app(page, plots=PAGE_PLOTS["Heads"], timeout_ms=120_000)
+    titles = page.locator(".js-plotly-plot .gtitle").all_text_contents()
+    assert any("Where 'elephant' attends" in t for t in titles), titles
+    boxes = page.eval_on_selector_all(
+        ".js-plotly-plot >> nth=1 >> .shapelayer path",
+        "els => els.map(e => e.style.stroke.replace(/\\s/g, ''))",
+    )
+    assert boxes.count("rgb(214,39,40)") == 2  # the token's row and column
+
+
+def test_generated_tokens_appear_on_the_pages(tiny_gpt2_path, page) -> None:
+    env = {"MHSA_ALLOWED_MODELS": tiny_gpt2_path}
+    with streamlit_server(env=env) as url:
+        page.goto(f"{url}/Heads?model={quote(tiny_gpt2_path)}&text=The+cat+sat&gen=6")
+        wait_for_app(page, plots=PAGE_PLOTS["Heads"])
+        page.get_by_text("dashed: generated text begins").first.wait_for()
+        labels = tick_labels(page, 1)
+        assert labels[:4] == ["[CLS]", "the", "cat", "sat"] and len(labels) > 5
+        page.goto(f"{url}/Line_view?model={quote(tiny_gpt2_path)}&text=The+cat+sat&gen=6")
+        wait_for_app(page, plots=1)
+        page.get_by_text("dashed: generated text begins").first.wait_for()

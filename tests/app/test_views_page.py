@@ -1,0 +1,187 @@
+"""Issue 13's app through AppTest: navigation, line view, neuron view, token search at 512
+tokens, generated text, export settings, and pages free of numerics."""
+
+from __future__ import annotations
+
+import ast
+import base64
+import json
+
+import numpy as np
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+import mhsa
+from mhsa.classroom import walkthrough
+from tests.app.test_pages import PAGES, ROOT, run, specs
+
+NUMERIC_MODULES = {"numpy", "torch", "scipy", "sklearn"}
+
+
+def _array(value) -> np.ndarray:
+    """A plotly array from a figure's JSON spec (plain list or binary-encoded)."""
+    if isinstance(value, dict) and "bdata" in value:
+        data = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+        return data.reshape([int(s) for s in str(value.get("shape", len(data))).split(",")])
+    return np.asarray(value, dtype=float)
+
+
+def test_pages_do_no_numerics() -> None:
+    """Pages only lay out widgets and figures: none imports a numerical library."""
+    for path in [*PAGES, "app.py"]:
+        tree = ast.parse((ROOT / path).read_text())
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module.split(".")[0])
+        assert not imported & NUMERIC_MODULES, (path, imported & NUMERIC_MODULES)
+
+
+def test_navigation_names_and_groups_every_page() -> None:
+    tree = ast.parse((ROOT / "app.py").read_text())
+    sections = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and node.targets[0].id == "SECTIONS"
+    )
+    assert list(sections) == ["Explore", "Analyse", "Teach"]
+    files = [path for pages in sections.values() for path, _, _ in pages]
+    assert sorted(files) == PAGES  # every page once
+    titles = [title for pages in sections.values() for _, title, _ in pages]
+    assert titles[:2] == ["Overview", "Heads"]  # the heads one click from anywhere, near the top
+
+
+def test_app_opens_on_the_overview_and_switches_pages() -> None:
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120).run()
+    assert not at.exception and at.title[0].value == "MHSA Explorer"
+    at.switch_page("pages/8_Line_view.py").run()
+    assert not at.exception and at.title[0].value == "Line view"
+
+
+def test_line_view_draws_the_lines_of_every_head() -> None:
+    at = run("pages/8_Line_view.py", layer="3")
+    assert not at.exception
+    (spec,) = specs(at)
+    a = mhsa.attend("The cat sat on the mat.").attention[3]
+    drawn: dict[str, int] = {}
+    colours: dict[str, set] = {}
+    for trace in spec["data"][2:]:
+        x = _array(trace["x"])
+        drawn[trace["legendgroup"]] = drawn.get(trace["legendgroup"], 0) + int(
+            np.sum(~np.isnan(x)) // 2
+        )
+        colours.setdefault(trace["legendgroup"], set()).add(
+            tuple(trace["line"]["color"].split(",")[:3])
+        )
+    assert drawn == {f"H{h}": int(np.count_nonzero(a[h] >= 0.01)) for h in range(12)}
+    assert all(len(c) == 1 for c in colours.values())  # one colour per head...
+    assert len(set().union(*colours.values())) == 12  # ...and a different one for each
+
+
+def test_line_view_of_one_token_and_chosen_heads() -> None:
+    at = run("pages/8_Line_view.py", layer="0", lheads="2,4", ltoken="2")
+    (spec,) = specs(at)
+    assert "lines of 'cat'" in spec["layout"]["title"]["text"]
+    assert {t["legendgroup"] for t in spec["data"][2:]} == {"H2", "H4"}
+    for trace in spec["data"][2:]:
+        assert set(_array(trace["y"])[0::3]) <= {-2.0}
+    at.selectbox(key="ltoken").set_value(-1).run()
+    assert "all tokens" in specs(at)[0]["layout"]["title"]["text"]
+    assert "ltoken" not in at.query_params
+
+
+def test_neuron_view_shows_the_modules_query_and_keys() -> None:
+    at = run("pages/4_Inside_MHSA.py", mlayer="2", nquery="3", nhead="5")
+    assert not at.exception
+    neuron = next(s for s in specs(at) if s["layout"]["title"]["text"].startswith("Neuron view"))
+    traces = {t["meta"]: t for t in neuron["data"]}
+    lm = mhsa.get_model("default", "cpu")
+    walk = walkthrough("The cat sat on the mat.", model=lm, layer=2)
+    x = torch.from_numpy(walk.step("X").value)
+    own = lm.model.encoder.layer[2].attention.self
+    with torch.no_grad():
+        q = own.query(x)[0, 3, 5 * 32 : 6 * 32].numpy()
+        k = own.key(x)[0, :, 5 * 32 : 6 * 32].numpy()
+    np.testing.assert_allclose(_array(traces["q"]["z"])[0], q, atol=1e-5)
+    np.testing.assert_allclose(_array(traces["k"]["z"]), k, atol=1e-5)
+    np.testing.assert_allclose(_array(traces["q ⊙ k"]["z"]), q * k, atol=1e-5)
+    weights = mhsa.attend("The cat sat on the mat.").attention[2, 5, 3]
+    np.testing.assert_allclose(_array(traces["softmax"]["z"])[:, 0], weights, atol=1e-5)
+
+
+def test_finding_a_token_in_512_selects_and_boxes_it() -> None:
+    vocabulary = ["the", "cat", "dog", "sat", "on", "mat", "and", "a", "big", "house"]
+    words = [vocabulary[i % len(vocabulary)] for i in range(515)]
+    words[400] = "elephant"
+    text = " ".join(words)
+    result = mhsa.attend(text, max_tokens=512)
+    target = result.tokens.index("elephant")
+    assert result.num_tokens == 512 and target > 400
+    at = run("pages/1_Heads.py", text=text, find="ELEPHANT")
+    assert not at.exception and not at.error
+    assert at.session_state["token"] == target
+    assert at.selectbox(key="token").value == target
+    large, focus = specs(at)[1], specs(at)[2]
+    boxes = [s for s in large["layout"]["shapes"] if s["type"] == "rect"]
+    assert {(b.get("y0"), b.get("x0")) for b in boxes} == {
+        (target - 0.5, 0),
+        (0, target - 0.5),
+    }
+    assert "elephant" in focus["layout"]["title"]["text"]
+    lines = run("pages/8_Line_view.py", text=text, find="elephant")
+    assert lines.session_state["ltoken"] == target
+
+
+def test_several_matches_offer_a_choice() -> None:
+    at = run("pages/1_Heads.py", find="the")  # "The cat sat on the mat."
+    assert at.selectbox(key="match").options == ["#1 the", "#5 the"]
+    at.selectbox(key="match").set_value(5).run()
+    assert at.session_state["token"] == 5
+    none = run("pages/1_Heads.py", find="elephant")
+    assert any("No token matches" in c.value for c in none.caption)
+
+
+def test_generated_text_on_every_page(tiny_gpt2_path, monkeypatch) -> None:
+    monkeypatch.setenv("MHSA_ALLOWED_MODELS", tiny_gpt2_path)
+    prompt = "The cat sat"
+    full = mhsa.generate(
+        prompt, model=mhsa.load_model(tiny_gpt2_path, device="cpu"), max_new_tokens=5
+    )
+    assert len(full) > len(prompt)
+    at = run("pages/0_Overview.py", model=tiny_gpt2_path, text=prompt, gen="5")
+    assert not at.exception and not at.error
+    tokens = at.dataframe[0].value
+    assert "generated" in tokens.index
+    flags = list(tokens.loc["generated"])
+    assert flags.count("True") >= 1 and flags[: flags.index("True")].count("True") == 0
+    heads = run("pages/1_Heads.py", model=tiny_gpt2_path, text=prompt, gen="5")
+    first = flags.index("True")
+    dashed = [s for s in specs(heads)[1]["layout"]["shapes"] if s["type"] == "line"]
+    at_rows = [s["y0"] for s in dashed if s.get("xref") == "x domain"]
+    at_cols = [s["x0"] for s in dashed if s.get("yref") == "y domain"]
+    assert at_rows == at_cols == [first - 0.5]
+    assert heads.number_input(key="gen").value == 5
+
+
+def test_no_generation_for_a_model_without_a_next_token_head() -> None:
+    at = run("pages/0_Overview.py", gen="5")
+    assert not at.exception
+    assert not [w for w in at.get("number_input") if w.proto.id.endswith("gen")]
+    assert list(at.dataframe[0].value.loc["generated"]) == ["False"] * 9
+
+
+@pytest.mark.parametrize("fmt", ["png", "svg"])
+def test_every_figure_exports_in_the_chosen_format_with_its_data(fmt: str) -> None:
+    at = run("pages/1_Heads.py", export=fmt, layer="2", head="7")
+    charts = at.get("plotly_chart")
+    assert charts
+    for chart in charts:
+        options = json.loads(chart.proto.config)["toImageButtonOptions"]
+        assert options["format"] == fmt and options["scale"] == 4
+    names = [json.loads(c.proto.config)["toImageButtonOptions"]["filename"] for c in charts]
+    assert any(n.endswith("-default-transformers-L2H7-head") for n in names)
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert labels.count("Data as CSV") == len(charts)
