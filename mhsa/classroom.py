@@ -168,10 +168,10 @@ def walkthrough(
     text = _check_text(text)
     if layer is None and (d_model < 1 or num_heads < 1 or d_model % num_heads):
         raise InputError(f"d_model ({d_model}) must be a multiple of the heads ({num_heads}).")
-    encoded = _encode(model, text, None, max_tokens)  # the tokenizing every view shares
-    ids = encoded.inputs["input_ids"][0].tolist()
-    tokens = list(encoded.tokens.strings)
-    with model.lock, torch.inference_mode():  # the model is shared
+    with model.lock, torch.inference_mode():  # the tokenizer and the model are shared
+        encoded = _encode(model, text, None, max_tokens)  # the tokenizing every view shares
+        ids = encoded.inputs["input_ids"][0].tolist()
+        tokens = list(encoded.tokens.strings)
         if layer is None:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)

@@ -70,6 +70,11 @@ Self-Attention: Specialized Heads Do the Heavy Lifting, the Rest Can Be Pruned",
 """
 
 
+#: a single sentence up to this many tokens is computed at once; longer ones, and corpora, wait
+#: for "Compute importance" (a knock-out of every head of a long input takes seconds)
+AUTO_TOKENS = 128
+
+
 def _open_head() -> None:
     """A click on the map opens that head on the Heads page (after this run)."""
     for point in st.session_state["importance-grid"].selection.get("points", []):
@@ -126,14 +131,16 @@ if result is not None:
     state = st.session_state
     target = None if state["target"] == "auto" else state["target"]
     settings = (queries, state["method"], target, state["pair"])
-    run_now = len(queries) == 1 or state.get("_importance_go") == settings
+    auto = len(queries) == 1 and result.num_tokens <= AUTO_TOKENS  # quick: no button needed
+    run_now = auto or state.get("_importance_go") == settings
     if not run_now:
-        st.info(f"Importance over {len(queries)} sentences takes a while.", icon="⏳")
+        what = f"{len(queries)} sentences" if len(queries) > 1 else f"{result.num_tokens} tokens"
+        st.info(f"Importance over {what} takes a while.", icon="⏳")
         if st.button("Compute importance", type="primary"):
             state["_importance_go"] = settings
             st.rerun()
     else:
-        if len(queries) > 1 and st.button("Cancel"):
+        if not auto and st.button("Cancel"):
             state.pop("_importance_go", None)  # the rerun this click starts stops the work
             st.rerun()
         bar, update = _progress("Head importance")

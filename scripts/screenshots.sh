@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh dev
 MHSA_SCREENSHOTS=docs HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -p no:cacheprovider \
-  tests/browser/test_browser.py -k "screenshot or clicking"
+  tests/browser/test_browser.py -k "screenshot or clicking or knock_outs or line_view"

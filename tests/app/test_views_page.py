@@ -185,3 +185,16 @@ def test_every_figure_exports_in_the_chosen_format_with_its_data(fmt: str) -> No
     assert any(n.endswith("-default-transformers-L2H7-head") for n in names)
     labels = [b.proto.label for b in at.get("download_button")]
     assert labels.count("Data as CSV") == len(charts)
+
+
+def test_importance_of_a_long_input_waits_for_the_button() -> None:
+    text = " ".join(["the cat sat on the mat"] * 25)  # 150 words: over AUTO_TOKENS
+    at = run("pages/7_Head_importance.py", text=text)
+    assert not at.exception and not at.error
+    assert not at.get("plotly_chart")  # nothing computed yet: the page stays quick
+    assert any("152 tokens takes a while" in i.value for i in at.info)
+    next(b for b in at.button if b.label == "Compute importance").click().run()
+    assert not at.exception and not at.error
+    grid = specs(at)[0]
+    assert grid["layout"]["title"]["text"].startswith("Importance of each head")
+    assert any(b.label == "Cancel" for b in at.button)
