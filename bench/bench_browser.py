@@ -70,34 +70,72 @@ def typing_latency(browser, url: str, repeats: int = 5) -> list[float]:
     return times
 
 
+#: pages whose work on a 512-token input waits for a button (a knock-out of every head)
+WAITS_FOR_BUTTON = {"Head importance": "Compute importance"}
+
+
+def _count_frames(page) -> list[int]:
+    received = [0]
+
+    def on_ws(ws) -> None:
+        ws.on(
+            "framereceived",
+            lambda payload: received.__setitem__(
+                0, received[0] + len(payload if isinstance(payload, bytes) else payload.encode())
+            ),
+        )
+
+    page.on("websocket", on_ws)
+    return received
+
+
+def _wait_for_page(page, name: str) -> None:
+    if name in WAITS_FOR_BUTTON:
+        page.get_by_role("button", name=WAITS_FOR_BUTTON[name]).wait_for(timeout=120_000)
+    wait_for_app(
+        page, plots=0 if name in WAITS_FOR_BUTTON else PAGE_PLOTS[name], timeout_ms=120_000
+    )
+    if name == "Overview":  # no plot there: wait for the model facts instead
+        page.get_by_text("max positions").wait_for(timeout=120_000)
+
+
 def long_input_pages(browser, url: str) -> list[dict]:
+    """Every page on a 512-token input, twice: opened by its link in a new tab of one browser
+    (the app's scripts in the HTTP cache, as for a user who opens shared links), and reached by
+    a click in the navigation of an open tab (how people move between pages)."""
     text = " ".join(WORDS[i % len(WORDS)] for i in range(510))  # 510 words + [CLS]/[SEP]
-    rows = []
+    query = urllib.parse.urlencode({"text": text, "text2": text})
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    rows = {}
     for name, path in PAGES.items():
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        received = [0]
-
-        def on_ws(ws, received=received):
-            ws.on(
-                "framereceived",
-                lambda payload: received.__setitem__(
-                    0,
-                    received[0] + len(payload if isinstance(payload, bytes) else payload.encode()),
-                ),
-            )
-
-        page.on("websocket", on_ws)
-        query = urllib.parse.urlencode({"text": text, "text2": text})
+        page = context.new_page()
+        received = _count_frames(page)
         start = time.perf_counter()
         page.goto(f"{url}/{path}?{query}")
-        wait_for_app(page, plots=PAGE_PLOTS[name], timeout_ms=120_000)
-        if name == "Overview":  # no plot there: wait for the model facts instead
-            page.get_by_text("max positions").wait_for(timeout=120_000)
-        seconds = time.perf_counter() - start
-        rows.append({"page": name, "seconds": seconds, "payload MB": received[0] / 1e6})
-        print(rows[-1], flush=True)
+        _wait_for_page(page, name)
+        rows[name] = {
+            "page": name,
+            "by link, s": time.perf_counter() - start,
+            "by link, MB": received[0] / 1e6,
+        }
+        print(rows[name], flush=True)
         page.close()
-    return rows
+    page = context.new_page()
+    received = _count_frames(page)
+    page.goto(f"{url}/?{query}")
+    _wait_for_page(page, "Overview")
+    for name in [*list(PAGES)[1:], "Overview"]:
+        received[0] = 0
+        link = page.locator("[data-testid='stSidebarNav'] a").filter(has_text=name).first
+        start = time.perf_counter()
+        link.click()
+        page.wait_for_url(f"**/{PAGES[name]}?**" if PAGES[name] else f"{url}/?**")
+        _wait_for_page(page, name)
+        rows[name]["by navigation, s"] = time.perf_counter() - start
+        rows[name]["by navigation, MB"] = received[0] / 1e6
+        print(rows[name], flush=True)
+    context.close()
+    return list(rows.values())
 
 
 def main() -> None:
@@ -109,9 +147,12 @@ def main() -> None:
             f"({', '.join(f'{t:.2f}' for t in times)})"
         )
         rows = long_input_pages(browser, url)
-    print_table(rows, ["page", "seconds", "payload MB"])
-    worst_s, worst_mb = max(r["seconds"] for r in rows), max(r["payload MB"] for r in rows)
-    print(f"worst: {worst_s:.2f} s (target <= 4), {worst_mb:.2f} MB (target <= 5)")
+    columns = ["page", "by link, s", "by link, MB", "by navigation, s", "by navigation, MB"]
+    print_table(rows, columns)
+    for how in ("by link", "by navigation"):
+        worst_s = max(r[f"{how}, s"] for r in rows)
+        worst_mb = max(r[f"{how}, MB"] for r in rows)
+        print(f"{how}: worst {worst_s:.2f} s (target <= 4), {worst_mb:.2f} MB (target <= 5)")
     print(f"typing median {statistics.median(times):.2f} s (target <= 1)")
 
 

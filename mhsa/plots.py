@@ -450,8 +450,9 @@ HEAD_COLORS = (
 ).split()
 LINE_BINS = 5  # opacity levels: a line's opacity is its weight, rounded up to 1/LINE_BINS
 LINE_MIN_WEIGHT = 0.01  # lines below this weight are not drawn (invisible anyway)
-LINE_DENSE = 40  # beyond this many tokens, each token keeps only its LINE_TOP_K strongest lines
+LINE_DENSE = 40  # beyond this many tokens, each token keeps only its strongest lines
 LINE_TOP_K = 5
+LINE_BUDGET = 8000  # most lines drawn by default (SVG paths: the browser's cost grows with them)
 
 
 def _rgba(color: str, alpha: float) -> str:
@@ -485,9 +486,9 @@ def line_view(
 ) -> go.Figure:
     """BertViz's head view: the tokens in two columns (left: from, right: to) joined by lines
     whose opacity is the weight, each head in its own colour (click a legend entry to hide or
-    show a head). ``token`` shows only that token's lines; beyond ``LINE_DENSE`` tokens each
-    token keeps its ``LINE_TOP_K`` strongest lines unless ``top_k`` says otherwise, and the
-    title says so.
+    show a head). ``token`` shows only that token's lines. Beyond ``LINE_DENSE`` tokens each
+    token keeps only its strongest lines, ``top_k`` of them: by default ``LINE_TOP_K``, fewer
+    where that would draw more than ``LINE_BUDGET`` lines (at least one); the title says so.
 
     Traces: 0 the left tokens, 1 the right tokens (``customdata`` = token index, for
     selecting by click), then per head one trace per opacity level (``legendgroup`` = head).
@@ -495,7 +496,7 @@ def line_view(
     n = result.num_tokens
     heads = list(range(result.num_heads)) if heads is None else list(heads)
     if top_k is None and n > LINE_DENSE:
-        top_k = LINE_TOP_K
+        top_k = int(np.clip(LINE_BUDGET // (len(heads) * n), 1, LINE_TOP_K))
     y = -np.arange(n, dtype=float)
     names = [label(t, 24) for t in result.tokens]
     fig = go.Figure()

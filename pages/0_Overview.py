@@ -65,8 +65,9 @@ if result is not None:
         )
     st.download_button(
         "Download the result (.npz)",
-        service.result_file(result),
-        file_name="attention.npz",
+        lambda: service.result_file(result),  # compressed when clicked, not on every run
+        file_name=f"{st.session_state['_mhsa_file_stem']}.npz",
         mime="application/octet-stream",
+        on_click="ignore",
     )
 page.finish()

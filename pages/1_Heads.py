@@ -18,7 +18,7 @@ PARAMS = {
     "off": Param([], heads_param),
     "topk": Param(5, bounded_int(1, 20)),
 }
-LONG_INPUT = 64  # beyond this many tokens the top-k list opens by itself
+LONG_INPUT = 64  # beyond this many tokens the top-k list shows by itself
 VIEWS = {
     "head": "one head",
     "mean-heads": "mean over the heads of the layer",
@@ -122,10 +122,11 @@ if result is not None:
     else:
         fig = plots.mean_heatmap(result, head=head)
     page.figure(fig, f"L{layer}H{head}-{view}", key="head-large")
-    with st.expander(
-        f"Where each token attends most in layer {layer}, head {head} (a list for inputs too "
-        "long to read as a heatmap)",
-        expanded=result.num_tokens > LONG_INPUT,
+    if st.toggle(
+        "Where each token attends most in this head (a list for inputs too long to read as a "
+        "heatmap)",
+        value=result.num_tokens > LONG_INPUT,
+        key=f"topk-shown-{result.num_tokens > LONG_INPUT}",  # on by itself for long inputs
     ):
         st.number_input("Top", 1, 20, key="topk")
         page.table(

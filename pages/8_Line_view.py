@@ -13,6 +13,7 @@ PARAMS = {
     "layer": Param(0, bounded_int(0, 1023)),
     "lheads": Param([], heads_list_param),
     "ltoken": Param(-1, bounded_int(-1, 100_000)),
+    "lk": Param(0, bounded_int(0, 50)),
 }
 
 
@@ -31,7 +32,7 @@ if result is not None:
     clamp("ltoken", -1, result.num_tokens - 1)
     valid = [h for h in st.session_state["lheads"] if h < result.num_heads]
     st.session_state["lheads"] = valid
-    left, mid, right = st.columns([1, 3, 2])
+    left, mid, right, last = st.columns([1, 3, 2, 1])
     left.number_input("Layer", 0, result.num_layers - 1, key="layer")
     mid.multiselect(
         "Heads shown",
@@ -46,11 +47,23 @@ if result is not None:
         key="ltoken",
         format_func=lambda i: "every token" if i < 0 else f"#{i} {result.tokens[i]}",
     )
+    last.number_input(
+        "Lines per token",
+        0,
+        50,
+        key="lk",
+        help="0: all lines up to 40 tokens; beyond, each token's 5 strongest (fewer on long "
+        "inputs, so the browser stays quick). More lines draw more slowly.",
+    )
     token = st.session_state["ltoken"]
     heads = st.session_state["lheads"] or None
     page.figure(
         plots.line_view(
-            result, st.session_state["layer"], heads=heads, token=None if token < 0 else token
+            result,
+            st.session_state["layer"],
+            heads=heads,
+            token=None if token < 0 else token,
+            top_k=st.session_state["lk"] or None,
         ),
         f"L{st.session_state['layer']}-lines" + ("" if token < 0 else f"-t{token}"),
         key="lines",

@@ -208,3 +208,15 @@ def test_file_stem_names_sentence_model_and_engine() -> None:
     stem = file_stem(Query("Hi there.", model="org/My Model", engine="mhsa"))
     digest = hashlib.sha1(b"Hi there.").hexdigest()[:8]
     assert stem == f"{digest}-My_Model-mhsa"
+
+
+def test_line_view_at_512_tokens_stays_within_its_line_budget() -> None:
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog"]
+    text = " ".join(words[i % len(words)] for i in range(600))
+    r = mhsa.attend(text, model=mhsa.get_model("default", "cpu"), max_tokens=512)
+    fig = plots.line_view(r, 5)
+    k = max(1, plots.LINE_BUDGET // (12 * 512))
+    assert f"top {k} per token" in fig.layout.title.text
+    drawn = sum(_lines_of(fig, h) for h in range(12))
+    assert drawn <= plots.LINE_BUDGET
+    assert drawn == sum(int(np.count_nonzero(r.attention[5, h].max(1) >= 0.01)) for h in range(12))

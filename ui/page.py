@@ -231,12 +231,10 @@ def figure(
         },
         "displaylogo": False,
     }
-    if decorate:
-        fig = plots.decorate(
-            go.Figure(fig),
-            found=st.session_state.get("_mhsa_found"),
-            generated_from=st.session_state.get("_mhsa_generated_from"),
-        )
+    found = st.session_state.get("_mhsa_found")
+    generated_from = st.session_state.get("_mhsa_generated_from")
+    if decorate and (found is not None or generated_from is not None):
+        plots.decorate(fig, found=found, generated_from=generated_from)  # figures are per run
     if st.session_state.get("present"):
         fig.update_layout(font={"size": 20}, title_font={"size": 28})
     event = st.plotly_chart(fig, key=key, config=config, **kwargs)
