@@ -19,7 +19,7 @@ query = page.setup("Compare two sentences", PARAMS)
 st.text_area("Second sentence", key="text2", height=70)
 other = query._replace(text=st.session_state["text2"])
 first = page.load(query)
-second = page.load(other)
+second = page.load(other, primary=False)
 if first is not None and second is not None:
     layer = clamp("layer", 0, first.num_layers - 1)
     head = clamp("head", 0, first.num_heads - 1)
@@ -31,7 +31,9 @@ if first is not None and second is not None:
     with left:
         page.figure(plots.head_heatmap(first, layer, head), "compare-first", key="cmp-a")
     with right:
-        page.figure(plots.head_heatmap(second, layer, head), "compare-second", key="cmp-b")
+        page.figure(
+            plots.head_heatmap(second, layer, head), "compare-second", key="cmp-b", decorate=False
+        )
     a, b = service.head_stats((query,)), service.head_stats((other,))
     diff = stats_difference(a, b)
     st.subheader("Statistics: second minus first")

@@ -160,8 +160,10 @@ def error(e: Exception) -> None:
     st.error(md_escape(str(e)), icon="🚫")
 
 
-def load(query: Query) -> mhsa.AttentionResult | None:
-    """The result for ``query``, or None after showing what went wrong (the page goes on)."""
+def load(query: Query, *, primary: bool = True) -> mhsa.AttentionResult | None:
+    """The result for ``query``, or None after showing what went wrong (the page goes on).
+    ``primary``: the page's own sentence (the token search and the generated part refer to
+    it); False for another sentence on the same page."""
     try:
         result = service.attention(query)
     except mhsa.MHSAError as e:
@@ -173,10 +175,11 @@ def load(query: Query) -> mhsa.AttentionResult | None:
             f"were dropped (this server's limit is {LIMITS.max_tokens} tokens).",
             icon="✂️",
         )
-    with st.sidebar:
-        st.caption(f"Running on **{md_escape(result.device)}**")
-    _find(result)
-    st.session_state["_mhsa_generated_from"] = result.generated_from
+    if primary:
+        with st.sidebar:
+            st.caption(f"Running on **{md_escape(result.device)}**")
+        _find(result)
+        st.session_state["_mhsa_generated_from"] = result.generated_from
     return result
 
 

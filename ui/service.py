@@ -86,22 +86,30 @@ def can_generate(model: str, device: str) -> bool:
         return False
 
 
+@st.cache_data(max_entries=LIMITS.result_cache, show_spinner="Generating…")
+def _generated(query: Query) -> str:
+    return mhsa.generate(
+        query.text,
+        model=loaded_model(query.model, query.device),
+        max_new_tokens=query.generate,
+        sample=query.sample,
+        seed=query.seed,
+    )
+
+
+def full_text(query: Query) -> str:
+    """The text every view shows: the sentence, and what the model wrote after it when the
+    query asks for generated tokens."""
+    return _generated(query) if query.generate else query.text
+
+
 def _compute(query: Query) -> mhsa.AttentionResult:
     if len(query.text) > LIMITS.max_chars:
         raise mhsa.InputError(
             f"The text has {len(query.text):,} characters; this server accepts at most "
             f"{LIMITS.max_chars:,}. Shorten it."
         )
-    text = query.text
-    if query.generate:
-        with st.spinner("Generating…"):
-            text = mhsa.generate(
-                query.text,
-                model=loaded_model(query.model, query.device),
-                max_new_tokens=query.generate,
-                sample=query.sample,
-                seed=query.seed,
-            )
+    text = full_text(query)
     result = mhsa.attend(
         text,
         model=loaded_model(query.model, query.device),
@@ -218,7 +226,7 @@ def classroom(
     query: Query, layer: int | None, d_model: int, num_heads: int, causal: bool
 ) -> Walkthrough:
     return walkthrough(
-        query.text,
+        full_text(query),
         model=loaded_model(query.model, query.device),
         layer=layer,
         d_model=d_model,
@@ -235,14 +243,14 @@ Progress = Callable[[int, int], None]
 def _importance_key(queries: tuple[Query, ...]) -> tuple[tuple[str, str, str], ...]:
     """What importance depends on: texts, model, device (not the engine: knock-outs always run
     through our module with the model's weights; not whole words: computed on tokens)."""
-    return tuple((q.text, q.model, q.device) for q in queries)
+    return tuple((full_text(q), q.model, q.device) for q in queries)
 
 
 def _items(queries: tuple[Query, ...], pair: str, target: str | None) -> list[object]:
     """Sentences, or for ``similarity`` pairs: ``A || B`` on a corpus line, else the page's
     second sentence."""
     if target != "similarity":
-        return [q.text for q in queries]
+        return [full_text(q) for q in queries]
     items: list[object] = []
     for q in queries:
         first, bar, second = q.text.partition("||")
@@ -257,7 +265,7 @@ def ablation(query: Query, off: tuple[str, ...], target: str | None) -> mhsa.Abl
 
     def compute() -> mhsa.Ablation:
         a = mhsa.ablate(
-            query.text,
+            full_text(query),
             off,
             model=loaded_model(query.model, query.device),
             target=target,

@@ -164,6 +164,10 @@ def test_generated_text_on_every_page(tiny_gpt2_path, monkeypatch) -> None:
     at_cols = [s["x0"] for s in dashed if s.get("yref") == "y domain"]
     assert at_rows == at_cols == [first - 0.5]
     assert heads.number_input(key="gen").value == 5
+    inside = run("pages/4_Inside_MHSA.py", model=tiny_gpt2_path, text=prompt, gen="5")
+    assert not inside.exception and not inside.error
+    step = specs(inside)[0]
+    assert len(step["data"][0]["y"]) == len(flags)  # the walk-through runs over the generation
 
 
 def test_no_generation_for_a_model_without_a_next_token_head() -> None:
@@ -198,3 +202,13 @@ def test_importance_of_a_long_input_waits_for_the_button() -> None:
     grid = specs(at)[0]
     assert grid["layout"]["title"]["text"].startswith("Importance of each head")
     assert any(b.label == "Cancel" for b in at.button)
+
+
+def test_compare_finds_the_token_in_the_first_sentence_only() -> None:
+    at = run("pages/6_Compare.py", find="the", text2="the the the dog")
+    assert not at.exception and not at.error
+    matches = [b for b in at.get("selectbox") if b.key == "match"]
+    assert [b.options for b in matches] == [["#1 the", "#5 the"]]  # the page's own sentence
+    first, second = specs(at)[:2]
+    assert [s["type"] for s in first["layout"].get("shapes", [])] == ["rect", "rect"]
+    assert not second["layout"].get("shapes")
