@@ -491,7 +491,8 @@ def line_view(
     where that would draw more than ``LINE_BUDGET`` lines (at least one); the title says so.
 
     Traces: 0 the left tokens, 1 the right tokens (``customdata`` = token index, for
-    selecting by click), then per head one trace per opacity level (``legendgroup`` = head).
+    selecting by click), then per head its legend entry (no points) and one trace per opacity
+    level that has lines (``legendgroup`` = head).
     """
     n = result.num_tokens
     heads = list(range(result.num_heads)) if heads is None else list(heads)
@@ -521,10 +522,20 @@ def line_view(
         q, k = line_pairs(w, token=token, min_weight=min_weight, top_k=top_k)
         levels = np.clip(np.ceil(w[q, k] * LINE_BINS), 1, LINE_BINS).astype(int)
         color = HEAD_COLORS[h % len(HEAD_COLORS)]
-        first = True
+        fig.add_trace(  # the head's legend entry, in full colour (toggles its whole group)
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="lines",
+                line={"color": _rgba(color, 1.0), "width": 3},
+                name=f"head {h}",
+                legendgroup=f"H{h}",
+                hoverinfo="skip",
+            )
+        )
         for level in range(1, LINE_BINS + 1):
             sel = levels == level
-            if not sel.any() and not (first and level == LINE_BINS):
+            if not sel.any():
                 continue
             m = int(sel.sum())
             xs = np.tile([0.0, 1.0, np.nan], m)
@@ -541,11 +552,10 @@ def line_view(
                     hoverinfo="skip",
                     name=f"head {h}",
                     legendgroup=f"H{h}",
-                    showlegend=first,
+                    showlegend=False,
                     meta={"head": h, "lines": m},
                 )
             )
-            first = False
     what = f"lines of '{result.tokens[token]}'" if token is not None else "all tokens"
     dense = f", top {top_k} per token" if top_k is not None else ""
     fig.update_xaxes(visible=False, range=[-0.6, 1.6])
@@ -559,7 +569,7 @@ def line_view(
     return _layout(
         fig,
         f"Layer {layer}, {what}: opacity = weight (weights ≥ {min_weight:g}{dense})",
-        height=min(4000, 140 + (22 if n <= LINE_DENSE else 14) * n),
+        height=min(4000, max(480, 140 + (22 if n <= LINE_DENSE else 14) * n)),
     )
 
 

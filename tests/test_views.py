@@ -23,6 +23,11 @@ def cat() -> mhsa.AttentionResult:
     return mhsa.attend(SENTENCE, model=mhsa.get_model("default", "cpu"))
 
 
+def _line_traces(fig) -> list:
+    """The traces that draw lines (the others: the token columns, each head's legend entry)."""
+    return [t for t in fig.data[2:] if t.meta]
+
+
 def _lines_of(fig, head: int) -> int:
     """Lines the figure draws for ``head``: segments between NaN gaps in its traces."""
     total = 0
@@ -43,7 +48,7 @@ def test_line_view_opacity_follows_the_weight(cat) -> None:
     fig = plots.line_view(cat, 1, heads=[3])
     a = cat.attention[1, 3]
     by_pair = {}
-    for trace in fig.data[2:]:
+    for trace in _line_traces(fig):
         alpha = float(re.search(r"rgba\(\d+,\d+,\d+,([\d.]+)\)", trace.line.color).group(1))
         ys = np.asarray(trace.y, dtype=float).reshape(-1, 3)
         for y_from, y_to, _ in ys:
@@ -59,7 +64,7 @@ def test_line_view_opacity_follows_the_weight(cat) -> None:
 
 def test_line_view_of_one_token_and_top_k(cat) -> None:
     fig = plots.line_view(cat, 0, token=2)
-    for trace in fig.data[2:]:
+    for trace in _line_traces(fig):
         starts = np.asarray(trace.y, dtype=float)[0::3]
         assert np.all(starts == -2)  # every line leaves token 2
     assert "lines of 'cat'" in fig.layout.title.text
