@@ -33,6 +33,8 @@ from mhsa.result import AttentionResult
 __all__ = [
     "METHODS",
     "TARGETS",
+    "TARGET_LABELS",
+    "TARGET_METRICS",
     "Ablation",
     "ablate",
     "head_importance",
@@ -52,6 +54,18 @@ TARGETS = {
     "lm-loss": "the change of the model's own language-model loss (cross-entropy; causal LMs: "
     "next token; masked LMs: a fixed, seeded 15% of the tokens masked): loss(changed) - "
     "loss(intact)",
+}
+#: Each target's short name for people (pickers, legends).
+TARGET_LABELS = {
+    "embedding": "sentence embedding",
+    "similarity": "similarity of two sentences",
+    "lm-loss": "language-model loss",
+}
+#: What the pruning curve's metric is under each target.
+TARGET_METRICS = {
+    "embedding": "1 − cos(embedding, intact embedding)",
+    "similarity": "cosine similarity of the two sentences",
+    "lm-loss": "language-model loss",
 }
 #: How head importance is measured, for people.
 METHODS = {

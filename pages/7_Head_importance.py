@@ -7,7 +7,7 @@ import streamlit as st
 
 import mhsa
 from mhsa import plots
-from mhsa.importance import METHODS, TARGETS, rank_correlation
+from mhsa.importance import METHODS, TARGET_LABELS, TARGET_METRICS, TARGETS, rank_correlation
 from mhsa.stats import STAT_COLUMNS
 from ui import page, service
 from ui.service import LIMITS
@@ -23,17 +23,7 @@ PARAMS = {
     "prune_seed": Param(0, bounded_int(0, 2**31 - 1)),
     "against": Param("confidence", choice(*AGAINST)),
 }
-TARGET_LABELS = {
-    "auto": "automatic",
-    "embedding": "sentence embedding",
-    "similarity": "similarity of two sentences",
-    "lm-loss": "language-model loss",
-}
-METRIC_NAMES = {
-    "embedding": "1 − cos(embedding, intact embedding)",
-    "similarity": "cosine similarity of the two sentences",
-    "lm-loss": "language-model loss",
-}
+TARGET_CHOICES = {"auto": "automatic", **TARGET_LABELS}
 EXPLANATION = """\
 **What the numbers mean.** A head is switched off by multiplying its output by 0 before the
 layer's output projection (its **gate**), in our module running the model with its own weights.
@@ -119,7 +109,7 @@ if len(lines) > LIMITS.max_corpus:
 queries = tuple(query._replace(text=t) for t in lines) or (query,)
 left, mid, right = st.columns(3)
 left.radio("Method", list(METHODS), key="method", help=" ".join(METHODS.values()))
-mid.radio("Target", list(TARGET_LABELS), key="target", format_func=TARGET_LABELS.get)
+mid.radio("Target", list(TARGET_CHOICES), key="target", format_func=TARGET_CHOICES.get)
 right.toggle("Normalise per layer (Michel et al.)", key="normalize")
 right.number_input("Seed of the random pruning order", min_value=0, step=1, key="prune_seed")
 if st.session_state["target"] == "similarity":
@@ -173,7 +163,7 @@ if result is not None:
             )
             page.table(table, "head-importance", label="Download importance (.csv)", height=300)
             page.figure(
-                plots.pruning_figure(curve, METRIC_NAMES[resolved]), "pruning-curve", key="pc"
+                plots.pruning_figure(curve, TARGET_METRICS[resolved]), "pruning-curve", key="pc"
             )
             st.download_button(
                 "Download the pruning curve (.csv)",
