@@ -106,7 +106,7 @@ def matrix_heatmap(
             zmin=zmin,
             zmax=zmax,
             hovertemplate=f"%{{y}} → %{{x}}<br>{value_name} %{{z:.4f}}<extra></extra>",
-            colorbar={"thickness": 12},
+            colorbar={"thickness": 12, "title": {"text": value_name}},  # the same legend everywhere
         )
     )
     fig.update_xaxes(title=col_title, side="top", **x_axis)
@@ -335,7 +335,7 @@ def head_value_grid(
             x=heads,
             y=layers,
             colorscale=colorscale,
-            colorbar={"thickness": 12},
+            colorbar={"thickness": 12, "title": {"text": label(column, 20)}},
             hoverinfo="skip",
         )
     )
