@@ -11,8 +11,10 @@ from mhsa.errors import MHSAError
 _EPILOG = """examples:
   python -m mhsa attend "The cat sat on the mat." --engine mhsa --out cat.npz
   python -m mhsa info --model default
-  python -m mhsa stats corpus.txt --out stats.csv --similarity sim.csv
-  python -m mhsa importance corpus.txt --method ablation --out importance.csv
+  python -m mhsa stats data/sentences.txt --out stats.csv --similarity sim.csv
+  python -m mhsa stats corpus/ --out stats.csv --ray            # a local Ray instance
+  python -m mhsa stats big.parquet --column text --out stats.csv --ray auto   # a cluster
+  python -m mhsa importance data/sentences.txt --method ablation --out importance.csv
 """
 
 
@@ -60,9 +62,46 @@ def _parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="print the model's layers, heads and sizes")
     common(i)
 
-    s = sub.add_parser("stats", help="per-head statistics over a corpus (one sentence per line)")
-    s.add_argument("corpus", type=Path, help="text file, one sentence per line")
+    def corpus_options(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--column", default="text", help="Parquet: the column of sentences (default: text)"
+        )
+        sp.add_argument(
+            "--one-by-one",
+            action="store_true",
+            help="one sentence per forward pass (the reference the batched default must equal)",
+        )
+        sp.add_argument(
+            "--batch-tokens",
+            type=int,
+            default=None,
+            help="padded tokens per forward pass (default 4096)",
+        )
+        sp.add_argument(
+            "--ray",
+            nargs="?",
+            const="",
+            default=None,
+            metavar="ADDRESS",
+            help="run on Ray: no address starts a local instance; 'auto' or host:port joins a "
+            "cluster (pip install -r requirements-ray.txt)",
+        )
+        sp.add_argument("--workers", type=int, default=None, help="Ray: actors (models loaded)")
+        sp.add_argument("--shard-size", type=int, default=256, help="Ray: sentences per actor call")
+        sp.add_argument(
+            "--problems",
+            type=Path,
+            default=None,
+            help="write the entries that were not used, with place and reason (.csv)",
+        )
+
+    s = sub.add_parser(
+        "stats",
+        help="per-head statistics over a corpus (text file, folder of .txt files or Parquet)",
+    )
+    s.add_argument("corpus", type=Path, help="text file (one sentence per line), folder, .parquet")
     common(s)
+    corpus_options(s)
     s.add_argument("--engine", default="transformers", choices=ENGINES)
     s.add_argument("--max-tokens", type=int, default=None)
     s.add_argument("--word-level", action="store_true", help="merge sub-words into words first")
@@ -79,9 +118,12 @@ def _parser() -> argparse.ArgumentParser:
         "for --target similarity, two sentences per line separated by a tab.",
     )
     m.add_argument(
-        "corpus", type=Path, help="text file, one sentence (or tab-separated pair) per line"
+        "corpus",
+        type=Path,
+        help="text file (one sentence, or two tab-separated ones, per line), folder, .parquet",
     )
     common(m)
+    corpus_options(m)
     m.add_argument("--method", default="ablation", choices=list(METHODS))
     m.add_argument(
         "--target",
@@ -132,87 +174,165 @@ def _info(args: argparse.Namespace) -> None:
         print(f"{key:14} {value:,}" if isinstance(value, int) else f"{key:14} {value}")
 
 
-def _corpus(path: Path) -> list[str]:
-    try:
-        lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
-    except OSError as e:
-        raise MHSAError(f"Cannot read {path}: {e.strerror}") from e
-    except UnicodeDecodeError as e:
-        raise MHSAError(f"{path} is not UTF-8 text.") from e
-    sentences = [ln for ln in lines if ln]
-    if not sentences:
-        raise MHSAError(f"{path} holds no sentences (one per line).")
-    return sentences
+def _bar(desc: str):
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, desc=desc, unit="sent", file=sys.stderr)  # the rate: sentences/s
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+
+    return bar, progress
+
+
+def _read(args: argparse.Namespace, pairs: bool = False):
+    from mhsa.corpus import read_corpus
+
+    return read_corpus(args.corpus, column=args.column, pairs=pairs)
+
+
+def _report(problems: list, path: Path | None) -> None:
+    """Every entry that was not used: counted and listed, never dropped silently."""
+    import pandas as pd
+
+    if path is not None:
+        frame = pd.DataFrame([(p.where, p.reason) for p in problems], columns=["where", "reason"])
+        frame.to_csv(path, index=False)
+        print(f"wrote {path} ({len(problems)} entries not used)")
+    if not problems:
+        return
+    print(f"{len(problems)} entries not used:", file=sys.stderr)
+    for p in problems[:20]:
+        print(f"  {p.where}: {p.reason}", file=sys.stderr)
+    if len(problems) > 20:
+        rest = "" if path else " (--problems FILE lists them all)"
+        print(f"  ... and {len(problems) - 20} more{rest}", file=sys.stderr)
+
+
+def _check_corpus_args(args: argparse.Namespace) -> dict:
+    if args.batch_tokens is not None and args.batch_tokens < 1:
+        raise MHSAError("--batch-tokens must be at least 1.")
+    if args.ray is not None and args.one_by_one:
+        raise MHSAError("--one-by-one runs on this machine: leave out --ray.")
+    return {} if args.batch_tokens is None else {"batch_tokens": args.batch_tokens}
+
+
+def _on_ray(args: argparse.Namespace, kind: str, corpus, options: dict):
+    from mhsa.distributed import RayTask, run_on_ray
+
+    bar, progress = _bar(f"{kind} on Ray")
+    with bar:
+        return run_on_ray(
+            RayTask(kind, args.model, options),
+            corpus,
+            address=args.ray or None,
+            workers=args.workers,
+            shard_size=args.shard_size,
+            gpus=None if args.device == "auto" else args.device == "cuda",
+            progress=progress,
+        )
 
 
 def _stats(args: argparse.Namespace) -> None:
-    from tqdm import tqdm
-
     import mhsa
-    from mhsa.stats import HeadSimilarityAccumulator, HeadStatsAccumulator
+    from mhsa.corpus import corpus_stats
 
-    sentences = _corpus(args.corpus)
-    model = mhsa.load_model(args.model, device=args.device)
-    stats = HeadStatsAccumulator(word_level=args.word_level)
-    sim = HeadSimilarityAccumulator("js") if args.similarity else None
-    for text in tqdm(sentences, desc="sentences", unit="sent", file=sys.stderr):
-        result = mhsa.attend(text, model=model, engine=args.engine, max_tokens=args.max_tokens)
-        stats.add(result)  # only running sums are kept: memory does not grow with the corpus
-        if sim is not None:
-            sim.add(result.to_words() if args.word_level else result)
-    stats.frame().to_csv(args.out, index_label="name")
-    print(f"wrote {args.out} ({stats.count} sentences, {len(stats.frame())} heads)")
-    if sim is not None:
-        sim.frame().to_csv(args.similarity)
+    options = _check_corpus_args(args)
+    corpus = _read(args)
+    options.update(
+        engine=args.engine,
+        word_level=args.word_level,
+        similarity="js" if args.similarity else None,
+        max_tokens=args.max_tokens,
+    )
+    if args.ray is not None:
+        result = _on_ray(args, "stats", corpus, options)
+    else:
+        model = mhsa.load_model(args.model, device=args.device)
+        bar, progress = _bar("sentences")
+        with bar:
+            result = corpus_stats(
+                corpus.entries,
+                model=model,
+                batched=not args.one_by_one,
+                progress=progress,
+                **options,
+            )
+        result.problems[:0] = corpus.problems
+    _report(result.problems, args.problems)
+    if result.used == 0:
+        raise MHSAError("No sentence of the corpus could be used (see the list above).")
+    result.stats.frame().to_csv(args.out, index_label="name")
+    print(f"wrote {args.out} ({result.used} sentences, {len(result.stats.frame())} heads)")
+    if result.similarity is not None:
+        result.similarity.frame().to_csv(args.similarity)
         print(f"wrote {args.similarity}")
 
 
 def _importance(args: argparse.Namespace) -> None:
-    from tqdm import tqdm
-
     import mhsa
+    from mhsa.importance import corpus_importance
 
-    items: list[str | tuple[str, str]] = []
-    for line in _corpus(args.corpus):
-        first, tab, second = line.partition("\t")
-        items.append((first.strip(), second.strip()) if tab and second.strip() else first)
-    model = mhsa.load_model(args.model, device=args.device)
-    with tqdm(total=len(items), desc="importance", unit="step", file=sys.stderr) as bar:
-
-        def progress(done: int, total: int) -> None:
-            bar.total = total
-            bar.update(done - bar.n)
-
-        table = mhsa.head_importance(
-            items,
-            model=model,
-            method=args.method,
-            target=args.target,
-            normalize=args.normalize,
-            max_tokens=args.max_tokens,
-            progress=progress,
-        )
-        curve = None
-        if args.pruning:
-            bar.reset()
-            bar.set_description("pruning")
-            curve = mhsa.pruning_curve(
-                items,
-                model=model,
-                target=args.target,
-                importance=table,
-                seed=args.seed,
-                max_tokens=args.max_tokens,
-                progress=progress,
-            )
+    options = _check_corpus_args(args)
+    corpus = _read(args)
+    tabbed = all("\t" in e.text for e in corpus.entries)
+    if args.target == "similarity" or (args.target is None and tabbed):
+        corpus = _read(args, pairs=True)  # bad pairs are reported by line
+    if args.pruning and args.ray is not None:
+        raise MHSAError("--pruning runs on this machine: leave out --ray, or --pruning.")
+    options.update(method=args.method, target=args.target, max_tokens=args.max_tokens)
+    curve = None
+    if args.ray is not None:
+        acc, problems = _on_ray(args, "importance", corpus, options)
+    else:
+        model = mhsa.load_model(args.model, device=args.device)
+        problems = list(corpus.problems)
+        bar, progress = _bar("importance")
+        with bar:
+            if args.one_by_one:  # the reference: head_importance, one text at a time
+                options.pop("batch_tokens", None)
+                items = [(e.text, e.pair) if e.pair else e.text for e in corpus.entries]
+                table = mhsa.head_importance(
+                    items, model=model, normalize=args.normalize, **options
+                )
+                acc = None
+            else:
+                acc = corpus_importance(
+                    corpus.entries, model=model, problems=problems, progress=progress, **options
+                )
+                table = acc.frame(normalize=args.normalize) if acc.count else None
+            if args.pruning and table is not None:
+                bar.reset()
+                bar.set_description("pruning")
+                curve = mhsa.pruning_curve(
+                    _used(corpus, problems),
+                    model=model,
+                    target=table.attrs["target"],
+                    importance=table,
+                    seed=args.seed,
+                    max_tokens=args.max_tokens,
+                    progress=progress,
+                )
+    _report(problems, args.problems)
+    if acc is not None:
+        if acc.count == 0:
+            raise MHSAError("No sentence of the corpus could be used (see the list above).")
+        table = acc.frame(normalize=args.normalize)
     table.to_csv(args.out, index_label="name")
-    target = table.attrs["target"]
-    print(f"wrote {args.out} ({len(items)} texts, {len(table)} heads, {args.method}, {target})")
+    target, texts = table.attrs["target"], table.attrs["texts"]
+    print(f"wrote {args.out} ({texts} texts, {len(table)} heads, {args.method}, {target})")
     top = table.sort_values("importance", ascending=False).head(5)
     print("most important: " + ", ".join(f"{n} {v:.3g}" for n, v in top["importance"].items()))
     if curve is not None:
         curve.to_csv(args.pruning, index=False)
         print(f"wrote {args.pruning}")
+
+
+def _used(corpus, problems: list) -> list:
+    """The corpus's items minus those reported as problems (what the importance averaged)."""
+    bad = {p.where for p in problems}
+    return [(e.text, e.pair) if e.pair else e.text for e in corpus.entries if e.where not in bad]
 
 
 def main(argv: list[str] | None = None) -> int:

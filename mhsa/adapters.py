@@ -134,9 +134,10 @@ class Run:
         sink: optional preallocated ``[layers, B, H, T, T]`` that receives each layer's weights.
         observers: per layer, an observer of our module's intermediates.
         weights: per layer, the weights our module returned (filled during the pass).
-        fan_out: ``(layer, rows)``: the hidden states entering that layer (batch 1) are repeated
+        fan_out: ``(layer, rows)``: the hidden states entering that layer (batch B) are repeated
             into ``rows`` copies, which the layers from there on carry side by side (with
-            ``gates`` of shape ``[rows, H]``: one knock-out per row).
+            ``gates`` of shape ``[rows * B, H]``: one knock-out per copy; row r * B + b is
+            sentence b of copy r).
         replay: per layer, an output of that whole layer recorded earlier (``record``) for the
             same input, returned without computing the layer (the layers below a knock-out).
         record: when a dict, receives every layer's output.
@@ -164,7 +165,7 @@ class _Replay(nn.Module):
 
 
 def _repeat_hidden(rows: int) -> Callable[..., Any]:
-    """Forward pre-hook: the layer's hidden states (batch 1) repeated into ``rows`` copies."""
+    """Forward pre-hook: the layer's hidden states (batch B) repeated into ``rows`` copies."""
 
     def hook(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if args:
@@ -173,6 +174,14 @@ def _repeat_hidden(rows: int) -> Callable[..., Any]:
         return args, {**kwargs, "hidden_states": hidden.repeat(rows, *[1] * (hidden.dim() - 1))}
 
     return hook
+
+
+def _rows_like(x: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+    """A per-sentence tensor (mask, positions) of a batch of B sentences laid out for ``rows``
+    rows after a fan-out (row r * B + b is sentence b, as ``Tensor.repeat`` lays them out)."""
+    if x is None or x.dim() < 2 or x.shape[0] in (1, rows):
+        return x
+    return x.repeat(rows // x.shape[0], *[1] * (x.dim() - 1))
 
 
 def _recorder(record: dict[int, Any], layer: int) -> Callable[..., None]:
@@ -224,13 +233,15 @@ class OwnBlock(nn.Module):
             raise UnsupportedModelError(
                 "Our module stands in for self-attention blocks, not cross-attention."
             )
+        rows = hidden_states.shape[0]
         mask = attention_mask if isinstance(attention_mask, torch.Tensor) else None
+        mask = _rows_like(mask, rows)
         sink = None if run.sink is None else run.sink[self.layer]
         out, weights = self.ours(
             hidden_states,
             attn_mask=mask,  # the model's own mask: padding, causal, sliding window
             is_causal=self.causal and mask is None,
-            positions=kwargs.get("position_ids"),
+            positions=_rows_like(kwargs.get("position_ids"), rows),
             head_gates=run.gates.get(self.layer),
             need_weights=run.need_weights or sink is not None,
             observe=run.observers.get(self.layer),

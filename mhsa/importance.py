@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from mhsa.adapters import OwnBlock, Run, own_blocks, run_own_forward
+from mhsa.corpus import BATCH_TOKENS, Entry, Problem
 from mhsa.errors import InputError
 from mhsa.extract import _check_text, _encode, _Encoded, _make_result
 from mhsa.models import DEFAULT_MODEL, LoadedModel, get_model
@@ -36,7 +37,9 @@ __all__ = [
     "TARGET_LABELS",
     "TARGET_METRICS",
     "Ablation",
+    "ImportanceAccumulator",
     "ablate",
+    "corpus_importance",
     "head_importance",
     "parse_head",
     "pruning_curve",
@@ -154,8 +157,9 @@ class _Item:
 
     encoded: _Encoded  # the first sentence, as typed (its attention is what is shown)
     scored: tuple[dict[str, torch.Tensor], ...]  # what the target runs: 1 or 2 sentences
-    labels: torch.Tensor | None  # lm-loss: [1, T], -100 where not scored
+    labels: torch.Tensor | None  # lm-loss: [B, T], -100 where not scored
     stacked: dict[str, torch.Tensor] | None = None  # similarity: both sentences, one padded batch
+    rows: int = 1  # B: sentences (or pairs) side by side, right-padded (a corpus batch)
 
 
 def _stack(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor], pad: int):
@@ -214,11 +218,20 @@ def _wide(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
+def _tile(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x`` (batch B) repeated to ``rows`` rows as the fan-out lays them out: row r * B + b is
+    sentence b (``Tensor.repeat``); as it is when the batches already match or B is 1."""
+    if x.shape[0] in (rows, 1):  # already laid out, or one row that broadcasts
+        return x
+    return x.repeat(rows // x.shape[0], *[1] * (x.dim() - 1))
+
+
 def _embedding(outputs: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """Attention-mask-weighted mean of the last hidden state, ``[rows, D]``."""
     hidden = _wide(outputs.last_hidden_state)
     mask = inputs.get("attention_mask", torch.ones(hidden.shape[:2], dtype=torch.long))
-    weight = mask.to(hidden.device, hidden.dtype)[..., None]  # (1 or B, T, 1)
+    mask = _tile(mask, hidden.shape[0])
+    weight = mask.to(hidden.device, hidden.dtype)[..., None]  # (1 or rows, T, 1)
     return (hidden * weight).sum(1) / weight.sum(1)
 
 
@@ -228,7 +241,7 @@ def _loss(lm: LoadedModel, logits: torch.Tensor, labels: torch.Tensor) -> torch.
     if lm.lm_head == "causal":
         logits, labels = logits[:, :-1], labels[:, 1:]
     rows, t, vocab = logits.shape
-    labels = labels.expand(rows, t)
+    labels = _tile(labels, rows).expand(rows, t)
     per_token = F.cross_entropy(
         _wide(logits).reshape(-1, vocab), labels.reshape(-1), reduction="none"
     ).view(rows, t)
@@ -286,6 +299,7 @@ class _Measure:
 
     def change(self, raw: torch.Tensor, intact: torch.Tensor) -> torch.Tensor:
         """``[rows]``: the target's change from the intact model (``TARGETS``)."""
+        intact = _tile(intact, raw.shape[0])
         if self.target == "embedding":
             return 1.0 - F.cosine_similarity(raw, intact.expand_as(raw), dim=-1)
         if self.target == "similarity":
@@ -438,33 +452,40 @@ def target_value(
 def _leave_one_out(
     measure: _Measure, item: _Item, batch_size: int, tick: Callable[[], None]
 ) -> np.ndarray:
-    """``[L, H]``: the target's change with each head alone off. One intact pass records every
-    layer's output; for each layer, the layers below are replayed from it and the heads of the
-    layer run side by side as rows of one batch (``batch_size`` rows at most)."""
+    """``[B, L, H]``: the target's change with each head alone off, per sentence of the item.
+    One intact pass records every layer's output; for each layer, the layers below are replayed
+    from it and the heads of the layer run side by side as copies of the batch (``batch_size``
+    copies at most)."""
     records: list[dict[int, Any]] = [{} for _ in item.scored]
     intact = measure.raw(item, {}, record=records)
-    out = np.zeros((measure.layers, measure.heads))
+    b = item.rows
+    out = np.zeros((b, measure.layers, measure.heads))
     for layer in range(measure.layers):
         for start in range(0, measure.heads, batch_size):
-            heads = range(start, min(start + batch_size, measure.heads))
+            heads = list(range(start, min(start + batch_size, measure.heads)))
             configs = [[(layer, h)] for h in heads]
-            gates = _gates_rows(configs, measure.layers, measure.heads, measure.lm.device)
+            rows = [c for c in configs for _ in range(b)]  # row r * B + s: sentence s, config r
+            gates = _gates_rows(rows, measure.layers, measure.heads, measure.lm.device)
             raw = measure.raw(item, gates, rows=len(configs), layer=layer, replay=records)
-            out[layer, list(heads)] = measure.change(raw, intact).double().cpu().numpy()
+            change = measure.change(raw, intact).double().cpu().numpy()
+            out[:, layer, heads] = change.reshape(len(configs), b).T
         tick()
     return out
 
 
 def _gradient(measure: _Measure, item: _Item) -> np.ndarray:
-    """``[L, H]``: d target / d gate at every gate = 1 (one forward and one backward pass)."""
+    """``[B, L, H]``: d target / d gate at every gate = 1, per sentence of the item (one forward
+    and one backward pass; a row's target depends on its own row of gates only)."""
     with torch.inference_mode(False), torch.enable_grad():
+        shape = (item.rows, measure.heads) if item.rows > 1 else (measure.heads,)
         gates = {
-            layer: torch.ones(measure.heads, device=measure.lm.device, requires_grad=True)
+            layer: torch.ones(shape, device=measure.lm.device, requires_grad=True)
             for layer in range(measure.layers)
         }
-        value = measure.raw(item, gates)[0]
+        value = measure.raw(item, gates).sum()
         grads = torch.autograd.grad(value, [gates[i] for i in range(measure.layers)])
-    return torch.stack(grads).double().cpu().numpy()
+    stacked = torch.stack(grads).double().cpu().numpy()  # (L, B, H) or (L, H)
+    return stacked[None] if item.rows == 1 else stacked.transpose(1, 0, 2)
 
 
 def _frame(values: np.ndarray, columns: dict[str, np.ndarray]) -> pd.DataFrame:
@@ -474,6 +495,88 @@ def _frame(values: np.ndarray, columns: dict[str, np.ndarray]) -> pd.DataFrame:
     frame.insert(0, "layer", np.repeat(np.arange(layers), heads))
     frame.index = [f"L{li}H{h}" for li, h in zip(frame["layer"], frame["head"], strict=True)]
     return frame
+
+
+class ImportanceAccumulator:
+    """Per-head importance over a corpus as running moments, mergeable across shards.
+
+    ``add`` takes one text's ``[L, H]`` values (or a batch ``[B, L, H]``): changes (ablation) or
+    signed gradients (gradient). Keeps the count, the mean, the sum of squared deviations (Chan
+    et al.'s parallel update, for the standard deviation) and the mean absolute value, so that
+    ``merge`` is associative and order-independent (up to float rounding).
+    """
+
+    def __init__(self, method: str, target: str) -> None:
+        if method not in METHODS:
+            raise InputError(f"Unknown method {method!r}: choose one of {', '.join(METHODS)}.")
+        self.method = method
+        self.target = target
+        self.count = 0
+        self._mean: np.ndarray | None = None
+        self._m2: np.ndarray | None = None
+        self._abs: np.ndarray | None = None  # mean of |value|
+
+    def add(self, values: np.ndarray) -> None:
+        values = np.asarray(values, dtype=np.float64)
+        batch = values if values.ndim == 3 else values[None]
+        other = ImportanceAccumulator(self.method, self.target)
+        other.count = len(batch)
+        other._mean = batch.mean(0)
+        other._m2 = ((batch - other._mean) ** 2).sum(0)
+        other._abs = np.abs(batch).mean(0)
+        self.merge(other)
+
+    def merge(self, other: ImportanceAccumulator) -> ImportanceAccumulator:
+        """Add another accumulator's texts (a shard computed elsewhere); returns self."""
+        if not isinstance(other, ImportanceAccumulator):
+            raise TypeError(f"Cannot merge {type(other).__name__} into ImportanceAccumulator.")
+        if (other.method, other.target) != (self.method, self.target):
+            raise ValueError(
+                f"Cannot merge {other.method}/{other.target} importance into "
+                f"{self.method}/{self.target}."
+            )
+        if other.count == 0 or other._mean is None or other._m2 is None or other._abs is None:
+            return self
+        if self._mean is None or self._m2 is None or self._abs is None:
+            self.count = other.count
+            self._mean, self._m2, self._abs = (
+                other._mean.copy(),
+                other._m2.copy(),
+                other._abs.copy(),
+            )
+            return self
+        if other._mean.shape != self._mean.shape:
+            raise ValueError("All shards must come from models with the same layers x heads.")
+        n_a, n_b = self.count, other.count
+        n = n_a + n_b
+        delta = other._mean - self._mean
+        self._mean = self._mean + delta * (n_b / n)
+        self._m2 = self._m2 + other._m2 + delta**2 * (n_a * n_b / n)
+        self._abs = (self._abs * n_a + other._abs * n_b) / n
+        self.count = n
+        return self
+
+    def frame(self, *, normalize: bool = False) -> pd.DataFrame:
+        """The table ``head_importance`` returns (see there)."""
+        if self.count == 0 or self._mean is None or self._m2 is None or self._abs is None:
+            raise ValueError("No texts were added.")
+        if self.method == "ablation":
+            columns = {"importance": self._mean, "std": np.sqrt(self._m2 / self.count)}
+        else:
+            columns = {"importance": self._abs, "gradient": self._mean}
+        if normalize:
+            raw = columns["importance"]
+            norm = np.linalg.norm(raw, axis=1, keepdims=True)
+            columns = {
+                "importance": np.divide(raw, norm, out=np.zeros_like(raw), where=norm > 0),
+                "importance_raw": raw,
+                **{k: v for k, v in columns.items() if k != "importance"},
+            }
+        frame = _frame(self._mean, columns)
+        frame.attrs.update(
+            method=self.method, target=self.target, texts=self.count, normalized=normalize
+        )
+        return frame
 
 
 def head_importance(
@@ -535,33 +638,130 @@ def head_importance(
         if progress is not None:
             progress(done, total)
 
-    per_text = []
+    acc = ImportanceAccumulator(method, target)
     for text, pair in items:
         # the gradient's inputs must be ordinary tensors (autograd saves them)
         with lm.lock, torch.inference_mode(method == "ablation"):
             measure = _Measure(lm, target)
             item = _prepare(lm, text, pair, target, max_tokens)
             if method == "ablation":
-                per_text.append(_leave_one_out(measure, item, batch_size, tick))
+                acc.add(_leave_one_out(measure, item, batch_size, tick))
             else:
-                per_text.append(_gradient(measure, item))
+                acc.add(_gradient(measure, item))
                 tick()
-    values = np.stack(per_text)  # (texts, L, H)
-    if method == "ablation":
-        columns = {"importance": values.mean(0), "std": values.std(0)}
-    else:
-        columns = {"importance": np.abs(values).mean(0), "gradient": values.mean(0)}
-    if normalize:
-        raw = columns["importance"]
-        norm = np.linalg.norm(raw, axis=1, keepdims=True)
-        columns = {
-            "importance": np.divide(raw, norm, out=np.zeros_like(raw), where=norm > 0),
-            "importance_raw": raw,
-            **{k: v for k, v in columns.items() if k != "importance"},
-        }
-    frame = _frame(values, columns)
-    frame.attrs.update(method=method, target=target, texts=len(items), normalized=normalize)
-    return frame
+    return acc.frame(normalize=normalize)
+
+
+def _encode_entry(
+    lm: LoadedModel, entry: Entry, target: str, max_tokens: int | None
+) -> tuple[_Encoded, _Encoded | None, tuple[dict[str, torch.Tensor], torch.Tensor] | None]:
+    """One corpus entry checked and encoded for ``target``: the first sentence, the second one
+    (similarity) and, for the masked-LM loss, the masked inputs and labels. Raises InputError."""
+    first = _encode(lm, _check_text(entry.text), None, max_tokens)
+    second = None
+    masked = None
+    if target == "similarity":
+        second = _encode(lm, _check_text(entry.pair, "second sentence"), None, max_tokens)
+    elif target == "lm-loss" and lm.lm_head == "masked":
+        masked = _masked(lm, first)
+    elif target == "lm-loss" and first.inputs["input_ids"].shape[1] < 2:
+        raise InputError("The next-token loss needs a text of at least two tokens.")
+    return first, second, masked
+
+
+def _pad_labels(labels: Sequence[torch.Tensor], n: int) -> torch.Tensor:
+    return torch.cat([F.pad(x, (0, n - x.shape[1]), value=-100) for x in labels])
+
+
+def _batch_item(
+    lm: LoadedModel,
+    group: Sequence[tuple[_Encoded, _Encoded | None, Any]],
+    target: str,
+) -> _Item:
+    """Several encoded entries as one right-padded batch (rows = entries)."""
+    from mhsa.corpus import pad_inputs
+
+    firsts = pad_inputs(lm, [f.inputs for f, _, _ in group])
+    rows = len(group)
+    if target == "similarity":
+        seconds = pad_inputs(lm, [s.inputs for _, s, _ in group if s is not None])
+        return _Item(group[0][0], (firsts, seconds), None, None, rows)
+    if target != "lm-loss":
+        return _Item(group[0][0], (firsts,), None, None, rows)
+    n = firsts["input_ids"].shape[1]
+    if lm.lm_head == "masked":
+        inputs = pad_inputs(lm, [m[0] for _, _, m in group])
+        return _Item(
+            group[0][0], (inputs,), _pad_labels([m[1] for _, _, m in group], n), None, rows
+        )
+    labels = firsts["input_ids"].masked_fill(firsts["attention_mask"] == 0, -100)
+    return _Item(group[0][0], (firsts,), labels, None, rows)
+
+
+def corpus_importance(
+    entries: Sequence[Entry],
+    *,
+    model: str | LoadedModel = DEFAULT_MODEL,
+    method: str = "ablation",
+    target: str | None = None,
+    max_tokens: int | None = None,
+    batch_tokens: int = BATCH_TOKENS,
+    batch_size: int = 16,
+    problems: list[Problem] | None = None,
+    progress: Progress | None = None,
+) -> ImportanceAccumulator:
+    """``head_importance`` over a corpus in padded batches of sentences of similar length:
+    the same values as one by one (within float rounding), returned as a mergeable
+    ``ImportanceAccumulator`` (``.frame()`` is the table). Entries the model cannot take (too
+    long, too short for the loss, a missing second sentence) go to ``problems``.
+
+    ``batch_tokens`` bounds the padded tokens of one forward pass: sentences x the heads run
+    side by side (``batch_size`` at most) x the longest sentence.
+    """
+    from mhsa.corpus import length_batches
+
+    if method not in METHODS:
+        raise InputError(f"Unknown method {method!r}: choose one of {', '.join(METHODS)}.")
+    if batch_size < 1:
+        raise InputError("batch_size must be at least 1.")
+    lm = _model(model)
+    items = [(e.text, e.pair) for e in entries]
+    if not items:
+        raise InputError("No sentences given.")
+    target = _pair_target(lm, items, target)
+    if method == "gradient" and target == "embedding":
+        raise InputError(
+            "The gradient of the embedding distance is zero at the intact model: use "
+            "method='ablation' for this target."
+        )
+    encoded, lengths = [], []
+    with lm.lock:
+        measure = _Measure(lm, target)
+        for entry in entries:
+            try:
+                first, second, masked = _encode_entry(lm, entry, target, max_tokens)
+            except InputError as e:
+                if problems is None:
+                    raise
+                problems.append(Problem(entry.where, str(e)))
+                continue
+            encoded.append((first, second, masked))
+            n = first.inputs["input_ids"].shape[1]
+            lengths.append(max(n, second.inputs["input_ids"].shape[1]) if second else n)
+    acc = ImportanceAccumulator(method, target)
+    copies = min(batch_size, measure.heads) if method == "ablation" else 1
+    done = 0
+    for batch in length_batches(lengths, max(1, batch_tokens // copies)):
+        with lm.lock, torch.inference_mode(method == "ablation"):
+            item = _batch_item(lm, [encoded[i] for i in batch], target)
+            if method == "ablation":
+                acc.add(_leave_one_out(measure, item, batch_size, lambda: None))
+            else:
+                acc.add(_gradient(measure, item))
+        done += len(batch)
+        if progress is not None:
+            progress(done, len(encoded))
+    return acc
 
 
 # --- pruning ----------------------------------------------------------------------------------

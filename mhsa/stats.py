@@ -181,6 +181,27 @@ class HeadStatsAccumulator:
         self._defined += defined
         self.count += 1
 
+    def merge(self, other: HeadStatsAccumulator) -> HeadStatsAccumulator:
+        """Add another accumulator's sentences to this one (a shard computed elsewhere) and
+        return self. Sums and counts add, so merging is associative and order-independent (up
+        to float rounding of the sums)."""
+        if not isinstance(other, HeadStatsAccumulator):
+            raise TypeError(f"Cannot merge {type(other).__name__} into HeadStatsAccumulator.")
+        if other.word_level != self.word_level:
+            raise ValueError("Cannot merge word-level statistics with token-level ones.")
+        if other._sum is None or other._defined is None:
+            return self
+        if self._shape is not None and other._shape != self._shape:
+            raise ValueError(f"Shard has {other._shape} layers x heads, this one {self._shape}")
+        if self._sum is None or self._defined is None:
+            self._sum, self._defined = other._sum.copy(), other._defined.copy()
+        else:
+            self._sum = self._sum + other._sum
+            self._defined = self._defined + other._defined
+        self._shape = other._shape
+        self.count += other.count
+        return self
+
     def frame(self) -> pd.DataFrame:
         if self._sum is None or self._defined is None or self._shape is None:
             raise ValueError("No results were added.")
@@ -344,6 +365,22 @@ class HeadSimilarityAccumulator:
         self._sum = matrix if self._sum is None else self._sum + matrix
         self._labels = result.head_labels()
         self.count += 1
+
+    def merge(self, other: HeadSimilarityAccumulator) -> HeadSimilarityAccumulator:
+        """Add another accumulator's sentences (a shard computed elsewhere); returns self.
+        Associative and order-independent up to float rounding of the sums."""
+        if not isinstance(other, HeadSimilarityAccumulator):
+            raise TypeError(f"Cannot merge {type(other).__name__} into HeadSimilarityAccumulator.")
+        if other.metric != self.metric:
+            raise ValueError(f"Cannot merge {other.metric} similarity into {self.metric}.")
+        if other._sum is None:
+            return self
+        if self._sum is not None and other._sum.shape != self._sum.shape:
+            raise ValueError("All shards must come from models with the same layers x heads.")
+        self._sum = other._sum.copy() if self._sum is None else self._sum + other._sum
+        self._labels = other._labels
+        self.count += other.count
+        return self
 
     def frame(self) -> pd.DataFrame:
         if self._sum is None:

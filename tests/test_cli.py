@@ -84,7 +84,9 @@ def test_importance_matches_the_library_and_writes_the_pruning_curve(
         ["The cat sat on the mat.", "Dogs bark at night."], model=minilm
     )
     assert list(table.index) == list(expected.index)
-    np.testing.assert_allclose(table["importance"], expected["importance"], rtol=1e-6, atol=1e-9)
+    # the command batches sentences (padded): equal to one by one within float rounding
+    np.testing.assert_allclose(table["importance"], expected["importance"], rtol=0, atol=1e-6)
+    assert table["importance"].max() > 100 * 1e-6  # the tolerance is small against the values
     pruning = pd.read_csv(curve)
     assert set(pruning["order"]) == {"importance", "random"}
     assert pruning["heads_pruned"].max() == 72
