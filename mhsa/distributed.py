@@ -13,6 +13,7 @@ Ray is optional: ``pip install -r requirements-ray.txt``.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import signal
@@ -140,6 +141,9 @@ def run_on_ray(
     if workers < 1:
         raise InputError("workers must be at least 1.")
     threads = max(1, cpus // workers)
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False  # the caller's progress bar counts sentences
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
     rows = [{"where": e.where, "text": e.text, "pair": e.pair or ""} for e in corpus.entries]
     dataset = ray.data.from_items(rows, override_num_blocks=max(1, -(-len(rows) // shard_size)))
     mapped = dataset.map_batches(

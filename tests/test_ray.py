@@ -1,0 +1,58 @@
+"""The Ray backend on a local Ray instance of 2 CPUs started by the tests: the same numbers as the
+local path, also after an actor is killed mid-run, and every bad entry reported."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import ray
+
+from mhsa.__main__ import main
+from mhsa.corpus import Corpus, Problem, corpus_stats
+from mhsa.distributed import RayTask, run_on_ray
+from tests.test_corpus import MIXED
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_ray_equals_the_local_path_after_an_actor_is_killed(local_ray, minilm, tmp_path) -> None:
+    entries = Corpus.of([*MIXED, "word " * 600], source="c.txt").entries
+    corpus = Corpus(entries, [Problem("c.txt:99", "not UTF-8 text")], "c.txt")
+    marker = tmp_path / "killed"
+    task = RayTask("stats", "default", {"similarity": "js"}, fail_once=str(marker))
+    seen = []
+    got = run_on_ray(task, corpus, workers=2, shard_size=5, progress=lambda d, t: seen.append(d))
+    assert marker.exists() and int(marker.read_text()) > 0  # an actor really died mid-run
+    local = corpus_stats(entries, model=minilm, similarity="js")
+    assert got.used == local.used == len(MIXED)
+    too_long = f"c.txt:{len(MIXED) + 1}"
+    assert sorted(p.where for p in got.problems) == sorted([too_long, "c.txt:99"])
+    assert seen[-1] == len(entries)  # progress reached every sentence
+    a, b = got.stats.frame(), local.stats.frame()
+    numeric = a.select_dtypes("number").columns
+    np.testing.assert_allclose(a[numeric], b[numeric], rtol=0, atol=1e-6)
+    assert (a["role"] == b["role"]).all()
+    np.testing.assert_allclose(got.similarity.frame(), local.similarity.frame(), atol=1e-6)
+
+
+def test_cli_importance_on_ray_reads_parquet_and_equals_local(local_ray, tmp_path, capsys) -> None:
+    path = tmp_path / "corpus.parquet"
+    pd.DataFrame({"text": [*MIXED[:5], None]}).to_parquet(path)
+    ray_out, local_out = tmp_path / "ray.csv", tmp_path / "local.csv"
+    base = ["importance", str(path), "--method", "ablation"]
+    assert main([*base, "--out", str(ray_out), "--ray", "--workers", "2", "--shard-size", "2"]) == 0
+    printed = capsys.readouterr()
+    assert "1 entries not used" in printed.err and "corpus.parquet:row 6" in printed.err
+    assert "(5 texts, 72 heads, ablation, embedding)" in printed.out
+    assert main([*base, "--out", str(local_out), "--one-by-one"]) == 0
+    got = pd.read_csv(ray_out, index_col="name")
+    want = pd.read_csv(local_out, index_col="name")
+    np.testing.assert_allclose(got["importance"], want["importance"], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got["std"], want["std"], rtol=0, atol=1e-6)
+    assert want["importance"].max() > 1e-3
