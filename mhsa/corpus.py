@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,16 +36,30 @@ __all__ = [
     "Entry",
     "Problem",
     "attend_batched",
+    "attend_batches",
     "attend_one_by_one",
+    "batch_tokens_for",
     "corpus_stats",
     "encode_entries",
     "length_batches",
     "read_corpus",
 ]
 
-#: padded tokens per batch (batch size x longest sentence): about 1 MB of attention per layer
-#: and head for MiniLM, and large enough that a CPU or GPU runs full matrix products
-BATCH_TOKENS = 4096
+#: padded tokens per forward pass (batch size x longest sentence), by device: on a CPU small
+#: batches keep the activations in cache (MiniLM on 2 cores: fastest from 256 to 768, 20% slower at
+#: 4096); a GPU needs large ones to fill it
+BATCH_TOKENS = {"cpu": 512, "cuda": 8192, "mps": 4096}
+
+
+def batch_tokens_for(lm: LoadedModel, batch_tokens: int | None = None) -> int:
+    """``batch_tokens`` when given, else the default for the model's device."""
+    if batch_tokens is not None:
+        if batch_tokens < 1:
+            raise InputError("batch_tokens must be at least 1.")
+        return batch_tokens
+    return BATCH_TOKENS.get(lm.device.type, 2048)
+
+
 #: most sentences in one batch, whatever their length
 MAX_BATCH = 128
 #: Parquet: the column read when none is named
@@ -206,7 +221,7 @@ def encode_entries(
 
 
 def length_batches(
-    lengths: Sequence[int], batch_tokens: int = BATCH_TOKENS, max_batch: int = MAX_BATCH
+    lengths: Sequence[int], batch_tokens: int = 512, max_batch: int = MAX_BATCH
 ) -> list[list[int]]:
     """Positions into ``lengths`` grouped into batches of similar length: sorted by length, each
     batch as large as ``batch_tokens`` padded tokens (rows x longest) and ``max_batch`` allow."""
@@ -272,17 +287,28 @@ def _batch_attention(
 def attend_batched(
     entries: Sequence[Entry],
     lm: LoadedModel,
+    **kwargs: Any,
+) -> Iterator[tuple[int, AttentionResult]]:
+    """``(index into entries, AttentionResult)`` for every usable entry, computed in padded
+    batches of similar length (in length order, not corpus order); see ``attend_batches``."""
+    for batch in attend_batches(entries, lm, **kwargs):
+        yield from batch
+
+
+def attend_batches(
+    entries: Sequence[Entry],
+    lm: LoadedModel,
     *,
     engine: str = "transformers",
     max_tokens: int | None = None,
     seed: int = 0,
-    batch_tokens: int = BATCH_TOKENS,
+    batch_tokens: int | None = None,
     max_batch: int = MAX_BATCH,
     problems: list[Problem] | None = None,
-) -> Iterator[tuple[int, AttentionResult]]:
-    """``(index into entries, AttentionResult)`` for every usable entry, computed in padded
-    batches of similar length (in length order, not corpus order). Entries the model cannot take
-    are appended to ``problems`` (when given) instead.
+) -> Iterator[list[tuple[int, AttentionResult]]]:
+    """Per padded batch, ``(index into entries, AttentionResult)`` of its sentences: every
+    usable entry, in batches of similar length (in length order, not corpus order). Entries the
+    model cannot take are appended to ``problems`` (when given) instead.
 
     The results equal ``attend(text, ...)`` one by one within float rounding: each sentence's
     attention is cut to its own tokens, and padding keys get zero weight.
@@ -299,7 +325,7 @@ def attend_batched(
     if problems is not None:
         problems.extend(bad)
     lengths = [e.inputs["input_ids"].shape[1] for _, e in encoded]
-    for batch in length_batches(lengths, batch_tokens, max_batch):
+    for batch in length_batches(lengths, batch_tokens_for(lm, batch_tokens), max_batch):
         items = [encoded[i] for i in batch]
         with lm.lock, torch.inference_mode():
             inputs = pad_inputs(lm, [e.inputs for _, e in items])
@@ -308,21 +334,25 @@ def attend_batched(
             attention, causal = _batch_attention(lm, engine, inputs, seed)
             seconds = (time.perf_counter() - start) / len(items)
             array = attention.float().cpu().numpy()  # (L, B, H, T, T), one move to the CPU
+        done = []
         for row, (index, enc) in enumerate(items):
             n = lengths[batch[row]]
-            yield (
-                index,
-                _make_result(
-                    lm,
-                    enc,
-                    entries[index].text,
-                    array[:, row, :, :n, :n],
-                    engine=engine,
-                    timings={"load": lm.load_seconds, "forward": seconds},
-                    causal=causal,
-                    seed=seed if engine == "mhsa-random" else None,
-                ),
+            done.append(
+                (
+                    index,
+                    _make_result(
+                        lm,
+                        enc,
+                        entries[index].text,
+                        array[:, row, :, :n, :n],
+                        engine=engine,
+                        timings={"load": lm.load_seconds, "forward": seconds},
+                        causal=causal,
+                        seed=seed if engine == "mhsa-random" else None,
+                    ),
+                )
             )
+        yield done
 
 
 def attend_one_by_one(
@@ -400,7 +430,7 @@ def corpus_stats(
     similarity: str | None = None,
     max_tokens: int | None = None,
     batched: bool = True,
-    batch_tokens: int = BATCH_TOKENS,
+    batch_tokens: int | None = None,
     seed: int = 0,
     progress: Progress | None = None,
 ) -> CorpusStats:
@@ -417,8 +447,9 @@ def corpus_stats(
     )
     start = time.perf_counter()
     problems: list[Problem] = []
+    total = len(entries)
     if batched and not lm.is_encoder_decoder:
-        results = attend_batched(
+        groups: Iterable[list[tuple[int, AttentionResult]]] = attend_batches(
             entries,
             lm,
             engine=engine,
@@ -428,15 +459,22 @@ def corpus_stats(
             problems=problems,
         )
     else:
-        results = attend_one_by_one(
-            entries, lm, engine=engine, max_tokens=max_tokens, seed=seed, problems=problems
+        groups = (
+            [pair]
+            for pair in attend_one_by_one(
+                entries, lm, engine=engine, max_tokens=max_tokens, seed=seed, problems=problems
+            )
         )
-    total = len(entries)
-    for _, result in results:
-        out.stats.add(result)
+    for group in groups:
+        results = [r for _, r in group]
+        if len(results) == 1:
+            out.stats.add(results[0])  # one by one: exactly the path ``head_stats`` takes
+        else:
+            out.stats.add_many(results)
         if out.similarity is not None:
-            out.similarity.add(result.to_words() if word_level else result)
-        out.used += 1
+            for result in results:
+                out.similarity.add(result.to_words() if word_level else result)
+        out.used += len(results)
         if progress is not None:
             progress(out.used + len(problems), total)
     out.problems = problems

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from mhsa.adapters import OwnBlock, Run, own_blocks, run_own_forward
-from mhsa.corpus import BATCH_TOKENS, Entry, Problem
+from mhsa.corpus import Entry, Problem, batch_tokens_for
 from mhsa.errors import InputError
 from mhsa.extract import _check_text, _encode, _Encoded, _make_result
 from mhsa.models import DEFAULT_MODEL, LoadedModel, get_model
@@ -705,7 +705,7 @@ def corpus_importance(
     method: str = "ablation",
     target: str | None = None,
     max_tokens: int | None = None,
-    batch_tokens: int = BATCH_TOKENS,
+    batch_tokens: int | None = None,
     batch_size: int = 16,
     problems: list[Problem] | None = None,
     progress: Progress | None = None,
@@ -751,7 +751,8 @@ def corpus_importance(
     acc = ImportanceAccumulator(method, target)
     copies = min(batch_size, measure.heads) if method == "ablation" else 1
     done = 0
-    for batch in length_batches(lengths, max(1, batch_tokens // copies)):
+    budget = batch_tokens_for(lm, batch_tokens)
+    for batch in length_batches(lengths, max(1, budget // copies)):
         with lm.lock, torch.inference_mode(method == "ablation"):
             item = _batch_item(lm, [encoded[i] for i in batch], target)
             if method == "ablation":

@@ -6,7 +6,7 @@ At?" (statistics, Jensen-Shannon head distances) and Abnar & Zuidema 2020 (rollo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,40 +89,54 @@ def _as_list(results: AttentionResult | Iterable[AttentionResult]) -> list[Atten
 
 
 def _sentence_stats(result: AttentionResult) -> np.ndarray:
-    """``[layers * heads, len(STAT_COLUMNS) + 1]``: the statistics plus the row count for log n."""
-    a = result.attention.astype(np.float64)  # (L, H, n, n)
-    n = a.shape[-1]
-    smoothed = (1 - _ENTROPY_SMOOTHING) * a + _ENTROPY_SMOOTHING / n
-    entropy = -(smoothed * np.log(smoothed)).sum(-1).mean(-1)  # (L, H)
+    """``[layers * heads, len(STAT_COLUMNS) + 1 + offsets]``: the statistics, log n and the
+    positional shares of one sentence."""
+    return _stats_many(result.attention[None], [result.special], [result.punctuation])[0]
+
+
+def _stats_many(
+    attention: np.ndarray, special: Sequence[Sequence[bool]], punctuation: Sequence[Sequence[bool]]
+) -> np.ndarray:
+    """``_sentence_stats`` of k sentences of the same length at once: ``attention`` is
+    ``[k, L, H, n, n]``, the flags ``[k][n]``; returns ``[k, L * H, columns]``. (Sentences of a
+    corpus batch share lengths: one set of array operations for all of them.)"""
+    a = attention.astype(np.float64)  # (k, L, H, n, n)
+    k, n = a.shape[0], a.shape[-1]
+    flat = a.reshape(-1, n * n)  # one row per sentence and head
+    smoothed = flat * (1 - _ENTROPY_SMOOTHING)
+    smoothed += _ENTROPY_SMOOTHING / n
+    # means over query rows of per-row sums = whole sums / n: products with BLAS, few passes
+    entropy = -np.einsum("ij,ij->i", smoothed, np.log(smoothed)) / n
     idx = np.arange(n)
-    mean_distance = (a * np.abs(idx[:, None] - idx[None, :])).sum(-1).mean(-1)
-    confidence = a.max(-1).mean(-1)  # Voita et al.: mean over tokens of the largest weight
-    special = np.asarray(result.special, dtype=bool)
-    sep = special.copy()
-    sep[0] = False  # [SEP]/EOS: special tokens other than the first one
-    punct = np.asarray(result.punctuation, dtype=bool)
-    diag = np.diagonal(a, axis1=-2, axis2=-1)  # (L, H, n)
-    prev = np.diagonal(a, offset=-1, axis1=-2, axis2=-1)  # A[i, i-1], (L, H, n-1)
+    distance = np.abs(idx[:, None] - idx[None, :]).astype(np.float64).ravel()
+    mean_distance = flat @ distance / n
+    confidence = a.max(-1).mean(-1).reshape(-1)  # Voita et al.: mean of each row's largest
+    received = a.sum(-2).reshape(k, -1, n) / n  # (k, L*H, n): mean over rows of A[:, j]
+    sep = np.array(special, dtype=np.float64).reshape(k, n, 1)
+    sep[:, 0] = 0.0  # [SEP]/EOS: special tokens other than the first one
+    punct = np.array(punctuation, dtype=np.float64).reshape(k, n, 1)
+    diag = np.diagonal(a, axis1=-2, axis2=-1)  # (k, L, H, n)
+    prev = np.diagonal(a, offset=-1, axis1=-2, axis2=-1)  # A[i, i-1], (k, L, H, n-1)
     nxt = np.diagonal(a, offset=1, axis1=-2, axis2=-1)  # A[i, i+1]
-    nan = np.full(a.shape[:2], np.nan)
+    nan = np.full(a.shape[:3], np.nan)
     columns = [
         entropy,
         mean_distance,
         confidence,
-        a[..., 0].mean(-1),
-        a[..., sep].sum(-1).mean(-1),
-        a[..., punct].sum(-1).mean(-1),
+        received[..., 0],
+        received @ sep,
+        received @ punct,
         diag.mean(-1),
         prev.mean(-1) if n > 1 else nan,
         nxt.mean(-1) if n > 1 else nan,
-        np.full(a.shape[:2], np.log(n)),
+        np.full(a.shape[:3], np.log(n)),
         *_offset_shares(a),
     ]
-    return np.stack([c.reshape(-1) for c in columns], axis=1)
+    return np.stack([c.reshape(k, -1) for c in columns], axis=2)
 
 
 def _offset_shares(a: np.ndarray) -> list[np.ndarray]:
-    """Per offset d in the window, ``[L, H]``: the share of the query rows i that have a token
+    """Per offset d in the window, ``[..., L, H]``: the share of the query rows i that have a token
     at i + d whose largest weight is at i + d (NaN where no row has one)."""
     n = a.shape[-1]
     argmax_offset = a.argmax(-1) - np.arange(n)  # (L, H, n)
@@ -130,7 +144,7 @@ def _offset_shares(a: np.ndarray) -> list[np.ndarray]:
     for d in _OFFSETS:
         rows = n - abs(int(d))
         if rows <= 0:
-            shares.append(np.full(a.shape[:2], np.nan))
+            shares.append(np.full(a.shape[:-2], np.nan))
             continue
         valid = slice(max(0, -d), n - max(0, d))  # rows i with 0 <= i + d < n
         shares.append((argmax_offset[..., valid] == d).sum(-1) / rows)
@@ -173,13 +187,36 @@ class HeadStatsAccumulator:
         if self._shape is not None and shape != self._shape:
             raise ValueError(f"Result has {shape} layers x heads, earlier ones {self._shape}")
         self._shape = shape
-        stats = _sentence_stats(result)
+        self._add_stats(_sentence_stats(result)[None])
+
+    def add_many(self, results: Sequence[AttentionResult]) -> None:
+        """``add`` for several results; those of the same length are computed together (the
+        same numbers, fewer array operations: a corpus batch holds sentences of equal length)."""
+        if self.word_level:
+            results = [r.to_words() for r in results]
+        by_length: dict[tuple[int, ...], list[AttentionResult]] = {}
+        for r in results:
+            by_length.setdefault(r.attention.shape, []).append(r)
+        for shape, group in by_length.items():
+            if self._shape is not None and shape[:2] != self._shape:
+                raise ValueError(
+                    f"Result has {shape[:2]} layers x heads, earlier ones {self._shape}"
+                )
+            self._shape = shape[:2]
+            stacked = np.stack([r.attention for r in group])
+            self._add_stats(
+                _stats_many(stacked, [r.special for r in group], [r.punctuation for r in group])
+            )
+
+    def _add_stats(self, stats: np.ndarray) -> None:
+        """Sentences' statistics ``[k, L * H, columns]`` into the running sums."""
         defined = ~np.isnan(stats)
         if self._sum is None or self._defined is None:
-            self._sum, self._defined = np.zeros_like(stats), np.zeros(stats.shape, dtype=int)
-        self._sum += np.where(defined, stats, 0.0)
-        self._defined += defined
-        self.count += 1
+            self._sum = np.zeros(stats.shape[1:])
+            self._defined = np.zeros(stats.shape[1:], dtype=int)
+        self._sum += np.where(defined, stats, 0.0).sum(0)
+        self._defined += defined.sum(0)
+        self.count += len(stats)
 
     def merge(self, other: HeadStatsAccumulator) -> HeadStatsAccumulator:
         """Add another accumulator's sentences to this one (a shard computed elsewhere) and
