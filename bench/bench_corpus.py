@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import statistics
 import time
 from pathlib import Path
 
@@ -53,6 +54,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--sentences", type=int, default=1000)
     parser.add_argument("--importance-sentences", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds, statistics")
     parser.add_argument("--no-ray", action="store_true")
     args = parser.parse_args()
     lm = mhsa.load_model("default", device=args.device)
@@ -66,16 +68,26 @@ def main() -> None:
     corpus_stats(entries[:50], model=lm)  # warm-up: first-call costs out of the comparison
     corpus_stats(entries[:50], model=lm, batched=False)
     rows = []
-    for what, sim in (("statistics", None), ("statistics + JS similarity", "js")):
-        one_s, one = timed(
-            lambda s=sim: corpus_stats(entries, model=lm, batched=False, similarity=s)
-        )
-        bat_s, bat = timed(lambda s=sim: corpus_stats(entries, model=lm, similarity=s))
+    for what, sim, rounds in (
+        ("statistics", None, args.rounds),
+        ("statistics + JS similarity", "js", 1),
+    ):
+        # interleaved rounds, medians: both paths see the same machine state (this VM's speed
+        # varies by 30% from minute to minute)
+        one_t, bat_t = [], []
+        for _ in range(rounds):
+            seconds, one = timed(
+                lambda s=sim: corpus_stats(entries, model=lm, batched=False, similarity=s)
+            )
+            one_t.append(seconds)
+            seconds, bat = timed(lambda s=sim: corpus_stats(entries, model=lm, similarity=s))
+            bat_t.append(seconds)
+        one_s, bat_s = statistics.median(one_t), statistics.median(bat_t)
         assert one.used == bat.used == len(texts)
         diff = (bat.stats.frame()["entropy"] - one.stats.frame()["entropy"]).abs().max()
         rows.append(
             {
-                "work": what,
+                "work": f"{what} (median of {rounds})" if rounds > 1 else what,
                 "one by one, sent/s": len(texts) / one_s,
                 "batched, sent/s": len(texts) / bat_s,
                 "batched / one by one": one_s / bat_s,
