@@ -497,6 +497,29 @@ def _frame(values: np.ndarray, columns: dict[str, np.ndarray]) -> pd.DataFrame:
     return frame
 
 
+def _check_importance(
+    lm: LoadedModel,
+    items: list[tuple[str, str | None]],
+    method: str,
+    target: str | None,
+    batch_size: int,
+) -> str:
+    """The arguments of an importance run checked; returns the resolved target."""
+    if method not in METHODS:
+        raise InputError(f"Unknown method {method!r}: choose one of {', '.join(METHODS)}.")
+    if batch_size < 1:
+        raise InputError("batch_size must be at least 1.")
+    target = _pair_target(lm, items, target)
+    if method == "gradient" and target == "embedding":
+        raise InputError(
+            "The gradient of the embedding distance is zero at the intact model (1 - cosine is "
+            "at its minimum when nothing changed), so it says nothing about the heads: use "
+            "method='ablation' for this target, or a target with a slope ('similarity' with "
+            "sentence pairs, 'lm-loss' for a model with a language-model head)."
+        )
+    return target
+
+
 class ImportanceAccumulator:
     """Per-head importance over a corpus as running moments, mergeable across shards.
 
@@ -613,20 +636,9 @@ def head_importance(
         InputError: unknown method or target, a target the model cannot measure, or the gradient
             of the embedding distance, which is zero at the intact model.
     """
-    if method not in METHODS:
-        raise InputError(f"Unknown method {method!r}: choose one of {', '.join(METHODS)}.")
-    if batch_size < 1:
-        raise InputError("batch_size must be at least 1.")
     lm = _model(model)
     items = _texts(texts)
-    target = _pair_target(lm, items, target)
-    if method == "gradient" and target == "embedding":
-        raise InputError(
-            "The gradient of the embedding distance is zero at the intact model (1 - cosine is "
-            "at its minimum when nothing changed), so it says nothing about the heads: use "
-            "method='ablation' for this target, or a target with a slope ('similarity' with "
-            "sentence pairs, 'lm-loss' for a model with a language-model head)."
-        )
+    target = _check_importance(lm, items, method, target, batch_size)
     with lm.lock:
         layers = len(own_blocks(lm, None))
     total = len(items) * (layers if method == "ablation" else 1)
@@ -720,20 +732,11 @@ def corpus_importance(
     """
     from mhsa.corpus import length_batches
 
-    if method not in METHODS:
-        raise InputError(f"Unknown method {method!r}: choose one of {', '.join(METHODS)}.")
-    if batch_size < 1:
-        raise InputError("batch_size must be at least 1.")
     lm = _model(model)
     items = [(e.text, e.pair) for e in entries]
     if not items:
         raise InputError("No sentences given.")
-    target = _pair_target(lm, items, target)
-    if method == "gradient" and target == "embedding":
-        raise InputError(
-            "The gradient of the embedding distance is zero at the intact model: use "
-            "method='ablation' for this target."
-        )
+    target = _check_importance(lm, items, method, target, batch_size)
     encoded, lengths = [], []
     with lm.lock:
         measure = _Measure(lm, target)

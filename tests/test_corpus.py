@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 import mhsa
 from mhsa.__main__ import main
@@ -274,3 +275,19 @@ def test_cli_refuses_a_corpus_with_nothing_usable(tmp_path, capsys) -> None:
         main(["stats", str(path), "--out", str(tmp_path / "x.csv")])
     assert exc.value.code == 2
     assert "No sentence of the corpus could be used" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_batched_on_the_gpu_equals_one_by_one_on_the_cpu(minilm) -> None:
+    gpu = mhsa.load_model("default", device="cuda")
+    entries = Corpus.of(MIXED).entries
+    for engine in ("transformers", "mhsa"):
+        got = corpus_stats(entries, model=gpu, engine=engine, similarity="js")
+        want = corpus_stats(entries, model=minilm, engine=engine, batched=False, similarity="js")
+        a, b = got.stats.frame(), want.stats.frame()
+        numeric = a.select_dtypes("number").columns
+        np.testing.assert_allclose(a[numeric], b[numeric], rtol=0, atol=1e-5)  # GPU kernels
+        np.testing.assert_allclose(got.similarity.frame(), want.similarity.frame(), atol=1e-4)
+    acc = corpus_importance(entries[:4], model=gpu)
+    want = mhsa.head_importance(MIXED[:4], model=minilm)
+    np.testing.assert_allclose(acc.frame()["importance"], want["importance"], atol=1e-5)
