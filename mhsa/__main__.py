@@ -292,9 +292,8 @@ def _importance(args: argparse.Namespace) -> None:
         with bar:
             if args.one_by_one:  # the reference: head_importance, one text at a time
                 options.pop("batch_tokens", None)
-                items = [(e.text, e.pair) if e.pair else e.text for e in corpus.entries]
                 table = mhsa.head_importance(
-                    items, model=model, normalize=args.normalize, **options
+                    _used(corpus, problems), model=model, normalize=args.normalize, **options
                 )
                 acc = None
             else:

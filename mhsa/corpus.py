@@ -22,10 +22,18 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mhsa.adapters import Run, own_blocks, run_own_forward
-from mhsa.errors import InputError, MHSAError, UnsupportedModelError
-from mhsa.extract import ENGINES, _encode, _Encoded, _is_causal, _make_result
-from mhsa.models import LoadedModel
+from mhsa.adapters import own_blocks
+from mhsa.errors import InputError, UnsupportedModelError
+from mhsa.extract import (
+    ENGINES,
+    _checked,
+    _encode,
+    _Encoded,
+    _is_causal,
+    _make_result,
+    _own_attention,
+)
+from mhsa.models import LoadedModel, get_model
 from mhsa.result import AttentionResult
 from mhsa.stats import HeadSimilarityAccumulator, HeadStatsAccumulator
 
@@ -268,19 +276,12 @@ def _batch_attention(
     """``[L, B, H, T, T]`` attention of a padded batch, and whether the model is causal."""
     if engine == "transformers":
         outputs = lm.model(**inputs, output_attentions=True, return_dict=True)
-        attentions = getattr(outputs, "attentions", None)
-        if not attentions or any(a is None for a in attentions):
-            raise UnsupportedModelError(
-                f"{lm.display_name} returned no attention weights: use another model."
-            )
+        attentions = _checked(getattr(outputs, "attentions", None), "self", lm.display_name)
         n0 = int(inputs["attention_mask"][0].sum())
         first = tuple(a[:1, :, :n0, :n0] for a in attentions[:1])
         return torch.stack(attentions), _is_causal(first)
     blocks = own_blocks(lm, seed if engine == "mhsa-random" else None)
-    b, n = inputs["input_ids"].shape
-    ours = blocks[0].ours
-    sink = ours.qkv.weight.new_empty(len(blocks), b, ours.num_heads, n, n)
-    run_own_forward(lm, blocks, Run(sink=sink), inputs)
+    sink, _ = _own_attention(lm, blocks, inputs)
     return sink, blocks[0].causal
 
 
@@ -380,13 +381,6 @@ def attend_one_by_one(
             problems.append(Problem(entry.where, str(e)))
 
 
-def check_problems(problems: Sequence[Problem], used: int) -> None:
-    """Raise when nothing at all could be used (every entry was a problem)."""
-    if used == 0:
-        first = f" First: {problems[0].where}: {problems[0].reason}" if problems else ""
-        raise MHSAError(f"No sentence of the corpus could be used.{first}")
-
-
 # --- corpus statistics ------------------------------------------------------------------------
 
 
@@ -438,8 +432,6 @@ def corpus_stats(
     matrix) over ``entries``, in padded batches (``batched``) or one sentence at a time; both
     give the same numbers within float rounding. Only running sums are kept: memory does not
     grow with the corpus. ``progress(done, total)`` after each batch (sentences)."""
-    from mhsa.models import get_model
-
     lm = model if isinstance(model, LoadedModel) else get_model(model)
     out = CorpusStats(
         HeadStatsAccumulator(word_level=word_level),
@@ -467,10 +459,7 @@ def corpus_stats(
         )
     for group in groups:
         results = [r for _, r in group]
-        if len(results) == 1:
-            out.stats.add(results[0])  # one by one: exactly the path ``head_stats`` takes
-        else:
-            out.stats.add_many(results)
+        out.stats.add_many(results)
         if out.similarity is not None:
             for result in results:
                 out.similarity.add(result.to_words() if word_level else result)

@@ -164,15 +164,27 @@ def _transformers_forward(lm: LoadedModel, inputs: dict[str, torch.Tensor]) -> _
     return _Forward(torch.stack([a[0] for a in theirs]), _is_causal(theirs), extra, hidden)
 
 
+def _own_attention(
+    lm: LoadedModel,
+    blocks: list[OwnBlock],
+    inputs: dict[str, torch.Tensor],
+    gates: dict[int, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, Any]:
+    """The whole model with every attention block swapped for ours (head ``gates`` optional):
+    every layer's weights collected into one preallocated ``[L, B, H, T, T]`` array, and the
+    model's outputs."""
+    b, n = inputs["input_ids"].shape
+    first = blocks[0].ours
+    sink = first.qkv.weight.new_empty(len(blocks), b, first.num_heads, n, n)
+    outputs = run_own_forward(lm, blocks, Run(gates=gates or {}, sink=sink), inputs)
+    return sink, outputs
+
+
 def _own_forward(
     lm: LoadedModel, inputs: dict[str, torch.Tensor], blocks: list[OwnBlock]
 ) -> _Forward:
-    """The whole model with every attention block swapped for ours; weights collected from our
-    modules into one preallocated array."""
-    n = inputs["input_ids"].shape[1]
-    first = blocks[0].ours
-    sink = first.qkv.weight.new_empty(len(blocks), 1, first.num_heads, n, n)  # (L, B, H, T, T)
-    outputs = run_own_forward(lm, blocks, Run(sink=sink), inputs)
+    """The whole model with every attention block swapped for ours (batch 1)."""
+    sink, outputs = _own_attention(lm, blocks, inputs)
     hidden = getattr(outputs, "last_hidden_state", None)
     return _Forward(sink[:, 0], blocks[0].causal, {}, hidden)
 

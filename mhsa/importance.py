@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from mhsa.adapters import OwnBlock, Run, own_blocks, run_own_forward
 from mhsa.corpus import Entry, Problem, batch_tokens_for
 from mhsa.errors import InputError
-from mhsa.extract import _check_text, _encode, _Encoded, _make_result
+from mhsa.extract import _check_text, _encode, _Encoded, _make_result, _own_attention
 from mhsa.models import DEFAULT_MODEL, LoadedModel, get_model
 from mhsa.result import AttentionResult
 
@@ -194,9 +194,8 @@ def _masked(lm: LoadedModel, encoded: _Encoded) -> tuple[dict[str, torch.Tensor]
 def _prepare(
     lm: LoadedModel, text: str, pair: str | None, target: str, max_tokens: int | None
 ) -> _Item:
-    encoded = _encode(lm, _check_text(text), None, max_tokens)
-    if target == "similarity":
-        second = _encode(lm, _check_text(pair, "second sentence"), None, max_tokens)
+    encoded, second, masked = _encode_entry(lm, text, pair, target, max_tokens)
+    if second is not None:  # similarity
         pad = getattr(lm.tokenizer, "pad_token_id", None)
         stacked = None
         if pad is not None and "attention_mask" in encoded.inputs:
@@ -204,13 +203,9 @@ def _prepare(
         return _Item(encoded, (encoded.inputs, second.inputs), None, stacked)
     if target != "lm-loss":
         return _Item(encoded, (encoded.inputs,), None)
-    if lm.lm_head == "masked":
-        inputs, labels = _masked(lm, encoded)
-        return _Item(encoded, (inputs,), labels)
-    ids = encoded.inputs["input_ids"]
-    if ids.shape[1] < 2:
-        raise InputError("The next-token loss needs a text of at least two tokens.")
-    return _Item(encoded, (encoded.inputs,), ids.clone())
+    if masked is not None:
+        return _Item(encoded, (masked[0],), masked[1])
+    return _Item(encoded, (encoded.inputs,), encoded.inputs["input_ids"].clone())
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
@@ -394,12 +389,7 @@ def ablate(
         item = _prepare(lm, text, text_pair, target, max_tokens)
         results = []
         for gates in ({}, measure.gates(off)):
-            inputs = item.encoded.inputs
-            n = inputs["input_ids"].shape[1]
-            sink = measure.blocks[0].ours.qkv.weight.new_empty(
-                measure.layers, 1, measure.heads, n, n
-            )
-            run_own_forward(lm, measure.blocks, Run(gates=gates, sink=sink), inputs)
+            sink, _ = _own_attention(lm, measure.blocks, item.encoded.inputs, gates)
             attention = sink[:, 0].float().cpu().numpy()
             results.append(
                 _make_result(
@@ -665,15 +655,15 @@ def head_importance(
 
 
 def _encode_entry(
-    lm: LoadedModel, entry: Entry, target: str, max_tokens: int | None
+    lm: LoadedModel, text: str, pair: str | None, target: str, max_tokens: int | None
 ) -> tuple[_Encoded, _Encoded | None, tuple[dict[str, torch.Tensor], torch.Tensor] | None]:
-    """One corpus entry checked and encoded for ``target``: the first sentence, the second one
+    """A text (or pair) checked and encoded for ``target``: the first sentence, the second one
     (similarity) and, for the masked-LM loss, the masked inputs and labels. Raises InputError."""
-    first = _encode(lm, _check_text(entry.text), None, max_tokens)
+    first = _encode(lm, _check_text(text), None, max_tokens)
     second = None
     masked = None
     if target == "similarity":
-        second = _encode(lm, _check_text(entry.pair, "second sentence"), None, max_tokens)
+        second = _encode(lm, _check_text(pair, "second sentence"), None, max_tokens)
     elif target == "lm-loss" and lm.lm_head == "masked":
         masked = _masked(lm, first)
     elif target == "lm-loss" and first.inputs["input_ids"].shape[1] < 2:
@@ -742,7 +732,9 @@ def corpus_importance(
         measure = _Measure(lm, target)
         for entry in entries:
             try:
-                first, second, masked = _encode_entry(lm, entry, target, max_tokens)
+                first, second, masked = _encode_entry(
+                    lm, entry.text, entry.pair, target, max_tokens
+                )
             except InputError as e:
                 if problems is None:
                     raise

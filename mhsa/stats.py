@@ -88,18 +88,14 @@ def _as_list(results: AttentionResult | Iterable[AttentionResult]) -> list[Atten
     return items
 
 
-def _sentence_stats(result: AttentionResult) -> np.ndarray:
-    """``[layers * heads, len(STAT_COLUMNS) + 1 + offsets]``: the statistics, log n and the
-    positional shares of one sentence."""
-    return _stats_many(result.attention[None], [result.special], [result.punctuation])[0]
-
-
 def _stats_many(
     attention: np.ndarray, special: Sequence[Sequence[bool]], punctuation: Sequence[Sequence[bool]]
 ) -> np.ndarray:
-    """``_sentence_stats`` of k sentences of the same length at once: ``attention`` is
-    ``[k, L, H, n, n]``, the flags ``[k][n]``; returns ``[k, L * H, columns]``. (Sentences of a
-    corpus batch share lengths: one set of array operations for all of them.)"""
+    """Per sentence of k of the same length: the statistics, log n and the positional shares.
+
+    ``attention`` is ``[k, L, H, n, n]``, the flags ``[k][n]``; returns ``[k, L * H, columns]``
+    (sentences of a corpus batch share lengths: one set of array operations for all of them).
+    """
     a = attention.astype(np.float64)  # (k, L, H, n, n)
     k, n = a.shape[0], a.shape[-1]
     flat = a.reshape(-1, n * n)  # one row per sentence and head
@@ -181,13 +177,7 @@ class HeadStatsAccumulator:
         self._shape: tuple[int, int] | None = None
 
     def add(self, result: AttentionResult) -> None:
-        if self.word_level:
-            result = result.to_words()
-        shape = result.attention.shape[:2]
-        if self._shape is not None and shape != self._shape:
-            raise ValueError(f"Result has {shape} layers x heads, earlier ones {self._shape}")
-        self._shape = shape
-        self._add_stats(_sentence_stats(result)[None])
+        self.add_many([result])
 
     def add_many(self, results: Sequence[AttentionResult]) -> None:
         """``add`` for several results; those of the same length are computed together (the
