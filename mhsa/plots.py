@@ -76,6 +76,62 @@ def _layout(fig: go.Figure, title: str, *, height: int | None = None) -> go.Figu
     return fig
 
 
+#: average width of a glyph of plotly's default font (Open Sans), in font sizes
+_GLYPH = 0.62
+
+
+def _tick_chars(fig: go.Figure, name: str) -> int:
+    """Characters of the longest tick label of axis ``name`` ("xaxis"/"yaxis"): its tick texts,
+    else the strings it shows from the data (categories), else 6 (numbers)."""
+    axis = fig.layout[name]
+    if axis.showticklabels is False:
+        return 0
+    if axis.ticktext is not None:
+        texts = list(axis.ticktext)
+    else:
+        data = (getattr(trace, name[0], None) for trace in fig.data)
+        texts = [v for d in data if d is not None for v in list(d[:2000]) if isinstance(v, str)]
+    return max((len(html.unescape(str(t))) for t in texts), default=6)
+
+
+def fit_margins(fig: go.Figure) -> go.Figure:
+    """Margins that hold the tick labels, axis titles, title and colour bar of ``fig``, with
+    plotly's automargin off: automargin measures every label after drawing and, when a margin
+    grows, draws the whole figure again, which made typing a sentence on the Heads page 0.1 s
+    slower (bench.typing_latency). Labels are at most 30 characters (``label``), so the
+    estimate bounds them; the top side assumes vertical tick labels (plotly turns crowded
+    ones). Figures with more than one pair of axes keep automargin. Only grows margins."""
+    size = fig.layout.font.size or 12
+    glyph = _GLYPH * size
+    line = 1.6 * size
+    m = fig.layout.margin
+    need = {"l": 10.0, "r": 10.0, "t": 10.0, "b": 10.0}
+    if fig.layout.title.text:
+        need["t"] += 1.6 * (fig.layout.title.font.size or size + 5) + 10
+    for name in ("xaxis", "yaxis"):
+        axis = fig.layout[name]
+        if axis.visible is False:
+            continue
+        chars = _tick_chars(fig, name)
+        side = axis.side or ("left" if name == "yaxis" else "bottom")
+        turned = name == "yaxis" or side == "top" or chars > 8  # long labels turn
+        ticks = 0 if not chars else chars * glyph + 8 if turned else line + 8
+        need[side[0]] += ticks + (line + 4 if axis.title.text else 0)
+    if any(
+        getattr(t, "showscale", None) is not False and t.type in ("heatmap", "histogram2d")
+        for t in fig.data
+    ):
+        need["r"] += 60 + glyph * 6
+    fig.update_layout(
+        margin={k: max(int(need[k]), getattr(m, k) or 0) for k in need},
+        title={"yref": "container", "y": 1, "yanchor": "top", "pad": {"t": 10}},
+    )
+    axes = [k for k in fig.layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))]
+    if set(axes) <= {"xaxis", "yaxis"}:
+        fig.update_layout(xaxis_automargin=False, yaxis_automargin=False)
+    return fig
+
+
 def matrix_heatmap(
     matrix: np.ndarray,
     rows: Sequence[str],

@@ -147,6 +147,29 @@ def test_figure_data_has_every_cell_of_a_heatmap(cat) -> None:
     assert cell["value"].item() == pytest.approx(float(cat.attention[4, 2, 2, 6]))
 
 
+def test_fit_margins_hold_the_labels_so_plotly_draws_once(cat) -> None:
+    short = plots.fit_margins(plots.head_heatmap(cat, 0, 0))
+    long_tokens = dataclasses.replace(cat, tokens=[t + "x" * 15 for t in cat.tokens])
+    long = plots.fit_margins(plots.head_heatmap(long_tokens, 0, 0))
+    # 15 more characters per label: about 15 * 0.62 * 12 px more room left and on top
+    assert long.layout.margin.l - short.layout.margin.l == pytest.approx(112, abs=2)
+    assert long.layout.margin.t - short.layout.margin.t == pytest.approx(112, abs=2)
+    assert short.layout.margin.r > 90  # the colour bar and its title
+    assert short.layout.xaxis.automargin is False and short.layout.yaxis.automargin is False
+    assert short.layout.title.yanchor == "top"  # above the top tick labels, not among them
+    big = plots.head_heatmap(cat, 0, 0).update_layout(font={"size": 20})
+    assert plots.fit_margins(big).layout.margin.l > short.layout.margin.l * 1.4  # projector
+    lines = plots.fit_margins(plots.line_view(cat, 0))
+    assert lines.layout.margin.b == 10  # hidden axes take no room
+
+
+def test_fit_margins_keep_automargin_where_there_are_several_axes() -> None:
+    from plotly.subplots import make_subplots
+
+    fig = plots.fit_margins(make_subplots(rows=1, cols=2))
+    assert fig.layout.xaxis.automargin is not False and fig.layout.xaxis2.automargin is not False
+
+
 def test_decorate_boxes_the_found_token_and_marks_generation(cat) -> None:
     fig = plots.decorate(plots.head_heatmap(cat, 0, 0), found=3, generated_from=6)
     rects = [s for s in fig.layout.shapes if s.type == "rect"]

@@ -27,6 +27,9 @@ __all__ = ["error", "figure", "finish", "load", "md_escape", "setup", "table"]
 
 #: how the camera button of every figure saves it (client-side: plotly.js draws the image of
 #: exactly what is on screen, zoom and hidden traces included)
+#: session key of the figures drawn in this run: (file stem, figure)
+_FIGURES = "_mhsa_figures"
+
 EXPORT_FORMATS = {"png": "PNG, 4x resolution", "svg": "SVG (vector, for papers)"}
 
 
@@ -63,12 +66,14 @@ def setup(title: str, params: dict[str, Param] | None = None) -> Query:
     show_notices()
     query = _sidebar()
     st.session_state["_mhsa_params"] = all_params
+    st.session_state[_FIGURES] = []  # this run's figures (``figure``), downloaded by ``finish``
     return query
 
 
 def finish() -> None:
-    """Mirror the final selections into the URL (call at the end of a page), and say which
-    value is too long to travel in a link."""
+    """Mirror the final selections into the URL (call at the end of a page), say which value
+    is too long to travel in a link, and offer the page's figures as one download."""
+    _download_figures()
     too_long = sync_url(st.session_state.get("_mhsa_params", GLOBAL_PARAMS))
     if too_long:
         with st.sidebar:
@@ -77,6 +82,27 @@ def finish() -> None:
                 f"{MAX_LINK_VALUE_BYTES:,} bytes encoded): {', '.join(too_long)}. "
                 "Share the text itself alongside the link."
             )
+
+
+def _download_figures() -> None:
+    """One button under "Figures save as" for every figure of the page: each as standalone
+    HTML and its data as CSV, in a zip built only when clicked (one control per page, not two
+    per figure: the browser draws a page of figures faster)."""
+    figures = st.session_state.pop(_FIGURES, None)  # the button's callable keeps them
+    if not figures:
+        return
+    stem = st.session_state.get("_mhsa_file_stem", "mhsa")
+    with st.sidebar:
+        st.download_button(
+            f"Download the {len(figures)} figure{'s' * (len(figures) > 1)} (HTML + CSV, .zip)",
+            data=lambda: service.figures_zip(figures),
+            file_name=f"{stem}-figures.zip",
+            mime="application/zip",
+            on_click="ignore",
+            key="figures-zip",
+            help="Each figure of this page as an interactive HTML file and the numbers it "
+            "draws as CSV; plotly.js once in the zip, so the files open offline.",
+        )
 
 
 def s_model() -> str:
@@ -220,7 +246,8 @@ def figure(
     fig: go.Figure, name: str, *, key: str | None = None, decorate: bool = True, **kwargs: Any
 ) -> Any:
     """A plotly chart whose camera button saves exactly what is on screen as PNG (4x) or SVG
-    (the sidebar's choice), with the figure as standalone HTML and its data as CSV. File names
+    (the sidebar's choice); the page's zip (``finish``) holds it as standalone HTML and its
+    data as CSV. File names
     say the sentence (hash), the model and ``name`` (which says the layer and head).
     ``decorate``: box the found token and mark the generated text (figures of the page's
     sentence; off for figures of another one)."""
@@ -240,22 +267,7 @@ def figure(
         plots.decorate(fig, found=found, generated_from=generated_from)  # figures are per run
     if st.session_state.get("present"):
         fig.update_layout(font={"size": 20}, title_font={"size": 28})
+    plots.fit_margins(fig)  # one drawing in the browser, not a second for automargin
     event = st.plotly_chart(fig, key=key, config=config, **kwargs)
-    html_col, csv_col, _ = st.columns([1, 1, 3])
-    html_col.download_button(
-        "Download as HTML",
-        data=lambda: fig.to_html(include_plotlyjs=True, full_html=True),
-        file_name=f"{stem}.html",
-        mime="text/html",
-        on_click="ignore",
-        key=f"html-{key or name}",
-    )
-    csv_col.download_button(
-        "Data as CSV",
-        data=lambda: service.figure_csv(fig),
-        file_name=f"{stem}.csv",
-        mime="text/csv",
-        on_click="ignore",
-        key=f"csv-{key or name}",
-    )
+    st.session_state.setdefault(_FIGURES, []).append((stem, fig))  # for the page's zip
     return event

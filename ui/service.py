@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import io
 import re
+import zipfile
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
@@ -70,6 +71,24 @@ def file_stem(query: Query) -> str:
 def figure_csv(fig: go.Figure) -> str:
     """The numbers a figure draws, as CSV (``mhsa.plots.figure_data``)."""
     return plots.figure_data(fig).to_csv(index=False)
+
+
+def figures_zip(figures: list[tuple[str, go.Figure]]) -> bytes:
+    """A zip of figures, each as ``STEM.html`` (interactive, loading ``plotly.min.js`` from
+    the zip's own folder, so it opens offline) and ``STEM.csv`` (``figure_csv``). A stem that
+    repeats gets ``-2``, ``-3``, ..."""
+    from plotly.offline import get_plotlyjs
+
+    buffer = io.BytesIO()
+    seen: dict[str, int] = {}
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("plotly.min.js", get_plotlyjs())
+        for stem, fig in figures:
+            seen[stem] = seen.get(stem, 0) + 1
+            name = stem if seen[stem] == 1 else f"{stem}-{seen[stem]}"
+            archive.writestr(f"{name}.html", fig.to_html(include_plotlyjs="directory"))
+            archive.writestr(f"{name}.csv", figure_csv(fig))
+    return buffer.getvalue()
 
 
 def model_facts(model: str, device: str) -> dict:

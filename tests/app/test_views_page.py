@@ -187,8 +187,32 @@ def test_every_figure_exports_in_the_chosen_format_with_its_data(fmt: str) -> No
         assert options["format"] == fmt and options["scale"] == 4
     names = [json.loads(c.proto.config)["toImageButtonOptions"]["filename"] for c in charts]
     assert any(n.endswith("-default-transformers-L2H7-head") for n in names)
-    labels = [b.proto.label for b in at.get("download_button")]
-    assert labels.count("Data as CSV") == len(charts)
+    zips = [b for b in at.get("download_button") if b.proto.label.endswith("(HTML + CSV, .zip)")]
+    assert [b.proto.label for b in zips] == [
+        f"Download the {len(charts)} figures (HTML + CSV, .zip)"
+    ]  # one control per page, in the sidebar
+
+
+def test_the_figures_zip_holds_each_figure_as_html_and_csv() -> None:
+    import io
+    import zipfile
+
+    from mhsa import plots
+    from ui import service
+
+    cat = mhsa.attend("The cat sat on the mat.", model=mhsa.get_model("default", "cpu"))
+    grid, head = plots.head_grid(cat), plots.head_heatmap(cat, 2, 7)
+    data = service.figures_zip([("s-grid", grid), ("s-L2H7", head), ("s-L2H7", head)])
+    archive = zipfile.ZipFile(io.BytesIO(data))
+    assert sorted(archive.namelist()) == sorted(
+        ["plotly.min.js"]
+        + [f"{n}.{e}" for n in ("s-grid", "s-L2H7", "s-L2H7-2") for e in "html csv".split()]
+    )
+    page = archive.read("s-L2H7.html").decode()
+    assert 'src="plotly.min.js"' in page and "Layer 2, head 7" in page
+    rows = archive.read("s-L2H7.csv").decode().splitlines()
+    assert len(rows) == 1 + cat.num_tokens**2  # header + every cell
+    assert archive.read("plotly.min.js").startswith(b"/**")
 
 
 def test_importance_of_a_long_input_waits_for_the_button() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import zipfile
 from pathlib import Path
 from urllib.parse import quote
 
@@ -269,6 +270,25 @@ def test_svg_export_saves_the_figure_as_svg(app_url, page) -> None:
     svg = Path(download.path()).read_text()
     assert svg.lstrip().startswith("<svg") and "Layer 2, head 7" in svg
     assert ">cat<" in svg  # the tokens travel as text in the vector file
+
+
+def test_the_pages_figures_download_as_one_zip(app_url, page) -> None:
+    page.goto(f"{app_url}/Heads?layer=2&head=7")
+    wait_for_app(page, plots=PAGE_PLOTS["Heads"])
+    button = page.get_by_role("button", name=re.compile(r"Download the 3 figures"))
+    with page.expect_download(timeout=60_000) as info:
+        button.click()
+    download = info.value
+    assert download.suggested_filename.endswith("-default-transformers-figures.zip")
+    archive = zipfile.ZipFile(download.path())
+    names = archive.namelist()
+    assert "plotly.min.js" in names
+    stems = {n.rsplit(".", 1)[0] for n in names if n.endswith(".csv")}
+    assert len(stems) == 3 and any(s.endswith("-L2H7-head") for s in stems)
+    assert all(f"{s}.html" in names for s in stems)
+    head = next(s for s in stems if s.endswith("-L2H7-head"))
+    assert "Layer 2, head 7" in archive.read(f"{head}.html").decode()
+    assert len(archive.read(f"{head}.csv").decode().splitlines()) == 1 + 9 * 9  # every cell
 
 
 def test_token_search_at_512_tokens_selects_and_boxes_it(app_url, page) -> None:
