@@ -4,9 +4,10 @@
 
 1. Warm, 32-token sentence: from pressing Ctrl+Enter in the sentence box to every heatmap of the
    Heads page rendered with the new tokens. Target (issue 13): at most 1 s.
-2. 512-token input: each page (the line view included) opened by link, until all its plots are
-   drawn, with the bytes the browser received over Streamlit's websocket. Targets (issue 13):
-   at most 4 s and 5 MB per page.
+2. 512-token input: each page (the line view included) until all its plots are drawn, with the
+   bytes the browser received over Streamlit's websocket: opened by link in a new tab while the
+   server computes it (its first visit), opened by link again (the server's caches warm), and
+   reached through the navigation of an open tab. Targets (issue 13): at most 4 s and 5 MB.
 """
 
 from __future__ import annotations
@@ -100,26 +101,25 @@ def _wait_for_page(page, name: str) -> None:
 
 
 def long_input_pages(browser, url: str) -> list[dict]:
-    """Every page on a 512-token input, twice: opened by its link in a new tab of one browser
-    (the app's scripts in the HTTP cache, as for a user who opens shared links), and reached by
-    a click in the navigation of an open tab (how people move between pages)."""
+    """Every page on a 512-token input, three ways: opened by its link in a new tab of one
+    browser (the app's scripts in the HTTP cache, as for a user who opens shared links) while
+    the server computes it, the same once the server's caches hold it ("again"), and reached
+    by a click in the navigation of an open tab (how people move between pages)."""
     text = " ".join(WORDS[i % len(WORDS)] for i in range(510))  # 510 words + [CLS]/[SEP]
     query = urllib.parse.urlencode({"text": text, "text2": text})
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    rows = {}
-    for name, path in PAGES.items():
-        page = context.new_page()
-        received = _count_frames(page)
-        start = time.perf_counter()
-        page.goto(f"{url}/{path}?{query}")
-        _wait_for_page(page, name)
-        rows[name] = {
-            "page": name,
-            "by link, s": time.perf_counter() - start,
-            "by link, MB": received[0] / 1e6,
-        }
-        print(rows[name], flush=True)
-        page.close()
+    rows = {name: {"page": name} for name in PAGES}
+    for how in ("by link", "by link again"):  # the server computes, then serves its cache
+        for name, path in PAGES.items():
+            page = context.new_page()
+            received = _count_frames(page)
+            start = time.perf_counter()
+            page.goto(f"{url}/{path}?{query}")
+            _wait_for_page(page, name)
+            rows[name][f"{how}, s"] = time.perf_counter() - start
+            rows[name][f"{how}, MB"] = received[0] / 1e6
+            print(rows[name], flush=True)
+            page.close()
     page = context.new_page()
     received = _count_frames(page)
     page.goto(f"{url}/?{query}")
@@ -147,9 +147,9 @@ def main() -> None:
             f"({', '.join(f'{t:.2f}' for t in times)})"
         )
         rows = long_input_pages(browser, url)
-    columns = ["page", "by link, s", "by link, MB", "by navigation, s", "by navigation, MB"]
-    print_table(rows, columns)
-    for how in ("by link", "by navigation"):
+    hows = ("by link", "by link again", "by navigation")
+    print_table(rows, ["page", *(f"{h}, {u}" for h in hows for u in ("s", "MB"))])
+    for how in hows:
         worst_s = max(r[f"{how}, s"] for r in rows)
         worst_mb = max(r[f"{how}, MB"] for r in rows)
         print(f"{how}: worst {worst_s:.2f} s (target <= 4), {worst_mb:.2f} MB (target <= 5)")
