@@ -15,6 +15,7 @@ from mhsa.__main__ import main
 from mhsa.corpus import (
     Corpus,
     attend_batched,
+    attend_batches,
     corpus_stats,
     length_batches,
     read_corpus,
@@ -82,6 +83,34 @@ def test_batched_equals_one_by_one_for_statistics_and_similarity(
         n = len(mhsa.attend(MIXED[index], model=lm).tokens)
         assert result.attention.shape[-1] == n
         np.testing.assert_allclose(result.attention.sum(-1), 1.0, atol=1e-5)
+
+
+def test_the_batched_pass_stops_after_the_last_attention(minilm, monkeypatch) -> None:
+    """The last layer's feed-forward block changes no attention weight: it does not run, and
+    the weights equal the whole model's; a model that does not name its attention modules runs
+    whole (the same weights)."""
+    entries = Corpus.of(MIXED[:6]).entries
+    ran: list[int] = []
+    layers = minilm.model.encoder.layer
+    hooks = [
+        layer.intermediate.register_forward_hook(lambda *_, i=i: ran.append(i))
+        for i, layer in enumerate(layers)
+    ]
+    try:
+        stopped = [r for b in attend_batches(entries, minilm, batch_tokens=BATCH_TOKENS) for r in b]
+        assert ran and set(ran) == set(range(len(layers) - 1))  # never the last layer's
+        ran.clear()
+        monkeypatch.setattr(type(minilm.model), "_can_record_outputs", {}, raising=False)
+        whole = [r for b in attend_batches(entries, minilm, batch_tokens=BATCH_TOKENS) for r in b]
+        assert set(ran) == set(range(len(layers)))  # the fallback runs all of it
+    finally:
+        for h in hooks:
+            h.remove()
+    assert [i for i, _ in stopped] == [i for i, _ in whole]
+    for (i, a), (_, b) in zip(stopped, whole, strict=True):
+        np.testing.assert_array_equal(a.attention, b.attention)
+        expected = mhsa.attend(entries[i].text, model=minilm).attention
+        np.testing.assert_allclose(a.attention, expected, atol=1e-5)  # padded: BLAS rounding
 
 
 def test_word_level_statistics_batched_equal_one_by_one(minilm) -> None:
