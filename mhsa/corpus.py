@@ -28,6 +28,7 @@ from mhsa.extract import (
     ENGINES,
     _checked,
     _encode,
+    _encode_many,
     _Encoded,
     _is_causal,
     _make_result,
@@ -220,11 +221,20 @@ def encode_entries(
     """Each entry's first sentence tokenized, with its index; entries the model cannot take (over
     its token limit without ``max_tokens``, no tokens) become problems. Caller holds the lock."""
     encoded, problems = [], []
-    for index, entry in enumerate(entries):
-        try:
-            encoded.append((index, _encode(lm, entry.text, None, max_tokens)))
-        except InputError as e:
-            problems.append(Problem(entry.where, str(e)))
+    if max_tokens is None:  # the usual case: the whole corpus in one tokenizer call
+        done = _encode_many(lm, [entry.text for entry in entries])
+    else:
+        done = []
+        for entry in entries:
+            try:
+                done.append(_encode(lm, entry.text, None, max_tokens))
+            except InputError as e:
+                done.append(e)
+    for index, (entry, value) in enumerate(zip(entries, done, strict=True)):
+        if isinstance(value, InputError):
+            problems.append(Problem(entry.where, str(value)))
+        else:
+            encoded.append((index, value))
     return encoded, problems
 
 

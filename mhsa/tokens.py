@@ -66,28 +66,34 @@ class Tokens:
         return tuple(is_punctuation(t) and not s for t, s in pairs)
 
     @classmethod
-    def from_encoding(cls, tokenizer: Any, encoding: Any, ids: list[int]) -> Tokens:
-        """Build from a fast tokenizer's ``BatchEncoding`` (batch index 0) and its input ids."""
+    def from_encoding(cls, tokenizer: Any, encoding: Any, ids: list[int], index: int = 0) -> Tokens:
+        """Build from a fast tokenizer's ``BatchEncoding`` (tensors or lists; text ``index`` of
+        its batch) and that text's input ids."""
+
+        def row(key: str) -> list:
+            value = encoding[key][index]
+            return value.tolist() if hasattr(value, "tolist") else list(value)
+
         strings = tuple(tokenizer.convert_ids_to_tokens(ids))
         if "special_tokens_mask" in encoding:  # the tokens the tokenizer added ([CLS], [SEP])
-            special = tuple(bool(m) for m in encoding["special_tokens_mask"][0].tolist())
+            special = tuple(bool(m) for m in row("special_tokens_mask"))
         else:
             added = set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}
             special = tuple(i in added for i in ids)
         offsets = (
-            tuple((int(a), int(b)) for a, b in encoding["offset_mapping"][0].tolist())
+            tuple((int(a), int(b)) for a, b in row("offset_mapping"))
             if "offset_mapping" in encoding
             else ((0, 0),) * len(ids)
         )
-        word_ids = _word_ids(encoding, special, len(ids))
+        word_ids = _word_ids(encoding, special, len(ids), index)
         return cls(strings, offsets, special, word_ids)
 
 
-def _word_ids(encoding: Any, special: tuple[bool, ...], n: int) -> tuple[int, ...]:
+def _word_ids(encoding: Any, special: tuple[bool, ...], n: int, index: int = 0) -> tuple[int, ...]:
     """Number words across both sequences of a pair; specials get -1."""
     try:
-        words = encoding.word_ids(0)
-        seqs = encoding.sequence_ids(0)
+        words = encoding.word_ids(index)
+        seqs = encoding.sequence_ids(index)
     except (ValueError, AttributeError):  # slow tokenizers have no word alignment
         words, seqs = list(range(n)), [0] * n
     out: list[int] = []

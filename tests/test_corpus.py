@@ -85,6 +85,26 @@ def test_batched_equals_one_by_one_for_statistics_and_similarity(
         np.testing.assert_allclose(result.attention.sum(-1), 1.0, atol=1e-5)
 
 
+def test_one_tokenizer_call_encodes_each_entry_as_one_by_one(minilm) -> None:
+    from mhsa.corpus import encode_entries
+    from mhsa.extract import _encode
+
+    texts = [*MIXED, "[CLS] typed, and émigré naïveté", " ".join(["word"] * 600)]
+    entries = Corpus.of(texts).entries
+    encoded, problems = encode_entries(minilm, entries, None)
+    assert [i for i, _ in encoded] == list(range(len(texts) - 1))  # the last is too long
+    assert [p.reason for p in problems] == [
+        "The text is 602 tokens long; sentence-transformers/all-MiniLM-L6-v2 accepts at most "
+        "512. Shorten it, or set max_tokens to truncate."
+    ]
+    for i, got in encoded:
+        want = _encode(minilm, texts[i], None, None)
+        assert got.tokens == want.tokens
+        assert sorted(got.inputs) == sorted(want.inputs)
+        for key, value in want.inputs.items():
+            assert torch.equal(got.inputs[key], value), key
+
+
 def test_the_batched_pass_stops_after_the_last_attention(minilm, monkeypatch) -> None:
     """The last layer's feed-forward block changes no attention weight: it does not run, and
     the weights equal the whole model's; a model that does not name its attention modules runs
