@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
             "--batch-tokens",
             type=int,
             default=None,
-            help="padded tokens per forward pass (default: 512 on a CPU, 8192 on a GPU)",
+            help="padded tokens per forward pass (default: 2048 on a CPU, 8192 on a GPU)",
         )
         sp.add_argument(
             "--ray",
@@ -285,6 +285,7 @@ def _importance(args: argparse.Namespace) -> None:
     curve = None
     if args.ray is not None:
         acc, problems = _on_ray(args, "importance", corpus, options)
+        table = acc.frame(normalize=args.normalize) if acc.count else None
     else:
         model = mhsa.load_model(args.model, device=args.device)
         problems = list(corpus.problems)
@@ -295,7 +296,6 @@ def _importance(args: argparse.Namespace) -> None:
                 table = mhsa.head_importance(
                     _used(corpus, problems), model=model, normalize=args.normalize, **options
                 )
-                acc = None
             else:
                 acc = corpus_importance(
                     corpus.entries, model=model, problems=problems, progress=progress, **options
@@ -314,10 +314,8 @@ def _importance(args: argparse.Namespace) -> None:
                     progress=progress,
                 )
     _report(problems, args.problems)
-    if acc is not None:
-        if acc.count == 0:
-            raise MHSAError("No sentence of the corpus could be used (see the list above).")
-        table = acc.frame(normalize=args.normalize)
+    if table is None:
+        raise MHSAError("No sentence of the corpus could be used (see the list above).")
     table.to_csv(args.out, index_label="name")
     target, texts = table.attrs["target"], table.attrs["texts"]
     print(f"wrote {args.out} ({texts} texts, {len(table)} heads, {args.method}, {target})")

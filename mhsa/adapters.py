@@ -176,12 +176,19 @@ def _repeat_hidden(rows: int) -> Callable[..., Any]:
     return hook
 
 
-def _rows_like(x: torch.Tensor | None, rows: int) -> torch.Tensor | None:
-    """A per-sentence tensor (mask, positions) of a batch of B sentences laid out for ``rows``
-    rows after a fan-out (row r * B + b is sentence b, as ``Tensor.repeat`` lays them out)."""
-    if x is None or x.dim() < 2 or x.shape[0] in (1, rows):
+def tile_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x`` (batch B on its first axis) repeated to ``rows`` rows as a fan-out lays them out:
+    row r * B + b is sentence b (``Tensor.repeat``); as it is when the batch already has
+    ``rows`` rows or is one row that broadcasts."""
+    if x.shape[0] in (1, rows):
         return x
     return x.repeat(rows // x.shape[0], *[1] * (x.dim() - 1))
+
+
+def _rows_like(x: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+    """A per-sentence tensor our block receives (mask, positions) laid out for ``rows`` rows
+    after a fan-out; absent and 1-D ones (positions without a batch axis) as they are."""
+    return x if x is None or x.dim() < 2 else tile_rows(x, rows)
 
 
 def _recorder(record: dict[int, Any], layer: int) -> Callable[..., None]:

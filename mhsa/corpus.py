@@ -27,7 +27,6 @@ from mhsa.errors import InputError, UnsupportedModelError
 from mhsa.extract import (
     ENGINES,
     _checked,
-    _encode,
     _encode_many,
     _Encoded,
     _is_causal,
@@ -221,15 +220,7 @@ def encode_entries(
     """Each entry's first sentence tokenized, with its index; entries the model cannot take (over
     its token limit without ``max_tokens``, no tokens) become problems. Caller holds the lock."""
     encoded, problems = [], []
-    if max_tokens is None:  # the usual case: the whole corpus in one tokenizer call
-        done = _encode_many(lm, [entry.text for entry in entries])
-    else:
-        done = []
-        for entry in entries:
-            try:
-                done.append(_encode(lm, entry.text, None, max_tokens))
-            except InputError as e:
-                done.append(e)
+    done = _encode_many(lm, [entry.text for entry in entries], max_tokens)
     for index, (entry, value) in enumerate(zip(entries, done, strict=True)):
         if isinstance(value, InputError):
             problems.append(Problem(entry.where, str(value)))

@@ -62,6 +62,11 @@ def _check_text(text: object, what: str = "text") -> str:
     return text
 
 
+#: how every text is tokenized (one text or a corpus): the tokens the tokenizer adds marked;
+#: "[CLS]" typed by a user is text, not a control token
+_TOKENIZE: dict[str, Any] = {"return_special_tokens_mask": True, "split_special_tokens": True}
+
+
 def _no_tokens() -> InputError:
     return InputError("The text gives no tokens for this model: type a sentence.")
 
@@ -73,26 +78,23 @@ def _too_long(lm: LoadedModel, n: int, limit: int) -> InputError:
     )
 
 
-def _encode_many(lm: LoadedModel, texts: Sequence[str]) -> list[_Encoded | InputError]:
-    """``_encode(lm, text, None, None)`` of every text, or the InputError it raises, in one call
-    of a fast tokenizer (a corpus: the per-call overhead of the tokenizer's Python side, 0.6 ms a
-    sentence, paid once). Other tokenizers and encoder-decoder models: one text at a time."""
+def _encode_many(
+    lm: LoadedModel, texts: Sequence[str], max_tokens: int | None = None
+) -> list[_Encoded | InputError]:
+    """``_encode(lm, text, None, max_tokens)`` of every text, or the InputError it raises, in one
+    call of a fast tokenizer (a corpus: the per-call overhead of the tokenizer's Python side,
+    0.6 ms a sentence, paid once). Truncation, other tokenizers and encoder-decoder models: one
+    text at a time."""
     tok = lm.tokenizer
-    if lm.is_encoder_decoder or not getattr(tok, "is_fast", False):
+    if max_tokens is not None or lm.is_encoder_decoder or not getattr(tok, "is_fast", False):
         out: list[_Encoded | InputError] = []
         for text in texts:
             try:
-                out.append(_encode(lm, text, None, None))
+                out.append(_encode(lm, text, None, max_tokens))
             except InputError as e:
                 out.append(e)
         return out
-    enc = tok(
-        list(texts),
-        truncation=False,
-        return_offsets_mapping=True,
-        return_special_tokens_mask=True,
-        split_special_tokens=True,
-    )
+    enc = tok(list(texts), truncation=False, return_offsets_mapping=True, **_TOKENIZE)
     keys = [k for k in enc if k not in ("offset_mapping", "special_tokens_mask")]
     out = []
     for i, ids in enumerate(enc["input_ids"]):
@@ -122,12 +124,7 @@ def _encode(lm: LoadedModel, text: str, text_pair: str | None, max_tokens: int |
             )
         limit = max_tokens if limit is None else min(limit, max_tokens)
     pair = None if lm.is_encoder_decoder else text_pair
-    kwargs: dict[str, Any] = {
-        "return_tensors": "pt",
-        "return_offsets_mapping": fast,
-        "return_special_tokens_mask": True,
-        "split_special_tokens": True,  # "[CLS]" typed by a user is text, not a control token
-    }
+    kwargs: dict[str, Any] = {"return_tensors": "pt", "return_offsets_mapping": fast, **_TOKENIZE}
     enc = tok(text, pair, truncation=False, **kwargs)
     n = enc["input_ids"].shape[1]
     truncated = 0

@@ -24,8 +24,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from mhsa.adapters import OwnBlock, Run, own_blocks, run_own_forward
-from mhsa.corpus import Entry, Problem, batch_tokens_for
+from mhsa.adapters import OwnBlock, Run, own_blocks, run_own_forward, tile_rows
+from mhsa.corpus import Entry, Problem, batch_tokens_for, length_batches, pad_inputs
 from mhsa.errors import InputError
 from mhsa.extract import _check_text, _encode, _Encoded, _make_result, _own_attention
 from mhsa.models import DEFAULT_MODEL, LoadedModel, get_model
@@ -213,19 +213,11 @@ def _wide(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
-def _tile(x: torch.Tensor, rows: int) -> torch.Tensor:
-    """``x`` (batch B) repeated to ``rows`` rows as the fan-out lays them out: row r * B + b is
-    sentence b (``Tensor.repeat``); as it is when the batches already match or B is 1."""
-    if x.shape[0] in (rows, 1):  # already laid out, or one row that broadcasts
-        return x
-    return x.repeat(rows // x.shape[0], *[1] * (x.dim() - 1))
-
-
 def _embedding(outputs: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """Attention-mask-weighted mean of the last hidden state, ``[rows, D]``."""
     hidden = _wide(outputs.last_hidden_state)
     mask = inputs.get("attention_mask", torch.ones(hidden.shape[:2], dtype=torch.long))
-    mask = _tile(mask, hidden.shape[0])
+    mask = tile_rows(mask, hidden.shape[0])
     weight = mask.to(hidden.device, hidden.dtype)[..., None]  # (1 or rows, T, 1)
     return (hidden * weight).sum(1) / weight.sum(1)
 
@@ -236,7 +228,7 @@ def _loss(lm: LoadedModel, logits: torch.Tensor, labels: torch.Tensor) -> torch.
     if lm.lm_head == "causal":
         logits, labels = logits[:, :-1], labels[:, 1:]
     rows, t, vocab = logits.shape
-    labels = _tile(labels, rows).expand(rows, t)
+    labels = tile_rows(labels, rows).expand(rows, t)
     per_token = F.cross_entropy(
         _wide(logits).reshape(-1, vocab), labels.reshape(-1), reduction="none"
     ).view(rows, t)
@@ -294,7 +286,7 @@ class _Measure:
 
     def change(self, raw: torch.Tensor, intact: torch.Tensor) -> torch.Tensor:
         """``[rows]``: the target's change from the intact model (``TARGETS``)."""
-        intact = _tile(intact, raw.shape[0])
+        intact = tile_rows(intact, raw.shape[0])
         if self.target == "embedding":
             return 1.0 - F.cosine_similarity(raw, intact.expand_as(raw), dim=-1)
         if self.target == "similarity":
@@ -681,8 +673,6 @@ def _batch_item(
     target: str,
 ) -> _Item:
     """Several encoded entries as one right-padded batch (rows = entries)."""
-    from mhsa.corpus import pad_inputs
-
     firsts = pad_inputs(lm, [f.inputs for f, _, _ in group])
     rows = len(group)
     if target == "similarity":
@@ -720,8 +710,6 @@ def corpus_importance(
     ``batch_tokens`` bounds the padded tokens of one forward pass: sentences x the heads run
     side by side (``batch_size`` at most) x the longest sentence.
     """
-    from mhsa.corpus import length_batches
-
     lm = _model(model)
     items = [(e.text, e.pair) for e in entries]
     if not items:
