@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -331,8 +332,9 @@ def _attentions_until_the_last(
 
 def _batch_attention(
     lm: LoadedModel, engine: str, inputs: dict[str, torch.Tensor], seed: int
-) -> tuple[torch.Tensor, bool]:
-    """``[L, B, H, T, T]`` attention of a padded batch, and whether the model is causal."""
+) -> tuple[Sequence[torch.Tensor], bool]:
+    """Each layer's ``[B, H, T, T]`` attention of a padded batch, and whether the model is
+    causal."""
     if engine == "transformers":
         attentions = _attentions_until_the_last(lm, inputs)
         if attentions is None:  # a model whose attention modules cannot be found: all of it
@@ -341,7 +343,7 @@ def _batch_attention(
         attentions = _checked(attentions, "self", lm.display_name)
         n0 = int(inputs["attention_mask"][0].sum())
         first = tuple(a[:1, :, :n0, :n0] for a in attentions[:1])
-        return torch.stack(attentions), _is_causal(first)
+        return attentions, _is_causal(first)
     blocks = own_blocks(lm, seed if engine == "mhsa-random" else None)
     sink, _ = _own_attention(lm, blocks, inputs)
     return sink, blocks[0].causal
@@ -396,7 +398,7 @@ def attend_batches(
             start = time.perf_counter()
             attention, causal = _batch_attention(lm, engine, inputs, seed)
             seconds = (time.perf_counter() - start) / len(items)
-            array = attention.float().cpu().numpy()  # (L, B, H, T, T), one move to the CPU
+            layers = [a.float().cpu().numpy() for a in attention]  # L x (B, H, T, T)
         done = []
         for row, (index, enc) in enumerate(items):
             n = lengths[batch[row]]
@@ -407,7 +409,8 @@ def attend_batches(
                         lm,
                         enc,
                         entries[index].text,
-                        array[:, row, :, :n, :n],
+                        # each sentence copied once, straight into its own [L, H, n, n]
+                        np.stack([layer[row, :, :n, :n] for layer in layers]),
                         engine=engine,
                         timings={"load": lm.load_seconds, "forward": seconds},
                         causal=causal,

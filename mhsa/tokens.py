@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import unicodedata
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ __all__ = ["Tokens", "find_tokens", "is_punctuation", "word_groups"]
 _PIECE_MARKS = ("##", "Ġ", "▁", "Ċ")
 
 
+@lru_cache(maxsize=1 << 16)  # a vocabulary's worth: a corpus asks about the same tokens again
 def is_punctuation(token: str) -> bool:
     """True when the token, without sub-word markers, is made only of punctuation characters."""
     text = token
