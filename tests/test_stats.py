@@ -311,3 +311,37 @@ def test_stats_difference_is_second_minus_first_with_labels_side_by_side() -> No
     assert diff["Δ to_first"] == pytest.approx(1.0 - a["to_first"].iloc[0])
     assert (diff["role 1"], diff["role 2"]) == ("previous token", "first token")
     assert (diff["positional 1"], diff["positional 2"]) == ("-1", "no")
+
+
+@pytest.mark.parametrize("n", [7, 512])
+def test_statistics_equal_a_row_by_row_float64_reference(n: int) -> None:
+    """The statistics work in the attention's float32 and sum in float64: at 512 tokens they
+    still equal a plain float64 computation, row by row, with scipy's entropy (the attention is
+    random and lopsided, so a transposed or mis-scaled formula cannot pass)."""
+    from scipy.stats import entropy as scipy_entropy
+
+    rng = np.random.default_rng(n)
+    heads = rng.dirichlet(np.full(n, 0.3), size=(2, 3, n)).astype(np.float32)  # (L, H, n, n)
+    special = [i in (0, n - 1) for i in range(n)]
+    punct = [i % 5 == 2 for i in range(n)]
+    stats = mhsa.head_stats(_result(heads, special=special, punct=punct))
+    a = heads.astype(np.float64)
+    smoothed = 0.9999 * a + 0.0001 / n
+    i = np.arange(n)
+    for layer in range(2):
+        for head in range(3):
+            row = stats.loc[f"L{layer}H{head}"]
+            h = a[layer, head]
+            want = {
+                "entropy": scipy_entropy(smoothed[layer, head], axis=1).mean(),
+                "mean_distance": (h * np.abs(i[:, None] - i[None, :])).sum(1).mean(),
+                "confidence": h.max(1).mean(),
+                "to_first": h[:, 0].mean(),
+                "to_sep": h[:, n - 1].mean(),
+                "to_punct": h[:, i % 5 == 2].sum(1).mean(),
+                "to_self": np.diag(h).mean(),
+                "to_prev": np.diag(h, -1).mean(),
+                "to_next": np.diag(h, 1).mean(),
+            }
+            for column, value in want.items():
+                assert row[column] == pytest.approx(value, rel=1e-6, abs=1e-7), (column, layer)
