@@ -17,6 +17,7 @@ import logging
 import os
 import pickle
 import signal
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from mhsa.corpus import Corpus, CorpusStats, Entry, corpus_stats
 from mhsa.errors import InputError
 
-__all__ = ["SHARD_SIZE", "RayTask", "run_on_ray"]
+__all__ = ["SHARD_SIZE", "RayTask", "check_reachable", "run_on_ray"]
 
 #: sentences per shard (one ``map_batches`` batch, one actor call)
 SHARD_SIZE = 256
@@ -88,12 +89,41 @@ class _ShardWorker:
         return {"partial": [pickle.dumps(partial)], "sentences": [len(entries)]}
 
 
+#: seconds to wait for a cluster's address to accept a connection
+CONNECT_TIMEOUT = 10.0
+
+
+def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT) -> None:
+    """Raise InputError unless a cluster address (``host:port`` or ``ray://host:port``; else
+    ``RAY_ADDRESS``, which Ray itself reads) accepts a TCP connection within ``timeout`` seconds.
+    Ray waits for an unreachable cluster without end (minutes of retries, measured), so a wrong
+    address or a cluster that is down would otherwise hang the command. ``auto``, ``local`` and no
+    address at all (a new local instance) are left to Ray."""
+    address = address or os.environ.get("RAY_ADDRESS", "")
+    if address.strip() in ("", "auto", "local"):
+        return
+    host, sep, port = address.strip().split("://", 1)[-1].rstrip("/").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InputError(
+            f"A Ray address is host:port, ray://host:port, auto or local, not {address!r}."
+        )
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        raise InputError(
+            f"Cannot reach Ray at {address} ({e.strerror or e}). Is the cluster up "
+            "('ray start --head' on its head node) and its port open to this machine?"
+        ) from e
+
+
 def _init_ray(address: str | None) -> Any:
     try:
         import ray
     except ImportError as e:
         raise InputError(RAY_MISSING) from e
     if not ray.is_initialized():
+        check_reachable(address)
         try:
             ray.init(address=address or None, include_dashboard=False, log_to_driver=False)
         except (ConnectionError, ValueError, RuntimeError) as e:

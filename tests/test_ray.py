@@ -3,6 +3,8 @@ local path, also after an actor is killed mid-run, and every bad entry reported.
 
 from __future__ import annotations
 
+import socket
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -10,7 +12,8 @@ import ray
 
 from mhsa.__main__ import main
 from mhsa.corpus import Corpus, Problem, corpus_stats
-from mhsa.distributed import RayTask, run_on_ray
+from mhsa.distributed import RayTask, check_reachable, run_on_ray
+from mhsa.errors import InputError
 from tests.test_corpus import MIXED
 
 
@@ -56,3 +59,50 @@ def test_cli_importance_on_ray_reads_parquet_and_equals_local(local_ray, tmp_pat
     np.testing.assert_allclose(got["importance"], want["importance"], rtol=0, atol=1e-6)
     np.testing.assert_allclose(got["std"], want["std"], rtol=0, atol=1e-6)
     assert want["importance"].max() > 1e-3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_cluster_is_a_clear_error_not_a_wait(monkeypatch, tmp_path, capsys) -> None:
+    port = _free_port()  # nothing listens there: Ray itself would retry for minutes
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: pytest.fail("ray.init ran for a dead address"))
+    path = tmp_path / "c.txt"
+    path.write_text("The cat sat on the mat.\n")
+    out = tmp_path / "stats.csv"
+    with pytest.raises(SystemExit) as exited:
+        main(["stats", str(path), "--out", str(out), "--ray", f"127.0.0.1:{port}"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1  # the message alone: no progress bar, no traceback
+    assert f"Cannot reach Ray at 127.0.0.1:{port}" in err and "ray start --head" in err
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_cluster_addresses_are_checked_before_ray_waits_on_them(monkeypatch) -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        check_reachable(f"127.0.0.1:{port}")  # a listening head passes
+        check_reachable(f"ray://127.0.0.1:{port}")
+    with pytest.raises(InputError, match="Cannot reach Ray"):
+        check_reachable(f"ray://127.0.0.1:{port}")  # closed now
+    for bad in ["127.0.0.1", "head:port", "head:70000", ":6379"]:
+        with pytest.raises(InputError, match="host:port, ray://host:port, auto or local"):
+            check_reachable(bad)
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")  # what Ray reads without an address
+    with pytest.raises(InputError, match=f"Cannot reach Ray at 127.0.0.1:{port}"):
+        check_reachable(None)
+    monkeypatch.delenv("RAY_ADDRESS")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("no connection is tried for these")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    for address in [None, "", "auto", "local"]:
+        check_reachable(address)  # a new local instance, or Ray's own lookup
