@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -333,10 +334,32 @@ def _used(corpus, problems: list) -> list:
     return [(e.text, e.pair) if e.pair else e.text for e in corpus.entries if e.where not in bad]
 
 
+#: the options that name files the command writes
+OUTPUTS = ("out", "similarity", "pruning", "problems")
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every file the command will write can be written, checked before any work (a corpus run
+    would otherwise end in a traceback after its last sentence)."""
+    for option in OUTPUTS:
+        path = getattr(args, option, None)
+        if path is None:
+            continue
+        flag = f"--{option}"
+        if path.is_dir():
+            raise MHSAError(f"{flag} {path} is a folder: give a file name.")
+        folder = path.parent
+        if not folder.is_dir():
+            raise MHSAError(f"{flag} {path}: the folder {folder} does not exist.")
+        if not os.access(folder, os.W_OK):
+            raise MHSAError(f"{flag} {path}: the folder {folder} is not writable.")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        _check_outputs(args)
         {"attend": _attend, "info": _info, "stats": _stats, "importance": _importance}[
             args.command
         ](args)

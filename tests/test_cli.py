@@ -58,6 +58,13 @@ def test_stats_matches_head_stats_on_the_same_sentences(tmp_path, capsys, minilm
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (["attend", "x", "--model", "no/such-model-here"], "not found locally"),
         (["stats", "/no/such/file.txt", "--out", "x.csv"], "Cannot read /no/such/file.txt"),
+        # files to write are checked before any work, not after the corpus ran
+        (["stats", "c.txt", "--out", "/no/dir/s.csv"], "--out /no/dir/s.csv: the folder /no/dir "),
+        (["stats", "c.txt", "--out", "s.csv", "--similarity", "/no/d/j.csv"], "folder /no/d does"),
+        (["stats", "c.txt", "--out", "s.csv", "--problems", "/no/p/b.csv"], "folder /no/p does"),
+        (["importance", "c.txt", "--out", "i.csv", "--pruning", "/no/q/c.csv"], "folder /no/q"),
+        (["attend", "x", "--out", "/no/r/x.npz"], "--out /no/r/x.npz: the folder /no/r does"),
+        (["stats", "c.txt", "--out", "/"], "--out / is a folder: give a file name."),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(argv, message, capsys) -> None:
