@@ -212,8 +212,10 @@ def _report(problems: list, path: Path | None) -> None:
 
 
 def _check_corpus_args(args: argparse.Namespace) -> dict:
-    if args.batch_tokens is not None and args.batch_tokens < 1:
-        raise MHSAError("--batch-tokens must be at least 1.")
+    for option in ("batch_tokens", "max_tokens", "workers", "shard_size"):
+        value = getattr(args, option, None)
+        if value is not None and value < 1:  # before the model loads or Ray starts
+            raise MHSAError(f"--{option.replace('_', '-')} must be at least 1, got {value}.")
     if args.ray is not None and args.one_by_one:
         raise MHSAError("--one-by-one runs on this machine: leave out --ray.")
     return {} if args.batch_tokens is None else {"batch_tokens": args.batch_tokens}

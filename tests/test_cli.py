@@ -65,6 +65,9 @@ def test_stats_matches_head_stats_on_the_same_sentences(tmp_path, capsys, minilm
         (["importance", "c.txt", "--out", "i.csv", "--pruning", "/no/q/c.csv"], "folder /no/q"),
         (["attend", "x", "--out", "/no/r/x.npz"], "--out /no/r/x.npz: the folder /no/r does"),
         (["stats", "c.txt", "--out", "/"], "--out / is a folder: give a file name."),
+        (["stats", "c.txt", "--out", "s.csv", "--max-tokens", "0"], "--max-tokens must be at"),
+        (["stats", "c.txt", "--out", "s.csv", "--ray", "--workers", "0"], "--workers must be at"),
+        (["importance", "c.txt", "--out", "s.csv", "--shard-size", "-2"], "least 1, got -2."),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(argv, message, capsys) -> None:
