@@ -345,7 +345,7 @@ def _batch_attention(
         first = tuple(a[:1, :, :n0, :n0] for a in attentions[:1])
         return attentions, _is_causal(first)
     blocks = own_blocks(lm, seed if engine == "mhsa-random" else None)
-    sink, _ = _own_attention(lm, blocks, inputs)
+    sink, _ = _own_attention(lm, blocks, inputs, whole=False)  # weights are all it needs
     return sink, blocks[0].causal
 
 

@@ -204,20 +204,41 @@ def _transformers_forward(lm: LoadedModel, inputs: dict[str, torch.Tensor]) -> _
     return _Forward(torch.stack([a[0] for a in theirs]), _is_causal(theirs), extra, hidden)
 
 
+class _StopPass(Exception):
+    """Raised once the last of our blocks has written its weights (``whole=False``)."""
+
+
+def _stop_pass(_module: Any, _args: Any, _output: Any) -> None:
+    raise _StopPass
+
+
 def _own_attention(
     lm: LoadedModel,
     blocks: list[OwnBlock],
     inputs: dict[str, torch.Tensor],
     gates: dict[int, torch.Tensor] | None = None,
+    *,
+    whole: bool = True,
 ) -> tuple[torch.Tensor, Any]:
     """The whole model with every attention block swapped for ours (head ``gates`` optional):
     every layer's weights collected into one preallocated ``[L, B, H, T, T]`` array, and the
-    model's outputs."""
+    model's outputs. ``whole=False``: the pass stops once the last block has written its
+    weights (the feed-forward block above it and any head on top change no weight), and the
+    outputs are None."""
     b, n = inputs["input_ids"].shape
     first = blocks[0].ours
     sink = first.qkv.weight.new_empty(len(blocks), b, first.num_heads, n, n)
-    outputs = run_own_forward(lm, blocks, Run(gates=gates or {}, sink=sink), inputs)
-    return sink, outputs
+    run = Run(gates=gates or {}, sink=sink)
+    if whole:
+        return sink, run_own_forward(lm, blocks, run, inputs)
+    handle = blocks[-1].register_forward_hook(_stop_pass)
+    try:
+        run_own_forward(lm, blocks, run, inputs)
+    except _StopPass:
+        pass
+    finally:
+        handle.remove()
+    return sink, None
 
 
 def _own_forward(

@@ -381,7 +381,7 @@ def ablate(
         item = _prepare(lm, text, text_pair, target, max_tokens)
         results = []
         for gates in ({}, measure.gates(off)):
-            sink, _ = _own_attention(lm, measure.blocks, item.encoded.inputs, gates)
+            sink, _ = _own_attention(lm, measure.blocks, item.encoded.inputs, gates, whole=False)
             attention = sink[:, 0].float().cpu().numpy()
             results.append(
                 _make_result(

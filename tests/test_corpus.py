@@ -133,6 +133,34 @@ def test_the_batched_pass_stops_after_the_last_attention(minilm, monkeypatch) ->
         np.testing.assert_allclose(a.attention, expected, atol=1e-5)  # padded: BLAS rounding
 
 
+def test_our_engine_stops_after_its_last_block_and_puts_the_model_back(minilm) -> None:
+    """Through our module too, the last layer's feed-forward block does not run; the weights
+    equal our module's whole pass one by one, and the model's own blocks are back afterwards."""
+    entries = Corpus.of(MIXED[:6]).entries
+    layers = minilm.model.encoder.layer
+    original = [type(layer.attention.self) for layer in layers]
+    ran: list[int] = []
+    hooks = [
+        layer.intermediate.register_forward_hook(lambda *_, i=i: ran.append(i))
+        for i, layer in enumerate(layers)
+    ]
+    try:
+        got = [
+            r
+            for b in attend_batches(entries, minilm, engine="mhsa", batch_tokens=BATCH_TOKENS)
+            for r in b
+        ]
+    finally:
+        for h in hooks:
+            h.remove()
+    assert ran and set(ran) == set(range(len(layers) - 1))  # never the last layer's
+    assert [type(layer.attention.self) for layer in layers] == original
+    assert sorted(i for i, _ in got) == list(range(len(entries)))
+    for i, result in got:
+        expected = mhsa.attend(entries[i].text, model=minilm, engine="mhsa").attention
+        np.testing.assert_allclose(result.attention, expected, atol=1e-5)
+
+
 def test_word_level_statistics_batched_equal_one_by_one(minilm) -> None:
     corpus = Corpus.of(MIXED[:8])
     kwargs = {"model": minilm, "word_level": True, "batch_tokens": BATCH_TOKENS}
