@@ -222,9 +222,9 @@ def _check_corpus_args(args: argparse.Namespace) -> dict:
 
 
 def _on_ray(args: argparse.Namespace, kind: str, corpus, options: dict):
-    from mhsa.distributed import RayTask, check_reachable, run_on_ray
+    from mhsa.distributed import RayTask, connect, run_on_ray
 
-    check_reachable(args.ray or None)  # before the bar: a dead address is one line, at once
+    connect(args.ray or None)  # before the bar: a dead address is one line, at once
     bar, progress = _bar(f"{kind} on Ray")
     with bar:
         return run_on_ray(

@@ -33,6 +33,7 @@ from mhsa.extract import (
     _is_causal,
     _make_result,
     _own_attention,
+    _StopPass,
 )
 from mhsa.models import LoadedModel, get_model
 from mhsa.result import AttentionResult
@@ -272,10 +273,6 @@ def pad_inputs(
     return out
 
 
-class _LastAttention(Exception):
-    """Raised by a hook once the last attention module has given its weights."""
-
-
 def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules whose outputs transformers records as ``attentions`` (its own
     ``_can_record_outputs``), in the order they run; [] when the model does not say."""
@@ -314,15 +311,15 @@ def _attentions_until_the_last(
     def keep(_module, _args, output) -> None:
         value = output[1] if isinstance(output, tuple) and len(output) > 1 else None
         if value is None:
-            raise _LastAttention  # no weights (not eager): weights stays short, caller checks
+            raise _StopPass  # no weights (not eager): weights stays short, caller checks
         weights.append(value)
         if len(weights) == len(modules):
-            raise _LastAttention
+            raise _StopPass
 
     handles = [m.register_forward_hook(keep) for m in modules]
     try:
         lm.model(**inputs, output_attentions=True, return_dict=True)
-    except _LastAttention:
+    except _StopPass:
         pass
     finally:
         for h in handles:

@@ -25,7 +25,7 @@ from typing import Any
 from mhsa.corpus import Corpus, CorpusStats, Entry, corpus_stats
 from mhsa.errors import InputError
 
-__all__ = ["SHARD_SIZE", "RayTask", "check_reachable", "run_on_ray"]
+__all__ = ["SHARD_SIZE", "RayTask", "check_reachable", "connect", "run_on_ray"]
 
 #: sentences per shard (one ``map_batches`` batch, one actor call)
 SHARD_SIZE = 256
@@ -117,7 +117,9 @@ def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT) -> No
         ) from e
 
 
-def _init_ray(address: str | None) -> Any:
+def connect(address: str | None = None) -> Any:
+    """Ray, initialised on ``address`` (see ``run_on_ray``) unless it already is; an address
+    that does not answer is an InputError first (``check_reachable``)."""
     try:
         import ray
     except ImportError as e:
@@ -160,7 +162,7 @@ def run_on_ray(
         raise InputError(f"Unknown task {task.kind!r}: 'stats' or 'importance'.")
     if shard_size < 1:
         raise InputError("shard_size must be at least 1.")
-    ray = _init_ray(address)
+    ray = connect(address)
     resources = ray.cluster_resources()
     cpus, gpu_count = int(resources.get("CPU", 1)), int(resources.get("GPU", 0))
     use_gpus = gpu_count > 0 if gpus is None else gpus

@@ -205,7 +205,8 @@ def _transformers_forward(lm: LoadedModel, inputs: dict[str, torch.Tensor]) -> _
 
 
 class _StopPass(Exception):
-    """Raised once the last of our blocks has written its weights (``whole=False``)."""
+    """Raised by a forward hook to end a pass once the last attention weights are in (the rest
+    of the model changes none): our blocks here, the model's own modules in ``mhsa.corpus``."""
 
 
 def _stop_pass(_module: Any, _args: Any, _output: Any) -> None:
