@@ -93,7 +93,7 @@ if facts is not None:
             f"{walk.num_heads} heads{gqa}, d_head {walk.d_head}{rope}"
         )
         st.subheader(step.name)
-        st.code(step.formula, language=None)
+        st.markdown(f"`{step.formula}`")  # constant text; no highlighter chunk to load
         st.markdown(f"shape **{step.shape}**")
         value = step.value[0]  # drop the batch axis
         head = clamp("mhead", 0, walk.num_heads - 1)

@@ -248,3 +248,26 @@ def test_line_view_at_512_tokens_stays_within_its_line_budget() -> None:
     drawn = sum(_lines_of(fig, h) for h in range(12))
     assert drawn <= plots.LINE_BUDGET
     assert drawn == sum(int(np.count_nonzero(r.attention[5, h].max(1) >= 0.01)) for h in range(12))
+
+
+def test_labels_keep_colour_codes_and_markup_literal(cat) -> None:
+    """Streamlit's plotly element replaces "#000001".."#000040" anywhere in a figure's spec with
+    theme colours: a label never carries that text, and plotly's entities show it unchanged."""
+    import html
+
+    for text in ["#000001", "#000040 and <b>bold</b>", "a&b #", "##ing"]:
+        shown = plots.label(text)
+        assert not re.search(r"#0000[0-4][0-9]", shown) and "<" not in shown
+        assert html.unescape(shown) == text
+    tokens = ["#000001", "<b>x</b>", "a&b"]
+    result = dataclasses.replace(
+        cat,
+        tokens=tokens,
+        attention=cat.attention[:, :, :3, :3],
+        offsets=cat.offsets[:3],
+        special=[False] * 3,
+        punctuation=[False] * 3,
+        word_ids=[0, 1, 2],
+    )
+    frame = plots.figure_data(plots.head_heatmap(result, 0, 0))  # the CSV: plain text again
+    assert sorted(set(frame["x"])) == sorted(f"{t} #{i}" for i, t in enumerate(tokens))

@@ -267,6 +267,7 @@ def figure(
         plots.decorate(fig, found=found, generated_from=generated_from)  # figures are per run
     if st.session_state.get("present"):
         fig.update_layout(font={"size": 20}, title_font={"size": 28})
+    fig.update_layout(template=plots.TEMPLATE)  # real colours, none for the browser to fill in
     plots.fit_margins(fig)  # one drawing in the browser, not a second for automargin
     event = st.plotly_chart(fig, key=key, config=config, **kwargs)
     st.session_state.setdefault(_FIGURES, []).append((stem, fig))  # for the page's zip

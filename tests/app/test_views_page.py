@@ -236,3 +236,38 @@ def test_compare_finds_the_token_in_the_first_sentence_only() -> None:
     first, second = specs(at)[:2]
     assert [s["type"] for s in first["layout"].get("shapes", [])] == ["rect", "rect"]
     assert not second["layout"].get("shapes")
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if "Overview" not in p])  # it draws none
+def test_every_figure_carries_the_apps_colours_not_placeholders(page: str) -> None:
+    """Figures hold Streamlit's light-theme colours themselves (``plots.TEMPLATE``), so a figure
+    saved as HTML looks as in the app; Streamlit's own template left "#000001".. placeholders
+    (near-black) that only its browser code replaces."""
+    import re
+
+    from mhsa import plots
+
+    at = run(page)  # Head importance draws its pruning curve in the colorway
+    assert not at.exception and at.get("plotly_chart")
+    for chart in at.get("plotly_chart"):
+        assert not re.search(r"#0000[0-4][0-9]", chart.proto.spec)
+        template = json.loads(chart.proto.spec)["layout"]["template"]
+        assert template["layout"]["colorway"][:2] == ["#0068c9", "#83c9ff"] == plots.COLORWAY[:2]
+
+
+def test_the_service_imports_scikit_learn_in_the_background() -> None:
+    """The first visit to Head similarity does not wait for scikit-learn's import (0.8 s)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, threading\n"
+        "import ui.service\n"
+        "warm = [t for t in threading.enumerate() if t.name == 'mhsa-warm-imports']\n"
+        "[t.join(60) for t in warm]\n"
+        "print(len(warm), 'sklearn.manifold' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.stdout.split() == ["1", "True"], out.stderr[-2000:]

@@ -289,6 +289,8 @@ def test_the_pages_figures_download_as_one_zip(app_url, page) -> None:
     head = next(s for s in stems if s.endswith("-L2H7-head"))
     assert "Layer 2, head 7" in archive.read(f"{head}.html").decode()
     assert len(archive.read(f"{head}.csv").decode().splitlines()) == 1 + 9 * 9  # every cell
+    for stem in stems:  # the app's colours, not Streamlit's placeholders (near-black offline)
+        assert not re.search(r"#0000[0-4][0-9]", archive.read(f"{stem}.html").decode())
 
 
 def test_token_search_at_512_tokens_selects_and_boxes_it(app_url, page) -> None:
