@@ -30,12 +30,13 @@ if result is not None:
     queries = (query,)
     sim = service.head_similarity(queries, st.session_state["metric"])
     clusters = service.head_clusters(queries, st.session_state["metric"], st.session_state["k"])
-    stats = service.head_stats(queries)
     page.figure(plots.similarity_figure(sim, clusters.order), "head-similarity", key="sim")
     st.caption(
         "Heads are ordered by hierarchical clustering (average linkage), so similar "
         "heads sit side by side."
     )
+    # computed after the first figure is sent: the browser loads plotly meanwhile
+    stats = service.head_stats(queries)
     coords = service.head_map(queries, st.session_state["metric"])
     colour = clusters.labels if st.session_state["color"] == "cluster" else None
     page.figure(
