@@ -62,18 +62,19 @@ def _scale(colors: list[str]) -> list[list]:
     return [[i / (len(colors) - 1), c] for i, c in enumerate(colors)]
 
 
+_SEQUENTIAL_SCALE = _scale(_SEQUENTIAL)
 TEMPLATE = go.layout.Template(
     layout={
         "colorway": COLORWAY,
         "colorscale": {
-            "sequential": _scale(_SEQUENTIAL),
-            "sequentialminus": _scale(_SEQUENTIAL),
+            "sequential": _SEQUENTIAL_SCALE,
+            "sequentialminus": _SEQUENTIAL_SCALE,
             "diverging": _scale(_DIVERGING),
         },
-        "coloraxis": {"colorscale": _scale(_SEQUENTIAL)},
+        "coloraxis": {"colorscale": _SEQUENTIAL_SCALE},
     },
     data={
-        "heatmap": [{"type": "heatmap", "colorscale": _scale(_SEQUENTIAL)}],
+        "heatmap": [{"type": "heatmap", "colorscale": _SEQUENTIAL_SCALE}],
         "scatter": [{"type": "scatter", "marker": {"line": {"width": 0}}}],
     },
 )

@@ -6,6 +6,12 @@ properties the result must have.
 
 from __future__ import annotations
 
+import re
+
+#: the colours Streamlit's plotly element replaces anywhere in a figure's spec ("#000001"..),
+#: user text included: no figure may carry this text
+PLACEHOLDER = re.compile(r"#0000[0-4][0-9]")
+
 LONG = ("All work and no play makes Jack a dull boy. " * 2300)[:100_000]
 
 CASES: list[tuple[str, str, object]] = [

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -13,12 +12,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import mhsa
-from tests.hostile import CASES, markup_tags, rendered
+from tests.hostile import CASES, PLACEHOLDER, markup_tags, rendered
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "pages").glob("*.py"))
-#: the colours Streamlit's plotly element replaces anywhere in a figure's spec ("#000001"..)
-PLACEHOLDER = re.compile(r"#0000[0-4][0-9]")
 CAT_TOKENS = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".", "[SEP]"]
 
 

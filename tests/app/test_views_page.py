@@ -243,14 +243,13 @@ def test_every_figure_carries_the_apps_colours_not_placeholders(page: str) -> No
     """Figures hold Streamlit's light-theme colours themselves (``plots.TEMPLATE``), so a figure
     saved as HTML looks as in the app; Streamlit's own template left "#000001".. placeholders
     (near-black) that only its browser code replaces."""
-    import re
-
     from mhsa import plots
+    from tests.hostile import PLACEHOLDER
 
     at = run(page)  # Head importance draws its pruning curve in the colorway
     assert not at.exception and at.get("plotly_chart")
     for chart in at.get("plotly_chart"):
-        assert not re.search(r"#0000[0-4][0-9]", chart.proto.spec)
+        assert not PLACEHOLDER.search(chart.proto.spec)
         template = json.loads(chart.proto.spec)["layout"]["template"]
         assert template["layout"]["colorway"][:2] == ["#0068c9", "#83c9ff"] == plots.COLORWAY[:2]
 
