@@ -715,13 +715,16 @@ def neuron_figure(neuron: Any, tokens: Sequence[str]) -> go.Figure:
     n, d = neuron.keys.shape
     rows = [f"{label(t, 20)} #{i}" for i, t in enumerate(tokens)]
     dims = [f"d{i}" for i in range(d)]
+    height = min(2400, 200 + 20 * n)
     fig = make_subplots(
         rows=2,
         cols=5,
         row_heights=[1, max(n, 2)],
         column_widths=[0.37, 0.37, 0.09, 0.09, 0.08],
         shared_xaxes="columns",
-        vertical_spacing=0.02,
+        # room for the second row's titles ("keys k", ...) between the rows, in pixels of the
+        # plot area (a fixed fraction put them over the query row for short sentences)
+        vertical_spacing=min(0.3, 40 / (height - 120)),
         horizontal_spacing=0.015,
         subplot_titles=["query q", "", "", "", "", "keys k", "q ⊙ k", "q·k", "× scale", "softmax"],
     )
@@ -777,7 +780,7 @@ def neuron_figure(neuron: Any, tokens: Sequence[str]) -> go.Figure:
     return _layout(
         fig,
         f"Neuron view: head {neuron.head}, query '{tokens[neuron.token]}' (#{neuron.token})",
-        height=min(2400, 200 + 20 * n),
+        height=height,
     )
 
 
