@@ -12,17 +12,13 @@ Streamlit hashes a few bytes per call rather than the attention itself.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import io
-import logging
-import os
 import re
 import threading
 import zipfile
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -161,104 +157,13 @@ def _compute(query: Query) -> mhsa.AttentionResult:
 def attention(query: Query) -> mhsa.AttentionResult:
     """The attention result for these settings (tokens or whole words): the one shared,
     read-only object from the result cache, computed on a miss. The ``mhsa`` engine is verified
-    against the model's own forward once, here, and the figures travel in the result. A long
-    new result has its head analyses computed in the background (``prefetcher``)."""
+    against the model's own forward once, here, and the figures travel in the result."""
     cache = result_cache()
     hit = cache.get(query)
     if hit is not None:
         return hit
     with st.spinner("Computing attention…"):
-        result = cache.put(query, _compute(query))
-    if result.num_tokens >= PREFETCH_TOKENS:
-        prefetcher().submit(query, result)
-    return result
-
-
-#: results of at least this many tokens get their head analyses computed ahead (at 256 tokens
-#: the JS similarity alone takes about 0.15 s here, at 512 tokens 0.7 to 1.2 s)
-PREFETCH_TOKENS = 256
-
-
-class Prefetcher:
-    """One background thread, at the lowest CPU priority, that computes what Head similarity
-    and Head statistics open with (the JS similarity and the head statistics) for the newest
-    long result, while the reader looks at the page that computed it: moving to those pages is
-    then immediate. Only the newest submitted result waits (older ones are dropped: someone
-    typing many sentences queues no work); the values are small (72 x 72 numbers and a table)
-    and the newest few are kept. Pages never wait for it: a value it has not finished is
-    computed by the page as before, and the thread skips what a page has already claimed."""
-
-    KEEP = 8  # (query, analysis) values kept
-    CLAIMED = 64  # keys a page took, remembered (forgetting one costs at most a spare run)
-
-    def __init__(self) -> None:
-        self._lock = threading.Condition()
-        self._pending: tuple[Query, mhsa.AttentionResult] | None = None
-        self._busy = False
-        self._done: OrderedDict[Hashable, object] = OrderedDict()
-        self._claimed: OrderedDict[Hashable, None] = OrderedDict()  # the newest CLAIMED
-        self._thread: threading.Thread | None = None
-
-    def submit(self, query: Query, result: mhsa.AttentionResult) -> None:
-        with self._lock:
-            self._pending = (query, result)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="mhsa-prefetch", daemon=True)
-                self._thread.start()
-            self._lock.notify_all()
-
-    def take(self, key: Hashable) -> object | None:
-        """The value computed ahead for ``key``, else None; either way the thread leaves
-        ``key`` alone from now on (the caller computes it)."""
-        with self._lock:
-            self._claimed[key] = None
-            while len(self._claimed) > self.CLAIMED:
-                self._claimed.popitem(last=False)
-            return self._done.get(key)
-
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait until nothing is pending or running (tests; memory readings)."""
-        with self._lock:
-            return self._lock.wait_for(lambda: not self._busy and self._pending is None, timeout)
-
-    def _run(self) -> None:
-        with contextlib.suppress(AttributeError, OSError):  # Linux: per thread, and the
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # threads torch
-        while True:  # starts from this one inherit it
-            with self._lock:
-                self._lock.wait_for(lambda: self._pending is not None)
-                job, self._pending, self._busy = self._pending, None, True
-            try:
-                self._analyse(*job)
-            except Exception:  # a page that computes it itself reports the problem
-                logging.getLogger(__name__).debug("prefetch failed", exc_info=True)
-            finally:
-                job = None  # the result is not held while waiting
-                with self._lock:
-                    self._busy = False
-                    self._lock.notify_all()
-
-    def _analyse(self, query: Query, result: mhsa.AttentionResult) -> None:
-        for key, compute in (
-            (("js", query), lambda: mhsa.head_similarity(result, metric="js")),
-            (("stats", query), lambda: mhsa.head_stats(result)),
-        ):
-            with self._lock:
-                if self._pending:
-                    return  # a newer sentence came
-                if key in self._claimed or key in self._done:
-                    continue  # a page has it
-            value = compute()
-            with self._lock:
-                self._done[key] = value
-                while len(self._done) > self.KEEP:
-                    self._done.popitem(last=False)
-
-
-@st.cache_resource
-def prefetcher() -> Prefetcher:
-    """The process's one ``Prefetcher``."""
-    return Prefetcher()
+        return cache.put(query, _compute(query))
 
 
 def _results(queries: tuple[Query, ...]) -> Iterator[mhsa.AttentionResult]:
@@ -276,9 +181,6 @@ def _results(queries: tuple[Query, ...]) -> Iterator[mhsa.AttentionResult]:
 
 @st.cache_data(max_entries=LIMITS.result_cache, show_spinner="Analysing heads…")
 def head_stats(queries: tuple[Query, ...]) -> pd.DataFrame:
-    ahead = prefetcher().take(("stats", queries[0])) if len(queries) == 1 else None
-    if ahead is not None:
-        return ahead
     acc = HeadStatsAccumulator()
     for result in _results(queries):
         acc.add(result)
@@ -292,9 +194,6 @@ def first_sentence_stats(queries: tuple[Query, ...]) -> pd.DataFrame:
 
 @st.cache_data(max_entries=LIMITS.result_cache, show_spinner="Comparing heads…")
 def head_similarity(queries: tuple[Query, ...], metric: str) -> pd.DataFrame:
-    ahead = prefetcher().take((metric, queries[0])) if len(queries) == 1 else None
-    if ahead is not None:
-        return ahead
     acc = HeadSimilarityAccumulator(metric)
     for result in _results(queries):
         acc.add(result)
