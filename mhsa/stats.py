@@ -6,6 +6,7 @@ At?" (statistics, Jensen-Shannon head distances) and Abnar & Zuidema 2020 (rollo
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -88,6 +89,22 @@ def _as_list(results: AttentionResult | Iterable[AttentionResult]) -> list[Atten
     return items
 
 
+_BLOCK_ELEMS = 2**20  # floats of one block's temporaries (4 MB)
+
+
+def _rows_per_block(row_elems: int) -> int:
+    return max(1, _BLOCK_ELEMS // max(row_elems, 1))
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    """A float tensor sharing ``a``'s memory, a read-only array's too (results are frozen and
+    these functions only read them: a copy of MiniLM's attention at 512 tokens is 75 MB of
+    fresh memory, page faults on every call)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        return torch.from_numpy(np.ascontiguousarray(a))
+
+
 def _stats_many(
     attention: np.ndarray, special: Sequence[Sequence[bool]], punctuation: Sequence[Sequence[bool]]
 ) -> np.ndarray:
@@ -100,17 +117,23 @@ def _stats_many(
     float64: a corpus holds some 100 MB of float32 attention per 400 sentences, and passes over
     a float64 copy of it made the statistics memory-bound (twice as slow).
     """
-    a = torch.from_numpy(np.require(attention, requirements=["C", "W"]))  # (k, L, H, n, n)
+    a = _tensor(attention)  # (k, L, H, n, n)
     k, n = a.shape[0], a.shape[-1]
     f64 = torch.float64
     flat = a.reshape(-1, n * n)  # one row per sentence and head
-    smoothed = flat * (1 - _ENTROPY_SMOOTHING)
-    smoothed += _ENTROPY_SMOOTHING / n
-    # means over query rows of per-row sums = whole sums / n
-    entropy = -(smoothed * torch.log(smoothed)).sum(-1, dtype=f64) / n
     idx = torch.arange(n)
     distance = (idx[:, None] - idx[None, :]).abs().reshape(-1).to(a.dtype)
-    mean_distance = (flat * distance).sum(-1, dtype=f64) / n
+    # means over query rows of per-row sums = whole sums / n; a few heads at a time, so that the
+    # temporaries are reused rather than fresh memory (page faults) on every call
+    entropy = torch.empty(len(flat), dtype=f64)
+    mean_distance = torch.empty(len(flat), dtype=f64)
+    step = _rows_per_block(n * n)
+    for i in range(0, len(flat), step):
+        heads = flat[i : i + step]  # (step, n * n)
+        smoothed = heads * (1 - _ENTROPY_SMOOTHING)
+        smoothed += _ENTROPY_SMOOTHING / n
+        entropy[i : i + step] = -smoothed.log().mul_(smoothed).sum(-1, dtype=f64) / n
+        mean_distance[i : i + step] = (heads * distance).sum(-1, dtype=f64) / n
     confidence = a.amax(-1).mean(-1, dtype=f64)  # Voita et al.: mean of each row's largest
     received = a.sum(-2, dtype=f64).reshape(k, -1, n) / n  # (k, L*H, n): mean over rows of A[:, j]
     sep = torch.tensor(special, dtype=f64).reshape(k, n, 1)
@@ -199,7 +222,11 @@ class HeadStatsAccumulator:
                     f"Result has {shape[:2]} layers x heads, earlier ones {self._shape}"
                 )
             self._shape = shape[:2]
-            stacked = np.stack([r.attention for r in group])
+            stacked = (
+                group[0].attention[None]  # a view: no copy of one sentence
+                if len(group) == 1
+                else np.stack([r.attention for r in group])
+            )
             self._add_stats(
                 _stats_many(stacked, [r.special for r in group], [r.punctuation for r in group])
             )
@@ -320,11 +347,15 @@ _EPS32 = float(torch.finfo(torch.float32).eps)
 _JS_CACHE_ELEMS = 2**20  # floats of one row block of every head (4 MB): about a CPU's L2/L3
 
 
-def _js_divergences(a: np.ndarray, *, chunk_elems: int = 2**24) -> np.ndarray:
+def _js_divergences(
+    a: np.ndarray, *, smoothing: float = 0.0, chunk_elems: int = 2**24
+) -> np.ndarray:
     """Sum over query rows of the Jensen-Shannon divergence between every pair of heads.
 
     Args:
-        a: ``[heads, n, n]`` attention (already smoothed, so every entry is positive).
+        a: ``[heads, n, n]`` attention.
+        smoothing: ``s`` of ``(1 - s) A + s / n`` (Clark et al.), applied here block by block;
+            every smoothed entry must be positive.
         chunk_elems: bound on the floats of the pairwise temporaries (memory stays bounded).
 
     Two passes, so that accuracy costs no speed:
@@ -339,25 +370,33 @@ def _js_divergences(a: np.ndarray, *, chunk_elems: int = 2**24) -> np.ndarray:
        near-identical heads, rare in real models) is recomputed without cancellation:
        ``sum M (d atanh(d) + log1p(-d^2) / 2)`` with ``d = (Q - P) / (Q + P)``, every term
        non-negative; relative error about 1e-6 against ``scipy.spatial.distance.jensenshannon``.
+
+    Every temporary is a block of a few MB, reused from call to call: whole-head temporaries
+    (75 MB each for MiniLM at 512 tokens) were fresh memory, page faults, on every call.
     """
-    p = torch.from_numpy(a).float()  # (K, n, n)
-    k, n = p.shape[0], p.shape[1]
-    plogp = (p * p.log()).sum((-1, -2))  # (K,)
+    k, n = a.shape[0], a.shape[1]
+
+    def smoothed(x: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(np.array(x, dtype=np.float32))  # a copy of the block, writable
+        return t.mul_(1 - smoothing).add_(smoothing / n) if smoothing else t
+
+    plogp = torch.zeros(k, dtype=torch.float64)
     # sum M log M over a few query rows at a time, for every pair: the temporaries stay in the
     # CPU's cache (1.7x faster at 512 tokens than whole heads), partial sums add up in float64
     mlogm = torch.zeros(k, k, dtype=torch.float64)
     rows = max(1, min(n, _JS_CACHE_ELEMS // max(k * n, 1)))
     for r0 in range(0, n, rows):
-        part = p[:, r0 : r0 + rows].reshape(k, -1)  # (K, rows * n)
+        part = smoothed(a[:, r0 : r0 + rows]).reshape(k, -1)  # (K, rows * n)
+        plogp += part.log().mul_(part).sum(-1, dtype=torch.float64)
         for i in range(k - 1):
             m = torch.add(part[i], part[i + 1 :]).mul_(0.5)  # (K - i - 1, rows * n)
             mlogm[i, i + 1 :] += m.log().mul_(m).sum(-1).double()  # two temporaries, not four
-    out = (0.5 * (plogp[:, None] + plogp[None, :]).double() - mlogm).float()
-    block = max(1, chunk_elems // max(p[0].numel(), 1))
+    out = (0.5 * (plogp[:, None] + plogp[None, :]) - mlogm).float()
+    block = max(1, chunk_elems // max(n * n, 1))
     bound = 8 * _EPS32 * (plogp.abs()[:, None] + plogp.abs()[None, :])  # (K, K)
     pairs = (out < 1000 * bound).triu(1).nonzero()  # (R, 2)
     for chunk in pairs.split(block):
-        pa, pb = p[chunk[:, 0]], p[chunk[:, 1]]  # (r, n, n) each
+        pa, pb = smoothed(a[chunk[:, 0].numpy()]), smoothed(a[chunk[:, 1].numpy()])  # (r, n, n)
         m = pa + pb
         d = (pb - pa).div_(m)
         g = (d * torch.atanh(d)).add_(torch.log1p(-d * d), alpha=0.5)
@@ -374,7 +413,7 @@ def _cosine(a: np.ndarray) -> np.ndarray:
 
 
 _METRICS = {
-    "js": lambda a: _js_divergences((1 - _JS_SMOOTHING) * a + _JS_SMOOTHING / a.shape[-1]),
+    "js": lambda a: _js_divergences(a, smoothing=_JS_SMOOTHING),
     "cosine": _cosine,
 }
 
