@@ -21,7 +21,15 @@ from mhsa.extract import (
     generate,
 )
 from mhsa.importance import Ablation, ablate, head_importance, pruning_curve
-from mhsa.models import DEFAULT_MODEL, DEVICES, LoadedModel, get_model, load_model, pick_device
+from mhsa.models import (
+    DEFAULT_MODEL,
+    DEVICES,
+    LoadedModel,
+    cpu_threads,
+    get_model,
+    load_model,
+    pick_device,
+)
 from mhsa.result import AttentionResult
 from mhsa.stats import (
     HeadClusters,
@@ -57,6 +65,7 @@ __all__ = [
     "attend",
     "attention_core",
     "attention_rollout",
+    "cpu_threads",
     "find_tokens",
     "generate",
     "get_model",

@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "LoadedModel",
     "count_parameters",
+    "cpu_threads",
     "default_model_path",
     "get_model",
     "load_model",
@@ -36,6 +37,12 @@ def default_model_path() -> str:
 
 #: The devices a model can be asked to run on (``auto``: the best one present).
 DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
+def cpu_threads() -> int:
+    """Threads torch computes with on the CPU, in the calling thread (its OpenMP limit is per
+    thread)."""
+    return torch.get_num_threads()
 
 
 def pick_device(device: str | torch.device = "auto") -> torch.device:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import os
 import re
 import threading
 import zipfile
@@ -25,6 +26,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
+from threadpoolctl import ThreadpoolController
 
 import mhsa
 from mhsa import plots
@@ -34,6 +36,21 @@ from mhsa.limits import Limits
 from mhsa.stats import HeadSimilarityAccumulator, HeadStatsAccumulator
 
 LIMITS = Limits.from_env()
+
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+_THREADS = ThreadpoolController()
+
+
+def _page_work():
+    """Run the calling thread's next computations, those a page waits for while the browser
+    draws it, on one core fewer than the machine has: the browser (on a machine of one's own it
+    shares the CPUs) and Streamlit's event loop, which sends the page's first elements
+    meanwhile, keep one. On 2 cores a team of two threads whose second is pre-empted waits at
+    every barrier: the JS similarity at 512 tokens took 1.8 to 2.1 s with two threads beside a
+    busy process, 1.0 s with one. OpenMP's limit is per thread: other sessions and long
+    computations (head importance) keep every thread."""
+    threads = max(1, min(mhsa.cpu_threads(), _CPUS - 1))
+    return _THREADS.limit(limits=threads, user_api="openmp")
 
 
 def _warm_imports() -> None:
@@ -162,7 +179,7 @@ def attention(query: Query) -> mhsa.AttentionResult:
     hit = cache.get(query)
     if hit is not None:
         return hit
-    with st.spinner("Computing attention…"):
+    with st.spinner("Computing attention…"), _page_work():
         return cache.put(query, _compute(query))
 
 
@@ -182,8 +199,9 @@ def _results(queries: tuple[Query, ...]) -> Iterator[mhsa.AttentionResult]:
 @st.cache_data(max_entries=LIMITS.result_cache, show_spinner="Analysing heads…")
 def head_stats(queries: tuple[Query, ...]) -> pd.DataFrame:
     acc = HeadStatsAccumulator()
-    for result in _results(queries):
-        acc.add(result)
+    with _page_work():
+        for result in _results(queries):
+            acc.add(result)
     return acc.frame()
 
 
@@ -195,8 +213,9 @@ def first_sentence_stats(queries: tuple[Query, ...]) -> pd.DataFrame:
 @st.cache_data(max_entries=LIMITS.result_cache, show_spinner="Comparing heads…")
 def head_similarity(queries: tuple[Query, ...], metric: str) -> pd.DataFrame:
     acc = HeadSimilarityAccumulator(metric)
-    for result in _results(queries):
-        acc.add(result)
+    with _page_work():
+        for result in _results(queries):
+            acc.add(result)
     return acc.frame()
 
 
