@@ -71,15 +71,18 @@ class ServerURL(str):
 
 
 @contextlib.contextmanager
-def streamlit_server(env: dict[str, str] | None = None, timeout: float = 90) -> Iterator[ServerURL]:
-    """Serve app.py on 127.0.0.1 at a free port; yields the base URL, stops the server after."""
+def streamlit_server(
+    env: dict[str, str] | None = None, timeout: float = 90, root: Path = ROOT
+) -> Iterator[ServerURL]:
+    """Serve ``root``'s app.py (this checkout's by default) on 127.0.0.1 at a free port; yields
+    the base URL, stops the server after."""
     port = free_port()
     cmd = [
         sys.executable,
         "-m",
         "streamlit",
         "run",
-        str(ROOT / "app.py"),
+        str(root / "app.py"),
         "--server.headless=true",
         "--server.address=127.0.0.1",
         f"--server.port={port}",
@@ -94,7 +97,7 @@ def streamlit_server(env: dict[str, str] | None = None, timeout: float = 90) -> 
     }
     log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - a file, not a pipe (a full pipe stalls)
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT, text=True
+        cmd, cwd=root, env=full_env, stdout=log, stderr=subprocess.STDOUT, text=True
     )
     url = ServerURL(f"http://127.0.0.1:{port}")
     url.pid = proc.pid

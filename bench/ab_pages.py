@@ -1,0 +1,72 @@
+"""Two versions of the app compared page by page at 512 tokens, interleaved (the VM's speed
+drifts over an hour, so runs minutes apart do not compare).
+
+    PYTHONPATH=. .venv/bin/python -m bench.ab_pages --a /path/to/other/checkout \
+        [--b .] [--b-env OMP_NUM_THREADS=1] [--rounds 6] [--pages "Overview,Heads,Head similarity"]
+
+Each round starts A's server and then B's (B first in odd rounds), each with a fresh browser
+context; the model loads before timing, then Overview and each page named are opened by link in
+a new tab while the server computes them: the benchmark's first visits (``bench_browser``).
+Prints every round and each page's median per side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import urllib.parse
+from pathlib import Path
+
+from bench.bench_browser import WORDS, _wait_for_page
+from bench.browser import PAGES, chromium, streamlit_server
+
+
+def _env(pairs: list[str]) -> dict[str, str]:
+    return dict(p.split("=", 1) for p in pairs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--a", type=Path, required=True, help="checkout A (the baseline)")
+    parser.add_argument("--b", type=Path, default=Path("."), help="checkout B (default: this one)")
+    parser.add_argument("--a-env", nargs="*", default=[], metavar="K=V")
+    parser.add_argument("--b-env", nargs="*", default=[], metavar="K=V")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--pages", default="Overview,Heads,Head similarity")
+    args = parser.parse_args()
+    pages = [p.strip() for p in args.pages.split(",") if p.strip()]
+    unknown = [p for p in pages if p not in PAGES]
+    if unknown:
+        parser.error(f"unknown pages {unknown}: choose from {', '.join(PAGES)}")
+    sides = {"A": (args.a.resolve(), _env(args.a_env)), "B": (args.b.resolve(), _env(args.b_env))}
+    text = " ".join(WORDS[i % len(WORDS)] for i in range(510))  # 510 words + [CLS]/[SEP]
+    query = urllib.parse.urlencode({"text": text, "text2": text})
+    times: dict[tuple[str, str], list[float]] = {(s, p): [] for s in sides for p in pages}
+    with chromium() as browser:
+        for rnd in range(args.rounds):
+            for side in ("A", "B") if rnd % 2 == 0 else ("B", "A"):
+                root, env = sides[side]
+                with streamlit_server(env=env, root=root) as url:
+                    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+                    page = context.new_page()  # the model loads before timing
+                    page.goto(f"{url}/?text=warm")
+                    _wait_for_page(page, "Overview")
+                    page.close()
+                    for name in ["Overview", *[p for p in pages if p != "Overview"]]:
+                        page = context.new_page()
+                        start = time.perf_counter()
+                        page.goto(f"{url}/{PAGES[name]}?{query}")
+                        _wait_for_page(page, name)
+                        if name in pages:
+                            times[(side, name)].append(time.perf_counter() - start)
+                        page.close()
+                    context.close()
+            print(rnd, {f"{s}/{p}": round(t[-1], 2) for (s, p), t in times.items()}, flush=True)
+    for (side, name), t in times.items():
+        rounds = ", ".join(f"{x:.2f}" for x in t)
+        print(f"{side} {name}: median {statistics.median(t):.3f} s ({rounds})")
+
+
+if __name__ == "__main__":
+    main()
