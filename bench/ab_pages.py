@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-import urllib.parse
 from pathlib import Path
 
-from bench.bench_browser import WORDS, _wait_for_page
+from bench.bench_browser import LONG_QUERY, _wait_for_page, fresh_context
 from bench.browser import PAGES, chromium, streamlit_server
 
 
@@ -40,23 +39,17 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown pages {unknown}: choose from {', '.join(PAGES)}")
     sides = {"A": (args.a.resolve(), _env(args.a_env)), "B": (args.b.resolve(), _env(args.b_env))}
-    text = " ".join(WORDS[i % len(WORDS)] for i in range(510))  # 510 words + [CLS]/[SEP]
-    query = urllib.parse.urlencode({"text": text, "text2": text})
     times: dict[tuple[str, str], list[float]] = {(s, p): [] for s in sides for p in pages}
     with chromium() as browser:
         for rnd in range(args.rounds):
             for side in ("A", "B") if rnd % 2 == 0 else ("B", "A"):
                 root, env = sides[side]
                 with streamlit_server(env=env, root=root) as url:
-                    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-                    page = context.new_page()  # the model loads before timing
-                    page.goto(f"{url}/?text=warm")
-                    _wait_for_page(page, "Overview")
-                    page.close()
+                    context = fresh_context(browser, url)
                     for name in ["Overview", *[p for p in pages if p != "Overview"]]:
                         page = context.new_page()
                         start = time.perf_counter()
-                        page.goto(f"{url}/{PAGES[name]}?{query}")
+                        page.goto(f"{url}/{PAGES[name]}?{LONG_QUERY}")
                         _wait_for_page(page, name)
                         if name in pages:
                             times[(side, name)].append(time.perf_counter() - start)

@@ -104,6 +104,22 @@ def _wait_for_page(page, name: str) -> None:
         page.get_by_text("max positions").wait_for(timeout=120_000)
 
 
+#: the link parameters of the 512-token pages: 510 words + [CLS]/[SEP], Compare's second text too
+LONG_TEXT = " ".join(WORDS[i % len(WORDS)] for i in range(510))
+LONG_QUERY = urllib.parse.urlencode({"text": LONG_TEXT, "text2": LONG_TEXT})
+
+
+def fresh_context(browser, url: str):
+    """A new browser context (empty caches) on a server whose model has loaded, so that the
+    model's loading is in no page's time."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.goto(f"{url}/?text=warm")
+    _wait_for_page(page, "Overview")
+    page.close()
+    return context
+
+
 def long_input_pages(browser, rounds: int = ROUNDS) -> list[dict]:
     """Every page on a 512-token input, three ways: opened by its link in a new tab of one
     browser (the app's scripts in the HTTP cache, as for a user who opens shared links) while
@@ -112,30 +128,24 @@ def long_input_pages(browser, rounds: int = ROUNDS) -> list[dict]:
     between pages). Each of ``rounds`` rounds starts a fresh server (so first visits are
     first) and a fresh browser context; the table holds each page's median over the rounds
     (one sample swings by 0.5 s on this VM: ``_spread`` prints every round)."""
-    text = " ".join(WORDS[i % len(WORDS)] for i in range(510))  # 510 words + [CLS]/[SEP]
-    query = urllib.parse.urlencode({"text": text, "text2": text})
     rows = {name: {"page": name} for name in PAGES}
     samples: dict[tuple[str, str], list[float]] = {}
     for _ in range(rounds):
         with streamlit_server() as url:
-            context = browser.new_context(viewport={"width": 1400, "height": 1000})
-            page = context.new_page()  # the model loads once per server, not in a page's time
-            page.goto(f"{url}/?text=warm")
-            _wait_for_page(page, "Overview")
-            page.close()
+            context = fresh_context(browser, url)
             for how in ("by link", "by link again"):  # the server computes, then its cache
                 for name, path in PAGES.items():
                     page = context.new_page()
                     received = _count_frames(page)
                     start = time.perf_counter()
-                    page.goto(f"{url}/{path}?{query}")
+                    page.goto(f"{url}/{path}?{LONG_QUERY}")
                     _wait_for_page(page, name)
                     samples.setdefault((name, how), []).append(time.perf_counter() - start)
                     rows[name][f"{how}, MB"] = received[0] / 1e6
                     page.close()
             page = context.new_page()
             received = _count_frames(page)
-            page.goto(f"{url}/?{query}")
+            page.goto(f"{url}/?{LONG_QUERY}")
             _wait_for_page(page, "Overview")
             for name in [*list(PAGES)[1:], "Overview"]:
                 received[0] = 0

@@ -89,10 +89,12 @@ def _as_list(results: AttentionResult | Iterable[AttentionResult]) -> list[Atten
     return items
 
 
-_BLOCK_ELEMS = 2**20  # floats of one block's temporaries (4 MB)
+#: floats of one block's temporaries (4 MB: about a CPU's L2/L3, and reused from call to call)
+_BLOCK_ELEMS = 2**20
 
 
 def _rows_per_block(row_elems: int) -> int:
+    """Rows of ``row_elems`` floats that make one block of temporaries."""
     return max(1, _BLOCK_ELEMS // max(row_elems, 1))
 
 
@@ -344,9 +346,6 @@ def stats_difference(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
 _EPS32 = float(torch.finfo(torch.float32).eps)
 
 
-_JS_CACHE_ELEMS = 2**20  # floats of one row block of every head (4 MB): about a CPU's L2/L3
-
-
 def _js_divergences(
     a: np.ndarray, *, smoothing: float = 0.0, chunk_elems: int = 2**24
 ) -> np.ndarray:
@@ -384,7 +383,7 @@ def _js_divergences(
     # sum M log M over a few query rows at a time, for every pair: the temporaries stay in the
     # CPU's cache (1.7x faster at 512 tokens than whole heads), partial sums add up in float64
     mlogm = torch.zeros(k, k, dtype=torch.float64)
-    rows = max(1, min(n, _JS_CACHE_ELEMS // max(k * n, 1)))
+    rows = min(n, _rows_per_block(k * n))  # query rows of every head in one block
     for r0 in range(0, n, rows):
         part = smoothed(a[:, r0 : r0 + rows]).reshape(k, -1)  # (K, rows * n)
         plogp += part.log().mul_(part).sum(-1, dtype=torch.float64)

@@ -196,13 +196,20 @@ def _results(queries: tuple[Query, ...]) -> Iterator[mhsa.AttentionResult]:
         yield hit if hit is not None else _compute(q)
 
 
-@st.cache_data(max_entries=LIMITS.result_cache, show_spinner="Analysing heads…")
-def head_stats(queries: tuple[Query, ...]) -> pd.DataFrame:
-    acc = HeadStatsAccumulator()
+def _accumulated(
+    acc: HeadStatsAccumulator | HeadSimilarityAccumulator, queries: tuple[Query, ...]
+) -> pd.DataFrame:
+    """The sentences' results added to ``acc`` one at a time (``_results``), as a page's work
+    (``_page_work``): its table."""
     with _page_work():
         for result in _results(queries):
             acc.add(result)
     return acc.frame()
+
+
+@st.cache_data(max_entries=LIMITS.result_cache, show_spinner="Analysing heads…")
+def head_stats(queries: tuple[Query, ...]) -> pd.DataFrame:
+    return _accumulated(HeadStatsAccumulator(), queries)
 
 
 def first_sentence_stats(queries: tuple[Query, ...]) -> pd.DataFrame:
@@ -212,11 +219,7 @@ def first_sentence_stats(queries: tuple[Query, ...]) -> pd.DataFrame:
 
 @st.cache_data(max_entries=LIMITS.result_cache, show_spinner="Comparing heads…")
 def head_similarity(queries: tuple[Query, ...], metric: str) -> pd.DataFrame:
-    acc = HeadSimilarityAccumulator(metric)
-    with _page_work():
-        for result in _results(queries):
-            acc.add(result)
-    return acc.frame()
+    return _accumulated(HeadSimilarityAccumulator(metric), queries)
 
 
 @st.cache_data(max_entries=LIMITS.result_cache, show_spinner=False)
