@@ -124,6 +124,27 @@ def test_js_matches_scipy_jensenshannon_definition() -> None:
     assert js == pytest.approx(want, rel=1e-4)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_js_of_every_pair_matches_scipy_over_many_blocks_and_threads(
+    monkeypatch, threads: int
+) -> None:
+    """Blocks of 5 query rows (the last one of 2) shared by ``threads`` threads: every pair of
+    five unrelated heads against scipy, computed one row at a time in float64."""
+    from scipy.spatial.distance import jensenshannon
+
+    from mhsa import stats
+
+    monkeypatch.setattr(stats, "_BLOCK_ELEMS", 5 * 5 * 37)  # 5 heads x 5 rows x 37 keys
+    rng = np.random.default_rng(7)
+    logits = rng.normal(size=(5, 37, 37)) * rng.uniform(0.5, 4, size=(5, 1, 1))
+    heads = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    got = stats._js_divergences(heads.astype(np.float32), smoothing=1e-3, threads=threads)
+    smooth = 0.999 * heads.astype(np.float32).astype(np.float64) + 0.001 / 37
+    for i in range(5):
+        for j in range(5):
+            want = (jensenshannon(smooth[i], smooth[j], axis=1) ** 2).sum()
+            assert got[i, j] == pytest.approx(want, rel=1e-5, abs=1e-9), (i, j)
+
 def test_head_map_separates_three_groups_and_is_deterministic() -> None:
     n = 6
     rng = np.random.default_rng(0)
