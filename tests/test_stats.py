@@ -145,6 +145,7 @@ def test_js_of_every_pair_matches_scipy_over_many_blocks_and_threads(
             want = (jensenshannon(smooth[i], smooth[j], axis=1) ** 2).sum()
             assert got[i, j] == pytest.approx(want, rel=1e-5, abs=1e-9), (i, j)
 
+
 def test_head_map_separates_three_groups_and_is_deterministic() -> None:
     n = 6
     rng = np.random.default_rng(0)
