@@ -349,6 +349,18 @@ _EPS32 = float(torch.finfo(torch.float32).eps)
 _JS_THREADS = 8
 
 
+def _smoothed(
+    x: np.ndarray, smoothing: float, n: int, *, out: np.ndarray | None = None
+) -> np.ndarray:
+    """``(1 - s) x + s / n`` (Clark et al.'s smoothing over ``n`` keys) in float32, written
+    into ``out`` (a new array by default)."""
+    out = np.empty(x.shape, np.float32) if out is None else out
+    if smoothing:
+        return np.add(np.multiply(x, 1 - smoothing, out=out), smoothing / n, out=out)
+    np.copyto(out, x)
+    return out
+
+
 def _js_sums(
     a: np.ndarray, starts: Sequence[int], rows: int, smoothing: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -362,11 +374,8 @@ def _js_sums(
     plogp, psum, slogs = np.zeros(k), np.zeros(k), np.zeros((k, k))
     for r0 in starts:
         width = min(rows, n - r0) * n
-        block, part = a[:, r0 : r0 + width // n].reshape(k, width), part_buf[:, :width]
-        if smoothing:
-            np.add(np.multiply(block, 1 - smoothing, out=part), smoothing / n, out=part)
-        else:
-            np.copyto(part, block)
+        block = a[:, r0 : r0 + width // n].reshape(k, width)
+        part = _smoothed(block, smoothing, n, out=part_buf[:, :width])
         psum += part.sum(-1)
         logs = np.log(part, out=log_buf[:, :width])
         plogp += np.multiply(logs, part, out=logs).sum(-1)
@@ -421,16 +430,13 @@ def _js_divergences(
     mlogm = 0.5 * (slogs - np.log(2.0) * (psum[:, None] + psum[None, :]))
     plogp = torch.from_numpy(plogp_np)
     out = (0.5 * (plogp[:, None] + plogp[None, :]) - torch.from_numpy(mlogm)).float()
-
-    def smoothed(x: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(np.array(x, dtype=np.float32))  # a copy of the block, writable
-        return t.mul_(1 - smoothing).add_(smoothing / n) if smoothing else t
-
     block = max(1, chunk_elems // max(n * n, 1))
     bound = 8 * _EPS32 * (plogp.abs()[:, None] + plogp.abs()[None, :])  # (K, K)
     pairs = (out < 1000 * bound).triu(1).nonzero()  # (R, 2)
     for chunk in pairs.split(block):
-        pa, pb = smoothed(a[chunk[:, 0].numpy()]), smoothed(a[chunk[:, 1].numpy()])  # (r, n, n)
+        pa, pb = (
+            torch.from_numpy(_smoothed(a[c.numpy()], smoothing, n)) for c in chunk.T
+        )  # (r, n, n)
         m = pa + pb
         d = (pb - pa).div_(m)
         g = (d * torch.atanh(d)).add_(torch.log1p(-d * d), alpha=0.5)
