@@ -54,6 +54,30 @@ def _use_the_navigation() -> None:
         st.rerun()
 
 
+#: Keeps plotly.js's decoded arrays out of the JSON Streamlit's chart element makes of a figure.
+#: plotly.js decodes each binary array of a figure (numpy arrays travel base64-encoded) and
+#: caches the result on the figure's own object as ``_inputArray``; Streamlit's chart element
+#: serialises that object a second time after the first drawing (JSON, 39 colour replaces,
+#: parse), so a 512 x 512 head, 1.4 MB as sent, became 8.6 MB of JSON there: 0.4 s of the
+#: tab's main thread on Heads at 512 tokens (BENCHMARKS.md §4). Made non-enumerable, the cache
+#: still works for plotly.js (its reads are plain ``x._inputArray``) and JSON leaves it out.
+#: Constant text, no user input: the one place the app runs its own script in the page.
+CHART_FIX = """<script>
+(() => {
+  if (Object.getOwnPropertyDescriptor(Object.prototype, "_inputArray")) return;
+  Object.defineProperty(Object.prototype, "_inputArray", {
+    configurable: true,
+    get() { return undefined; },
+    set(value) {
+      Object.defineProperty(this, "_inputArray", {
+        value, writable: true, configurable: true, enumerable: false,
+      });
+    },
+  });
+})();
+</script>"""
+
+
 def setup(title: str, params: dict[str, Param] | None = None) -> Query:
     """Page config, state from the URL, the sidebar. Returns the settings of the result."""
     _use_the_navigation()
@@ -167,6 +191,7 @@ def _sidebar() -> Query:
             horizontal=True,
             help="The camera button on every figure saves what is on screen in this format.",
         )
+        st.html(CHART_FIX, unsafe_allow_javascript=True)
     s = st.session_state
     query = Query(
         s["text"],
