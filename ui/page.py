@@ -3,6 +3,8 @@ figures with their downloads."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -54,28 +56,20 @@ def _use_the_navigation() -> None:
         st.rerun()
 
 
-#: Keeps plotly.js's decoded arrays out of the JSON Streamlit's chart element makes of a figure.
-#: plotly.js decodes each binary array of a figure (numpy arrays travel base64-encoded) and
-#: caches the result on the figure's own object as ``_inputArray``; Streamlit's chart element
-#: serialises that object a second time after the first drawing (JSON, 39 colour replaces,
-#: parse), so a 512 x 512 head, 1.4 MB as sent, became 8.6 MB of JSON there: 0.4 s of the
-#: tab's main thread on Heads at 512 tokens (BENCHMARKS.md §4). Made non-enumerable, the cache
-#: still works for plotly.js (its reads are plain ``x._inputArray``) and JSON leaves it out.
-#: Constant text, no user input: the one place the app runs its own script in the page.
-CHART_FIX = """<script>
-(() => {
-  if (Object.getOwnPropertyDescriptor(Object.prototype, "_inputArray")) return;
-  Object.defineProperty(Object.prototype, "_inputArray", {
-    configurable: true,
-    get() { return undefined; },
-    set(value) {
-      Object.defineProperty(this, "_inputArray", {
-        value, writable: true, configurable: true, enumerable: false,
-      });
-    },
-  });
-})();
-</script>"""
+def _page_script() -> str:
+    """``page_script.js`` in a script tag, told the file name of Streamlit's plotly chunk
+    (it carries a hash that changes with Streamlit's version; none found: no preload)."""
+    js = Path(st.__file__).parent / "static" / "static" / "js"
+    chunks = sorted(js.glob("PlotlyChart.*.js"))
+    chunk = chunks[0].name if len(chunks) == 1 else None
+    script = Path(__file__).with_name("page_script.js").read_text(encoding="utf-8")
+    script = script.replace("PLOTLY_CHUNK", json.dumps(chunk))
+    hide = '[data-testid="stElementContainer"]:has(#mhsa-page-script) { display: none; }'
+    return f'<script id="mhsa-page-script">{script}</script><style>{hide}</style>'
+
+
+#: see page_script.js: faster first drawings of large figures
+PAGE_SCRIPT = _page_script()
 
 
 def setup(title: str, params: dict[str, Param] | None = None) -> Query:
@@ -84,6 +78,7 @@ def setup(title: str, params: dict[str, Param] | None = None) -> Query:
     st.set_page_config(page_title=f"{title} · MHSA Explorer", page_icon="🔍", layout="wide")
     all_params = GLOBAL_PARAMS | (params or {})
     use_params(all_params)
+    st.html(PAGE_SCRIPT, unsafe_allow_javascript=True)
     if st.session_state.get("present"):
         st.markdown(PRESENTATION_CSS, unsafe_allow_html=True)  # constant CSS, no user text
     st.title(title)
@@ -191,7 +186,6 @@ def _sidebar() -> Query:
             horizontal=True,
             help="The camera button on every figure saves what is on screen in this format.",
         )
-        st.html(CHART_FIX, unsafe_allow_javascript=True)
     s = st.session_state
     query = Query(
         s["text"],

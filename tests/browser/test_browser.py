@@ -274,7 +274,7 @@ JSON.stringify = function (...args) {
 
 def test_charts_are_reserialised_without_plotlys_decoded_arrays(app_url, page) -> None:
     """Streamlit's chart element serialises each figure again after plotly.js drew it; our
-    page script (``ui.page.CHART_FIX``) keeps plotly's decoded copies out of that JSON, and
+    page script (``ui.page.PAGE_SCRIPT``) keeps plotly's decoded copies out of that JSON, and
     plotly.js still draws our numbers from the figure after that second pass."""
     import numpy as np
 
@@ -295,6 +295,29 @@ def test_charts_are_reserialised_without_plotlys_decoded_arrays(app_url, page) -
     expected = mhsa.attend("The cat sat on the mat.").attention[2, 5]
     # the server's forward and this one differ in the last float32 digits (threads, batching)
     np.testing.assert_allclose(np.asarray(drawn), expected, rtol=1e-4, atol=1e-7)
+
+
+def test_plotlys_chunk_loads_before_any_figure_arrives(app_url, page) -> None:
+    """The page script asks for Streamlit's plotly chunk as soon as a page's first element
+    arrives: Overview draws no figure, and the chunk is loaded there all the same."""
+    from ui.page import PAGE_SCRIPT
+
+    page.goto(app_url)
+    wait_for_app(page)
+    page.get_by_text("max positions").wait_for()
+    assert page.locator(".js-plotly-plot").count() == 0
+    chunk = re.search(r'"(PlotlyChart\.[^"]+\.js)"', PAGE_SCRIPT).group(1)
+    page.wait_for_function(
+        "(chunk) => performance.getEntriesByType('resource').some(e => e.name.endsWith(chunk))",
+        arg=chunk,
+        timeout=30_000,
+    )
+    # the script's element takes no room (no gap) on the page
+    display = page.eval_on_selector(
+        "#mhsa-page-script",
+        "e => getComputedStyle(e.closest('[data-testid=stElementContainer]')).display",
+    )
+    assert display == "none"
 
 
 def test_svg_export_saves_the_figure_as_svg(app_url, page) -> None:
