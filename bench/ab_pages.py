@@ -7,11 +7,14 @@ drifts over an hour, so runs minutes apart do not compare).
 Each round starts A's server and then B's (B first in odd rounds), each with a fresh browser
 context; the model loads before timing, then Overview and each page named are opened by link in
 a new tab while the server computes them: the benchmark's first visits (``bench_browser``).
-Prints every round and each page's median per side: the time until every figure is first
-drawn (the benchmark's measure) and, as "settled", until the tab's main thread is also done
-(the end of its last long task, read 1.5 s later; the chart element's second pass over each
-figure comes after the first drawing, and whether the benchmark's poll lands before or after it
-is luck).
+Prints every round and, per side, each page's medians of:
+
+- drawn: seconds until every figure is first drawn (the benchmark's measure);
+- settled: seconds until the tab's main thread is also done (the end of its last long task,
+  read 1.5 s later). Streamlit's chart element serialises each figure a second time after the
+  first drawing; whether the benchmark's poll lands before or after that work is luck;
+- busy, after: milliseconds of the tab's long tasks (over 50 ms) in the whole visit, and in
+  those that start once every figure is drawn (3 ``main-svg`` layers per plotly chart).
 """
 
 from __future__ import annotations
@@ -22,22 +25,33 @@ import time
 from pathlib import Path
 
 from bench.bench_browser import LONG_QUERY, _wait_for_page, fresh_context
-from bench.browser import PAGES, chromium, streamlit_server
+from bench.browser import PAGE_PLOTS, PAGES, chromium, streamlit_server
 
-#: long tasks (over 50 ms) of the tab's main thread, recorded from its start
-LONG_TASKS = """
-window.__longTaskEnds = [];
+#: the tab's long tasks (over 50 ms) and when its count of drawn plotly layers changed
+WATCH = """
+window.__longTasks = [];
 new PerformanceObserver((list) => {
-  for (const e of list.getEntries()) window.__longTaskEnds.push(e.startTime + e.duration);
+  for (const e of list.getEntries()) window.__longTasks.push([e.startTime, e.duration]);
 }).observe({type: "longtask", buffered: true});
+window.__layers = [];
+new MutationObserver(() => {
+  const n = document.querySelectorAll(".js-plotly-plot .main-svg").length;
+  const last = window.__layers[window.__layers.length - 1];
+  if (!last || last[1] !== n) window.__layers.push([performance.now(), n]);
+}).observe(document, {childList: true, subtree: true});
 """
 
 
-def _settled(page, drawn_s: float) -> float:
-    """Seconds from navigation to the end of the tab's last long task (at least ``drawn_s``)."""
+def _main_thread(page, name: str, drawn_s: float) -> tuple[float, float, float]:
+    """(settled s, busy ms, busy-after-drawn ms) of the visit, read 1.5 s after ``drawn_s``."""
     time.sleep(1.5)
-    ends = page.evaluate("window.__longTaskEnds")
-    return max([drawn_s, *(e / 1000 for e in ends)])
+    tasks = page.evaluate("window.__longTasks")
+    layers = page.evaluate("window.__layers")
+    drawn_ms = next((t for t, n in layers if n >= 3 * PAGE_PLOTS[name]), None)
+    settled = max([drawn_s, *((start + length) / 1000 for start, length in tasks)])
+    busy = sum(length for _, length in tasks)
+    after = 0.0 if drawn_ms is None else sum(ln for st, ln in tasks if st >= drawn_ms - 5)
+    return settled, busy, after
 
 
 def _env(pairs: list[str]) -> dict[str, str]:
@@ -59,14 +73,16 @@ def main() -> None:
         parser.error(f"unknown pages {unknown}: choose from {', '.join(PAGES)}")
     sides = {"A": (args.a.resolve(), _env(args.a_env)), "B": (args.b.resolve(), _env(args.b_env))}
     times: dict[tuple[str, str], list[float]] = {(s, p): [] for s in sides for p in pages}
-    settled: dict[tuple[str, str], list[float]] = {(s, p): [] for s in sides for p in pages}
+    extra: dict[tuple[str, str], list[tuple[float, float, float]]] = {
+        (s, p): [] for s in sides for p in pages
+    }
     with chromium() as browser:
         for rnd in range(args.rounds):
             for side in ("A", "B") if rnd % 2 == 0 else ("B", "A"):
                 root, env = sides[side]
                 with streamlit_server(env=env, root=root) as url:
                     context = fresh_context(browser, url)
-                    context.add_init_script(LONG_TASKS)
+                    context.add_init_script(WATCH)
                     for name in ["Overview", *[p for p in pages if p != "Overview"]]:
                         page = context.new_page()
                         start = time.perf_counter()
@@ -74,22 +90,31 @@ def main() -> None:
                         _wait_for_page(page, name)
                         if name in pages:
                             times[(side, name)].append(time.perf_counter() - start)
-                            settled[(side, name)].append(_settled(page, times[(side, name)][-1]))
+                            extra[side, name].append(
+                                _main_thread(page, name, times[side, name][-1])
+                            )
                         page.close()
                     context.close()
             print(
                 rnd,
                 {
-                    f"{s}/{p}": (round(t[-1], 2), round(settled[s, p][-1], 2))
+                    f"{s}/{p}": (round(t[-1], 2), *(round(x, 2) for x in extra[s, p][-1]))
                     for (s, p), t in times.items()
                     if t
                 },
                 flush=True,
             )
     for (side, name), t in times.items():
-        for what, values in (("drawn", t), ("settled", settled[side, name])):
-            rounds = ", ".join(f"{x:.2f}" for x in values)
-            print(f"{side} {name} {what}: median {statistics.median(values):.3f} s ({rounds})")
+        columns = list(zip(*extra[side, name], strict=True))
+        for what, unit, values in (
+            ("drawn", "s", t),
+            ("settled", "s", columns[0]),
+            ("busy", "ms", columns[1]),
+            ("after", "ms", columns[2]),
+        ):
+            rounds = ", ".join(f"{x:.2f}" if unit == "s" else f"{x:.0f}" for x in values)
+            median = statistics.median(values)
+            print(f"{side} {name} {what}: median {median:.3f} {unit} ({rounds})")
 
 
 if __name__ == "__main__":
