@@ -1,9 +1,8 @@
 // The app's one script in the page (ui/page.py, PAGE_SCRIPT; constant text, no user input).
-// It runs when a page's first element arrives, once per tab. Measured in BENCHMARKS.md §4.
+// It runs when a page's first element arrives; each part takes effect once per tab (the
+// setter is defined once; a second import of the same URL is the module already loaded).
+// Measured in BENCHMARKS.md §4.
 (() => {
-  if (window.__mhsaPageScript) return;
-  window.__mhsaPageScript = true;
-
   // 1. Keep plotly.js's decoded arrays out of the JSON Streamlit's chart element makes of a
   // figure. plotly.js decodes each binary array of a figure (numpy arrays travel base64) and
   // caches the result on the figure's own object as `_inputArray`; Streamlit's chart element
