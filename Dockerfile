@@ -40,7 +40,8 @@ EXPOSE 8501
 # hadolint ignore=DL3064
 ENV MHSA_MAX_TOKENS=512 \
     MHSA_ALLOWED_MODELS= \
-    MHSA_MAX_PARAMETERS=400000000
+    MHSA_MAX_PARAMETERS=400000000 \
+    MHSA_MAX_HEAVY=
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python3", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8501/_stcore/health', timeout=4).read().strip() != b'ok')"]
-CMD ["python3", "-m", "streamlit", "run", "app.py", "--server.address=0.0.0.0", "--server.port=8501"]
+CMD ["python3", "-m", "ui.serve", "--server.address=0.0.0.0", "--server.port=8501"]

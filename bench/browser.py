@@ -63,6 +63,12 @@ class ServerURL(str):
 
     pid: int
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the server process has used so far, all threads (Linux /proc)."""
+        with open(f"/proc/{self.pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def rss_mb(self) -> float:
         """Resident memory of the server process, in MB (Linux /proc)."""
         with open(f"/proc/{self.pid}/status") as fh:
@@ -72,10 +78,14 @@ class ServerURL(str):
 
 @contextlib.contextmanager
 def streamlit_server(
-    env: dict[str, str] | None = None, timeout: float = 90, root: Path = ROOT
+    env: dict[str, str] | None = None,
+    timeout: float = 90,
+    root: Path = ROOT,
+    options: dict[str, str] | None = None,
 ) -> Iterator[ServerURL]:
     """Serve ``root``'s app.py (this checkout's by default) on 127.0.0.1 at a free port; yields
-    the base URL, stops the server after."""
+    the base URL, stops the server after. ``options`` are Streamlit settings given on the command
+    line (``{"runner.postScriptGC": "true"}``), over ``.streamlit/config.toml``'s."""
     port = free_port()
     cmd = [
         sys.executable,
@@ -88,6 +98,7 @@ def streamlit_server(
         f"--server.port={port}",
         "--browser.gatherUsageStats=false",
         "--server.fileWatcherType=none",
+        *(f"--{name}={value}" for name, value in (options or {}).items()),
     ]
     full_env = {
         **os.environ,

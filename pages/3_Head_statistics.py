@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import streamlit as st
 
 import mhsa
@@ -32,7 +34,19 @@ queries = tuple(query._replace(text=t) for t in lines) or (query,)
 result = page.load(queries[0])
 if result is not None:
     try:
-        table = service.head_stats(queries)
+        if len(queries) == 1:
+            table = service.head_stats(queries)
+        else:  # a corpus is heavy work: it waits its turn, and the sentence is shown meanwhile
+            table = page.heavy(
+                "corpus-stats",
+                ("stats", queries),
+                functools.partial(service.corpus_stats, queries),
+                f"Statistics of {len(queries)} sentences",
+            )
+            if table is None:
+                queries = (query,)
+                st.caption("Meanwhile: the sidebar's sentence alone.")
+                table = service.head_stats(queries)
     except mhsa.MHSAError as e:
         page.error(e)
         table = None

@@ -75,15 +75,6 @@ def _open_head() -> None:
             return
 
 
-def _progress(what: str):
-    bar = st.progress(0.0, text=f"{what}…")
-
-    def update(done: int, total: int) -> None:
-        bar.progress(min(1.0, done / max(total, 1)), text=f"{what}: {done} of {total} steps")
-
-    return bar, update
-
-
 query = page.setup("Head importance", PARAMS)
 st.caption(
     "Which heads matter? Switch each head off and measure how the model's output changes "
@@ -130,20 +121,28 @@ if result is not None:
             state["_importance_go"] = settings
             st.rerun()
     else:
-        if not auto and st.button("Cancel"):
-            state.pop("_importance_go", None)  # the rerun this click starts stops the work
-            st.rerun()
-        bar, update = _progress("Head importance")
+
+        def stop() -> None:
+            state.pop("_importance_go", None)
+
+        normalize, seed = state["normalize"], state["prune_seed"]
         try:
-            table = service.importance(*settings, state["normalize"], update)
-            bar.empty()
-            bar, update = _progress("Pruning curve")
-            curve = service.pruning(*settings, state["prune_seed"], update)
-            bar.empty()
+            done = page.heavy(
+                "importance",
+                ("importance+pruning", settings, normalize, seed),
+                lambda progress: service.importance_and_pruning(
+                    *settings, normalize, seed, progress
+                ),
+                "Head importance and pruning curve",
+                on_cancel=stop,
+            )
         except mhsa.MHSAError as e:
-            bar.empty()
             page.error(e)
-            table = curve = None
+            done = None
+        table, curve = done if done is not None else (None, None)
+        if done is not None and not auto and st.button("Cancel"):
+            stop()  # back to the button
+            st.rerun()
         if table is not None and curve is not None:
             resolved = table.attrs["target"]
             st.caption(

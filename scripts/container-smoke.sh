@@ -78,7 +78,7 @@ echo "image config: user 10001, port 8501, offline, embedded model only by defau
 t0=$(date +%s.%N)
 podman --runtime runc run -d --name "$NAME" --network host \
   --ulimit "nofile=$(ulimit -Hn):$(ulimit -Hn)" --ulimit nproc=32768:32768 \
-  "$IMAGE" python3 -m streamlit run app.py --server.address=127.0.0.1 --server.port=$PORT >/dev/null
+  "$IMAGE" python3 -m ui.serve --server.address=127.0.0.1 --server.port=$PORT >/dev/null
 for _ in $(seq 1 120); do
   if curl -fsS "http://127.0.0.1:$PORT/_stcore/health" 2>/dev/null | grep -q ok; then break; fi
   sleep 0.5
@@ -99,6 +99,11 @@ if ! curl -fsS http://127.0.0.1:8501/_stcore/health >/dev/null 2>&1; then
   podman --runtime runc rm -f "$NAME-hc" >/dev/null
 fi
 podman --runtime runc exec "$NAME" whoami | grep -qv root && echo "runs as non-root: $(podman --runtime runc exec "$NAME" id -u)"
+# A bad MHSA_MAX_HEAVY stops the container at start, with a message naming the variable.
+if podman --runtime runc run --rm -e MHSA_MAX_HEAVY=0 "$IMAGE" >"$WORK/bad.log" 2>&1; then
+  echo "MHSA_MAX_HEAVY=0 started the server"; exit 1
+fi
+grep -q "MHSA_MAX_HEAVY" "$WORK/bad.log" && echo "MHSA_MAX_HEAVY=0: refused at start"
 # The model policy inside the running container: a link cannot make it load another model.
 podman --runtime runc exec "$NAME" python3 -c "
 from mhsa.limits import Limits

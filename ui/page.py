@@ -3,7 +3,9 @@ figures with their downloads."""
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import streamlit as st
 
 import mhsa
 from mhsa import plots
+from mhsa.jobs import Job, JobQueue, JobState
 from ui import service
 from ui.service import LIMITS, Query
 from ui.state import (
@@ -25,7 +28,7 @@ from ui.state import (
     use_params,
 )
 
-__all__ = ["error", "figure", "finish", "load", "md_escape", "setup", "table"]
+__all__ = ["error", "figure", "finish", "heavy", "load", "md_escape", "setup", "table"]
 
 #: how the camera button of every figure saves it (client-side: plotly.js draws the image of
 #: exactly what is on screen, zoom and hidden traces included)
@@ -291,3 +294,91 @@ def figure(
     event = st.plotly_chart(fig, key=key, config=config, **kwargs)
     st.session_state.setdefault(_FIGURES, []).append((stem, fig))  # for the page's zip
     return event
+
+
+#: session key of the heavy jobs this session holds a claim on, by the name a page gives each
+_JOBS = "_mhsa_jobs"
+#: session key of the jobs cancelled here, by name: their key, not run again until asked
+_CANCELLED = "_mhsa_cancelled_jobs"
+
+
+def heavy(
+    name: str,
+    key: tuple,
+    compute: Callable[[service.Progress], Any],
+    label: str,
+    *,
+    on_cancel: Callable[[], None] | None = None,
+) -> Any | None:
+    """Run ``compute(progress)`` through the server's heavy-job queue (``service.heavy_queue``)
+    and return its value, or None while it waits its turn or once cancelled.
+
+    The value comes from the shared cache when a finished job put it there under ``key``. A job
+    that waits shows how many jobs are ahead of it, checks again every second in a fragment
+    (the rest of the page is drawn meanwhile) and can be cancelled; a running job shows its
+    progress and this run waits for it (the page's later elements need its value). ``name``
+    says which of the page's jobs this is: a new ``key`` under the same name withdraws the
+    session's claim on the old job. Its error, if it failed, is raised here.
+    """
+    hit = service.cached(key)
+    if hit is not None:
+        return hit
+    cancelled: dict[str, tuple] = st.session_state.setdefault(_CANCELLED, {})
+    if cancelled.get(name) == key:
+        st.info(f"{label}: cancelled.", icon="⏹️")
+        st.button("Run it again", key=f"again-{name}", on_click=cancelled.pop, args=(name,))
+        return None
+    try:
+        queue = service.heavy_queue()
+    except ValueError as e:  # a bad MHSA_MAX_HEAVY (ui.serve refuses it at start)
+        error(e)
+        return None
+    jobs: dict[str, Job] = st.session_state.setdefault(_JOBS, {})
+    job = jobs.get(name)
+    if job is not None and job.key != key:
+        queue.cancel(job)
+        job = None
+    if job is None or job.state is JobState.CANCELLED:
+        job = jobs[name] = queue.submit(
+            key, functools.partial(service.compute_and_keep, key, compute), label
+        )
+
+    def cancel() -> None:
+        queue.cancel(jobs.pop(name, job))
+        if on_cancel:
+            on_cancel()
+        else:
+            cancelled[name] = key
+
+    if job.state is JobState.WAITING:
+        st.button("Cancel", key=f"cancel-{name}", on_click=cancel)
+        _waiting(queue, job)
+        return None
+    if not job.finished:
+        st.button("Cancel", key=f"cancel-{name}", on_click=cancel)
+        bar = st.progress(0.0, text=f"{label}…")
+        while not job.wait(0.25):  # each update lets Streamlit stop this run for a newer one
+            done, total = job.done_steps, job.total_steps
+            text = f"{label}: {done} of {total} steps" if total else f"{label}…"
+            bar.progress(min(1.0, done / max(total, 1)), text=text)
+        bar.empty()
+    jobs.pop(name, None)
+    if job.state is JobState.FAILED:
+        raise job.error
+    return job.result if job.state is JobState.DONE else None
+
+
+@st.fragment(run_every=1.0)
+def _waiting(queue: JobQueue, job: Job) -> None:
+    """A waiting job's place in the queue, checked every second; the whole page runs again
+    once the job has its turn."""
+    if job.state is not JobState.WAITING:
+        st.rerun()
+    ahead = queue.ahead(job)
+    running, _ = queue.counts()
+    st.info(
+        f"{job.label} waits its turn: {ahead} heavy job{'s' if ahead != 1 else ''} ahead of "
+        f"you ({running} running; this server runs {queue.limit} at a time). It starts by "
+        "itself; the rest of the page works meanwhile.",
+        icon="⏳",
+    )

@@ -13,6 +13,7 @@ Streamlit hashes a few bytes per call rather than the attention itself.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import os
@@ -20,7 +21,7 @@ import re
 import threading
 import zipfile
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -32,10 +33,14 @@ import mhsa
 from mhsa import plots
 from mhsa.cache import ResultCache
 from mhsa.classroom import Walkthrough, walkthrough
+from mhsa.jobs import JobQueue, max_heavy_from_env
 from mhsa.limits import Limits
 from mhsa.stats import HeadSimilarityAccumulator, HeadStatsAccumulator
 
 LIMITS = Limits.from_env()
+T = TypeVar("T")
+#: a heavy job's progress: (steps done, steps in all); raising from it cancels the job
+Progress = Callable[[int, int], None]
 
 _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 _THREADS = ThreadpoolController()
@@ -197,12 +202,16 @@ def _results(queries: tuple[Query, ...]) -> Iterator[mhsa.AttentionResult]:
 
 
 def _accumulated(
-    acc: HeadStatsAccumulator | HeadSimilarityAccumulator, queries: tuple[Query, ...]
+    acc: HeadStatsAccumulator | HeadSimilarityAccumulator,
+    queries: tuple[Query, ...],
+    progress: Progress | None = None,
 ) -> pd.DataFrame:
     """The sentences' results added to ``acc`` one at a time (``_results``), as a page's work
-    (``_page_work``): its table."""
+    (``_page_work``): its table. ``progress`` sees each sentence (raising from it cancels)."""
     with _page_work():
-        for result in _results(queries):
+        for done, result in enumerate(_results(queries)):
+            if progress:
+                progress(done, len(queries))
             acc.add(result)
     return acc.frame()
 
@@ -210,6 +219,12 @@ def _accumulated(
 @st.cache_data(max_entries=LIMITS.result_cache, show_spinner="Analysing heads…")
 def head_stats(queries: tuple[Query, ...]) -> pd.DataFrame:
     return _accumulated(HeadStatsAccumulator(), queries)
+
+
+def corpus_stats(queries: tuple[Query, ...], progress: Progress | None = None) -> pd.DataFrame:
+    """``head_stats`` of a corpus, one sentence at a time, as a heavy job (``progress`` sees
+    each sentence)."""
+    return _accumulated(HeadStatsAccumulator(), queries, progress)
 
 
 def first_sentence_stats(queries: tuple[Query, ...]) -> pd.DataFrame:
@@ -289,8 +304,26 @@ def classroom(
     )
 
 
+# --- heavy work ---------------------------------------------------------------------------------
+@functools.cache
+def heavy_queue() -> JobQueue:
+    """The process's one queue of heavy jobs (``MHSA_MAX_HEAVY`` at once); page views never
+    enter it."""
+    return JobQueue(max_heavy_from_env())
+
+
+def cached(key: tuple) -> object | None:
+    """A heavy job's value from the shared cache, if it is there."""
+    return result_cache().get(key)
+
+
+def compute_and_keep(key: tuple, compute: Callable[[Progress], T], progress: Progress) -> T:
+    """A heavy job's body: ``compute(progress)``, kept in the shared cache under ``key`` (where
+    ``cached`` finds it, whichever session asks next)."""
+    return result_cache().put(key, compute(progress))
+
+
 # --- which heads matter -------------------------------------------------------------------------
-Progress = Callable[[int, int], None]
 
 
 def _importance_key(queries: tuple[Query, ...]) -> tuple[tuple[str, str, str], ...]:
@@ -388,3 +421,17 @@ def pruning(
         progress=progress,
     )
     return result_cache().put(key, curve)
+
+
+def importance_and_pruning(
+    queries: tuple[Query, ...],
+    method: str,
+    target: str | None,
+    pair: str,
+    normalize: bool,
+    seed: int,
+    progress: Progress | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``importance`` and ``pruning`` in one heavy job (the curve needs the importance)."""
+    table = importance(queries, method, target, pair, normalize, progress)
+    return table, pruning(queries, method, target, pair, seed, progress)
