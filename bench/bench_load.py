@@ -160,7 +160,7 @@ def main() -> None:
     rows = []
     with chromium() as browser:
         for n in args.sessions:
-            measured = {name: run_config(browser, n, args.typed, CONFIGS[name]) for name in args.configs}
+            measured = {c: run_config(browser, n, args.typed, CONFIGS[c]) for c in args.configs}
             for name, m in measured.items():
                 row = {"N": n, "config": name}
                 row["CPU/fresh (s)"] = m["fresh_cpu"]
