@@ -42,3 +42,24 @@ def test_dockerignore_keeps_the_image_small() -> None:
     ignored = (ROOT / ".dockerignore").read_text().split()
     for entry in (".git", ".venv", "tests", "**/__pycache__"):
         assert entry in ignored
+
+
+def test_the_image_serves_through_ui_serve_and_kubernetes_autoscales_on_cpu() -> None:
+    """The image starts through ``ui.serve`` (which refuses bad settings and applies the
+    production configuration), and the Kubernetes manifest scales its Deployment on CPU from
+    the one core each pod requests."""
+    import yaml
+
+    assert re.search(r'^CMD \["python3", "-m", "ui\.serve"', DOCKERFILE, re.M)
+    docs = {d["kind"]: d for d in yaml.safe_load_all((ROOT / "deploy/kubernetes.yaml").read_text())}
+    deployment, hpa = docs["Deployment"], docs["HorizontalPodAutoscaler"]
+    assert hpa["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    assert hpa["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["resource"]["name"] == "cpu"
+    assert 0 < metric["resource"]["target"]["averageUtilization"] <= 100
+    assert 1 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["requests"]["cpu"]  # utilisation is a share of the request
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert int(env["MHSA_MAX_HEAVY"]) >= 1
