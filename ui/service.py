@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import hashlib
 import io
 import os
@@ -82,11 +83,25 @@ class Query(NamedTuple):
     sample: bool = False  # sampled from ``seed`` instead of greedy
 
 
+_frozen = threading.Lock()
+
+
+def _freeze_long_lived_objects() -> None:
+    """Move every object alive now (torch, transformers, the first model) out of the garbage
+    collector's reach, once per process: a full collection then visits only what the sessions
+    made since, which keeps memory level at little cost per run (BENCHMARKS.md, "Load")."""
+    if _frozen.acquire(blocking=False):
+        gc.collect()
+        gc.freeze()
+
+
 @st.cache_resource(max_entries=LIMITS.model_cache, show_spinner="Loading the model…")
 def loaded_model(name: str, device: str) -> mhsa.LoadedModel:
     """One model object per (name, device), shared by every session of the process."""
     Limits.from_env().check_model(name)  # read at call time: the operator's current policy
-    return mhsa.load_model(name, device=device, max_parameters=LIMITS.max_parameters)
+    model = mhsa.load_model(name, device=device, max_parameters=LIMITS.max_parameters)
+    _freeze_long_lived_objects()
+    return model
 
 
 @st.cache_resource

@@ -68,15 +68,20 @@ def test_two_hundred_sentences_keep_memory_bounded() -> None:
 
 
 def test_many_sessions_over_many_rounds_keep_memory_flat() -> None:
-    """Production settings (no garbage collection after each run): 6 sessions type a new
-    sentence every round for 10 rounds, and two of them are replaced by new visitors each
-    round; once the caches are full (a small result cache, so that they fill in the first
-    rounds) the server's memory stays level instead of growing with every round."""
+    """Production settings (no garbage collection after each run): 5 sessions type a new
+    sentence every round for 20 rounds, and one of them is replaced by a new visitor each round.
+    Small caches fill in the first rounds; over the second half the server's memory stays level:
+    a least-squares slope under 2.5 MB per round, half a megabyte per rerun. Streamlit keeps a closed tab's session for reconnecting
+    (``server.disconnectedSessionTTL``, 120 s by default): 5 s here, so that the sessions that
+    left are gone within the test's minutes rather than counted as growth."""
+    import numpy as np
+
     from bench.bench_load import WATCH, sentence
 
     readings: list[float] = []
     env = {"MHSA_RESULT_CACHE_MB": "4", "MHSA_RESULT_CACHE": "8"}
-    with streamlit_server(env=env) as url, chromium() as browser:
+    options = {"server.disconnectedSessionTTL": "5"}
+    with streamlit_server(env=env, options=options) as url, chromium() as browser:
 
         def visitor(i: int):
             context = browser.new_context(viewport={"width": 1300, "height": 900})
@@ -85,29 +90,31 @@ def test_many_sessions_over_many_rounds_keep_memory_flat() -> None:
             page.goto(f"{url}/Heads?text={sentence(i % 100, i)}", wait_until="commit")
             return context, page
 
-        sessions = [visitor(i) for i in range(6)]
-        for _, page in sessions:
+        def wait_drawn(page) -> None:
             page.wait_for_function("() => window.__done !== null", timeout=180_000)
-        for r in range(10):
-            for j in (r % 6, (r + 1) % 6):  # two visitors leave, two new ones arrive
-                sessions[j][0].close()
-                sessions[j] = visitor(100 + 8 * r + j)
+
+        sessions = [visitor(i) for i in range(5)]
+        for _, page in sessions:
+            wait_drawn(page)
+        for r in range(20):
+            sessions[r % 5][0].close()  # one visitor leaves, a new one arrives
+            sessions[r % 5] = visitor(100 + r)
             for i, (_, page) in enumerate(sessions):
-                marker = 100 + (r * 8 + i) % 100
-                page.wait_for_function("() => window.__done !== null", timeout=180_000)
+                marker = 100 + (r * 5 + i) % 100
+                wait_drawn(page)
                 page.evaluate(
                     "(m) => { window.__marker = String(m); window.__done = null; }", marker
                 )
                 box = page.get_by_role("textbox", name="Sentence")
-                box.fill(sentence(marker, 10_000 + r * 8 + i))
+                box.fill(sentence(marker, 10_000 + r * 5 + i))
                 box.press("Control+Enter")
             for _, page in sessions:
-                page.wait_for_function("() => window.__done !== null", timeout=180_000)
+                wait_drawn(page)
             readings.append(url.rss_mb())
         for context, _ in sessions:
             context.close()
     print("server RSS (MB) after each round:", [round(r) for r in readings])
     assert max(readings) < RSS_BOUND_MB
-    # the caches fill in the first rounds; after that no round-on-round growth
-    settled = readings[3:]
-    assert max(settled[-3:]) - min(settled[:3]) < 40, readings
+    second_half = readings[len(readings) // 2 :]
+    slope = np.polyfit(np.arange(len(second_half)), second_half, 1)[0]
+    assert slope < 2.5, (slope, readings)
