@@ -71,9 +71,10 @@ def test_many_sessions_over_many_rounds_keep_memory_flat() -> None:
     """Production settings (no garbage collection after each run): 5 sessions type a new
     sentence every round for 20 rounds, and one of them is replaced by a new visitor each round.
     Small caches fill in the first rounds; over the second half the server's memory stays level:
-    a least-squares slope under 2.5 MB per round, half a megabyte per rerun. Streamlit keeps a closed tab's session for reconnecting
-    (``server.disconnectedSessionTTL``, 120 s by default): 5 s here, so that the sessions that
-    left are gone within the test's minutes rather than counted as growth."""
+    a least-squares slope under 2.5 MB per round, half a megabyte per rerun. Streamlit keeps a
+    closed tab's session for reconnecting (``server.disconnectedSessionTTL``, 120 s by default):
+    5 s here, so that the sessions that left are gone within the test's minutes rather than
+    counted as growth."""
     import numpy as np
 
     from bench.bench_load import WATCH, sentence
