@@ -102,6 +102,9 @@ def run_config(browser, n: int, typed_rounds: int, options: dict[str, str]) -> d
         contexts = [browser.new_context(viewport={"width": 1300, "height": 900}) for _ in range(n)]
         for c in contexts:
             c.add_init_script(WATCH)
+        for c in contexts:  # thirty tabs on two cores: a navigation may wait minutes
+            c.set_default_timeout(600_000)
+            c.set_default_navigation_timeout(600_000)
         pages = [c.new_page() for c in contexts]
         cpu = url.cpu_seconds()
         for i, p in enumerate(pages):
@@ -182,7 +185,7 @@ def main() -> None:
                 else:
                     row["targets"] = "-"
                 rows.append(row)
-            print(rows[-1], flush=True)
+            print(f"N={n}:", rows[-len(measured) :], flush=True)
     print()
     print_table(rows, list(rows[0]))
 

@@ -112,13 +112,18 @@ def _axis(names: Sequence[str]) -> tuple[list[str], dict]:
     return categories, axis
 
 
+def _layout_props(title: str, height: int | None = None) -> dict:
+    """The layout every figure starts from: its title (escaped), margins, height, background."""
+    return {
+        "title": {"text": label(title, 120)},
+        "margin": {"l": 10, "r": 10, "t": 110, "b": 10},
+        "height": height,
+        "plot_bgcolor": "white",
+    }
+
+
 def _layout(fig: go.Figure, title: str, *, height: int | None = None) -> go.Figure:
-    fig.update_layout(
-        title={"text": label(title, 120)},
-        margin={"l": 10, "r": 10, "t": 110, "b": 10},
-        height=height,
-        plot_bgcolor="white",
-    )
+    fig.update_layout(_layout_props(title, height))
     return fig
 
 
@@ -126,14 +131,14 @@ def _layout(fig: go.Figure, title: str, *, height: int | None = None) -> go.Figu
 _GLYPH = 0.62
 
 
-def _tick_chars(fig: go.Figure, name: str) -> int:
-    """Characters of the longest tick label of axis ``name`` ("xaxis"/"yaxis"): its tick texts,
-    else the strings it shows from the data (categories), else 6 (numbers)."""
-    axis = fig.layout[name]
-    if axis.showticklabels is False:
+def _tick_chars(fig: go.Figure, name: str, axis: dict) -> int:
+    """Characters of the longest tick label of axis ``name`` ("xaxis"/"yaxis"), whose layout is
+    ``axis`` (plain JSON): its tick texts, else the strings it shows from the data
+    (categories), else 6 (numbers)."""
+    if axis.get("showticklabels") is False:
         return 0
-    if axis.ticktext is not None:
-        texts = list(axis.ticktext)
+    if axis.get("ticktext") is not None:
+        texts = list(axis["ticktext"])
     else:
         data = (getattr(trace, name[0], None) for trace in fig.data)
         texts = [v for d in data if d is not None for v in list(d[:2000]) if isinstance(v, str)]
@@ -143,38 +148,42 @@ def _tick_chars(fig: go.Figure, name: str) -> int:
 def fit_margins(fig: go.Figure) -> go.Figure:
     """Margins that hold the tick labels, axis titles, title and colour bar of ``fig``, with
     plotly's automargin off: automargin measures every label after drawing and, when a margin
-    grows, draws the whole figure again, which made typing a sentence on the Heads page 0.1 s
-    slower (bench.typing_latency). Labels are at most 30 characters (``label``), so the
-    estimate bounds them; the top side assumes vertical tick labels (plotly turns crowded
-    ones). Figures with more than one pair of axes keep automargin. Only grows margins."""
-    size = fig.layout.font.size or 12
+    grows, draws the whole figure again (a second drawing each time a sentence is typed).
+    Labels are at most 30 characters (``label``), so the estimate bounds them; the top side
+    assumes vertical tick labels (plotly turns crowded ones). Figures with more than one pair
+    of axes keep automargin. Only grows margins. Reads one plain copy of the layout and writes
+    once: plotly validates every attribute read and write, which made this a tenth of the
+    server's work for a typed sentence."""
+    layout = fig.layout.to_plotly_json()
+    size = layout.get("font", {}).get("size") or 12
     glyph = _GLYPH * size
     line = 1.6 * size
-    m = fig.layout.margin
     need = {"l": 10.0, "r": 10.0, "t": 10.0, "b": 10.0}
-    if fig.layout.title.text:
-        need["t"] += 1.6 * (fig.layout.title.font.size or size + 5) + 10
+    title = layout.get("title", {})
+    if title.get("text"):
+        need["t"] += 1.6 * (title.get("font", {}).get("size") or size + 5) + 10
     for name in ("xaxis", "yaxis"):
-        axis = fig.layout[name]
-        if axis.visible is False:
+        axis = layout.get(name, {})
+        if axis.get("visible") is False:
             continue
-        chars = _tick_chars(fig, name)
-        side = axis.side or ("left" if name == "yaxis" else "bottom")
+        chars = _tick_chars(fig, name, axis)
+        side = axis.get("side") or ("left" if name == "yaxis" else "bottom")
         turned = name == "yaxis" or side == "top" or chars > 8  # long labels turn
         ticks = 0 if not chars else chars * glyph + 8 if turned else line + 8
-        need[side[0]] += ticks + (line + 4 if axis.title.text else 0)
+        need[side[0]] += ticks + (line + 4 if axis.get("title", {}).get("text") else 0)
     if any(
         getattr(t, "showscale", None) is not False and t.type in ("heatmap", "histogram2d")
         for t in fig.data
     ):
         need["r"] += 60 + glyph * 6
-    fig.update_layout(
-        margin={k: max(int(need[k]), getattr(m, k) or 0) for k in need},
-        title={"yref": "container", "y": 1, "yanchor": "top", "pad": {"t": 10}},
-    )
-    axes = [k for k in fig.layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))]
-    if set(axes) <= {"xaxis", "yaxis"}:
-        fig.update_layout(xaxis_automargin=False, yaxis_automargin=False)
+    margin = layout.get("margin", {})
+    update: dict = {
+        "margin": {k: max(int(need[k]), margin.get(k) or 0) for k in need},
+        "title": {"yref": "container", "y": 1, "yanchor": "top", "pad": {"t": 10}},
+    }
+    if {k for k in layout if k.startswith(("xaxis", "yaxis"))} <= {"xaxis", "yaxis"}:
+        update |= {"xaxis": {"automargin": False}, "yaxis": {"automargin": False}}
+    fig.update_layout(update)
     return fig
 
 
@@ -199,21 +208,21 @@ def matrix_heatmap(
     """
     y, y_axis = _axis(rows)
     x, x_axis = _axis(cols)
-    fig = go.Figure(
-        go.Heatmap(
-            z=np.asarray(matrix, dtype=np.float32),
-            x=x,
-            y=y,
-            colorscale=colorscale,
-            zmin=zmin,
-            zmax=zmax,
-            hovertemplate=f"%{{y}} → %{{x}}<br>{value_name} %{{z:.4f}}<extra></extra>",
-            colorbar={"thickness": 12, "title": {"text": value_name}},  # the same legend everywhere
-        )
+    heatmap = go.Heatmap(
+        z=np.asarray(matrix, dtype=np.float32),
+        x=x,
+        y=y,
+        colorscale=colorscale,
+        zmin=zmin,
+        zmax=zmax,
+        hovertemplate=f"%{{y}} → %{{x}}<br>{value_name} %{{z:.4f}}<extra></extra>",
+        colorbar={"thickness": 12, "title": {"text": value_name}},  # the same legend everywhere
     )
-    fig.update_xaxes(title=col_title, side="top", **x_axis)
-    fig.update_yaxes(title=row_title, autorange="reversed", **y_axis)
-    return _layout(fig, title, height=height)
+    layout = _layout_props(title, height) | {  # one validated layout, not one update per part
+        "xaxis": {"title": {"text": col_title}, "side": "top", **x_axis},
+        "yaxis": {"title": {"text": row_title}, "autorange": "reversed", **y_axis},
+    }
+    return go.Figure(heatmap, layout)
 
 
 def _square_height(n: int) -> int:
@@ -787,9 +796,8 @@ def neuron_figure(neuron: Any, tokens: Sequence[str]) -> go.Figure:
 # --- what every figure of tokens can show: the found token, the generated part ------------------
 def _token_axes(fig: go.Figure, *, rows: bool = True, cols: bool = True, height=None) -> go.Figure:
     """Mark ``fig`` as a heatmap with tokens on its rows and/or columns (``decorate`` reads it)."""
-    fig.update_layout(meta={"token_axes": ("y" if rows else "") + ("x" if cols else "")})
-    if height is not None:
-        fig.update_layout(height=height)
+    meta = {"token_axes": ("y" if rows else "") + ("x" if cols else "")}
+    fig.update_layout({"meta": meta} | ({"height": height} if height is not None else {}))
     return fig
 
 

@@ -3,6 +3,7 @@ the app works through it (websocket included) and one browser stays on one repli
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -27,6 +28,8 @@ def test_two_replicas_behind_the_sticky_load_balancer(tmp_path) -> None:
         conf = re.sub(r"(?:\s*server app\d:8501;)+", "\n" + servers, CONF.read_text())
         conf = conf.replace("listen 8080;", f"listen 127.0.0.1:{port};")
         conf = conf.replace("/tmp/mhsa-nginx", str(tmp_path / "nginx"))
+        if os.geteuid() == 0:  # workers would run as nobody, who cannot enter pytest's tmp_path
+            conf = conf.replace("worker_processes auto;", "user root;\nworker_processes auto;")
         assert str(two).removeprefix("http://") in conf
         # the test's copy logs which replica served each request (routing stays as shipped)
         access = tmp_path / "access.log"
@@ -50,6 +53,17 @@ def test_two_replicas_behind_the_sticky_load_balancer(tmp_path) -> None:
                 except OSError:
                     time.sleep(0.2)
             assert health == b"ok", log.read_text()
+            # Streamlit's hashed assets are kept by the proxy: the second request never reaches
+            # a replica, and the bytes are the replica's own
+            html = urllib.request.urlopen(f"{url}/", timeout=10).read().decode()
+            asset = re.search(r"static/js/index\.[\w-]+\.js", html).group(0)
+            statuses, bodies = [], []
+            for _ in range(2):
+                with urllib.request.urlopen(f"{url}/{asset}", timeout=10) as r:
+                    statuses.append(r.headers["X-Cache-Status"])
+                    bodies.append(r.read())
+            direct = urllib.request.urlopen(f"{one}/{asset}", timeout=10).read()
+            assert statuses == ["MISS", "HIT"] and bodies == [direct, direct]
             with chromium() as browser:
                 page = browser.new_page(viewport={"width": 1300, "height": 900})
                 console: list[str] = []
