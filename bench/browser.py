@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -170,3 +172,50 @@ def tick_labels(page, chart: int, axis: str = "x") -> list[str]:
         f".js-plotly-plot >> nth={chart} >> .{axis}tick text",
         "els => els.map(e => e.textContent)",
     )
+
+
+NGINX_CONF = ROOT / "deploy" / "nginx.conf"
+
+
+@contextlib.contextmanager
+def nginx_in_front(replicas: list[str], folder: Path) -> Iterator[str]:
+    """``deploy/nginx.conf`` as shipped, in front of ``replicas`` (base URLs of running
+    servers) on a free port; its files in ``folder``, and an access log ``folder/access.log``
+    of which replica served each request ("-": none, such as a cache hit). Yields its base URL
+    once it answers the app's health check."""
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not Path(nginx).exists():
+        raise RuntimeError("nginx is missing: scripts/run-tests.sh installs it (Debian)")
+    port = free_port()
+    servers = "\n".join(f"        server {u.removeprefix('http://')};" for u in replicas)
+    conf = re.sub(r"(?:\s*server app\d:8501;)+", "\n" + servers, NGINX_CONF.read_text())
+    conf = conf.replace("listen 8080;", f"listen 127.0.0.1:{port};")
+    conf = conf.replace("/tmp/mhsa-nginx", str(folder / "nginx"))
+    if os.geteuid() == 0:  # workers would run as nobody, who may not enter ``folder``
+        conf = conf.replace("worker_processes auto;", "user root;\nworker_processes auto;")
+    conf = conf.replace(
+        "access_log off;",
+        f"log_format upstream '$upstream_addr $request'; access_log {folder / 'access.log'} "
+        "upstream;",
+    )
+    (folder / "nginx.conf").write_text(conf)
+    log = folder / "nginx.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [nginx, "-c", str(folder / "nginx.conf"), "-g", "daemon off;"], stderr=err
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.read() == b"ok":
+                        break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            raise RuntimeError(f"nginx in front did not answer:\n{log.read_text()[-2000:]}")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
