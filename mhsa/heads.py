@@ -7,7 +7,7 @@ import re
 __all__ = ["head_label", "parse_head_label"]
 
 # at most four digits each: a label from a link is hostile text, and no model has 10,000 layers
-_HEAD_LABEL = re.compile(r"^L(\d{1,4})H(\d{1,4})$")
+_HEAD_LABEL = re.compile(r"L(\d{1,4})H(\d{1,4})")
 
 
 def head_label(layer: int, head: int) -> str:
@@ -21,7 +21,7 @@ def parse_head_label(label: str) -> tuple[int, int]:
     Raises:
         ValueError: the text is not such a label (surrounding spaces included).
     """
-    match = _HEAD_LABEL.match(label)
+    match = _HEAD_LABEL.fullmatch(label)
     if match is None:
         raise ValueError(f"{label!r} is not a head label: write L<layer>H<head>, as L0H3.")
     return int(match[1]), int(match[2])

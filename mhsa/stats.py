@@ -60,26 +60,51 @@ STAT_SPECS: Mapping[str, StatSpec] = {
     for spec in (
         StatSpec(
             "entropy",
-            "entropy",
-            "entropy of each query row (smoothed as 0.9999 A + 0.0001/n), averaged over rows; "
-            "log n for a uniform head",
+            label="entropy",
+            description="entropy of each query row (smoothed as 0.9999 A + 0.0001/n), averaged "
+            "over rows; log n for a uniform head",
         ),
-        StatSpec("mean_distance", "mean distance", "attention-weighted |i - j|"),
-        StatSpec("confidence", "confidence", "mean over query rows of the largest weight"),
-        StatSpec("to_first", "to first token", "mean attention on the first token ([CLS]/BOS)"),
+        StatSpec(
+            "mean_distance",
+            label="mean distance",
+            description="attention-weighted |i - j|, averaged over query rows",
+        ),
+        StatSpec(
+            "confidence",
+            label="confidence",
+            description="mean over query rows of the largest weight (Voita et al. 2019)",
+        ),
+        StatSpec(
+            "to_first",
+            label="to the first token",
+            description="mean over query rows of the weight on the first token ([CLS]/BOS)",
+        ),
         StatSpec(
             "to_sep",
-            "to separators",
-            "mean attention on the special tokens other than the first ([SEP]/EOS)",
+            label="to separators",
+            description="mean over query rows of the weight on the other special tokens "
+            "([SEP]/EOS)",
         ),
-        StatSpec("to_punct", "to punctuation", "mean attention on punctuation tokens"),
-        StatSpec("to_self", "to itself", "mean attention of each token on itself"),
+        StatSpec(
+            "to_punct",
+            label="to punctuation",
+            description="mean over query rows of the weight on punctuation tokens",
+        ),
+        StatSpec(
+            "to_self",
+            label="to itself",
+            description="mean over query rows of the weight on the query token itself",
+        ),
         StatSpec(
             "to_prev",
-            "to previous token",
-            "mean attention on the previous token (rows 1..n-1)",
+            label="to the previous token",
+            description="mean over query rows 1..n-1 of the weight on the previous token",
         ),
-        StatSpec("to_next", "to next token", "mean attention on the next token (rows 0..n-2)"),
+        StatSpec(
+            "to_next",
+            label="to the next token",
+            description="mean over query rows 0..n-2 of the weight on the next token",
+        ),
     )
 }
 #: The statistics' names, in the order of ``head_stats``' columns.
@@ -87,7 +112,8 @@ STAT_COLUMNS = tuple(STAT_SPECS)
 
 #: Role thresholds: Clark et al. used 0.5 for previous/next token heads and 0.6 for heads on
 #: [CLS], [SEP] and punctuation; we use 0.5 for "self" too. A head is "broad" when its entropy is
-#: at least 80% of the uniform entropy log(n) and no kind of key takes the share above.
+#: at least 80% of the uniform entropy log(n) and no kind of key takes the share above. Keyed by
+#: the statistic (``STAT_SPECS``) that decides each role, in the order the roles are tried.
 ROLE_THRESHOLDS: dict[str, tuple[str, float]] = {
     "to_prev": ("previous token", 0.5),
     "to_next": ("next token", 0.5),
@@ -338,14 +364,14 @@ def head_stats(
 ) -> pd.DataFrame:
     """One row per (layer, head): how the head spreads its attention, averaged over sentences.
 
-    Columns: ``layer``, ``head``; ``entropy`` (of each query row, smoothed as
-    0.9999 A + 0.0001/n, averaged over rows; log n for a uniform head); ``mean_distance``
-    (attention-weighted |i - j|); ``confidence`` (Voita et al. 2019: mean over rows of the
-    largest weight); the mean
-    over query rows of the attention mass on the first token (``to_first``, [CLS]/BOS), on the
-    other special tokens (``to_sep``, [SEP]/EOS), on punctuation (``to_punct``), on itself
-    (``to_self``), on the previous token (``to_prev``, rows 1..n-1) and on the next one
-    (``to_next``, rows 0..n-2); and ``role``.
+    Columns (``STAT_SPECS`` names and describes the statistics): ``layer``, ``head``;
+    ``entropy`` (of each query row, smoothed as 0.9999 A + 0.0001/n, averaged over rows; log n
+    for a uniform head); ``mean_distance`` (attention-weighted |i - j|); ``confidence`` (Voita
+    et al. 2019: mean over rows of the largest weight); the mean over query rows of the
+    attention mass on the first token (``to_first``, [CLS]/BOS), on the other special tokens
+    (``to_sep``, [SEP]/EOS), on punctuation (``to_punct``), on itself (``to_self``), on the
+    previous token (``to_prev``, rows 1..n-1) and on the next one (``to_next``, rows 0..n-2);
+    and ``role``.
 
     Where these differ from Clark et al.'s code: the previous/next-token shares are averaged
     over the n-1 query rows that have such a neighbour (theirs over all n rows); punctuation is
