@@ -20,7 +20,7 @@ import torch
 import mhsa
 from bench.bench_attend import text_of
 from bench.common import median_times, print_table
-from mhsa.stats import _js_divergences
+from mhsa.stats import js_divergences
 
 
 def js_before(a: np.ndarray, chunk_elems: int = 2**24) -> np.ndarray:
@@ -71,7 +71,7 @@ def main() -> None:
         smoothed = 0.999 * heads + 0.001 / n  # the same input for both, as head_similarity
         pair = median_times(
             {
-                "js": lambda a=heads: _js_divergences(a, smoothing=0.001),  # smooths inside
+                "js": lambda a=heads: js_divergences(a, smoothing=0.001),  # smooths inside
                 "js before": lambda a=smoothed: js_before(a),
             },
             repeat=11,

@@ -15,11 +15,14 @@ from mhsa.errors import InputError, MHSAError, ModelLoadError, UnsupportedModelE
 from mhsa.extract import (
     ENGINE_DESCRIPTIONS,
     ENGINE_LABELS,
+    ENGINE_SPECS,
     ENGINES,
     MAX_NEW_TOKENS,
+    EngineSpec,
     attend,
     generate,
 )
+from mhsa.heads import head_label, parse_head_label
 from mhsa.importance import Ablation, ablate, head_importance, pruning_curve
 from mhsa.models import (
     DEFAULT_MODEL,
@@ -48,10 +51,12 @@ __all__ = [
     "ENGINES",
     "ENGINE_DESCRIPTIONS",
     "ENGINE_LABELS",
+    "ENGINE_SPECS",
     "MAX_NEW_TOKENS",
     "SUPPORTED_FOR_MHSA",
     "Ablation",
     "AttentionResult",
+    "EngineSpec",
     "HeadClusters",
     "InputError",
     "LoadedModel",
@@ -71,10 +76,12 @@ __all__ = [
     "get_model",
     "head_clusters",
     "head_importance",
+    "head_label",
     "head_map",
     "head_similarity",
     "head_stats",
     "load_model",
+    "parse_head_label",
     "pick_device",
     "pruning_curve",
     "scaled_dot_product_attention",

@@ -11,8 +11,8 @@ import torch
 
 from mhsa.adapters import Run, own_blocks, run_own_forward
 from mhsa.attention import MultiHeadSelfAttention
+from mhsa.encoding import check_text, encode
 from mhsa.errors import InputError
-from mhsa.extract import _check_text, _encode
 from mhsa.models import LoadedModel
 
 __all__ = ["Neuron", "Step", "Walkthrough", "walkthrough"]
@@ -165,11 +165,11 @@ def walkthrough(
         causal: apply a causal mask (the "masked" step then shows -inf above the diagonal).
         seed: seed of the fresh weights and embedding.
     """
-    text = _check_text(text)
+    text = check_text(text)
     if layer is None and (d_model < 1 or num_heads < 1 or d_model % num_heads):
         raise InputError(f"d_model ({d_model}) must be a multiple of the heads ({num_heads}).")
     with model.lock, torch.inference_mode():  # the tokenizer and the model are shared
-        encoded = _encode(model, text, None, max_tokens)  # the tokenizing every view shares
+        encoded = encode(model, text, None, max_tokens)  # the tokenizing every view shares
         ids = encoded.inputs["input_ids"][0].tolist()
         tokens = list(encoded.tokens.strings)
         if layer is None:

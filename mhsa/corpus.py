@@ -24,17 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from mhsa.adapters import own_blocks
+from mhsa.encoding import Encoded, encode_many
 from mhsa.errors import InputError, UnsupportedModelError
-from mhsa.extract import (
-    ENGINES,
-    _checked,
-    _encode_many,
-    _Encoded,
-    _is_causal,
-    _make_result,
-    _own_attention,
-    _StopPass,
-)
+from mhsa.extract import EngineSpec, engine_spec
+from mhsa.forward import StopPass, is_causal, make_result, our_attention, require_attentions
 from mhsa.models import LoadedModel, get_model
 from mhsa.result import AttentionResult
 from mhsa.stats import HeadSimilarityAccumulator, HeadStatsAccumulator
@@ -218,11 +211,11 @@ def read_corpus(source: str | Path, *, column: str = TEXT_COLUMN, pairs: bool = 
 
 def encode_entries(
     lm: LoadedModel, entries: Sequence[Entry], max_tokens: int | None
-) -> tuple[list[tuple[int, _Encoded]], list[Problem]]:
+) -> tuple[list[tuple[int, Encoded]], list[Problem]]:
     """Each entry's first sentence tokenized, with its index; entries the model cannot take (over
     its token limit without ``max_tokens``, no tokens) become problems. Caller holds the lock."""
     encoded, problems = [], []
-    done = _encode_many(lm, [entry.text for entry in entries], max_tokens)
+    done = encode_many(lm, [entry.text for entry in entries], max_tokens)
     for index, (entry, value) in enumerate(zip(entries, done, strict=True)):
         if isinstance(value, InputError):
             problems.append(Problem(entry.where, str(value)))
@@ -311,15 +304,15 @@ def _attentions_until_the_last(
     def keep(_module, _args, output) -> None:
         value = output[1] if isinstance(output, tuple) and len(output) > 1 else None
         if value is None:
-            raise _StopPass  # no weights (not eager): weights stays short, caller checks
+            raise StopPass  # no weights (not eager): weights stays short, caller checks
         weights.append(value)
         if len(weights) == len(modules):
-            raise _StopPass
+            raise StopPass
 
     handles = [m.register_forward_hook(keep) for m in modules]
     try:
         lm.model(**inputs, output_attentions=True, return_dict=True)
-    except _StopPass:
+    except StopPass:
         pass
     finally:
         for h in handles:
@@ -328,21 +321,21 @@ def _attentions_until_the_last(
 
 
 def _batch_attention(
-    lm: LoadedModel, engine: str, inputs: dict[str, torch.Tensor], seed: int
+    lm: LoadedModel, spec: EngineSpec, inputs: dict[str, torch.Tensor], seed: int
 ) -> tuple[Sequence[torch.Tensor], bool]:
     """Each layer's ``[B, H, T, T]`` attention of a padded batch, and whether the model is
     causal."""
-    if engine == "transformers":
+    if not spec.our_module:
         attentions = _attentions_until_the_last(lm, inputs)
         if attentions is None:  # a model whose attention modules cannot be found: all of it
             outputs = lm.model(**inputs, output_attentions=True, return_dict=True)
             attentions = getattr(outputs, "attentions", None)
-        attentions = _checked(attentions, "self", lm.display_name)
+        attentions = require_attentions(attentions, "self", lm.display_name)
         n0 = int(inputs["attention_mask"][0].sum())
         first = tuple(a[:1, :, :n0, :n0] for a in attentions[:1])
-        return attentions, _is_causal(first)
-    blocks = own_blocks(lm, seed if engine == "mhsa-random" else None)
-    sink, _ = _own_attention(lm, blocks, inputs, whole=False)  # weights are all it needs
+        return attentions, is_causal(first)
+    blocks = own_blocks(lm, seed if spec.seeded else None)
+    sink, _ = our_attention(lm, blocks, inputs, whole=False)  # weights are all it needs
     return sink, blocks[0].causal
 
 
@@ -375,8 +368,7 @@ def attend_batches(
     The results equal ``attend(text, ...)`` one by one within float rounding: each sentence's
     attention is cut to its own tokens, and padding keys get zero weight.
     """
-    if engine not in ENGINES:
-        raise InputError(f"Unknown engine {engine!r}: choose one of {', '.join(ENGINES)}.")
+    spec = engine_spec(engine)
     if lm.is_encoder_decoder:
         raise UnsupportedModelError(
             "Batched corpus runs take encoder or decoder models; encoder-decoder models run one "
@@ -393,7 +385,7 @@ def attend_batches(
             inputs = pad_inputs(lm, [e.inputs for _, e in items])
             inputs = {k: v.to(lm.device) for k, v in inputs.items()}
             start = time.perf_counter()
-            attention, causal = _batch_attention(lm, engine, inputs, seed)
+            attention, causal = _batch_attention(lm, spec, inputs, seed)
             seconds = (time.perf_counter() - start) / len(items)
             layers = [a.float().cpu().numpy() for a in attention]  # L x (B, H, T, T)
         done = []
@@ -402,7 +394,7 @@ def attend_batches(
             done.append(
                 (
                     index,
-                    _make_result(
+                    make_result(
                         lm,
                         enc,
                         entries[index].text,
@@ -411,7 +403,7 @@ def attend_batches(
                         engine=engine,
                         timings={"load": lm.load_seconds, "forward": seconds},
                         causal=causal,
-                        seed=seed if engine == "mhsa-random" else None,
+                        seed=seed if spec.seeded else None,
                     ),
                 )
             )

@@ -3,255 +3,114 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
-from mhsa.adapters import OwnBlock, Run, own_blocks, run_own_forward
-from mhsa.errors import InputError, ModelLoadError
+from mhsa.adapters import own_blocks
+from mhsa.encoding import check_text, encode
+from mhsa.errors import InputError
+from mhsa.forward import ForwardPass, make_result, model_forward, our_forward
 from mhsa.models import DEFAULT_MODEL, LoadedModel, get_model
 from mhsa.result import AttentionResult
-from mhsa.tokens import Tokens
 
 __all__ = [
     "ENGINES",
     "ENGINE_DESCRIPTIONS",
     "ENGINE_LABELS",
+    "ENGINE_SPECS",
     "MAX_NEW_TOKENS",
+    "EngineSpec",
     "attend",
+    "engine_spec",
     "generate",
 ]
 
 #: most tokens ``generate`` adds (attention over prompt + generation stays explorable)
 MAX_NEW_TOKENS = 128
 
-ENGINES = ("transformers", "mhsa", "mhsa-random")
-#: Each engine's short name for people (the app's sidebar and figure titles).
-ENGINE_LABELS = {
-    "transformers": "Model's own attention",
-    "mhsa": "Model run through our MHSA module",
-    "mhsa-random": "Model with untrained MHSA modules",
-}
-#: What each engine computes, for people (sidebar, docs, command line).
-ENGINE_DESCRIPTIONS = {
-    "transformers": "the model's own (eager) attention",
-    "mhsa": "the model run through our MultiHeadSelfAttention: every attention block swapped for "
-    "our module with that block's weights; each layer's output feeds the next",
-    "mhsa-random": "the model with every attention block swapped for our module with fresh "
-    "(untrained) xavier weights from the seed; embeddings, feed-forward layers and norms stay "
-    "trained",
-}
-
 
 @dataclass(frozen=True)
-class _Encoded:
-    inputs: dict[str, torch.Tensor]
-    tokens: Tokens
-    truncated: int
-    decoder_tokens: list[str] | None
+class EngineSpec:
+    """One engine: how it computes attention, and how people see it named.
+
+    Attributes:
+        name: what ``attend(engine=...)``, the command line and links take.
+        label: its short name for people (the app's sidebar).
+        description: what it computes, for people (sidebar, docs, command line).
+        our_module: every attention block runs as our ``MultiHeadSelfAttention`` (else the
+            model's own eager attention runs).
+        seeded: our module gets fresh (untrained) xavier weights from the seed instead of the
+            block's own.
+    """
+
+    name: str
+    label: str
+    description: str
+    our_module: bool
+    seeded: bool = False
+
+    @property
+    def verifiable(self) -> bool:
+        """Whether ``verify`` applies: our module with the model's weights, beside the model."""
+        return self.our_module and not self.seeded
 
 
-def _check_text(text: object, what: str = "text") -> str:
-    if not isinstance(text, str):
-        raise InputError(f"The {what} must be a string, got {type(text).__name__}.")
-    if not text.strip():
-        raise InputError(f"The {what} is empty: type a sentence.")
-    return text
-
-
-#: how every text is tokenized (one text or a corpus): the tokens the tokenizer adds marked;
-#: "[CLS]" typed by a user is text, not a control token
-_TOKENIZE: dict[str, Any] = {"return_special_tokens_mask": True, "split_special_tokens": True}
-
-
-def _no_tokens() -> InputError:
-    return InputError("The text gives no tokens for this model: type a sentence.")
-
-
-def _too_long(lm: LoadedModel, n: int, limit: int) -> InputError:
-    return InputError(
-        f"The text is {n} tokens long; {lm.display_name} accepts at most {limit}. "
-        f"Shorten it, or set max_tokens to truncate."
+#: Every engine, by name, in the order the sidebar and the command line list them.
+ENGINE_SPECS: Mapping[str, EngineSpec] = {
+    spec.name: spec
+    for spec in (
+        EngineSpec(
+            "transformers",
+            label="Model's own attention",
+            description="the model's own (eager) attention",
+            our_module=False,
+        ),
+        EngineSpec(
+            "mhsa",
+            label="Model run through our MHSA module",
+            description="the model run through our MultiHeadSelfAttention: every attention block "
+            "swapped for our module with that block's weights; each layer's output feeds the next",
+            our_module=True,
+        ),
+        EngineSpec(
+            "mhsa-random",
+            label="Model with untrained MHSA modules",
+            description="the model with every attention block swapped for our module with fresh "
+            "(untrained) xavier weights from the seed; embeddings, feed-forward layers and norms "
+            "stay trained",
+            our_module=True,
+            seeded=True,
+        ),
     )
+}
+#: The engines' names, and (for code written before ``ENGINE_SPECS``) their labels and
+#: descriptions by name.
+ENGINES = tuple(ENGINE_SPECS)
+ENGINE_LABELS = {name: spec.label for name, spec in ENGINE_SPECS.items()}
+ENGINE_DESCRIPTIONS = {name: spec.description for name, spec in ENGINE_SPECS.items()}
 
 
-def _encode_many(
-    lm: LoadedModel, texts: Sequence[str], max_tokens: int | None = None
-) -> list[_Encoded | InputError]:
-    """``_encode(lm, text, None, max_tokens)`` of every text, or the InputError it raises, in one
-    call of a fast tokenizer (a corpus: the per-call overhead of the tokenizer's Python side,
-    0.6 ms a sentence, paid once). Truncation, other tokenizers and encoder-decoder models: one
-    text at a time."""
-    tok = lm.tokenizer
-    if max_tokens is not None or lm.is_encoder_decoder or not getattr(tok, "is_fast", False):
-        out: list[_Encoded | InputError] = []
-        for text in texts:
-            try:
-                out.append(_encode(lm, text, None, max_tokens))
-            except InputError as e:
-                out.append(e)
-        return out
-    enc = tok(list(texts), truncation=False, return_offsets_mapping=True, **_TOKENIZE)
-    keys = [k for k in enc if k not in ("offset_mapping", "special_tokens_mask")]
-    out = []
-    for i, ids in enumerate(enc["input_ids"]):
-        n = len(ids)
-        if lm.max_positions is not None and n > lm.max_positions:
-            out.append(_too_long(lm, n, lm.max_positions))
-        elif n == 0:
-            out.append(_no_tokens())
-        else:
-            inputs = {k: torch.tensor([enc[k][i]]) for k in keys}
-            out.append(_Encoded(inputs, Tokens.from_encoding(tok, enc, ids, i), 0, None))
-    return out
+def engine_spec(name: str) -> EngineSpec:
+    """The engine called ``name``.
+
+    Raises:
+        InputError: there is no such engine; the message lists them.
+    """
+    spec = ENGINE_SPECS.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise InputError(f"Unknown engine {name!r}: choose one of {', '.join(ENGINES)}.")
+    return spec
 
 
-def _encode(lm: LoadedModel, text: str, text_pair: str | None, max_tokens: int | None) -> _Encoded:
-    tok = lm.tokenizer
-    fast = bool(getattr(tok, "is_fast", False))
-    limit = lm.max_positions
-    if max_tokens is not None:
-        special = tok.num_special_tokens_to_add(
-            pair=text_pair is not None and not lm.is_encoder_decoder
-        )
-        if max_tokens < special + 1:
-            raise InputError(
-                f"max_tokens must be at least {special + 1}: {lm.display_name} adds {special} "
-                f"special tokens to every text, got {max_tokens}."
-            )
-        limit = max_tokens if limit is None else min(limit, max_tokens)
-    pair = None if lm.is_encoder_decoder else text_pair
-    kwargs: dict[str, Any] = {"return_tensors": "pt", "return_offsets_mapping": fast, **_TOKENIZE}
-    enc = tok(text, pair, truncation=False, **kwargs)
-    n = enc["input_ids"].shape[1]
-    truncated = 0
-    if limit is not None and n > limit:
-        if max_tokens is None:
-            raise _too_long(lm, n, limit)
-        enc = tok(text, pair, truncation=True, max_length=limit, **kwargs)
-        truncated = n - enc["input_ids"].shape[1]
-        if enc["input_ids"].shape[1] > limit:  # the tokenizer could not cut it (pair too long)
-            raise InputError(
-                f"The text cannot be cut to {limit} tokens; shorten it (or the second text)."
-            )
-    if n == 0 or enc["input_ids"].shape[1] == 0:
-        raise _no_tokens()
-    ids = enc["input_ids"][0].tolist()
-    tokens = Tokens.from_encoding(tok, enc, ids)
-    inputs = {k: v for k, v in enc.items() if k not in ("offset_mapping", "special_tokens_mask")}
-    decoder_tokens = None
-    if lm.is_encoder_decoder:
-        dec = tok(
-            text_pair if text_pair is not None else text,
-            return_tensors="pt",
-            truncation=limit is not None,
-            max_length=limit,
-        )
-        inputs["decoder_input_ids"] = dec["input_ids"]
-        decoder_tokens = tok.convert_ids_to_tokens(dec["input_ids"][0].tolist())
-    return _Encoded(inputs, tokens, truncated, decoder_tokens)
+def _loaded(model: str | LoadedModel, device: str) -> LoadedModel:
+    """``model`` itself when it is loaded, else the shared copy of it on ``device``."""
+    return model if isinstance(model, LoadedModel) else get_model(model or DEFAULT_MODEL, device)
 
 
-def _checked(attentions: Any, what: str, name: str) -> tuple[torch.Tensor, ...]:
-    """The model's per-layer attentions, or a clear error when it gave none."""
-    if not attentions or any(a is None for a in attentions):
-        raise ModelLoadError(
-            f"Model {name!r} returned no {what}-attention weights: its architecture does not "
-            f"expose attention with eager attention. Choose a BERT-, GPT-2- or T5/BART-style model."
-        )
-    return tuple(attentions)
-
-
-def _to_numpy(attentions: tuple[torch.Tensor, ...]) -> np.ndarray:
-    return torch.stack([a[0] for a in attentions]).float().cpu().numpy()  # (L, H, T, S)
-
-
-def _is_causal(attentions: Any) -> bool:
-    """A model masks later tokens when its first head has no weight above the diagonal."""
-    first = attentions[0][0, 0]  # (T, S)
-    return first.shape[-1] > 1 and not bool(first.triu(1).any())
-
-
-@dataclass(frozen=True)
-class _Forward:
-    attention: torch.Tensor  # (L, H, T, T)
-    causal: bool
-    extra: dict[str, Any]
-    last_hidden: torch.Tensor | None = None
-
-
-def _transformers_forward(lm: LoadedModel, inputs: dict[str, torch.Tensor]) -> _Forward:
-    """The model's own eager attention, every layer."""
-    name = lm.display_name
-    outputs = lm.model(**inputs, output_attentions=True, return_dict=True)
-    extra: dict[str, Any] = {}
-    if lm.is_encoder_decoder:
-        theirs = _checked(getattr(outputs, "encoder_attentions", None), "encoder", name)
-        extra = {
-            "decoder_attention": _to_numpy(
-                _checked(getattr(outputs, "decoder_attentions", None), "decoder", name)
-            ),
-            "cross_attention": _to_numpy(
-                _checked(getattr(outputs, "cross_attentions", None), "cross", name)
-            ),
-        }
-    else:
-        theirs = _checked(getattr(outputs, "attentions", None), "self", name)
-    hidden = getattr(outputs, "last_hidden_state", None)
-    return _Forward(torch.stack([a[0] for a in theirs]), _is_causal(theirs), extra, hidden)
-
-
-class _StopPass(Exception):
-    """Raised by a forward hook to end a pass once the last attention weights are in (the rest
-    of the model changes none): our blocks here, the model's own modules in ``mhsa.corpus``."""
-
-
-def _stop_pass(_module: Any, _args: Any, _output: Any) -> None:
-    raise _StopPass
-
-
-def _own_attention(
-    lm: LoadedModel,
-    blocks: list[OwnBlock],
-    inputs: dict[str, torch.Tensor],
-    gates: dict[int, torch.Tensor] | None = None,
-    *,
-    whole: bool = True,
-) -> tuple[torch.Tensor, Any]:
-    """The whole model with every attention block swapped for ours (head ``gates`` optional):
-    every layer's weights collected into one preallocated ``[L, B, H, T, T]`` array, and the
-    model's outputs. ``whole=False``: the pass stops once the last block has written its
-    weights (the feed-forward block above it and any head on top change no weight), and the
-    outputs are None."""
-    b, n = inputs["input_ids"].shape
-    first = blocks[0].ours
-    sink = first.qkv.weight.new_empty(len(blocks), b, first.num_heads, n, n)
-    run = Run(gates=gates or {}, sink=sink)
-    if whole:
-        return sink, run_own_forward(lm, blocks, run, inputs)
-    handle = blocks[-1].register_forward_hook(_stop_pass)
-    try:
-        run_own_forward(lm, blocks, run, inputs)
-    except _StopPass:
-        pass
-    finally:
-        handle.remove()
-    return sink, None
-
-
-def _own_forward(
-    lm: LoadedModel, inputs: dict[str, torch.Tensor], blocks: list[OwnBlock]
-) -> _Forward:
-    """The whole model with every attention block swapped for ours (batch 1)."""
-    sink, outputs = _own_attention(lm, blocks, inputs)
-    hidden = getattr(outputs, "last_hidden_state", None)
-    return _Forward(sink[:, 0], blocks[0].causal, {}, hidden)
-
-
-def _agreement(ours: _Forward, theirs: _Forward) -> dict[str, Any]:
+def _agreement(ours: ForwardPass, theirs: ForwardPass) -> dict[str, Any]:
     """Largest |ours - theirs| per layer (one layer at a time) and of the final hidden state."""
     per_layer = [
         float((o - t).abs().max()) for o, t in zip(ours.attention, theirs.attention, strict=True)
@@ -264,6 +123,34 @@ def _agreement(ours: _Forward, theirs: _Forward) -> dict[str, Any]:
         "layer_max_abs_diff": per_layer,
         "hidden_max_abs_diff": hidden,
     }
+
+
+def _run_engine(
+    lm: LoadedModel,
+    spec: EngineSpec,
+    inputs: dict[str, torch.Tensor],
+    *,
+    seed: int,
+    verify: bool,
+    timings: dict[str, float],
+) -> tuple[ForwardPass, dict[str, Any]]:
+    """One sentence through ``spec``'s engine, and (``verify``) its agreement with the model's
+    own forward; the seconds each took go into ``timings``. Caller holds the model's lock."""
+    if not spec.our_module:
+        start = time.perf_counter()
+        forward = model_forward(lm, inputs)
+        timings["forward"] = time.perf_counter() - start
+        return forward, {}
+    blocks = own_blocks(lm, seed if spec.seeded else None)  # built once per model, not timed
+    start = time.perf_counter()
+    forward = our_forward(lm, inputs, blocks)
+    timings["forward"] = time.perf_counter() - start
+    if not verify:
+        return forward, {}
+    start = time.perf_counter()
+    agreement = _agreement(forward, model_forward(lm, inputs))
+    timings["verify"] = time.perf_counter() - start
+    return forward, agreement
 
 
 def attend(
@@ -286,7 +173,7 @@ def attend(
         engine: ``"transformers"`` (the model's eager attention), ``"mhsa"`` (the model run
             through our module: every attention block swapped for ours with its weights) or
             ``"mhsa-random"`` (every attention block swapped for ours with fresh xavier weights
-            from ``seed``). See ``ENGINE_DESCRIPTIONS``.
+            from ``seed``). See ``ENGINE_SPECS``.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"mps"``.
         max_tokens: truncate to this many tokens (the result reports how many were dropped);
             without it a text over the model's limit is an error.
@@ -299,81 +186,35 @@ def attend(
     Raises:
         InputError, ModelLoadError, UnsupportedModelError: with a message saying what to do.
     """
-    if engine not in ENGINES:
-        raise InputError(f"Unknown engine {engine!r}: choose one of {', '.join(ENGINES)}.")
-    if verify and engine != "mhsa":
+    spec = engine_spec(engine)
+    if verify and not spec.verifiable:
         raise InputError("verify compares our module with the model's own: use engine='mhsa'.")
-    text = _check_text(text)
+    text = check_text(text)
     if text_pair is not None:
-        text_pair = _check_text(text_pair, "second text")
-    lm = model if isinstance(model, LoadedModel) else get_model(model or DEFAULT_MODEL, device)
+        text_pair = check_text(text_pair, "second text")
+    lm = _loaded(model, device)
     timings = {"load": lm.load_seconds}
     with lm.lock, torch.inference_mode():
-        encoded = _encode(lm, text, text_pair, max_tokens)
-        inputs = {k: v.to(lm.device) for k, v in encoded.inputs.items()}
-        agreement: dict[str, Any] = {}
-        if engine == "transformers":
-            start = time.perf_counter()
-            result = _transformers_forward(lm, inputs)
-            timings["forward"] = time.perf_counter() - start
-        else:
-            blocks = own_blocks(lm, seed if engine == "mhsa-random" else None)
-            start = time.perf_counter()
-            result = _own_forward(lm, inputs, blocks)
-            timings["forward"] = time.perf_counter() - start
-            if verify:
-                start = time.perf_counter()
-                agreement = _agreement(result, _transformers_forward(lm, inputs))
-                timings["verify"] = time.perf_counter() - start
-        array = result.attention.float().cpu().numpy()  # the one move to the CPU
-    extra = dict(result.extra)
+        encoded = encode(lm, text, text_pair, max_tokens)
+        forward, agreement = _run_engine(
+            lm, spec, encoded.inputs_on(lm.device), seed=seed, verify=verify, timings=timings
+        )
+        array = forward.attention.float().cpu().numpy()  # the one move to the CPU
+    extra = dict(forward.extra)
     if lm.is_encoder_decoder:
         extra["decoder_tokens"] = encoded.decoder_tokens
-    return _make_result(
+    return make_result(
         lm,
         encoded,
         text,
         array,
         engine=engine,
         timings=timings,
-        causal=result.causal,
-        seed=seed if engine == "mhsa-random" else None,
+        causal=forward.causal,
+        seed=seed if spec.seeded else None,
         text_pair=text_pair,
         **agreement,
         **extra,
-    )
-
-
-def _make_result(
-    lm: LoadedModel,
-    encoded: _Encoded,
-    text: str,
-    attention: np.ndarray,
-    *,
-    engine: str,
-    timings: dict[str, float],
-    causal: bool,
-    **fields: Any,
-) -> AttentionResult:
-    """The ``AttentionResult`` of an encoded text and its ``[L, H, T, T]`` attention."""
-    tokens = encoded.tokens
-    return AttentionResult(
-        text=text,
-        tokens=list(tokens.strings),
-        attention=np.ascontiguousarray(attention, dtype=np.float32),
-        offsets=list(tokens.offsets),
-        special=list(tokens.special),
-        punctuation=list(tokens.punctuation),
-        word_ids=list(tokens.word_ids),
-        model=lm.display_name,
-        engine=engine,
-        device=str(lm.device),
-        num_parameters=lm.num_parameters,
-        timings=timings,
-        causal=causal,
-        truncated_tokens=encoded.truncated,
-        facts=lm.facts(),
-        **fields,
     )
 
 
@@ -394,8 +235,8 @@ def generate(
     Raises:
         InputError: the model has no causal language-model head, or the numbers are off.
     """
-    text = _check_text(text)
-    lm = model if isinstance(model, LoadedModel) else get_model(model or DEFAULT_MODEL, device)
+    text = check_text(text)
+    lm = _loaded(model, device)
     if lm.lm_head != "causal":
         raise InputError(
             f"{lm.display_name} has no next-token (causal language-model) head, so it cannot "
@@ -405,8 +246,7 @@ def generate(
         raise InputError(f"Generate between 1 and {MAX_NEW_TOKENS} tokens, not {max_new_tokens}.")
     tok = lm.tokenizer
     with lm.lock, torch.inference_mode():
-        encoded = _encode(lm, text, None, None)
-        inputs = {k: v.to(lm.device) for k, v in encoded.inputs.items()}
+        inputs = encode(lm, text, None, None).inputs_on(lm.device)
         room = (lm.max_positions or 10**9) - inputs["input_ids"].shape[1]
         if room < 1:
             raise InputError("The prompt already fills the model's context: shorten it.")

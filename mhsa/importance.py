@@ -14,7 +14,6 @@ projection), for every model our engine runs; transformers 5 has no ``head_mask`
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +25,10 @@ import torch.nn.functional as F
 
 from mhsa.adapters import OwnBlock, Run, own_blocks, run_own_forward, tile_rows
 from mhsa.corpus import Entry, Problem, batch_tokens_for, length_batches, pad_inputs
+from mhsa.encoding import Encoded, check_text, encode
 from mhsa.errors import InputError
-from mhsa.extract import _check_text, _encode, _Encoded, _make_result, _own_attention
+from mhsa.forward import make_result, our_attention
+from mhsa.heads import head_label, parse_head_label
 from mhsa.models import DEFAULT_MODEL, LoadedModel, get_model
 from mhsa.result import AttentionResult
 
@@ -80,7 +81,6 @@ MASK_SEED = 0
 
 Head = tuple[int, int]
 Progress = Callable[[int, int], None]
-_HEAD = re.compile(r"^L(\d{1,4})H(\d{1,4})$")
 
 
 @dataclass(frozen=True)
@@ -109,10 +109,10 @@ class Ablation:
 def parse_head(item: object) -> Head:
     """``(layer, head)`` from a pair or a label ``"L{layer}H{head}"``."""
     if isinstance(item, str):
-        match = _HEAD.match(item.strip())
-        if match is None:
-            raise InputError(f"{item!r} is not a head: write L<layer>H<head>, as L0H3.")
-        return int(match[1]), int(match[2])
+        try:
+            return parse_head_label(item.strip())
+        except ValueError:
+            raise InputError(f"{item!r} is not a head: write L<layer>H<head>, as L0H3.") from None
     try:
         layer, head = item  # type: ignore[misc]
         return int(layer), int(head)
@@ -125,8 +125,8 @@ def _check_heads(items: Iterable[object], layers: int, heads: int) -> tuple[Head
     for layer, head in parsed:
         if not (0 <= layer < layers and 0 <= head < heads):
             raise InputError(
-                f"There is no head L{layer}H{head}: the model has {layers} layers of {heads} "
-                f"heads (L0H0 to L{layers - 1}H{heads - 1})."
+                f"There is no head {head_label(layer, head)}: the model has {layers} layers of "
+                f"{heads} heads ({head_label(0, 0)} to {head_label(layers - 1, heads - 1)})."
             )
     return tuple(parsed)
 
@@ -155,7 +155,7 @@ def _resolve_target(lm: LoadedModel, target: str | None, pair: bool) -> str:
 class _Item:
     """One text (or sentence pair) encoded for a target."""
 
-    encoded: _Encoded  # the first sentence, as typed (its attention is what is shown)
+    encoded: Encoded  # the first sentence, as typed (its attention is what is shown)
     scored: tuple[dict[str, torch.Tensor], ...]  # what the target runs: 1 or 2 sentences
     labels: torch.Tensor | None  # lm-loss: [B, T], -100 where not scored
     stacked: dict[str, torch.Tensor] | None = None  # similarity: both sentences, one padded batch
@@ -174,7 +174,7 @@ def _stack(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor], pad:
     return out
 
 
-def _masked(lm: LoadedModel, encoded: _Encoded) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def _masked(lm: LoadedModel, encoded: Encoded) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """A fixed, seeded 15% of the non-special tokens replaced by the mask token; the labels."""
     ids = encoded.inputs["input_ids"]
     candidates = torch.tensor([i for i, sp in enumerate(encoded.tokens.special) if not sp])
@@ -381,10 +381,10 @@ def ablate(
         item = _prepare(lm, text, text_pair, target, max_tokens)
         results = []
         for gates in ({}, measure.gates(off)):
-            sink, _ = _own_attention(lm, measure.blocks, item.encoded.inputs, gates, whole=False)
+            sink, _ = our_attention(lm, measure.blocks, item.encoded.inputs, gates, whole=False)
             attention = sink[:, 0].float().cpu().numpy()
             results.append(
-                _make_result(
+                make_result(
                     lm,
                     item.encoded,
                     text,
@@ -475,7 +475,7 @@ def _frame(values: np.ndarray, columns: dict[str, np.ndarray]) -> pd.DataFrame:
     frame = pd.DataFrame({k: v.reshape(-1) for k, v in columns.items()})
     frame.insert(0, "head", np.tile(np.arange(heads), layers))
     frame.insert(0, "layer", np.repeat(np.arange(layers), heads))
-    frame.index = [f"L{li}H{h}" for li, h in zip(frame["layer"], frame["head"], strict=True)]
+    frame.index = [head_label(li, h) for li, h in zip(frame["layer"], frame["head"], strict=True)]
     return frame
 
 
@@ -648,14 +648,14 @@ def head_importance(
 
 def _encode_entry(
     lm: LoadedModel, text: str, pair: str | None, target: str, max_tokens: int | None
-) -> tuple[_Encoded, _Encoded | None, tuple[dict[str, torch.Tensor], torch.Tensor] | None]:
+) -> tuple[Encoded, Encoded | None, tuple[dict[str, torch.Tensor], torch.Tensor] | None]:
     """A text (or pair) checked and encoded for ``target``: the first sentence, the second one
     (similarity) and, for the masked-LM loss, the masked inputs and labels. Raises InputError."""
-    first = _encode(lm, _check_text(text), None, max_tokens)
+    first = encode(lm, check_text(text), None, max_tokens)
     second = None
     masked = None
     if target == "similarity":
-        second = _encode(lm, _check_text(pair, "second sentence"), None, max_tokens)
+        second = encode(lm, check_text(pair, "second sentence"), None, max_tokens)
     elif target == "lm-loss" and lm.lm_head == "masked":
         masked = _masked(lm, first)
     elif target == "lm-loss" and first.inputs["input_ids"].shape[1] < 2:
@@ -669,7 +669,7 @@ def _pad_labels(labels: Sequence[torch.Tensor], n: int) -> torch.Tensor:
 
 def _batch_item(
     lm: LoadedModel,
-    group: Sequence[tuple[_Encoded, _Encoded | None, Any]],
+    group: Sequence[tuple[Encoded, Encoded | None, Any]],
     target: str,
 ) -> _Item:
     """Several encoded entries as one right-padded batch (rows = entries)."""
@@ -833,7 +833,7 @@ def pruning_curve(
             "fraction_pruned": [k / total for _, k, _ in configs],
             "heads_pruned": [k for _, k, _ in configs],
             "metric": sums / len(items),
-            "pruned": [",".join(f"L{a}H{b}" for a, b in off) for _, _, off in configs],
+            "pruned": [",".join(head_label(a, b) for a, b in off) for _, _, off in configs],
         }
     )
     frame.attrs.update(target=target, seed=seed, texts=len(items), recomputed=False)

@@ -11,6 +11,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from mhsa.errors import InputError
+from mhsa.heads import head_label
 from mhsa.tokens import is_punctuation, word_groups
 
 __all__ = ["AttentionResult"]
@@ -117,7 +118,7 @@ class AttentionResult:
 
     def head_labels(self) -> list[str]:
         """``L{layer}H{head}`` for every head, layer-major."""
-        return [f"L{li}H{h}" for li in range(self.num_layers) for h in range(self.num_heads)]
+        return [head_label(li, h) for li in range(self.num_layers) for h in range(self.num_heads)]
 
     # --- word level ---------------------------------------------------------------------------
     def to_words(self) -> AttentionResult:

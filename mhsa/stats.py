@@ -7,7 +7,7 @@ At?" (statistics, Jensen-Shannon head distances) and Abnar & Zuidema 2020 (rollo
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -15,38 +15,105 @@ import numpy as np
 import pandas as pd
 import torch
 
+from mhsa.heads import head_label, parse_head_label
 from mhsa.result import AttentionResult
 
 __all__ = [
     "CLARK_DIFFERENCES",
     "ROLE_THRESHOLDS",
+    "STAT_COLUMNS",
+    "STAT_SPECS",
     "HeadClusters",
     "HeadSimilarityAccumulator",
     "HeadStatsAccumulator",
+    "StatSpec",
     "attention_rollout",
     "head_clusters",
     "head_map",
     "head_similarity",
     "head_stats",
+    "js_divergences",
     "stats_difference",
     "top_attended",
 ]
 
-STAT_COLUMNS = (
-    "entropy",
-    "mean_distance",
-    "confidence",
-    "to_first",
-    "to_sep",
-    "to_punct",
-    "to_self",
-    "to_prev",
-    "to_next",
-)
+
+@dataclass(frozen=True)
+class StatSpec:
+    """One per-head statistic of ``head_stats`` (Clark et al. 2019; ``confidence``: Voita et
+    al. 2019).
+
+    Attributes:
+        name: its column in ``head_stats``, in the CSV export and in links.
+        label: its short name for people.
+        description: what it measures, for people.
+    """
+
+    name: str
+    label: str
+    description: str
+
+
+#: Every per-head statistic by name, in the order of ``head_stats``' columns.
+STAT_SPECS: Mapping[str, StatSpec] = {
+    spec.name: spec
+    for spec in (
+        StatSpec(
+            "entropy",
+            label="entropy",
+            description="entropy of each query row (smoothed as 0.9999 A + 0.0001/n), averaged "
+            "over rows; log n for a uniform head",
+        ),
+        StatSpec(
+            "mean_distance",
+            label="mean distance",
+            description="attention-weighted |i - j|, averaged over query rows",
+        ),
+        StatSpec(
+            "confidence",
+            label="confidence",
+            description="mean over query rows of the largest weight (Voita et al. 2019)",
+        ),
+        StatSpec(
+            "to_first",
+            label="to the first token",
+            description="mean over query rows of the weight on the first token ([CLS]/BOS)",
+        ),
+        StatSpec(
+            "to_sep",
+            label="to separators",
+            description="mean over query rows of the weight on the other special tokens "
+            "([SEP]/EOS)",
+        ),
+        StatSpec(
+            "to_punct",
+            label="to punctuation",
+            description="mean over query rows of the weight on punctuation tokens",
+        ),
+        StatSpec(
+            "to_self",
+            label="to itself",
+            description="mean over query rows of the weight on the query token itself",
+        ),
+        StatSpec(
+            "to_prev",
+            label="to the previous token",
+            description="mean over query rows 1..n-1 of the weight on the previous token",
+        ),
+        StatSpec(
+            "to_next",
+            label="to the next token",
+            description="mean over query rows 0..n-2 of the weight on the next token",
+        ),
+    )
+}
+#: The statistics' names, in the order of ``head_stats``' columns.
+STAT_COLUMNS = tuple(STAT_SPECS)
 
 #: Role thresholds: Clark et al. used 0.5 for previous/next token heads and 0.6 for heads on
 #: [CLS], [SEP] and punctuation; we use 0.5 for "self" too. A head is "broad" when its entropy is
-#: at least 80% of the uniform entropy log(n) and no kind of key takes the share above.
+#: at least 80% of the uniform entropy log(n) and no kind of key takes the share above. Keyed by
+#: the statistic (``STAT_SPECS``) that decides each role, in the order the roles are tried.
 ROLE_THRESHOLDS: dict[str, tuple[str, float]] = {
     "to_prev": ("previous token", 0.5),
     "to_next": ("next token", 0.5),
@@ -114,7 +181,8 @@ def _stats_many(
     """Per sentence of k of the same length: the statistics, log n and the positional shares.
 
     ``attention`` is ``[k, L, H, n, n]``, the flags ``[k][n]``; returns ``[k, L * H, columns]``
-    (sentences of a corpus batch share lengths: one set of array operations for all of them).
+    (sentences of a corpus batch share lengths: one set of array operations for all of them):
+    the statistics in ``STAT_SPECS`` order, log n, then the share of each offset in the window.
 
     The elementwise work stays in the attention's own precision and every sum is taken in
     float64: a corpus holds some 100 MB of float32 attention per 400 sentences, and passes over
@@ -146,16 +214,19 @@ def _stats_many(
     prev = torch.diagonal(a, offset=-1, dim1=-2, dim2=-1)  # A[i, i-1], (k, L, H, n-1)
     nxt = torch.diagonal(a, offset=1, dim1=-2, dim2=-1)  # A[i, i+1]
     nan = torch.full(a.shape[:3], torch.nan, dtype=f64)
+    stats = {
+        "entropy": entropy,
+        "mean_distance": mean_distance,
+        "confidence": confidence,
+        "to_first": received[..., 0],
+        "to_sep": received @ sep,
+        "to_punct": received @ punct,
+        "to_self": diag.mean(-1, dtype=f64),
+        "to_prev": prev.mean(-1, dtype=f64) if n > 1 else nan,
+        "to_next": nxt.mean(-1, dtype=f64) if n > 1 else nan,
+    }
     columns = [
-        entropy,
-        mean_distance,
-        confidence,
-        received[..., 0],
-        received @ sep,
-        received @ punct,
-        diag.mean(-1, dtype=f64),
-        prev.mean(-1, dtype=f64) if n > 1 else nan,
-        nxt.mean(-1, dtype=f64) if n > 1 else nan,
+        *(stats[name] for name in STAT_SPECS),
         torch.full(a.shape[:3], float(np.log(n)), dtype=f64),
         *_offset_shares(a.argmax(-1).numpy()),
     ]
@@ -282,7 +353,9 @@ class HeadStatsAccumulator:
         frame["positional_offset"] = np.where(defined, _OFFSETS[best], 0)
         frame["positional_share"] = np.where(defined, shares[np.arange(len(best)), best], np.nan)
         frame["positional"] = frame["positional_share"] >= POSITIONAL_SHARE
-        frame.index = [f"L{li}H{h}" for li, h in zip(frame["layer"], frame["head"], strict=False)]
+        frame.index = [
+            head_label(li, h) for li, h in zip(frame["layer"], frame["head"], strict=False)
+        ]
         return frame
 
 
@@ -291,14 +364,14 @@ def head_stats(
 ) -> pd.DataFrame:
     """One row per (layer, head): how the head spreads its attention, averaged over sentences.
 
-    Columns: ``layer``, ``head``; ``entropy`` (of each query row, smoothed as
-    0.9999 A + 0.0001/n, averaged over rows; log n for a uniform head); ``mean_distance``
-    (attention-weighted |i - j|); ``confidence`` (Voita et al. 2019: mean over rows of the
-    largest weight); the mean
-    over query rows of the attention mass on the first token (``to_first``, [CLS]/BOS), on the
-    other special tokens (``to_sep``, [SEP]/EOS), on punctuation (``to_punct``), on itself
-    (``to_self``), on the previous token (``to_prev``, rows 1..n-1) and on the next one
-    (``to_next``, rows 0..n-2); and ``role``.
+    Columns (``STAT_SPECS`` names and describes the statistics): ``layer``, ``head``;
+    ``entropy`` (of each query row, smoothed as 0.9999 A + 0.0001/n, averaged over rows; log n
+    for a uniform head); ``mean_distance`` (attention-weighted |i - j|); ``confidence`` (Voita
+    et al. 2019: mean over rows of the largest weight); the mean over query rows of the
+    attention mass on the first token (``to_first``, [CLS]/BOS), on the other special tokens
+    (``to_sep``, [SEP]/EOS), on punctuation (``to_punct``), on itself (``to_self``), on the
+    previous token (``to_prev``, rows 1..n-1) and on the next one (``to_next``, rows 0..n-2);
+    and ``role``.
 
     Where these differ from Clark et al.'s code: the previous/next-token shares are averaged
     over the n-1 query rows that have such a neighbour (theirs over all n rows); punctuation is
@@ -364,7 +437,7 @@ def _smoothed(
 def _js_sums(
     a: np.ndarray, starts: Sequence[int], rows: int, smoothing: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Pass 1 of ``_js_divergences`` over the blocks of ``rows`` query rows that begin at
+    """Pass 1 of ``js_divergences`` over the blocks of ``rows`` query rows that begin at
     ``starts``: per head ``sum P log P`` and ``sum P``, per pair ``sum S log S`` with
     ``S = P + Q`` (one log per element and pair), float32 within a block, float64 across.
     numpy, not torch: its float32 log is 2.8x torch's on AVX-512 (one core), and its ufuncs
@@ -386,7 +459,7 @@ def _js_sums(
     return plogp, psum, slogs
 
 
-def _js_divergences(
+def js_divergences(
     a: np.ndarray, *, smoothing: float = 0.0, chunk_elems: int = 2**24, threads: int = 1
 ) -> np.ndarray:
     """Sum over query rows of the Jensen-Shannon divergence between every pair of heads.
@@ -453,7 +526,7 @@ def _cosine(a: np.ndarray) -> np.ndarray:
 
 
 _METRICS = {
-    "js": lambda a: _js_divergences(
+    "js": lambda a: js_divergences(
         a, smoothing=_JS_SMOOTHING, threads=min(torch.get_num_threads(), _JS_THREADS)
     ),
     "cosine": _cosine,
@@ -554,7 +627,8 @@ def head_map(similarity: pd.DataFrame, *, seed: int = 0) -> pd.DataFrame:
         )
         xy = mds.fit_transform(d)
     frame = pd.DataFrame(xy, columns=["x", "y"], index=similarity.index)
-    parts = similarity.index.str.extract(r"L(\d+)H(\d+)").astype(int).to_numpy()
+    parts = np.array([parse_head_label(label) for label in similarity.index], dtype=int)
+    parts = parts.reshape(-1, 2)
     frame["layer"], frame["head"] = parts[:, 0], parts[:, 1]
     return frame
 

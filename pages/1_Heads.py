@@ -6,6 +6,7 @@ import streamlit as st
 
 import mhsa
 from mhsa import plots
+from mhsa.heads import head_label
 from mhsa.importance import TARGETS
 from ui import page, service
 from ui.state import Param, bounded_int, choice, clamp, heads_param
@@ -53,7 +54,7 @@ def _knock_outs(result: mhsa.AttentionResult, layer: int, head: int) -> None:
         st.warning("Heads this model does not have were left out of the knock-out.", icon="⚠️")
         st.session_state["off"] = off
     st.multiselect("Heads switched off", labels, key="off", placeholder="none: the intact model")
-    name = f"L{layer}H{head}"
+    name = head_label(layer, head)
     st.button(
         f"Switch {name} {'back on' if name in off else 'off'}",
         on_click=_toggle_off,
@@ -121,7 +122,7 @@ if result is not None:
         fig = plots.mean_heatmap(result, layer=layer)
     else:
         fig = plots.mean_heatmap(result, head=head)
-    page.figure(fig, f"L{layer}H{head}-{view}", key="head-large")
+    page.figure(fig, f"{head_label(layer, head)}-{view}", key="head-large")
     if st.toggle(
         "Where each token attends most in this head (a list for inputs too long to read as a "
         "heatmap)",
@@ -131,7 +132,7 @@ if result is not None:
         st.number_input("Top", 1, 20, key="topk")
         page.table(
             mhsa.top_attended(result, layer, head, st.session_state["topk"]),
-            f"{st.session_state.get('_mhsa_file_stem', 'mhsa')}-L{layer}H{head}-top",
+            f"{st.session_state.get('_mhsa_file_stem', 'mhsa')}-{head_label(layer, head)}-top",
             label="Download the list (.csv)",
         )
     st.subheader("Token focus")

@@ -6,6 +6,7 @@ import streamlit as st
 
 from mhsa import plots
 from mhsa.attention import OBSERVATION_POINTS
+from mhsa.heads import head_label
 from ui import page, service
 from ui.state import Param, bounded_int, clamp, flag
 
@@ -127,7 +128,7 @@ if facts is not None:
             neuron = walk.neuron(st.session_state["nhead"], st.session_state["nquery"])
             page.figure(
                 plots.neuron_figure(neuron, walk.tokens),
-                f"neuron-L{st.session_state['mlayer']}H{neuron.head}-q{neuron.token}",
+                f"neuron-{head_label(st.session_state['mlayer'], neuron.head)}-q{neuron.token}",
                 key="neuron",
             )
             st.caption(

@@ -87,7 +87,7 @@ def test_batched_equals_one_by_one_for_statistics_and_similarity(
 
 def test_one_tokenizer_call_encodes_each_entry_as_one_by_one(minilm) -> None:
     from mhsa.corpus import encode_entries
-    from mhsa.extract import _encode
+    from mhsa.encoding import encode
 
     texts = [*MIXED, "[CLS] typed, and émigré naïveté", " ".join(["word"] * 600)]
     entries = Corpus.of(texts).entries
@@ -98,7 +98,7 @@ def test_one_tokenizer_call_encodes_each_entry_as_one_by_one(minilm) -> None:
         "512. Shorten it, or set max_tokens to truncate."
     ]
     for i, got in encoded:
-        want = _encode(minilm, texts[i], None, None)
+        want = encode(minilm, texts[i], None, None)
         assert got.tokens == want.tokens
         assert sorted(got.inputs) == sorted(want.inputs)
         for key, value in want.inputs.items():

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import mhsa
 from mhsa.adapters import Run, forward_through_own
-from mhsa.extract import _encode
+from mhsa.encoding import encode
 from mhsa.importance import MASK_FRACTION, _masked, target_value
 
 TEXT = "The quick brown fox jumps over the lazy dog near the bank."
@@ -214,7 +214,7 @@ def test_random_baseline_is_reproducible_from_its_seed(minilm) -> None:
 def test_masked_lm_loss_masks_a_fixed_fifteen_percent(tiny_bert_mlm_path) -> None:
     lm = mhsa.load_model(tiny_bert_mlm_path, device="cpu")
     assert lm.lm_head == "masked"
-    encoded = _encode(lm, TEXT, None, None)
+    encoded = encode(lm, TEXT, None, None)
     inputs, labels = _masked(lm, encoded)
     words = [i for i, sp in enumerate(encoded.tokens.special) if not sp]
     masked = (inputs["input_ids"][0] == lm.tokenizer.mask_token_id).nonzero().flatten().tolist()

@@ -152,12 +152,12 @@ def _sidebar() -> Query:
             "Engine",
             mhsa.ENGINES,
             key="engine",
-            format_func=mhsa.ENGINE_LABELS.get,
+            format_func=lambda name: mhsa.ENGINE_SPECS[name].label,
             help="  \n".join(
-                f"**{mhsa.ENGINE_LABELS[e]}**: {mhsa.ENGINE_DESCRIPTIONS[e]}." for e in mhsa.ENGINES
+                f"**{spec.label}**: {spec.description}." for spec in mhsa.ENGINE_SPECS.values()
             ),
         )
-        if st.session_state["engine"] == "mhsa-random":
+        if mhsa.ENGINE_SPECS[st.session_state["engine"]].seeded:
             st.number_input("Seed of the untrained weights", min_value=0, step=1, key="seed")
         st.selectbox("Device", mhsa.DEVICES, key="device")
         st.toggle("Whole words (merge sub-word tokens)", key="words")

@@ -14,6 +14,7 @@ import streamlit as st
 
 from mhsa.errors import MHSAError
 from mhsa.extract import ENGINES, MAX_NEW_TOKENS
+from mhsa.heads import parse_head_label
 from mhsa.limits import Limits
 from mhsa.models import DEVICES
 
@@ -82,18 +83,15 @@ def flag(raw: str) -> bool:
     return raw in ("1", "true")
 
 
-_HEAD_LABEL = re.compile(r"^L(\d{1,4})H(\d{1,4})$")
-
-
 def heads_param(raw: str) -> list[str]:
     """Heads as ``L{layer}H{head}`` labels, comma-separated (at most 256 of them)."""
     labels = [p.strip() for p in raw.split(",") if p.strip()]
     if len(labels) > 256:
         raise ValueError("names more than 256 heads")
-    for item in labels:
-        if not _HEAD_LABEL.match(item):
-            raise ValueError("must be heads written as L<layer>H<head>, separated by commas")
-    return sorted(set(labels), key=lambda s: tuple(map(int, s[1:].split("H"))))
+    try:
+        return sorted(set(labels), key=parse_head_label)  # parses, so checks, every label
+    except ValueError:
+        raise ValueError("must be heads written as L<layer>H<head>, separated by commas") from None
 
 
 def heads_list_param(raw: str) -> list[int]:

@@ -1,0 +1,206 @@
+"""The forward pass: a model through its own attention, or with every attention block swapped for
+our module; and the ``AttentionResult`` of an encoded text.
+
+"The model's" means the model's own (eager) attention modules; "our" means the project's
+``MultiHeadSelfAttention`` running in their place (``mhsa.adapters``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from mhsa.adapters import OwnBlock, Run, run_own_forward
+from mhsa.encoding import Encoded
+from mhsa.errors import ModelLoadError
+from mhsa.models import LoadedModel
+from mhsa.result import AttentionResult
+
+__all__ = [
+    "ForwardPass",
+    "StopPass",
+    "is_causal",
+    "make_result",
+    "model_forward",
+    "our_attention",
+    "our_forward",
+    "require_attentions",
+]
+
+
+@dataclass(frozen=True)
+class ForwardPass:
+    """One sentence's pass (batch 1), still on the model's device.
+
+    Attributes:
+        attention: every layer's weights, ``[L, H, T, T]``.
+        causal: whether the model masks later tokens.
+        extra: further ``AttentionResult`` fields (encoder-decoder models: decoder and cross
+            attention as numpy arrays).
+        last_hidden: the final hidden state, when the model gives one.
+    """
+
+    attention: torch.Tensor  # (L, H, T, T)
+    causal: bool
+    extra: dict[str, Any]
+    last_hidden: torch.Tensor | None = None
+
+
+def require_attentions(attentions: Any, what: str, name: str) -> tuple[torch.Tensor, ...]:
+    """The model's per-layer attentions, or a clear error when it gave none.
+
+    Args:
+        attentions: what the model returned as ``attentions`` (or ``encoder_attentions``, ...).
+        what: which attention, for the message: ``"self"``, ``"encoder"``, ``"cross"``, ...
+        name: the model's name, for the message.
+
+    Raises:
+        ModelLoadError: some layer gave no weights.
+    """
+    if not attentions or any(a is None for a in attentions):
+        raise ModelLoadError(
+            f"Model {name!r} returned no {what}-attention weights: its architecture does not "
+            f"expose attention with eager attention. Choose a BERT-, GPT-2- or T5/BART-style model."
+        )
+    return tuple(attentions)
+
+
+def _to_numpy(attentions: tuple[torch.Tensor, ...]) -> np.ndarray:
+    return torch.stack([a[0] for a in attentions]).float().cpu().numpy()  # (L, H, T, S)
+
+
+def is_causal(attentions: Any) -> bool:
+    """A model masks later tokens when its first head has no weight above the diagonal.
+
+    Args:
+        attentions: per-layer weights ``[B, H, T, S]``; the first sentence of the first layer is
+            read.
+    """
+    first = attentions[0][0, 0]  # (T, S)
+    return first.shape[-1] > 1 and not bool(first.triu(1).any())
+
+
+def model_forward(lm: LoadedModel, inputs: dict[str, torch.Tensor]) -> ForwardPass:
+    """The model through its own eager attention, every layer (batch 1)."""
+    name = lm.display_name
+    outputs = lm.model(**inputs, output_attentions=True, return_dict=True)
+    extra: dict[str, Any] = {}
+    if lm.is_encoder_decoder:
+        theirs = require_attentions(getattr(outputs, "encoder_attentions", None), "encoder", name)
+        extra = {
+            "decoder_attention": _to_numpy(
+                require_attentions(getattr(outputs, "decoder_attentions", None), "decoder", name)
+            ),
+            "cross_attention": _to_numpy(
+                require_attentions(getattr(outputs, "cross_attentions", None), "cross", name)
+            ),
+        }
+    else:
+        theirs = require_attentions(getattr(outputs, "attentions", None), "self", name)
+    hidden = getattr(outputs, "last_hidden_state", None)
+    return ForwardPass(torch.stack([a[0] for a in theirs]), is_causal(theirs), extra, hidden)
+
+
+class StopPass(Exception):
+    """Raised by a forward hook to end a pass once the last attention weights are in (the rest
+    of the model changes none): our blocks here, the model's own modules in ``mhsa.corpus``."""
+
+
+def _stop_pass(_module: Any, _args: Any, _output: Any) -> None:
+    raise StopPass
+
+
+def our_attention(
+    lm: LoadedModel,
+    blocks: list[OwnBlock],
+    inputs: dict[str, torch.Tensor],
+    gates: dict[int, torch.Tensor] | None = None,
+    *,
+    whole: bool = True,
+) -> tuple[torch.Tensor, Any]:
+    """Every layer's weights with every attention block swapped for ours, and the model's outputs.
+
+    Args:
+        lm: the model.
+        blocks: our blocks, one per attention block (``mhsa.adapters.own_blocks``).
+        inputs: a batch of model inputs, on the model's device.
+        gates: per layer, head gates ``[H]`` or ``[B, H]`` (1 keeps a head, 0 switches it
+            off); layers not listed: all heads on.
+        whole: False: the pass stops once the last block has written its weights (the
+            feed-forward block above it and any head on top change no weight), and the outputs
+            are None.
+
+    Returns:
+        ``(weights, outputs)``: every layer's weights in one preallocated ``[L, B, H, T, T]``
+        array, and the model's outputs (None when ``whole`` is False).
+    """
+    b, n = inputs["input_ids"].shape
+    first = blocks[0].ours
+    sink = first.qkv.weight.new_empty(len(blocks), b, first.num_heads, n, n)
+    run = Run(gates=gates or {}, sink=sink)
+    if whole:
+        return sink, run_own_forward(lm, blocks, run, inputs)
+    handle = blocks[-1].register_forward_hook(_stop_pass)
+    try:
+        run_own_forward(lm, blocks, run, inputs)
+    except StopPass:
+        pass
+    finally:
+        handle.remove()
+    return sink, None
+
+
+def our_forward(
+    lm: LoadedModel, inputs: dict[str, torch.Tensor], blocks: list[OwnBlock]
+) -> ForwardPass:
+    """The whole model with every attention block swapped for ours (batch 1)."""
+    sink, outputs = our_attention(lm, blocks, inputs)
+    hidden = getattr(outputs, "last_hidden_state", None)
+    return ForwardPass(sink[:, 0], blocks[0].causal, {}, hidden)
+
+
+def make_result(
+    lm: LoadedModel,
+    encoded: Encoded,
+    text: str,
+    attention: np.ndarray,
+    *,
+    engine: str,
+    timings: dict[str, float],
+    causal: bool,
+    **fields: Any,
+) -> AttentionResult:
+    """The ``AttentionResult`` of an encoded text and its ``[L, H, T, T]`` attention.
+
+    Args:
+        lm: the model that ran.
+        encoded: the text as ``encode`` gave it.
+        text: the text as typed.
+        attention: ``[L, H, T, T]`` on the CPU (copied to contiguous float32 if it is not).
+        engine: the engine's name.
+        timings: seconds per step (``load``, ``forward``, ...).
+        causal: whether the model masks later tokens.
+        **fields: further ``AttentionResult`` fields (``seed``, ``text_pair``, agreement, ...).
+    """
+    tokens = encoded.tokens
+    return AttentionResult(
+        text=text,
+        tokens=list(tokens.strings),
+        attention=np.ascontiguousarray(attention, dtype=np.float32),
+        offsets=list(tokens.offsets),
+        special=list(tokens.special),
+        punctuation=list(tokens.punctuation),
+        word_ids=list(tokens.word_ids),
+        model=lm.display_name,
+        engine=engine,
+        device=str(lm.device),
+        num_parameters=lm.num_parameters,
+        timings=timings,
+        causal=causal,
+        truncated_tokens=encoded.truncated,
+        facts=lm.facts(),
+        **fields,
+    )
