@@ -1,6 +1,6 @@
 """Serve the app as a deployment runs it: check the operator's settings, then start Streamlit
 with the production settings of ``.streamlit/config.toml`` (no source watcher, no full garbage
-collection after each run; see BENCHMARKS.md, "Load").
+collection after each run; see BENCHMARKS.md §8).
 
     python -m ui.serve [--dev] [Streamlit options, e.g. --server.port=8502]
 

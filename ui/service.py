@@ -89,7 +89,7 @@ _frozen = threading.Lock()
 def _freeze_long_lived_objects() -> None:
     """Move every object alive now (torch, transformers, the first model) out of the garbage
     collector's reach, once per process: a full collection then visits only what the sessions
-    made since, which keeps memory level at little cost per run (BENCHMARKS.md, "Load")."""
+    made since, which keeps memory level at little cost per run (BENCHMARKS.md §8)."""
     if _frozen.acquire(blocking=False):
         gc.collect()
         gc.freeze()
