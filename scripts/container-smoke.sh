@@ -100,10 +100,13 @@ if ! curl -fsS http://127.0.0.1:8501/_stcore/health >/dev/null 2>&1; then
 fi
 podman --runtime runc exec "$NAME" whoami | grep -qv root && echo "runs as non-root: $(podman --runtime runc exec "$NAME" id -u)"
 # A bad MHSA_MAX_HEAVY stops the container at start, with a message naming the variable.
-if podman --runtime runc run --rm -e MHSA_MAX_HEAVY=0 "$IMAGE" >"$WORK/bad.log" 2>&1; then
+if podman --runtime runc run --rm --network host -e MHSA_MAX_HEAVY=0 \
+  --ulimit "nofile=$(ulimit -Hn):$(ulimit -Hn)" --ulimit nproc=32768:32768 \
+  "$IMAGE" >"$WORK/bad.log" 2>&1; then
   echo "MHSA_MAX_HEAVY=0 started the server"; exit 1
 fi
-grep -q "MHSA_MAX_HEAVY" "$WORK/bad.log" && echo "MHSA_MAX_HEAVY=0: refused at start"
+grep -q "MHSA_MAX_HEAVY" "$WORK/bad.log" || { echo "no message naming MHSA_MAX_HEAVY:"; cat "$WORK/bad.log"; exit 1; }
+echo "MHSA_MAX_HEAVY=0: refused at start"
 # The model policy inside the running container: a link cannot make it load another model.
 podman --runtime runc exec "$NAME" python3 -c "
 from mhsa.limits import Limits
