@@ -96,6 +96,7 @@ def finish() -> None:
     """Mirror the final selections into the URL (call at the end of a page), say which value
     is too long to travel in a link, and offer the page's figures as one download."""
     _download_figures()
+    service.collect_now_and_then()
     too_long = sync_url(st.session_state.get("_mhsa_params", GLOBAL_PARAMS))
     if too_long:
         with st.sidebar:

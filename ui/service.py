@@ -17,6 +17,7 @@ import functools
 import gc
 import hashlib
 import io
+import itertools
 import os
 import re
 import threading
@@ -93,6 +94,21 @@ def _freeze_long_lived_objects() -> None:
     if _frozen.acquire(blocking=False):
         gc.collect()
         gc.freeze()
+
+
+#: a full garbage collection every this many page runs, process-wide (``collect_now_and_then``)
+GC_EVERY_RUNS = 16
+_page_runs = itertools.count(1)
+
+
+def collect_now_and_then() -> None:
+    """A full garbage collection at the end of every ``GC_EVERY_RUNS``-th page run of the
+    process, instead of Streamlit's after every run (``runner.postScriptGC``, off): with the
+    long-lived objects frozen it visits only what sessions made since, and cyclic garbage
+    (figures, results) is freed within a few runs rather than whenever Python's own thresholds
+    get to it."""
+    if next(_page_runs) % GC_EVERY_RUNS == 0:
+        gc.collect()
 
 
 @st.cache_resource(max_entries=LIMITS.model_cache, show_spinner="Loading the model…")
