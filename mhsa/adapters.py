@@ -15,6 +15,18 @@ import torch
 from torch import nn
 
 from mhsa.attention import MultiHeadSelfAttention, RotaryEmbedding
+from mhsa.families.gemma import is_gemma, is_gemma2, is_gemma3, load_gemma
+from mhsa.families.modernbert import (
+    is_modernbert,
+    load_modernbert,
+    modernbert_finish,
+    store_modernbert,
+)
+from mhsa.families.olmo2 import is_olmo2, load_olmo2
+from mhsa.families.parts import window_of
+from mhsa.families.phi3 import is_phi3, load_phi3, phi3_values, store_phi3
+from mhsa.families.projected import store_projected
+from mhsa.families.qwen3 import is_qwen3, load_qwen3
 
 __all__ = [
     "FAMILIES",
@@ -227,7 +239,11 @@ def store_gpt2(ours: MultiHeadSelfAttention, attention: nn.Module) -> None:
 
 # --- Llama-style ------------------------------------------------------------------------------
 def _is_llama(m: nn.Module) -> bool:
-    return all(hasattr(m, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim"))
+    """Llama's layout, less the blocks the newer families of the same layout claim (q/k norms:
+    Qwen3, OLMo 2, Gemma 3; soft-capping: Gemma 2/3; Gemma)."""
+    claimed = (is_qwen3, is_olmo2, is_gemma, is_gemma2, is_gemma3)
+    layout = all(hasattr(m, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim"))
+    return layout and not any(claims(m) for claims in claimed)
 
 
 def _llama_linears(attention: nn.Module) -> tuple[nn.Module, ...]:
@@ -300,7 +316,9 @@ def _load_llama_of_model(block: nn.Module, model: nn.Module) -> MultiHeadSelfAtt
     for unsupported in ("attn_logit_softcapping", "query_pre_attn_scalar"):
         if getattr(config, unsupported, None) is not None:
             raise ValueError(f"the model's attention uses {unsupported}")
-    return load_llama(block, rotary_of(model))
+    ours = load_llama(block, rotary_of(model))
+    ours.sliding_window = window_of(block)  # Mistral, Qwen2 configs with a window
+    return ours
 
 
 # --- BART family ----------------------------------------------------------------------------
@@ -435,6 +453,72 @@ FAMILIES: tuple[Family, ...] = (
         values=lambda block: (block.v, _whole),
         score_bias=t5_position_bias,
         returns=_t5_returns,
+    ),
+    Family(
+        "Qwen3",
+        "q_proj/k_proj/v_proj/o_proj with an RMSNorm of each head's query and key (q_norm/k_norm)",
+        is_qwen3,
+        load_qwen3,
+        lambda block: bool(getattr(block, "is_causal", True)),
+        store=store_projected,
+        values=lambda block: (block.v_proj, _whole),
+    ),
+    Family(
+        "Gemma",
+        "Llama's layout; embeddings scaled by sqrt(d_model), norms x / rms(x) * (1 + w)",
+        is_gemma,
+        load_gemma,
+        lambda block: bool(getattr(block, "is_causal", True)),
+        store=store_projected,
+        values=lambda block: (block.v_proj, _whole),
+    ),
+    Family(
+        "Gemma 2",
+        "q_proj/k_proj/v_proj/o_proj with attention-logit soft-capping, query_pre_attn_scalar, "
+        "sliding windows on alternate layers, norms after attention and MLP outputs",
+        is_gemma2,
+        load_gemma,
+        lambda block: bool(getattr(block, "is_causal", True)),
+        store=store_projected,
+        values=lambda block: (block.v_proj, _whole),
+    ),
+    Family(
+        "Gemma 3 (text)",
+        "Gemma 2's layout with per-head q/k norms (1 + w) and local rope on sliding layers",
+        is_gemma3,
+        load_gemma,
+        lambda block: bool(getattr(block, "is_causal", True)),
+        store=store_projected,
+        values=lambda block: (block.v_proj, _whole),
+    ),
+    Family(
+        "OLMo 2",
+        "q_proj/k_proj/v_proj/o_proj with an RMSNorm of the whole query and key projections, "
+        "norms after attention and MLP outputs",
+        is_olmo2,
+        load_olmo2,
+        lambda block: bool(getattr(block, "is_causal", True)),
+        store=store_projected,
+        values=lambda block: (block.v_proj, _whole),
+    ),
+    Family(
+        "Phi-3",
+        "fused qkv_proj + o_proj with rotary positions (partial) and grouped-query attention",
+        is_phi3,
+        load_phi3,
+        lambda block: bool(getattr(block, "is_causal", True)),
+        store=store_phi3,
+        values=phi3_values,
+    ),
+    Family(
+        "ModernBERT",
+        "fused Wqkv + Wo with rotary positions, global and local (sliding-window) layers",
+        is_modernbert,
+        load_modernbert,
+        lambda _block: False,
+        modernbert_finish,
+        store_modernbert,
+        lambda block: (block.Wqkv, lambda qkv: qkv[..., 2 * block.config.hidden_size :]),
     ),
 )
 
