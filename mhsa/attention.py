@@ -341,14 +341,14 @@ class MultiHeadSelfAttention(nn.Module):
         k = observed(observe, "K", k)  # (B, S, G Dh)
         if v is not None:
             v = observed(observe, "V", v)  # (B, S, G Dh)
-        if self.q_norm is not None:
-            q = observed(observe, "normed Q", self.q_norm(q))  # (B, T, H Dh)
-        if self.k_norm is not None:
-            k = observed(observe, "normed K", self.k_norm(k))  # (B, S, G Dh)
         q = observed(observe, "per-head Q", self._split_heads(q))  # (B, H, T, Dh)
         k = observed(observe, "per-head K", self._split_heads(k))  # (B, G, S, Dh)
         if v is not None:
             v = observed(observe, "per-head V", self._split_heads(v))  # (B, G, S, Dh)
+        if self.q_norm is not None:
+            q = observed(observe, "normed Q", self.q_norm.per_head_layout(q))  # (B, H, T, Dh)
+        if self.k_norm is not None:
+            k = observed(observe, "normed K", self.k_norm.per_head_layout(k))  # (B, G, S, Dh)
         if self.rotary is None:
             return q, k, v
         if q.shape[2] != k.shape[2]:

@@ -1,5 +1,6 @@
-"""RMSNorm of queries and keys (q/k normalisation), as our module applies it after the Q and K
-projections: per head (Qwen3, Gemma 3) or over the whole projection (OLMo 2).
+"""RMSNorm of queries and keys (q/k normalisation), as our module applies it to Q and K once split
+into heads, before rotary positions: per head (Qwen3, Gemma 3) or over the whole projection
+(OLMo 2).
 
 ``x / sqrt(mean(x^2) + eps) * w`` (Zhang & Sennrich 2019), or ``* (1 + w)`` with Gemma's unit
 offset; computed in float32 and multiplied by the weight before rounding back, as transformers'
@@ -41,6 +42,15 @@ class RMSNorm(nn.Module):
     def reset_parameters(self) -> None:
         """The identity's weight: 0 with a unit offset, else 1."""
         nn.init.constant_(self.weight, 0.0 if self.unit_offset else 1.0)
+
+    def per_head_layout(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[B, n, T, Dh]`` (split into heads) normalised, of the same shape: per head
+        directly, over the whole projection through ``[B, T, n Dh]``."""
+        if self.per_head:
+            return self(x)
+        b, n, t, dh = x.shape
+        whole = x.transpose(1, 2).reshape(b, t, n * dh)  # (B, T, n Dh)
+        return self(whole).view(b, t, n, dh).transpose(1, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[B, T, n Dh]`` normalised, of the same shape and dtype."""

@@ -72,14 +72,26 @@ class OurPass:
 
 
 class _Replay(nn.Module):
-    """Stands in for a whole layer: returns what the layer returned earlier for this input."""
+    """Stands in for a whole layer: returns what the layer returned earlier for this input.
+    Other attributes are the layer's (a model's loop may read them: ModernBERT's
+    ``attention_type``)."""
 
-    def __init__(self, output: Any) -> None:
+    def __init__(self, output: Any, layer: nn.Module) -> None:
         super().__init__()
         self._output = (output,)  # a tuple: tensors inside are not registered as buffers
+        self._layer = (layer,)  # likewise: not a submodule
 
     def forward(self, *_args: Any, **_kwargs: Any) -> Any:
         return self._output[0]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            layer = self.__dict__.get("_layer")
+            if layer is None:
+                raise
+            return getattr(layer[0], name)
 
 
 def _repeat_hidden(rows: int) -> Callable[..., Any]:
@@ -450,7 +462,7 @@ def through_our_module(
             if block.layer in our_pass.replay:
                 outer, name = block.layer_place
                 replaced.append((outer, name, layer))
-                setattr(outer, name, _Replay(our_pass.replay[block.layer]))
+                setattr(outer, name, _Replay(our_pass.replay[block.layer], layer))
         yield our_pass
     finally:
         for handle in handles:

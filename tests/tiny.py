@@ -136,7 +136,13 @@ def tiny_family(name: str):
         model = tf.Olmo2ForCausalLM(tf.Olmo2Config(**gqa))
     elif name == "phi3":
         sizes = {k: v for k, v in gqa.items() if k != "head_dim"}
-        config = tf.Phi3Config(**sizes, partial_rotary_factor=0.5, sliding_window=4, pad_token_id=0)
+        config = tf.Phi3Config(
+            **sizes,
+            partial_rotary_factor=0.5,
+            sliding_window=8,
+            pad_token_id=0,
+            initializer_range=0.2,
+        )
         model = tf.Phi3ForCausalLM(config)
     elif name == "modernbert":
         config = tf.ModernBertConfig(
@@ -146,6 +152,7 @@ def tiny_family(name: str):
             num_hidden_layers=3,
             num_attention_heads=4,
             local_attention=4,
+            initializer_range=0.2,
             pad_token_id=_PAD,
             bos_token_id=_CLS,
             eos_token_id=_SEP,

@@ -1,0 +1,478 @@
+"""The families of issue 39 part A (Qwen3, Gemma, Gemma 2, Gemma 3, OLMo 2, Phi-3, ModernBERT)
+through our module, and every tool on each, on tiny random models saved to a folder and opened
+by path (``tests.tiny.tiny_family``). One test per tool, parametrised over the families; each
+checked against the plain transformers model (its eager attention, torch hooks).
+"""
+
+from __future__ import annotations
+
+import itertools
+from copy import deepcopy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mhsa
+from mhsa.attention import RMSNorm, attention_core
+from mhsa.swap import OurPass, forward_through_ours, our_blocks
+from tests.tiny import FAMILY_MODELS, save_tiny, tiny_family
+
+TEXT = "The quick brown fox jumps over the lazy dog, then sleeps."
+CLEAN, CORRUPTED = "the cat sat on the mat and the cat", "the dog sat on the mat and the cat"
+DECODERS = [f for f in FAMILY_MODELS if f != "modernbert"]
+TOL = 1e-4
+
+_LOADED: dict[str, mhsa.LoadedModel] = {}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory):
+    return tmp_path_factory.mktemp("families")
+
+
+def _model(name: str, folder) -> mhsa.LoadedModel:
+    if name not in _LOADED:
+        path = save_tiny(folder / name, tiny_family(name))
+        _LOADED[name] = mhsa.load_model(path, device="cpu")
+    return _LOADED[name]
+
+
+@pytest.fixture(params=FAMILY_MODELS)
+def lm(request, folder) -> mhsa.LoadedModel:
+    return _model(request.param, folder)
+
+
+@pytest.fixture(params=DECODERS)
+def decoder(request, folder) -> mhsa.LoadedModel:
+    return _model(request.param, folder)
+
+
+def _out_proj(block: torch.nn.Module) -> torch.nn.Module:
+    return getattr(block, "o_proj", None) or block.Wo
+
+
+def _inputs(lm: mhsa.LoadedModel, texts: list[str]) -> dict[str, torch.Tensor]:
+    return dict(lm.tokenizer(texts, return_tensors="pt", padding=True))
+
+
+def _own_blocks(lm: mhsa.LoadedModel) -> list[torch.nn.Module]:
+    with lm.lock:
+        return [b.original for b in our_blocks(lm)]
+
+
+# --- the attention features, against transformers' own definitions ------------------------------
+
+
+def test_sliding_windows_are_transformers_masks() -> None:
+    """The band of ``attention_core`` is transformers' causal sliding window (Mistral, Gemma)
+    and its bidirectional one (ModernBERT: distance <= window - 1), key for key."""
+    from transformers.masking_utils import (
+        sliding_window_bidirectional_overlay,
+        sliding_window_causal_mask_function,
+    )
+
+    t, window = 9, 3
+    q = torch.randn(1, 2, t, 4)
+    for causal, allowed in (
+        (True, sliding_window_causal_mask_function(window)),
+        (False, sliding_window_bidirectional_overlay(window - 1)),
+    ):
+        _, weights = attention_core(q, q, None, is_causal=causal, sliding_window=window)
+        index = [torch.tensor(i) for i in range(t)]
+        want = torch.tensor([[bool(allowed(0, 0, i, j)) for j in index] for i in index])
+        assert torch.equal(weights[0, 0] > 0, want), causal
+        assert 0 < int(want.sum()) < t * t  # a band, not everything or nothing
+
+
+def test_softcap_caps_the_scaled_scores_before_the_mask() -> None:
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 5, 4, generator=gen) * 3 for _ in range(2))
+    cap, scale = 0.7, 0.5
+    _, weights = attention_core(q, k, None, is_causal=True, scale=scale, softcap=cap)
+    scores = torch.tanh(q @ k.transpose(-1, -2) * scale / cap) * cap
+    scores = scores.masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), float("-inf"))
+    torch.testing.assert_close(weights, scores.softmax(-1), atol=1e-6, rtol=0)
+    uncapped = attention_core(q, k, None, is_causal=True, scale=scale)[1]
+    assert float((uncapped - weights).abs().max()) > 1e-2  # the cap changed something
+
+
+@pytest.mark.parametrize(
+    ("cls", "per_head", "unit_offset"),
+    [
+        ("qwen3.modeling_qwen3.Qwen3RMSNorm", True, False),
+        ("gemma3.modeling_gemma3.Gemma3RMSNorm", True, True),
+        ("olmo2.modeling_olmo2.Olmo2RMSNorm", False, False),
+    ],
+)
+def test_rms_norm_is_the_families_own(cls: str, per_head: bool, unit_offset: bool) -> None:
+    import importlib
+
+    module, name = cls.rsplit(".", 1)
+    theirs = getattr(importlib.import_module(f"transformers.models.{module}"), name)(
+        8 if per_head else 24
+    )
+    with torch.no_grad():
+        theirs.weight.normal_()
+    eps = getattr(theirs, "variance_epsilon", getattr(theirs, "eps", None))
+    ours = RMSNorm(theirs.weight, eps, unit_offset=unit_offset, per_head=per_head)
+    x = torch.randn(2, 5, 24)  # 3 heads of 8
+    want = theirs(x.view(2, 5, 3, 8)).reshape(2, 5, 24) if per_head else theirs(x)
+    torch.testing.assert_close(ours(x), want, atol=1e-6, rtol=0)
+    heads = x.view(2, 5, 3, 8).transpose(1, 2)  # (B, n, T, Dh): our module's layout
+    torch.testing.assert_close(
+        ours.per_head_layout(heads), want.view(2, 5, 3, 8).transpose(1, 2), atol=1e-6, rtol=0
+    )
+
+
+# --- point 2: the engine, store -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_engine_runs_through_our_module_and_equals_the_eager_model(lm, monkeypatch) -> None:
+    own = _own_blocks(lm)
+    classes = {type(b) for b in own}
+    with monkeypatch.context() as patch:
+        for cls in classes:
+
+            def refuse(*_a, **_k):
+                raise AssertionError("the model's own attention ran")
+
+            patch.setattr(cls, "forward", refuse)
+        ours = mhsa.attend(TEXT, model=lm, engine="mhsa")
+        inputs = _inputs(lm, [TEXT, "A short one."])
+        with torch.inference_mode():
+            mine = forward_through_ours(lm, inputs, OurPass(need_weights=False)).last_hidden_state
+    theirs = mhsa.attend(TEXT, model=lm, engine="transformers")
+    per_layer = np.abs(ours.attention - theirs.attention).max(axis=(1, 2, 3))
+    assert per_layer.max() <= TOL, per_layer
+    with torch.inference_mode(), lm.lock:
+        model_hidden = lm.model(**inputs).last_hidden_state
+    real = inputs["attention_mask"].bool()
+    assert float((mine - model_hidden)[real].abs().max()) <= TOL
+    assert float(model_hidden.abs().max()) > 0.1
+    verified = mhsa.attend(TEXT, model=lm, engine="mhsa", verify=True)
+    assert verified.max_abs_diff <= TOL and verified.hidden_max_abs_diff <= TOL
+
+
+def test_our_module_alone_reproduces_every_layer_without_the_models_mask(lm) -> None:
+    """Window, soft-cap, q/k norms and the layer type's rope are our module's own options:
+    given only each layer's input, our module gives the layer's weights (the model's eager
+    attention, hooked) without the model's mask."""
+    own = _own_blocks(lm)
+    seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def keep(layer: int):
+        def hook(_m, args, kwargs, out):
+            x = args[0] if args else kwargs["hidden_states"]
+            seen[layer] = (x.detach(), out[1].detach())
+
+        return hook
+
+    handles = [b.register_forward_hook(keep(i), with_kwargs=True) for i, b in enumerate(own)]
+    try:
+        with torch.inference_mode(), lm.lock:
+            lm.model(**_inputs(lm, [TEXT]))
+    finally:
+        for h in handles:
+            h.remove()
+    with lm.lock:
+        blocks = our_blocks(lm)
+    windows = [b.ours.sliding_window for b in blocks]
+    assert any(w is not None for w in windows) or lm.config.model_type in ("gemma", "olmo2")
+    for i, block in enumerate(blocks):
+        x, want = seen[i]
+        with torch.inference_mode():
+            got = block.ours.attention_weights(x, is_causal=block.causal)
+        assert float((got - want).abs().max()) <= 1e-5, (i, block.family.name)
+
+
+def test_store_writes_our_weights_back_bit_for_bit(lm) -> None:
+    with lm.lock:
+        blocks = our_blocks(lm)
+    for block in blocks:
+        copy = deepcopy(block.original)
+        params = dict(copy.named_parameters())
+        assert len(params) >= 2
+        with torch.no_grad():
+            for p in params.values():
+                p.add_(1.0)
+        block.family.store(block.ours, copy)
+        for name, p in block.original.named_parameters():
+            assert torch.equal(params[name], p), (block.family.name, name)
+
+
+# --- point 3: every tool ------------------------------------------------------------------------
+
+
+def _zeroed_heads_run(lm, heads: list[tuple[int, int]]):
+    """The plain model with ``heads`` zeroed before their output projection: attention and
+    the language-model loss (causal) by hand."""
+    own = _own_blocks(lm)
+    d_head = lm.config.hidden_size // lm.config.num_attention_heads
+    d_head = getattr(own[0], "head_dim", d_head)
+
+    def zero(hs: list[int]):
+        def hook(_m, args):
+            x = args[0].clone()
+            for h in hs:
+                x[..., h * d_head : (h + 1) * d_head] = 0
+            return (x, *args[1:])
+
+        return hook
+
+    handles = []
+    for layer, group in itertools.groupby(sorted(heads), key=lambda lh: lh[0]):
+        hs = [h for _, h in group]
+        handles.append(_out_proj(own[layer]).register_forward_pre_hook(zero(hs)))
+    inputs = _inputs(lm, [TEXT])
+    try:
+        with torch.inference_mode(), lm.lock:
+            out = lm.model(**inputs, output_attentions=True)
+            loss = None
+            if lm.lm_head == "causal":
+                loss = float(lm.head_model(**inputs, labels=inputs["input_ids"]).loss)
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.stack([a[0] for a in out.attentions]).numpy(), loss
+
+
+@pytest.mark.slow
+def test_knock_outs_equal_zeroing_heads_before_the_models_output_projection(lm) -> None:
+    off = [(0, 1), (0, 3)]
+    a = mhsa.ablate(TEXT, [f"L{li}H{h}" for li, h in off], model=lm)
+    attention, loss = _zeroed_heads_run(lm, off)
+    np.testing.assert_allclose(a.ablated.attention, attention, atol=1e-5)
+    assert np.abs(a.ablated.attention[1:] - a.intact.attention[1:]).max() > 1e-4
+    if loss is not None:
+        assert a.ablated_value == pytest.approx(loss, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_pruning_ends_at_the_model_with_every_head_zeroed(lm) -> None:
+    layers, heads = lm.config.num_hidden_layers, lm.config.num_attention_heads
+    curve = mhsa.pruning_curve([TEXT], model=lm, steps=2, order="importance")
+    rows = curve[curve["order"] == "importance"].set_index("heads_pruned")
+    intact = mhsa.ablate(TEXT, [], model=lm)
+    assert rows.loc[0, "metric"] == pytest.approx(intact.intact_value, abs=1e-5)
+    if lm.lm_head == "causal":
+        everything = [(li, h) for li in range(layers) for h in range(heads)]
+        _, loss = _zeroed_heads_run(lm, everything)
+        assert rows.loc[layers * heads, "metric"] == pytest.approx(loss, abs=1e-5)
+    importance = mhsa.head_importance([TEXT], model=lm, method="gradient")
+    assert len(importance) == layers * heads and importance["importance"].max() > 0
+
+
+@pytest.mark.slow
+def test_value_norms_of_both_engines_agree(lm) -> None:
+    ours = mhsa.attend(TEXT, model=lm, engine="mhsa", norms=True)
+    theirs = mhsa.attend(TEXT, model=lm, engine="transformers", norms=True)
+    np.testing.assert_allclose(ours.norms, theirs.norms, atol=1e-4)
+    assert float(np.abs(ours.norms).max()) > 1e-3
+
+
+def test_value_composition_equals_the_weights_by_hand(lm) -> None:
+    """V composition (Elhage et al.) from the model's own W_V (its value projection fed the
+    identity, through the family's ``values``) and W_O."""
+    table = mhsa.head_composition(model=lm, kind="V")
+    with lm.lock:
+        blocks = our_blocks(lm)
+    ovs = []
+    for block in blocks:
+        module, take = block.family.values(block.original)
+        eye = torch.eye(lm.config.hidden_size)
+        with torch.no_grad():
+            w_v = take(module(eye)) - take(module(torch.zeros_like(eye)))  # (D, G Dh)
+        ours = block.ours
+        w_v = w_v.view(-1, ours.num_kv_heads, ours.d_head).repeat_interleave(ours.groups, 1)
+        w_o = _out_proj(block.original).weight.detach().t().view(ours.num_heads, ours.d_head, -1)
+        ovs += [w_v[:, h] @ w_o[h] for h in range(ours.num_heads)]
+    h = blocks[0].ours.num_heads
+    a, b = 1, h + 2  # L0H1 writes, L1H2 reads
+    want = torch.linalg.norm(ovs[a] @ ovs[b]) / (
+        torch.linalg.norm(ovs[a]) * torch.linalg.norm(ovs[b])
+    )
+    assert table.iloc[a, b] == pytest.approx(float(want), abs=1e-5)
+    assert table.iloc[b, a] == 0  # a later head does not write into an earlier one
+
+
+@pytest.mark.parametrize("what", ["z", "q", "k", "v", "pattern"])
+@pytest.mark.slow
+def test_patching_moves_the_corrupted_run_to_the_clean_one(decoder, what) -> None:
+    """Patching every head of both layers at once gives the clean run back (z, pattern at the
+    last layer; q, k, v at layer 0 upwards); each head's own patch is measured."""
+    table = mhsa.patch_heads(CLEAN, CORRUPTED, model=decoder, answer="mat", wrong="sat", what=what)
+    assert table.attrs["what"] == what
+    clean, corrupted = table.attrs["clean"], table.attrs["corrupted"]
+    assert abs(clean - corrupted) > 1e-4
+    assert np.isfinite(table["patched"]).all() and np.ptp(table["patched"]) > 0
+    tok = decoder.tokenizer
+    with torch.inference_mode(), decoder.lock:
+        logits = decoder.head_model(**tok(CLEAN, return_tensors="pt")).logits[0, -1]
+    a, w = (tok(" " + t, add_special_tokens=False)["input_ids"][0] for t in ("mat", "sat"))
+    cap = getattr(decoder.config, "final_logit_softcapping", None)
+    diff = float(logits[a] - logits[w])
+    if cap is None:
+        assert clean == pytest.approx(diff, abs=1e-4)
+
+
+def test_patching_head_outputs_equals_hand_patching(decoder) -> None:
+    """``z`` of one head of layer 0 taken from the clean run into the corrupted one, by hand
+    with hooks before the model's own output projection."""
+    table = mhsa.patch_heads(CLEAN, CORRUPTED, model=decoder, answer="mat", wrong="sat")
+    own = _own_blocks(decoder)
+    d_head = own[0].head_dim
+    tok = decoder.tokenizer
+    clean, corrupted = (tok(t, return_tensors="pt") for t in (CLEAN, CORRUPTED))
+    seen: list[torch.Tensor] = []
+    proj = _out_proj(own[0])
+    handle = proj.register_forward_pre_hook(lambda _m, args: seen.append(args[0].clone()))
+    a, w = (tok(" " + t, add_special_tokens=False)["input_ids"][0] for t in ("mat", "sat"))
+    with torch.inference_mode(), decoder.lock:
+        decoder.head_model(**clean)
+        handle.remove()
+        cols = slice(2 * d_head, 3 * d_head)
+
+        def patch(_m, args):
+            x = args[0].clone()
+            x[..., cols] = seen[0][..., cols]
+            return (x, *args[1:])
+
+        handle = proj.register_forward_pre_hook(patch)
+        try:
+            head_model = decoder.head_model
+            final = head_model.model(**corrupted).last_hidden_state[0, -1]
+            pre_cap = head_model.lm_head(final)
+        finally:
+            handle.remove()
+    hand = float(pre_cap[a] - pre_cap[w])
+    cap = getattr(decoder.config, "final_logit_softcapping", None)
+    if cap is not None:
+        hand = float(
+            np.tanh(pre_cap[a].item() / cap) * cap - np.tanh(pre_cap[w].item() / cap) * cap
+        )
+    ours = table.set_index(["layer", "head"])["patched"][(0, 2)]
+    assert ours == pytest.approx(hand, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_attribution_patching_equals_hand_autograd(decoder) -> None:
+    table = mhsa.attribution_patching(CLEAN, CORRUPTED, model=decoder, answer="mat", wrong="sat")
+    own = _own_blocks(decoder)
+    tok = decoder.tokenizer
+    a, w = (tok(" " + t, add_special_tokens=False)["input_ids"][0] for t in ("mat", "sat"))
+    caches: list[torch.Tensor] = []
+    hooks = [
+        _out_proj(b).register_forward_pre_hook(lambda _m, args: caches.append(args[0])) for b in own
+    ]
+    try:
+        with decoder.lock:
+            with torch.no_grad():
+                decoder.head_model(**tok(CLEAN, return_tensors="pt"))
+            clean = [c.detach() for c in caches]
+            caches.clear()
+            for c in own:  # gradients flow to the heads' outputs, not to the weights
+                c.requires_grad_(False)
+            embeds = (
+                decoder.head_model.get_input_embeddings()(
+                    tok(CORRUPTED, return_tensors="pt")["input_ids"]
+                )
+                .detach()
+                .requires_grad_(True)
+            )
+            logits = decoder.head_model(inputs_embeds=embeds).logits[0, -1]
+            for c in caches:
+                c.retain_grad()
+            (logits[a] - logits[w]).backward()
+    finally:
+        for h in hooks:
+            h.remove()
+    d_head = own[0].head_dim
+    hand = np.stack(
+        [
+            ((c.grad * (cl - c.detach()))[0].view(c.shape[1], -1, d_head).sum((0, 2))).numpy()
+            for c, cl in zip(caches, clean, strict=True)
+        ]
+    )
+    got = table["attribution"].to_numpy().reshape(hand.shape)
+    np.testing.assert_allclose(got, hand, atol=1e-4)
+    assert np.abs(hand).max() > 1e-5
+
+
+def test_head_roles_agree_across_engines(lm) -> None:
+    text = "one two three four one two three four"
+    ours = mhsa.detect_heads([text], "previous token", model=lm, engine="mhsa")
+    theirs = mhsa.detect_heads([text], "previous token", model=lm, engine="transformers")
+    np.testing.assert_allclose(ours.to_numpy(dtype=float), theirs.to_numpy(dtype=float), atol=1e-4)
+
+
+def test_direct_logit_attribution_sums_to_the_pre_cap_logit_difference(decoder) -> None:
+    a = mhsa.head_attribution(TEXT, model=decoder, answer="cat", wrong="dog")
+    tok = decoder.tokenizer
+    ids = tok(TEXT, return_tensors="pt")
+    seen: list[torch.Tensor] = []
+    head = decoder.head_model.get_output_embeddings()
+    handle = head.register_forward_hook(lambda _m, _a, out: seen.append(out.detach()))
+    try:
+        with torch.inference_mode(), decoder.lock:
+            decoder.head_model(**ids)  # the unembedding's output: before any final cap
+    finally:
+        handle.remove()
+    c, d = (tok(" " + t, add_special_tokens=False)["input_ids"][0] for t in ("cat", "dog"))
+    pre_cap = float(seen[0][0, -1, c] - seen[0][0, -1, d])
+    assert a.logit_diff == pytest.approx(pre_cap, abs=1e-5)
+    assert a.total == pytest.approx(pre_cap, abs=1e-4)
+    assert np.abs(a.heads).max() > 1e-4
+    cap = getattr(decoder.config, "final_logit_softcapping", None)
+    assert a.logit_softcap == cap
+
+
+def test_logit_lens_last_stage_is_the_models_logits(decoder) -> None:
+    lens = mhsa.logit_lens(TEXT, model=decoder, top_k=3)
+    tok = decoder.tokenizer
+    with torch.inference_mode(), decoder.lock:
+        logits = decoder.head_model(**tok(TEXT, return_tensors="pt")).logits[0]
+    np.testing.assert_allclose(lens.top_logits[-1], logits.topk(3).values.numpy(), atol=1e-4)
+
+
+def test_information_flow_parts_sum_to_each_blocks_output(decoder) -> None:
+    from mhsa.attribution import residual_pass
+    from mhsa.flow import flow_contributions
+
+    run = residual_pass(TEXT, model=decoder)
+    tok = decoder.tokenizer
+    with torch.inference_mode(), decoder.lock:
+        hidden = decoder.model(**tok(TEXT, return_tensors="pt"), output_hidden_states=True)
+    for layer in range(run.layers):
+        added = run.resid_pre[layer] + run.attn_out[layer] + run.mlp_out[layer]
+        torch.testing.assert_close(added, run.resid_post[layer], atol=1e-5, rtol=0)
+        for position in (0, len(run.tokens) - 1):
+            parts = run.head_outputs(layer, position).sum(0) + run.attn_bias(layer, position)
+            torch.testing.assert_close(parts, run.attn_out[layer][position], atol=1e-5, rtol=0)
+    # the residual entering layer 1 is the model's own hidden state there
+    torch.testing.assert_close(run.resid_pre[1], hidden.hidden_states[1][0], atol=1e-5, rtol=0)
+    flow = flow_contributions(TEXT, model=decoder)
+    sums = flow.attention.sum(axis=(2, 3)) + flow.attention_residual
+    np.testing.assert_allclose(sums, 1.0, atol=1e-5)
+
+
+def test_flow_terms_through_a_norm_after_attention_sum_to_its_output(folder) -> None:
+    """Gemma 2: the (key, head) terms each through the post-attention norm frozen at their
+    query add up to the norm's output (the value biases are none)."""
+    lm = _model("gemma2", folder)
+    from mhsa.attribution import residual_pass
+
+    run = residual_pass(TEXT, model=lm)
+    norm = run.post_attention_norm(0)
+    assert norm is not None
+    terms = torch.einsum("hqk,hkd,hdm->qm", run.probabilities[0], run.values[0], run.w_o[0])
+    frozen = (
+        norm(terms)
+        if isinstance(norm.inverse_scale, float)
+        else terms * norm.inverse_scale * norm.weight
+    )
+    torch.testing.assert_close(frozen, run.attn_out[0], atol=1e-5, rtol=0)
+    raw = F.rms_norm(terms, (terms.shape[-1],), eps=None)  # a different scale: no longer equal
+    assert float((raw - run.attn_out[0]).abs().max()) > 1e-3
