@@ -112,6 +112,12 @@ def _attribution(query: service.Query, answer: str, wrong: str) -> bool:
         page.error(e)
         return False
     page.figure(plots.attribution_figure(result), "logit-attribution", key="dla", decorate=False)
+    if result.logit_softcap is not None:
+        st.caption(
+            f"This model soft-caps its logits ({result.logit_softcap:g} · tanh(logit / "
+            f"{result.logit_softcap:g})). Attribution is linear only before the cap, so the "
+            "components add up to the logit difference before the cap, not to the capped one."
+        )
     page.table(
         result.frame(), "logit-attribution", label="Download the attribution (.csv)", height=240
     )
