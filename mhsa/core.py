@@ -261,6 +261,14 @@ class _Steps:
         return torch.where(weights.isnan(), 0, weights)
 
 
+def _fits(small: torch.Size, shape: torch.Size) -> bool:
+    """Whether ``small`` broadcasts to ``shape`` without changing it (``torch.broadcast_shapes``
+    in plain Python: its reference implementation costs more than a small model's step)."""
+    return len(small) <= len(shape) and all(
+        m in (1, s) for m, s in zip(reversed(small), reversed(shape), strict=False)
+    )
+
+
 class _InPlaceSteps(_Steps):
     """The same arithmetic (bit for bit) in one buffer reused from step to step, for inference:
     on the CPU a fresh ``[B, H, T, S]`` buffer per step costs more than the step itself (page
@@ -287,7 +295,7 @@ class _InPlaceSteps(_Steps):
     def mask(self, scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if mask.dtype == torch.bool:
             return scores.masked_fill_(~mask, float("-inf"))
-        if torch.broadcast_shapes(scores.shape, mask.shape) == scores.shape:
+        if _fits(mask.shape, scores.shape):
             return scores.add_(mask)
         return scores + mask
 

@@ -93,7 +93,7 @@ def perturbed_biases(lm: mhsa.LoadedModel) -> mhsa.LoadedModel:
 FAMILY_MODELS = ("qwen3", "gemma", "gemma2", "gemma3", "olmo2", "phi3", "modernbert")
 
 
-def tiny_family(name: str):
+def tiny_family(name: str, **sizes: int):
     """A tiny random model of one of ``FAMILY_MODELS`` with its head (2 layers of 4 query heads
     of 8 dimensions sharing 2 key/value heads; ModernBERT: 3 layers of 4 heads), seeded, every
     norm weight and bias moved off its initial value (a ``1 + w`` taken for ``w``, or a norm
@@ -102,12 +102,14 @@ def tiny_family(name: str):
     the attention logits and of the final logits, ``query_pre_attn_scalar`` and a window on
     layer 0; Gemma 3 per-head q/k norms, a window and its own rope base on layer 0; Phi-3
     rotary positions on half of each head and a window; ModernBERT a local window on layers
-    1 and 2."""
+    1 and 2. ``sizes`` override the decoders' sizes (``hidden_size``, ``num_hidden_layers``,
+    ``num_attention_heads``, ``head_dim``...; ModernBERT takes the same names), for
+    benchmarks."""
     import torch
     import transformers as tf
 
     torch.manual_seed(0)
-    gqa = {**DECODER_SIZES, "num_key_value_heads": 2, "head_dim": 8}
+    gqa = {**DECODER_SIZES, "num_key_value_heads": 2, "head_dim": 8, **sizes}
     if name == "qwen3":
         config = tf.Qwen3Config(
             **gqa, use_sliding_window=True, sliding_window=4, max_window_layers=1
@@ -129,7 +131,7 @@ def tiny_family(name: str):
             **gqa,
             query_pre_attn_scalar=16,
             sliding_window=4,
-            layer_types=["sliding_attention", "full_attention"],
+            layer_types=["sliding_attention", "full_attention"] * (gqa["num_hidden_layers"] // 2),
         )
         model = tf.Gemma3ForCausalLM(config)
     elif name == "olmo2":
@@ -145,12 +147,11 @@ def tiny_family(name: str):
         )
         model = tf.Phi3ForCausalLM(config)
     elif name == "modernbert":
+        shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3}
+        shape.update({k: v for k, v in sizes.items() if k in shape or k == "num_attention_heads"})
         config = tf.ModernBertConfig(
             vocab_size=30522,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=3,
-            num_attention_heads=4,
+            **{"num_attention_heads": 4, **shape},
             local_attention=4,
             initializer_range=0.2,
             pad_token_id=_PAD,
