@@ -20,7 +20,7 @@ from mhsa.swap import OurPass, forward_through_ours, our_blocks
 from tests.tiny import FAMILY_MODELS, save_tiny, tiny_family
 
 TEXT = "The quick brown fox jumps over the lazy dog, then sleeps."
-CLEAN, CORRUPTED = "the cat sat on the mat and the cat", "the dog sat on the mat and the cat"
+CLEAN, CORRUPTED = "the cat sat on the mat and the cat", "the cat sat on the mat and the dog"
 DECODERS = [f for f in FAMILY_MODELS if f != "modernbert"]
 TOL = 1e-4
 
@@ -80,8 +80,8 @@ def test_sliding_windows_are_transformers_masks() -> None:
         (False, sliding_window_bidirectional_overlay(window - 1)),
     ):
         _, weights = attention_core(q, q, None, is_causal=causal, sliding_window=window)
-        index = [torch.tensor(i) for i in range(t)]
-        want = torch.tensor([[bool(allowed(0, 0, i, j)) for j in index] for i in index])
+        index = torch.arange(t)
+        want = allowed(0, 0, index[:, None], index[None, :])  # (T, T), transformers' own rule
         assert torch.equal(weights[0, 0] > 0, want), causal
         assert 0 < int(want.sum()) < t * t  # a band, not everything or nothing
 
@@ -318,43 +318,72 @@ def test_patching_moves_the_corrupted_run_to_the_clean_one(decoder, what) -> Non
         assert clean == pytest.approx(diff, abs=1e-4)
 
 
-def test_patching_head_outputs_equals_hand_patching(decoder) -> None:
-    """``z`` of one head of layer 0 taken from the clean run into the corrupted one, by hand
-    with hooks before the model's own output projection."""
-    table = mhsa.patch_heads(CLEAN, CORRUPTED, model=decoder, answer="mat", wrong="sat")
-    own = _own_blocks(decoder)
-    d_head = own[0].head_dim
+def _site(block: torch.nn.Module, what: str) -> tuple[torch.nn.Module, bool, int]:
+    """Where ``what`` is among the model's own modules: ``(module, its input (True) or its
+    output, offset of the activation's features in that tensor)``."""
+    if what == "z":  # the concatenated heads entering the output projection
+        return _out_proj(block), True, 0
+    fused = getattr(block, "qkv_proj", None)  # Phi-3: q | k | v in one projection
+    if fused is None:
+        return getattr(block, f"{what}_proj"), False, 0
+    q = block.config.num_attention_heads * block.head_dim
+    kv = block.config.num_key_value_heads * block.head_dim
+    return fused, False, {"q": 0, "k": q, "v": q + kv}[what]
+
+
+@pytest.mark.parametrize(("what", "layer", "head"), [("z", 0, 2), ("q", 1, 2), ("v", 0, 1)])
+def test_patching_equals_hand_patching_on_the_models_own_modules(
+    decoder, what, layer, head
+) -> None:
+    """One head's ``what`` (z: before the output projection; q, v: the projections' outputs,
+    before q/k norms and rotary positions; v per key/value head) taken from the clean run into
+    the corrupted one, by hand with hooks on the plain model."""
+    table = mhsa.patch_heads(CLEAN, CORRUPTED, model=decoder, answer="mat", wrong="sat", what=what)
+    block = _own_blocks(decoder)[layer]
+    module, is_input, offset = _site(block, what)
+    cols = slice(offset + head * block.head_dim, offset + (head + 1) * block.head_dim)
     tok = decoder.tokenizer
     clean, corrupted = (tok(t, return_tensors="pt") for t in (CLEAN, CORRUPTED))
-    seen: list[torch.Tensor] = []
-    proj = _out_proj(own[0])
-    handle = proj.register_forward_pre_hook(lambda _m, args: seen.append(args[0].clone()))
     a, w = (tok(" " + t, add_special_tokens=False)["input_ids"][0] for t in ("mat", "sat"))
-    with torch.inference_mode(), decoder.lock:
-        decoder.head_model(**clean)
+    seen: list[torch.Tensor] = []
+
+    def replace(x: torch.Tensor) -> torch.Tensor:
+        if not seen:  # the clean run: keep it
+            seen.append(x.clone())
+            return x
+        y = x.clone()
+        y[..., cols] = seen[0][..., cols]
+        return y
+
+    if is_input:
+        handle = module.register_forward_pre_hook(lambda _m, args: (replace(args[0]), *args[1:]))
+    else:
+        handle = module.register_forward_hook(lambda _m, _a, out: replace(out))
+    try:
+        with torch.inference_mode(), decoder.lock:
+            decoder.head_model(**clean)
+            logits = decoder.head_model(**corrupted).logits[0, -1]
+    finally:
         handle.remove()
-        cols = slice(2 * d_head, 3 * d_head)
+    ours = table.set_index(["layer", "head"])["patched"][(layer, head)]
+    assert ours == pytest.approx(float(logits[a] - logits[w]), abs=1e-4)
+    assert abs(ours - table.attrs["corrupted"]) > 1e-6  # the patch moved the metric
 
-        def patch(_m, args):
-            x = args[0].clone()
-            x[..., cols] = seen[0][..., cols]
-            return (x, *args[1:])
 
-        handle = proj.register_forward_pre_hook(patch)
-        try:
-            head_model = decoder.head_model
-            final = head_model.model(**corrupted).last_hidden_state[0, -1]
-            pre_cap = head_model.lm_head(final)
-        finally:
-            handle.remove()
-    hand = float(pre_cap[a] - pre_cap[w])
-    cap = getattr(decoder.config, "final_logit_softcapping", None)
-    if cap is not None:
-        hand = float(
-            np.tanh(pre_cap[a].item() / cap) * cap - np.tanh(pre_cap[w].item() / cap) * cap
-        )
-    ours = table.set_index(["layer", "head"])["patched"][(0, 2)]
-    assert ours == pytest.approx(hand, abs=1e-4)
+def test_verify_catches_a_feature_left_out(folder) -> None:
+    """Our module without Gemma 2's soft-cap, or with Gemma 3's ``1 + w`` q norm read as
+    ``w``, disagrees with the model, and ``verify`` says so."""
+    for name, change in (
+        ("gemma2", lambda ours: setattr(ours, "softcap", None)),
+        ("gemma3", lambda ours: setattr(ours.q_norm, "unit_offset", False)),
+    ):
+        lm = mhsa.load_model(_model(name, folder).name, device="cpu")  # a copy to break
+        assert mhsa.attend(TEXT, model=lm, engine="mhsa", verify=True).max_abs_diff <= TOL
+        with lm.lock:
+            for block in our_blocks(lm):
+                change(block.ours)
+        wrong = mhsa.attend(TEXT, model=lm, engine="mhsa", verify=True)
+        assert wrong.max_abs_diff > 1e-3, name
 
 
 @pytest.mark.slow
