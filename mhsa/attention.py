@@ -9,7 +9,6 @@ D = d_model, Dh = d_head.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 from typing import Self
@@ -146,7 +145,7 @@ class MultiHeadSelfAttention(nn.Module):
             dropout: dropout on the weights in training.
             scale: score scale, ``1 / sqrt(d_head)`` by default (Gemma 2/3:
                 ``query_pre_attn_scalar ** -0.5``).
-            q_norm: RMSNorm of Q after its projection, before rotary positions (Qwen3, Gemma 3:
+            q_norm: RMSNorm of Q split into heads, before rotary positions (Qwen3, Gemma 3:
                 per head; OLMo 2: over the whole projection); observed as "normed Q".
             k_norm: likewise for K ("normed K").
             softcap: attention-logit soft-capping ``c * tanh(s / c)`` of the scaled scores,
@@ -193,35 +192,15 @@ class MultiHeadSelfAttention(nn.Module):
 
     def extra_repr(self) -> str:
         gqa = f", num_kv_heads={self.num_kv_heads}" if self.groups > 1 else ""
-        extra = "".join(
-            f", {name}={value}"
-            for name, value in (("softcap", self.softcap), ("sliding_window", self.sliding_window))
-            if value is not None
-        )
-        return (
-            f"d_model={self.d_model}, num_heads={self.num_heads}{gqa}, d_head={self.d_head}{extra}"
-        )
-
-    def _options(self) -> dict:
-        """The options besides the sizes and biases, for a module of the same kind."""
-        return {
-            "rotary": self.rotary,
-            "scale": self.scale,
-            "softcap": self.softcap,
-            "sliding_window": self.sliding_window,
-        }
+        options = {"softcap": self.softcap, "sliding_window": self.sliding_window}
+        extra = gqa + "".join(f", {k}={v}" for k, v in options.items() if v is not None)
+        return f"d_model={self.d_model}, num_heads={self.num_heads}{extra}, d_head={self.d_head}"
 
     def fresh_copy(self) -> MultiHeadSelfAttention:
         """A module of the same shape (heads, biases, rotary positions, scale, soft-cap, window)
         with fresh xavier weights drawn from torch's global generator, q/k norms (if any) at the
         identity's weight, on the same device and dtype."""
         w = self.qkv.weight
-        norms = {}
-        for name in ("q_norm", "k_norm"):
-            norm = getattr(self, name)
-            if norm is not None:
-                norms[name] = copy.deepcopy(norm)
-                norms[name].reset_parameters()
         module = type(self)(
             self.d_model,
             self.num_heads,
@@ -229,8 +208,12 @@ class MultiHeadSelfAttention(nn.Module):
             d_head=self.d_head,
             bias=self.qkv.bias is not None,
             out_bias=self.out.bias is not None,
-            **self._options(),
-            **norms,
+            rotary=self.rotary,
+            scale=self.scale,
+            q_norm=None if self.q_norm is None else self.q_norm.identity_copy(),
+            k_norm=None if self.k_norm is None else self.k_norm.identity_copy(),
+            softcap=self.softcap,
+            sliding_window=self.sliding_window,
         )
         return module.to(device=w.device, dtype=w.dtype)
 

@@ -39,9 +39,11 @@ class RMSNorm(nn.Module):
         offset = ", 1 + weight" if self.unit_offset else ""
         return f"{self.weight.numel()}, eps={self.eps}, {kind}{offset}"
 
-    def reset_parameters(self) -> None:
-        """The identity's weight: 0 with a unit offset, else 1."""
-        nn.init.constant_(self.weight, 0.0 if self.unit_offset else 1.0)
+    def identity_copy(self) -> RMSNorm:
+        """A norm of the same kind whose weight scales nothing (0 with a unit offset, else 1),
+        on the same device and dtype."""
+        weight = torch.full_like(self.weight, 0.0 if self.unit_offset else 1.0)
+        return RMSNorm(weight, self.eps, unit_offset=self.unit_offset, per_head=self.per_head)
 
     def per_head_layout(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[B, n, T, Dh]`` (split into heads) normalised, of the same shape: per head
