@@ -10,8 +10,7 @@ import streamlit as st
 
 import mhsa
 from mhsa import plots
-from ui import page, service
-from ui.service import PATCH_MODES, PatchSettings
+from ui import core, page
 from ui.state import (
     DEFAULT_TEXT,
     Param,
@@ -22,6 +21,8 @@ from ui.state import (
     text_param,
     word_param,
 )
+from ui.views import patching
+from ui.views.patching import PATCH_MODES, PatchSettings
 
 DEFAULT_CORRUPTED = "The dog sat on the mat."
 #: a token-count mismatch lists the tokens of texts up to this long
@@ -103,7 +104,7 @@ right.text_area("Corrupted text (as many tokens as the clean one)", key="corrupt
 state = st.session_state
 # the page's own two texts, with the sidebar's model and device (no generated tokens)
 query = sidebar._replace(text=state["clean"], generate=0)
-causal = service.can_generate(query.model, query.device)
+causal = core.can_generate(query.model, query.device)
 if causal:
     left, right = st.columns(2)
     left.text_input("Answer (one token after a space)", key="answer")
@@ -133,8 +134,8 @@ tokens = None
 if result is not None:
     try:
         tokens = [
-            service.patch_tokens(query, query.text, "clean text"),
-            service.patch_tokens(query, state["corrupted"], "corrupted text"),
+            patching.patch_tokens(query, query.text, "clean text"),
+            patching.patch_tokens(query, state["corrupted"], "corrupted text"),
         ]
     except mhsa.MHSAError as e:
         page.error(e)
@@ -168,7 +169,7 @@ else:
         view = page.heavy(
             "patching",
             ("patching", query.text, query.model, query.device, settings, mode, layer),
-            lambda progress: service.patching(query, settings, mode, layer, progress),
+            lambda progress: patching.patching(query, settings, mode, layer, progress),
             "Patching every head",
         )
     except mhsa.MHSAError as e:
@@ -217,6 +218,6 @@ else:
         else:
             st.caption(
                 f"The per-position view is offered for texts up to "
-                f"{service.MAX_POSITION_TOKENS} tokens."
+                f"{patching.MAX_POSITION_TOKENS} tokens."
             )
 page.finish()

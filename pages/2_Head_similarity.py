@@ -5,8 +5,10 @@ from __future__ import annotations
 import streamlit as st
 
 from mhsa import plots
-from ui import page, service
+from ui import page
 from ui.state import Param, bounded_int, choice, clamp
+from ui.views.similarity import head_clusters, head_map, head_similarity
+from ui.views.statistics import head_stats
 
 PARAMS = {
     "metric": Param("js", choice("js", "cosine")),
@@ -28,18 +30,16 @@ if result is not None:
     mid.slider("Clusters", 1, min(heads, 24), key="clusters")
     right.radio("Colour the map by", ["layer", "cluster"], key="color", horizontal=True)
     queries = (query,)
-    similarity = service.head_similarity(queries, st.session_state["metric"])
-    clusters = service.head_clusters(
-        queries, st.session_state["metric"], st.session_state["clusters"]
-    )
+    similarity = head_similarity(queries, st.session_state["metric"])
+    clusters = head_clusters(queries, st.session_state["metric"], st.session_state["clusters"])
     page.figure(plots.similarity_figure(similarity, clusters.order), "head-similarity", key="sim")
     st.caption(
         "Heads are ordered by hierarchical clustering (average linkage), so similar "
         "heads sit side by side."
     )
     # computed after the first figure is sent: the browser loads plotly meanwhile
-    stats = service.head_stats(queries)
-    positions = service.head_map(queries, st.session_state["metric"])
+    stats = head_stats(queries)
+    positions = head_map(queries, st.session_state["metric"])
     colour = clusters.labels if st.session_state["color"] == "cluster" else None
     page.figure(
         plots.head_map_figure(positions, color=colour, roles=stats["role"]), "head-map", key="map"

@@ -9,13 +9,15 @@ import streamlit as st
 import mhsa
 from mhsa import plots
 from mhsa import stats as head_analysis
-from ui import page, service
+from ui import core, page
 from ui.state import Param, choice
+from ui.views import statistics
+from ui.views.roles import ROLE_DETECTORS
 
-COLUMNS = [*head_analysis.STAT_COLUMNS, *service.ROLE_DETECTORS]
+COLUMNS = [*head_analysis.STAT_COLUMNS, *ROLE_DETECTORS]
 PARAMS = {
     "stat": Param("entropy", choice(*COLUMNS)),
-    "values": Param("weights", choice(*service.VALUES)),
+    "values": Param("weights", choice(*core.VALUES)),
 }
 
 query = page.setup("Head statistics", PARAMS, kinds=True)
@@ -27,18 +29,18 @@ result = page.load(queries[0])
 if result is not None:
     try:
         if len(queries) == 1:
-            table = service.head_stats_and_roles(queries)
+            table = statistics.head_stats_and_roles(queries)
         else:  # a corpus is heavy work: it waits its turn, and the sentence is shown meanwhile
             table = page.heavy(
                 "corpus-stats",
                 ("stats", queries),
-                functools.partial(service.corpus_stats, queries),
+                functools.partial(statistics.corpus_stats, queries),
                 f"Statistics of {len(queries)} sentences",
             )
             if table is None:
                 queries = (query,)
                 st.caption("Meanwhile: the sidebar's sentence alone.")
-                table = service.head_stats_and_roles(queries)
+                table = statistics.head_stats_and_roles(queries)
     except mhsa.MHSAError as e:
         page.error(e)
         table = None
@@ -49,7 +51,7 @@ if result is not None:
                 f"{role} {share:g}+" for _, (role, share) in head_analysis.ROLE_THRESHOLDS.items()
             )
             + "; else broad (entropy ≥ 80% of log n) or mixed. "
-            + ", ".join(service.ROLE_DETECTORS).capitalize()
+            + ", ".join(ROLE_DETECTORS).capitalize()
             + ": TransformerLens's detection scores on the tokens (the Head roles page)."
             + (
                 " Cross attention: the decoder's tokens over the sentence's, so statistics of "

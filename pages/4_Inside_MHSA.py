@@ -7,8 +7,9 @@ import streamlit as st
 from mhsa import plots
 from mhsa.attention import OBSERVATION_POINTS
 from mhsa.heads import head_label
-from ui import page, service
+from ui import core, page
 from ui.state import Param, bounded_int, clamp, flag
+from ui.views import classroom
 
 LAST_STEP = len(OBSERVATION_POINTS) - 1  # the most steps a trace can have, minus one
 PARAMS = {
@@ -51,12 +52,12 @@ if not cross:
 fresh = st.session_state["source"] == "fresh"
 facts = None
 try:
-    facts = service.model_facts(query.model, query.device)
+    facts = core.model_facts(query.model, query.device)
 except Exception as e:
     page.error(e)
 if facts is not None:
     layers = facts["layers"] or 1
-    seq2seq = cross and service.is_encoder_decoder(query.model, query.device)
+    seq2seq = cross and core.is_encoder_decoder(query.model, query.device)
     if cross and not seq2seq:  # the sentence plays the encoder, this text the decoder
         top[0].text_input("Decoder (target) text; empty: the sentence", key="target_text")
     # an encoder-decoder's cross step: its own weights; cross over another model: fresh ones
@@ -73,7 +74,7 @@ if facts is not None:
         top[3].toggle("Causal mask", key="causal")
     try:
         if cross:
-            walk = service.classroom_cross(
+            walk = classroom.classroom_cross(
                 query._replace(words=False),
                 query.target if seq2seq else st.session_state["target_text"],
                 st.session_state["pretrained_layer"],
@@ -81,7 +82,7 @@ if facts is not None:
                 st.session_state["fresh_heads"],
             )
         else:
-            walk = service.classroom(
+            walk = classroom.classroom(
                 query._replace(words=False),
                 None if fresh else st.session_state["pretrained_layer"],
                 st.session_state["fresh_d_model"],

@@ -6,8 +6,9 @@ import streamlit as st
 
 from mhsa import plots
 from mhsa.stats import stats_difference
-from ui import page, service
+from ui import page
 from ui.state import Param, bounded_int, clamp, text_param
+from ui.views.statistics import head_stats
 
 PARAMS = {
     "text2": Param("The dog sat on the log.", text_param),
@@ -34,7 +35,7 @@ if first is not None and second is not None:
         page.figure(
             plots.head_heatmap(second, layer, head), "compare-second", key="cmp-b", decorate=False
         )
-    first_stats, second_stats = service.head_stats((query,)), service.head_stats((other,))
+    first_stats, second_stats = head_stats((query,)), head_stats((other,))
     diff = stats_difference(first_stats, second_stats)
     st.subheader("Statistics: second minus first")
     page.table(diff, "head-stats-diff", label="Download differences (.csv)", height=380)

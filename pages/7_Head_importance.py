@@ -10,8 +10,9 @@ from mhsa import plots
 from mhsa.importance import METHODS, rank_correlation
 from mhsa.stats import STAT_COLUMNS
 from mhsa.targets import TARGET_SPECS
-from ui import page, service
+from ui import page
 from ui.state import Param, bounded_int, choice, flag, text_param
+from ui.views import importance
 
 DEFAULT_PAIR = "A cat was sitting on the rug."
 AGAINST = [*STAT_COLUMNS, "positional_share"]
@@ -119,7 +120,7 @@ if result is not None:
             done = page.heavy(
                 "importance",
                 ("importance+pruning", settings, normalize, seed),
-                lambda progress: service.importance_and_pruning(
+                lambda progress: importance.importance_and_pruning(
                     *settings, normalize, seed, progress
                 ),
                 "Head importance and pruning curve",
@@ -169,7 +170,7 @@ if result is not None:
             )
             st.subheader("Are the important heads the specialised ones?")
             st.selectbox("Against", AGAINST, key="against")
-            stats = service.importance_stats(queries)
+            stats = importance.importance_stats(queries)
             against = state["against"]
             rho = rank_correlation(table, stats, against)
             page.figure(plots.importance_scatter(table, stats, against), "importance-vs", key="vs")

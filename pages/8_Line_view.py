@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from mhsa import plots
-from ui import page, service
+from ui import core, page
 from ui.state import Param, bounded_int, choice, clamp, heads_list_param
 
 PARAMS = {
@@ -14,7 +14,7 @@ PARAMS = {
     "line_heads": Param([], heads_list_param, old_keys=("lheads",)),
     "line_token": Param(-1, bounded_int(-1, 100_000), old_keys=("ltoken",)),
     "lines_per_token": Param(0, bounded_int(0, 50), old_keys=("lk",)),
-    "values": Param("weights", choice(*service.VALUES)),
+    "values": Param("weights", choice(*core.VALUES)),
 }
 
 
@@ -32,7 +32,7 @@ query = page.setup("Line view", PARAMS, kinds=True)
 query = page.values_switch(query)
 result = page.load(query)
 if result is not None:
-    result = service.shown_rows(query)
+    result = core.shown_rows(query)
     layer = clamp("layer", 0, result.num_layers - 1)
     clamp("line_token", -1, result.num_queries - 1)
     valid = [h for h in st.session_state["line_heads"] if h < result.num_heads]

@@ -16,8 +16,8 @@ import streamlit as st
 import mhsa
 from mhsa import plots
 from mhsa.jobs import Job, JobQueue, JobState
-from ui import service
-from ui.service import LIMITS, Query
+from ui import core, exports, runtime
+from ui.core import LIMITS, Query
 from ui.state import (
     GLOBAL_PARAMS,
     MAX_LINK_VALUE_BYTES,
@@ -27,6 +27,7 @@ from ui.state import (
     sync_url,
     use_params,
 )
+from ui.views import importance
 
 __all__ = [
     "KIND_LABELS",
@@ -138,7 +139,7 @@ def open_head(query: Query, block: int, head: int) -> None:
     """Open the ``head`` of the ``block``-th attention block (as importance tables number them)
     on the Heads page: its layer and head selected, and for an encoder-decoder the sidebar's
     attention set to the head's (applied by ``setup`` on the next page, before its widgets)."""
-    kind, layer = service.knock_out_kind(query, block)
+    kind, layer = importance.knock_out_kind(query, block)
     opening: dict[str, object] = {"layer": layer, "head": head}
     if kind != "self":
         opening["kind"] = kind
@@ -150,7 +151,7 @@ def finish() -> None:
     """Mirror the final selections into the URL (call at the end of a page), say which value
     is too long to travel in a link, and offer the page's figures as one download."""
     _download_figures()
-    service.collect_now_and_then()
+    runtime.collect_now_and_then()
     too_long = sync_url(st.session_state.get("_mhsa_params", GLOBAL_PARAMS))
     if too_long:
         with st.sidebar:
@@ -172,7 +173,7 @@ def _download_figures() -> None:
     with st.sidebar:
         st.download_button(
             f"Download the {len(figures)} figure{'s' * (len(figures) > 1)} (HTML + CSV, .zip)",
-            data=lambda: service.figures_zip(figures),
+            data=lambda: exports.figures_zip(figures),
             file_name=f"{stem}-figures.zip",
             mime="application/zip",
             on_click="ignore",
@@ -232,9 +233,9 @@ def _what_to_compute() -> None:
 def _generation() -> None:
     """Tokens to generate after the sentence (an encoder-decoder: the target), offered only
     for a model with a next-token head."""
-    if not service.can_generate(_sidebar_model(), st.session_state["device"]):
+    if not core.can_generate(_sidebar_model(), st.session_state["device"]):
         return
-    if service.is_encoder_decoder(_sidebar_model(), st.session_state["device"]):
+    if core.is_encoder_decoder(_sidebar_model(), st.session_state["device"]):
         label = "Generate the target (tokens; 0: type it)"
         what = (
             "This encoder-decoder writes the target for the sentence (greedy, or sampled "
@@ -256,7 +257,7 @@ def _generation() -> None:
 def _encoder_decoder() -> None:
     """An encoder-decoder's target text (unless generated) and which of its attentions the
     pages draw (``attention_kind``)."""
-    if not service.is_encoder_decoder(_sidebar_model(), st.session_state["device"]):
+    if not core.is_encoder_decoder(_sidebar_model(), st.session_state["device"]):
         return
     if not st.session_state["generate"]:
         st.text_area(
@@ -313,8 +314,8 @@ def _sidebar_query() -> Query:
     """The sidebar's settings as a ``Query`` (and the file stem of this run's downloads)."""
     state = st.session_state
     model = _sidebar_model()
-    generate = int(state["generate"]) if service.can_generate(model, state["device"]) else 0
-    seq2seq = service.is_encoder_decoder(model, state["device"])
+    generate = int(state["generate"]) if core.can_generate(model, state["device"]) else 0
+    seq2seq = core.is_encoder_decoder(model, state["device"])
     query = Query(
         state["text"],
         model,
@@ -327,7 +328,7 @@ def _sidebar_query() -> Query:
         target=state["target_text"] if seq2seq and not generate else "",
         kind=state["kind"] if seq2seq and not state["words"] else "encoder",
     )
-    state["_mhsa_file_stem"] = service.file_stem(query)
+    state["_mhsa_file_stem"] = exports.file_stem(query)
     return query
 
 
@@ -340,7 +341,7 @@ def load(query: Query, *, primary: bool = True) -> mhsa.AttentionResult | None:
     ``primary``: the page's own sentence (the token search and the generated part refer to
     it); False for another sentence on the same page."""
     try:
-        result = service.attention(query)
+        result = core.attention(query)
     except mhsa.MHSAError as e:
         error(e)
         return None
@@ -454,9 +455,9 @@ def values_switch(query: Query) -> Query:
         return query
     st.radio(
         "Values",
-        list(service.VALUES),
+        list(core.VALUES),
         key="values",
-        format_func=service.VALUES.get,
+        format_func=core.VALUES.get,
         horizontal=True,
         help="Weighted by value norm (Kobayashi et al. 2020): each weight times the norm of "
         "the vector the head carries from that key, ||(x W_V + b_V) W_O||: a large weight on a "
@@ -490,12 +491,12 @@ _CANCELLED = "_mhsa_cancelled_jobs"
 def heavy(
     name: str,
     key: tuple,
-    compute: Callable[[service.Progress], Any],
+    compute: Callable[[core.Progress], Any],
     label: str,
     *,
     on_cancel: Callable[[], None] | None = None,
 ) -> Any | None:
-    """Run ``compute(progress)`` through the server's heavy-job queue (``service.heavy_queue``)
+    """Run ``compute(progress)`` through the server's heavy-job queue (``core.heavy_queue``)
     and return its value, or None while it waits its turn or once cancelled.
 
     The value comes from the shared cache when a finished job put it there under ``key``. A job
@@ -506,7 +507,7 @@ def heavy(
     says which of the page's jobs this is: a new ``key`` under the same name withdraws the
     session's claim on the old job. Its error, if it failed, is raised here.
     """
-    hit = service.cached(key)
+    hit = core.cached(key)
     if hit is not None:
         return hit
     cancelled: dict[str, tuple] = st.session_state.setdefault(_CANCELLED, {})
@@ -515,7 +516,7 @@ def heavy(
         st.button("Run it again", key=f"again-{name}", on_click=cancelled.pop, args=(name,))
         return None
     try:
-        queue = service.heavy_queue()
+        queue = core.heavy_queue()
     except ValueError as e:  # a bad MHSA_MAX_HEAVY (ui.serve refuses it at start)
         error(e)
         return None
@@ -538,7 +539,7 @@ def heavy(
 
 
 def _claim(
-    queue: JobQueue, name: str, key: tuple, compute: Callable[[service.Progress], Any], label: str
+    queue: JobQueue, name: str, key: tuple, compute: Callable[[core.Progress], Any], label: str
 ) -> Job:
     """The session's job called ``name`` for ``key``: the one it holds, else a new one in the
     queue (a job for another key under that name is withdrawn first)."""
@@ -549,7 +550,7 @@ def _claim(
         job = None
     if job is None or job.state is JobState.CANCELLED:
         job = jobs[name] = queue.submit(
-            key, functools.partial(service.compute_and_keep, key, compute), label
+            key, functools.partial(core.compute_and_keep, key, compute), label
         )
     return job
 
@@ -588,7 +589,7 @@ def _waiting(queue: JobQueue, job: Job) -> None:
 
 def queue_place(job: Job, queue: JobQueue | None = None) -> None:
     """How many heavy jobs are ahead of a waiting one (``queue``: the server's heavy queue)."""
-    queue = queue or service.heavy_queue()
+    queue = queue or core.heavy_queue()
     ahead = queue.ahead(job)
     running, _ = queue.counts()
     st.info(
