@@ -9,14 +9,15 @@ import mhsa
 from mhsa.tables import agreement_table, token_table
 from ui import exports, page
 
-query = page.setup("MHSA Explorer")
-st.caption(
-    "What do the heads of a multi-head self-attention layer look at? Type a sentence in the "
-    "sidebar, then explore the pages: heads, head similarity, statistics, the inside of MHSA, "
-    "rollout and comparison."
-)
-result = page.load(query)
-if result is not None:
+with page.run("MHSA Explorer") as query:
+    st.caption(
+        "What do the heads of a multi-head self-attention layer look at? Type a sentence in the "
+        "sidebar, then explore the pages: heads, head similarity, statistics, the inside of MHSA, "
+        "rollout and comparison."
+    )
+    result = page.load(query)
+    if result is None:
+        page.stop()
     facts = result.facts
     st.subheader("Tokens as the model sees them")
     st.dataframe(token_table(result), width="stretch")
@@ -75,8 +76,7 @@ if result is not None:
     st.download_button(
         "Download the result (.npz)",
         lambda: exports.result_file(result),  # compressed when clicked, not on every run
-        file_name=f"{st.session_state['_mhsa_file_stem']}.npz",
+        file_name=f"{page.file_stem()}.npz",
         mime="application/octet-stream",
         on_click="ignore",
     )
-page.finish()

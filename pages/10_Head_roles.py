@@ -237,17 +237,18 @@ def _composition(query: Query) -> None:
     )
 
 
-query = page.setup("Head roles", PARAMS, kinds=True)
-st.caption(
-    "What each head does, in the field's terms: previous-token, duplicate-token and induction "
-    "heads detected by TransformerLens's definitions, attention sinks, and which heads read "
-    "what earlier heads write. Detection works on tokens, whatever the sidebar's whole-words "
-    "switch."
-)
-with st.expander("What these scores mean"):
-    st.markdown(EXPLANATION)
-result = page.load(query)
-if result is not None:
+with page.run("Head roles", PARAMS, kinds=True) as query:
+    st.caption(
+        "What each head does, in the field's terms: previous-token, duplicate-token and induction "
+        "heads detected by TransformerLens's definitions, attention sinks, and which heads read "
+        "what earlier heads write. Detection works on tokens, whatever the sidebar's whole-words "
+        "switch."
+    )
+    with st.expander("What these scores mean"):
+        st.markdown(EXPLANATION)
+    result = page.load(query)
+    if result is None:
+        page.stop()
     seq2seq = core.is_encoder_decoder(query.model, query.device)
     if query.kind == "cross":
         st.info(CROSS_NOTE, icon="ℹ️")
@@ -266,4 +267,3 @@ if result is not None:
         st.info(COMPOSITION_NOTE, icon="ℹ️")
     else:
         _composition(query)
-page.finish()

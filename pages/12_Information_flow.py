@@ -149,19 +149,20 @@ def _lens(query: core.Query, pair: tuple[str, str] | tuple[None, None]) -> None:
     page.figure(plots.logit_lens_figure(lens), "logit-lens", key="lens", decorate=False)
 
 
-query = page.setup("Information flow", PARAMS)
-st.caption(
-    "Where the prediction at the last token comes from: the routes through tokens, heads and "
-    "MLPs (the LLM Transparency Tool's contribution graph), each head's direct effect on "
-    "logit(answer) − logit(wrong), and what each layer would predict (logit lens)."
-)
-with st.expander("What these mean"):
-    st.markdown(EXPLANATION)
-result = page.load(query)  # the sentence checked (empty, too long) as on every page
-decoder = result is not None and core.can_generate(query.model, query.device)
-if result is not None and not decoder:
-    _not_a_decoder(query.model)
-if decoder:
+with page.run("Information flow", PARAMS) as query:
+    st.caption(
+        "Where the prediction at the last token comes from: the routes through tokens, heads and "
+        "MLPs (the LLM Transparency Tool's contribution graph), each head's direct effect on "
+        "logit(answer) − logit(wrong), and what each layer would predict (logit lens)."
+    )
+    with st.expander("What these mean"):
+        st.markdown(EXPLANATION)
+    result = page.load(query)  # the sentence checked (empty, too long) as on every page
+    if result is None:
+        page.stop()
+    if not core.can_generate(query.model, query.device):
+        _not_a_decoder(query.model)
+        page.stop()
     left, right = st.columns(2)
     left.text_input("Answer (one word)", key="answer", max_chars=MAX_WORD_CHARS)
     right.text_input("Wrong answer (one word)", key="wrong", max_chars=MAX_WORD_CHARS)
@@ -169,4 +170,3 @@ if decoder:
     _flow(query)
     attributed = _attribution(query, answer, wrong)
     _lens(query, (answer, wrong) if attributed else (None, None))
-page.finish()

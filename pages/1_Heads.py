@@ -130,10 +130,11 @@ def _knock_out_figures(
         page.figure(fig, f"{name}-knocked-out", key="ko-h2")
 
 
-query = page.setup("Heads", PARAMS, kinds=True)
-query = page.values_switch(query)
-result = page.load(query)
-if result is not None:
+with page.run("Heads", PARAMS, kinds=True) as query:
+    query = page.values_switch(query)
+    result = page.load(query)
+    if result is None:
+        page.stop()
     result = core.shown(result)
     values = plots.WEIGHTED_BY_NORM if query.norms else plots.WEIGHTS
     layer = clamp("layer", 0, result.num_layers - 1)
@@ -168,7 +169,7 @@ if result is not None:
         st.number_input("Top", 1, 20, key="topk")
         page.table(
             mhsa.top_attended(result, layer, head, st.session_state["topk"]),
-            f"{st.session_state.get('_mhsa_file_stem', 'mhsa')}-{head_label(layer, head)}-top",
+            f"{page.file_stem()}-{head_label(layer, head)}-top",
             label="Download the list (.csv)",
         )
     st.subheader("Token focus")
@@ -186,4 +187,3 @@ if result is not None:
             "from that key (Kobayashi et al. 2020); the knock-outs below show the weights."
         )
     _knock_outs(query, layer, head)
-page.finish()

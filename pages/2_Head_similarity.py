@@ -20,9 +20,10 @@ METRICS = {
     "cosine": "cosine similarity",
 }
 
-query = page.setup("Head similarity", PARAMS, kinds=True)
-result = page.load(query)
-if result is not None:
+with page.run("Head similarity", PARAMS, kinds=True) as query:
+    result = page.load(query)
+    if result is None:
+        page.stop()
     heads = result.num_layers * result.num_heads
     left, mid, right = st.columns(3)
     left.selectbox("Metric", list(METRICS), key="metric", format_func=METRICS.get)
@@ -44,4 +45,3 @@ if result is not None:
     page.figure(
         plots.head_map_figure(positions, color=colour, roles=stats["role"]), "head-map", key="map"
     )
-page.finish()

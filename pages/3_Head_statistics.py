@@ -20,13 +20,14 @@ PARAMS = {
     "values": Param("weights", choice(*core.VALUES)),
 }
 
-query = page.setup("Head statistics", PARAMS, kinds=True)
-query = page.values_switch(query)
-queries = page.corpus_queries(
-    query, "Average over several sentences (one per line; empty = the sidebar's sentence)"
-)
-result = page.load(queries[0])
-if result is not None:
+with page.run("Head statistics", PARAMS, kinds=True) as query:
+    query = page.values_switch(query)
+    queries = page.corpus_queries(
+        query, "Average over several sentences (one per line; empty = the sidebar's sentence)"
+    )
+    result = page.load(queries[0])
+    if result is None:
+        page.stop()
     try:
         if len(queries) == 1:
             table = statistics.head_stats_and_roles(queries)
@@ -43,42 +44,40 @@ if result is not None:
                 table = statistics.head_stats_and_roles(queries)
     except mhsa.MHSAError as e:
         page.error(e)
-        table = None
-    if table is not None:
-        st.caption(
-            f"{len(queries)} sentence(s). Roles: "
-            + "; ".join(
-                f"{role} {share:g}+" for _, (role, share) in head_analysis.ROLE_THRESHOLDS.items()
-            )
-            + "; else broad (entropy ≥ 80% of log n) or mixed. "
-            + ", ".join(ROLE_DETECTORS).capitalize()
-            + ": TransformerLens's detection scores on the tokens (the Head roles page)."
-            + (
-                " Cross attention: the decoder's tokens over the sentence's, so statistics of "
-                "positions (distance, self, previous, next, positional) are empty."
-                if query.kind == "cross"
-                else ""
-            )
-            + (
-                f" The detection scores are the encoder's (empty for the {query.kind})."
-                if query.kind != "encoder"
-                else ""
-            )
-            + (
-                " Weighted by value norm: each weight times the norm of the vector the head "
-                "carries from that key (Kobayashi et al. 2020), each query's row scaled to sum "
-                "1 before the statistics (the detection scores stay on the weights)."
-                if query.norms
-                else ""
-            )
+        page.stop()
+    st.caption(
+        f"{len(queries)} sentence(s). Roles: "
+        + "; ".join(
+            f"{role} {share:g}+" for _, (role, share) in head_analysis.ROLE_THRESHOLDS.items()
         )
-        with st.expander("How these differ from Clark et al. 2019"):
-            st.markdown(head_analysis.CLARK_DIFFERENCES)
-        page.table(table, "head-stats", label="Download table (.csv)", height=420)
-        st.selectbox("Statistic as a layers x heads map", COLUMNS, key="stat")
-        page.figure(
-            plots.stat_grid(table, st.session_state["stat"]),
-            f"stat-{st.session_state['stat']}",
-            key="stat-grid",
+        + "; else broad (entropy ≥ 80% of log n) or mixed. "
+        + ", ".join(ROLE_DETECTORS).capitalize()
+        + ": TransformerLens's detection scores on the tokens (the Head roles page)."
+        + (
+            " Cross attention: the decoder's tokens over the sentence's, so statistics of "
+            "positions (distance, self, previous, next, positional) are empty."
+            if query.kind == "cross"
+            else ""
         )
-page.finish()
+        + (
+            f" The detection scores are the encoder's (empty for the {query.kind})."
+            if query.kind != "encoder"
+            else ""
+        )
+        + (
+            " Weighted by value norm: each weight times the norm of the vector the head "
+            "carries from that key (Kobayashi et al. 2020), each query's row scaled to sum "
+            "1 before the statistics (the detection scores stay on the weights)."
+            if query.norms
+            else ""
+        )
+    )
+    with st.expander("How these differ from Clark et al. 2019"):
+        st.markdown(head_analysis.CLARK_DIFFERENCES)
+    page.table(table, "head-stats", label="Download table (.csv)", height=420)
+    st.selectbox("Statistic as a layers x heads map", COLUMNS, key="stat")
+    page.figure(
+        plots.stat_grid(table, st.session_state["stat"]),
+        f"stat-{st.session_state['stat']}",
+        key="stat-grid",
+    )

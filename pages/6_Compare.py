@@ -16,12 +16,13 @@ PARAMS = {
     "head": Param(0, bounded_int(0, 1023)),
 }
 
-query = page.setup("Compare two sentences", PARAMS, kinds=True)
-st.text_area("Second sentence", key="text2", height=70)
-other = query._replace(text=st.session_state["text2"])
-first = page.load(query)
-second = page.load(other, primary=False)
-if first is not None and second is not None:
+with page.run("Compare two sentences", PARAMS, kinds=True) as query:
+    st.text_area("Second sentence", key="text2", height=70)
+    other = query._replace(text=st.session_state["text2"])
+    first = page.load(query)
+    second = page.load(other, primary=False)
+    if first is None or second is None:
+        page.stop()
     layer = clamp("layer", 0, first.num_layers - 1)
     head = clamp("head", 0, first.num_heads - 1)
     c1, c2 = st.columns(2)
@@ -39,4 +40,3 @@ if first is not None and second is not None:
     diff = stats_difference(first_stats, second_stats)
     st.subheader("Statistics: second minus first")
     page.table(diff, "head-stats-diff", label="Download differences (.csv)", height=380)
-page.finish()

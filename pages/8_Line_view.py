@@ -21,17 +21,18 @@ PARAMS = {
 def _select_token() -> None:
     """A click on a token (trace 0: left column, 1: right) shows only its lines; in cross
     attention the right column holds the encoder's tokens, not queries: the left only."""
-    columns = (0,) if st.session_state.get("_mhsa_kind") == "cross" else (0, 1)
+    columns = (0,) if page.shown_kind() == "cross" else (0, 1)
     for point in st.session_state["lines"].selection.get("points", []):
         if point.get("curve_number") in columns and point.get("customdata") is not None:
             st.session_state["line_token"] = int(point["customdata"])
             return
 
 
-query = page.setup("Line view", PARAMS, kinds=True)
-query = page.values_switch(query)
-result = page.load(query)
-if result is not None:
+with page.run("Line view", PARAMS, kinds=True) as query:
+    query = page.values_switch(query)
+    result = page.load(query)
+    if result is None:
+        page.stop()
     result = core.shown_rows(query)
     layer = clamp("layer", 0, result.num_layers - 1)
     clamp("line_token", -1, result.num_queries - 1)
@@ -92,4 +93,3 @@ if result is not None:
             else ""
         )
     )
-page.finish()
