@@ -10,97 +10,39 @@ import warnings
 
 #: each old name of ``ui.service`` and the module that holds it now
 MOVED = {
-    **dict.fromkeys(
-        [
-            "LIMITS",
-            "Progress",
-            "Query",
-            "VALUES",
-            "attention",
-            "cached",
-            "can_generate",
-            "compute_and_keep",
-            "heavy_queue",
-            "is_encoder_decoder",
-            "loaded_model",
-            "model_facts",
-            "result_cache",
-            "shown",
-            "shown_rows",
-        ],
-        "ui.core",
-    ),
-    **dict.fromkeys(["GC_EVERY_RUNS", "collect_now_and_then"], "ui.runtime"),
-    **dict.fromkeys(["figure_csv", "figures_zip", "file_stem", "result_file"], "ui.exports"),
-    **dict.fromkeys(["agreement_table", "token_table"], "mhsa.tables"),
-    **dict.fromkeys(
-        ["corpus_stats", "first_sentence_stats", "head_stats", "head_stats_and_roles"],
-        "ui.views.statistics",
-    ),
-    **dict.fromkeys(["head_clusters", "head_map", "head_similarity"], "ui.views.similarity"),
-    **dict.fromkeys(
-        [
-            "ablation",
-            "importance",
-            "importance_and_pruning",
-            "importance_stats",
-            "knock_out_kind",
-            "knock_out_labels",
-            "pruning",
-        ],
-        "ui.views.importance",
-    ),
-    **dict.fromkeys(
-        [
-            "CUSTOM_ROLE",
-            "CUSTOM_RULES",
-            "CompositionView",
-            "ERROR_MEASURES",
-            "MAX_RULE_K",
-            "ROLE_DETECTORS",
-            "RULES_WITH_K",
-            "RoleOptions",
-            "RoleTable",
-            "SinkView",
-            "TYPED_RULE",
-            "attention_sinks",
-            "custom_role",
-            "head_composition",
-            "head_roles",
-            "random_induction",
-            "sink_value_norms",
-            "strongest_inputs",
-            "token_attention",
-            "top_heads",
-        ],
-        "ui.views.roles",
-    ),
-    **dict.fromkeys(
-        [
-            "MAX_POSITION_TOKENS",
-            "PATCH_MODES",
-            "PatchSettings",
-            "PatchingView",
-            "patch_tokens",
-            "patching",
-        ],
-        "ui.views.patching",
-    ),
-    **dict.fromkeys(
-        [
-            "FLOW_MAX_TOKENS",
-            "flow_contributions",
-            "flow_graph",
-            "flow_key",
-            "flow_text",
-            "head_attribution",
-            "logit_lens",
-            "predicted_words",
-        ],
-        "ui.views.flow",
-    ),
-    "rollout": "ui.views.rollout",
-    **dict.fromkeys(["classroom", "classroom_cross"], "ui.views.classroom"),
+    name: home
+    for home, names in {
+        "ui.core": (
+            "LIMITS Progress Query VALUES attention cached can_generate compute_and_keep "
+            "heavy_queue is_encoder_decoder loaded_model model_facts result_cache shown "
+            "shown_rows"
+        ),
+        "ui.runtime": "GC_EVERY_RUNS collect_now_and_then",
+        "ui.exports": "figure_csv figures_zip file_stem result_file",
+        "mhsa.tables": "agreement_table token_table",
+        "ui.views.statistics": "corpus_stats first_sentence_stats head_stats head_stats_and_roles",
+        "ui.views.similarity": "head_clusters head_map head_similarity",
+        "ui.views.importance": (
+            "ablation importance importance_and_pruning importance_stats knock_out_kind "
+            "knock_out_labels pruning"
+        ),
+        "ui.views.roles": (
+            "CUSTOM_ROLE CUSTOM_RULES CompositionView ERROR_MEASURES MAX_RULE_K ROLE_DETECTORS "
+            "RULES_WITH_K RoleOptions RoleTable SinkView TYPED_RULE attention_sinks custom_role "
+            "head_composition head_roles random_induction sink_value_norms strongest_inputs "
+            "token_attention top_heads"
+        ),
+        "ui.views.patching": (
+            "MAX_POSITION_TOKENS PATCH_MODES PatchSettings PatchingView patch_tokens patching"
+        ),
+        "ui.views.flow": (
+            "FLOW_MAX_TOKENS flow_contributions flow_graph flow_key flow_text head_attribution "
+            "logit_lens predicted_words"
+        ),
+        "ui.views.rollout": "rollout",
+        "ui.views.classroom": "classroom classroom_cross",
+    }.items()
+    for name in names.split()
 }
 
 
