@@ -193,3 +193,13 @@ def test_agreement_table_has_a_row_per_layer_and_the_output() -> None:
         "final hidden state (the model's output)",
     ]
     assert table["max |ours - model|"].tolist() == [1e-7, 3e-7, 2e-6]
+
+
+def test_detect_heads_on_a_result_cut_to_max_tokens_scores_its_tokens(toy) -> None:
+    cut = mhsa.attend(REPEAT, model=toy, max_tokens=6)
+    assert cut.truncated_tokens > 0 and cut.num_tokens == 6
+    scores = roles.detect_heads(REPEAT, "previous token", model=toy, result=cut)["score"]
+    previous = np.eye(6, k=-1)  # each token's key just before it
+    for label, score in scores.items():
+        layer, head = mhsa.parse_head_label(label)
+        assert score == pytest.approx(_mul_score(cut.attention[layer, head], previous), abs=1e-6)
