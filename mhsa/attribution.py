@@ -1,5 +1,5 @@
 """Direct logit attribution and the logit lens for pre-norm decoders (GPT-2, the Llama family,
-the toy models).
+Qwen3, Gemma 1-3, OLMo 2, Phi-3, the toy models).
 
 A pre-norm decoder's last residual stream is a sum: the embeddings, each head's output (its
 context through its slice of ``W_O``), each attention block's output bias, each MLP's output.
@@ -166,8 +166,8 @@ def _post_norm_error(lm: LoadedModel) -> UnsupportedModelError:
         f"{lm.display_name} is a post-norm encoder (BERT family): its LayerNorm sits inside each "
         "layer, after every residual sum, so its last hidden state is not a sum of the heads' "
         "and MLPs' outputs and a residual-stream decomposition does not apply. Use a causal "
-        "language model with pre-norm layers: GPT-2, the Llama family (Llama, Qwen2, Mistral) "
-        "or a toy model such as toy:induction."
+        "language model with pre-norm layers: GPT-2, the Llama family (Llama, Qwen2/3, "
+        "Mistral, Gemma 1-3, OLMo 2, Phi-3) or a toy model such as toy:induction."
     )
 
 
@@ -194,7 +194,8 @@ def _checked_decoder(lm: LoadedModel) -> list[OurBlock]:
             f"{lm.display_name} is an encoder-decoder: its decoder also reads the encoder's "
             "output through cross attention, a second residual stream that this decomposition "
             "does not follow. Use a causal language model with pre-norm layers: GPT-2, the "
-            "Llama family (Llama, Qwen2, Mistral) or a toy model such as toy:induction."
+            "Llama family (Llama, Qwen2/3, Mistral, Gemma 1-3, OLMo 2, Phi-3) or a toy model "
+            "such as toy:induction."
         )
     blocks = our_blocks(lm)
     if not blocks[0].causal:

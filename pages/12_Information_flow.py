@@ -52,9 +52,9 @@ def _not_a_decoder(model: str) -> None:
     """Which models the page reads, and the switch to one that works offline."""
     st.info(
         f"This page reads the residual stream of a causal language model with pre-norm "
-        f"layers: GPT-2, the Llama family (Llama, Qwen2, Mistral) or a toy model "
-        f"({TOY_MODEL}, ...). The sidebar's model ({md_escape(model)}) has no next-token head, "
-        "or its norms sit after each residual sum (BERT, the embedded MiniLM).",
+        "layers: GPT-2, the Llama family (Llama, Qwen2/3, Mistral, Gemma 1-3, OLMo 2, Phi-3) "
+        f"or a toy model ({TOY_MODEL}, ...). The sidebar's model ({md_escape(model)}) has no "
+        "next-token head, or its norms sit after each residual sum (BERT, the embedded MiniLM).",
         icon="ℹ️",
     )
     st.button(f"Open {TOY_MODEL} with a repeat to continue", on_click=_use_toy, type="primary")
