@@ -511,8 +511,17 @@ def test_information_flow_parts_sum_to_each_blocks_output(decoder) -> None:
         for position in (0, len(run.tokens) - 1):
             parts = run.head_outputs(layer, position).sum(0) + run.attn_bias(layer, position)
             torch.testing.assert_close(parts, run.attn_out[layer][position], atol=1e-5, rtol=0)
-    # the residual entering layer 1 is the model's own hidden state there
-    torch.testing.assert_close(run.resid_pre[1], hidden.hidden_states[1][0], atol=1e-5, rtol=0)
+    # the residual entering layers 0 and 1 is the model's own hidden state there: Gemma's
+    # embeddings scaled by sqrt(d_model) included
+    for layer in (0, 1):
+        torch.testing.assert_close(
+            run.resid_pre[layer], hidden.hidden_states[layer][0], atol=1e-5, rtol=0
+        )
+    if decoder.config.model_type.startswith("gemma"):
+        ids = tok(TEXT, return_tensors="pt")["input_ids"][0]
+        raw = decoder.model.get_input_embeddings().weight[ids].detach()
+        d = decoder.config.hidden_size
+        torch.testing.assert_close(run.resid_pre[0], raw * d**0.5, atol=1e-5, rtol=1e-5)
     flow = flow_contributions(TEXT, model=decoder)
     sums = flow.attention.sum(axis=(2, 3)) + flow.attention_residual
     np.testing.assert_allclose(sums, 1.0, atol=1e-5)
@@ -557,3 +566,15 @@ def test_untrained_heads_keep_the_options_with_norms_at_identity(folder) -> None
             torch.testing.assert_close(fresh.q_norm.per_head_layout(x), want)
     r = mhsa.attend(TEXT, model=_model("gemma3", folder), engine="mhsa-random", seed=1)
     np.testing.assert_allclose(r.attention.sum(-1), 1.0, atol=1e-5)
+
+
+def test_window_of_reads_the_block_then_its_config() -> None:
+    from types import SimpleNamespace as NS
+
+    from mhsa.families.parts import window_of
+
+    assert window_of(NS(sliding_window=None, config=NS(sliding_window=8))) is None  # full layer
+    assert window_of(NS(sliding_window=5, config=NS(sliding_window=8))) == 5  # the block's own
+    assert window_of(NS(config=NS(sliding_window=8))) == 8  # Mistral, Phi-3: every layer
+    unused = NS(config=NS(sliding_window=8, use_sliding_window=False))  # Qwen2-MoE
+    assert window_of(unused) is None

@@ -98,11 +98,15 @@ def rotary_for(block: nn.Module, model: nn.Module) -> RotaryEmbedding:
 def window_of(block: nn.Module) -> int | None:
     """The block's sliding window as ``attention_core`` counts it (``|i - j| < window``): the
     block's own ``sliding_window`` where it keeps one (None on its full-attention layers:
-    Qwen2/3, Gemma 2/3, ModernBERT), else its config's (Mistral, Phi-3: every layer)."""
+    Qwen2/3, Gemma 2/3, ModernBERT), else its config's (Mistral, Phi-3: every layer) unless
+    the config says it does not use it (``use_sliding_window=False``)."""
+    config = getattr(block, "config", None)
     if hasattr(block, "sliding_window"):
         window = block.sliding_window
+    elif getattr(config, "use_sliding_window", True) is False:
+        window = None  # a window in the config that the model does not use (Qwen2-MoE)
     else:
-        window = getattr(getattr(block, "config", None), "sliding_window", None)
+        window = getattr(config, "sliding_window", None)
     return None if window is None else int(window)
 
 
