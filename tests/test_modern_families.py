@@ -578,3 +578,24 @@ def test_window_of_reads_the_block_then_its_config() -> None:
     assert window_of(NS(config=NS(sliding_window=8))) == 8  # Mistral, Phi-3: every layer
     unused = NS(config=NS(sliding_window=8, use_sliding_window=False))  # Qwen2-MoE
     assert window_of(unused) is None
+
+
+@pytest.mark.slow
+def test_weights_trained_through_our_module_write_back_into_the_model(lm) -> None:
+    """Training's write-back: our modules' weights (q/k norms included) changed, stored into
+    the model's blocks (``store_our_weights``); the model's own forward then equals ours."""
+    from mhsa.swap import store_our_weights, trainable_our_blocks
+
+    copy = mhsa.load_model(lm.name, device="cpu")  # a copy whose weights may change
+    before = mhsa.attend(TEXT, model=copy, engine="transformers").attention
+    with copy.lock:
+        blocks = trainable_our_blocks(copy)
+        with torch.no_grad():
+            for block in blocks:
+                for p in block.ours.parameters():
+                    p.add_(0.05 * torch.randn_like(p))
+        store_our_weights(blocks)
+        copy.cache.clear()  # our modules are rebuilt from the stored weights
+    after = mhsa.attend(TEXT, model=copy, engine="mhsa", verify=True)
+    assert after.max_abs_diff <= TOL and after.hidden_max_abs_diff <= TOL
+    assert np.abs(after.attention - before).max() > 1e-3  # the model did change
