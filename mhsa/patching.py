@@ -29,16 +29,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
 from mhsa.core import Observer
-from mhsa.encoding import Encoded, answer_ids, check_text, encode
+from mhsa.encoding import Encoded, check_text, encode
 from mhsa.errors import InputError
 from mhsa.heads import head_label
+from mhsa.metrics import PATCH_TARGETS, PatchMetric, patch_metric, sentence_embedding
 from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.registry import lookup
 from mhsa.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
-from mhsa.targets import sentence_embedding
 
 __all__ = [
     "PATCH_POINTS",
@@ -120,81 +119,6 @@ PATCH_POINTS: Mapping[str, PatchPoint] = {
     )
 }
 
-#: What is measured for models without a next-token head (encoders), by name.
-PATCH_TARGETS: Mapping[str, str] = {
-    "embedding": "cosine similarity of the run's sentence embedding to the clean run's (1 for "
-    "the clean run)",
-    "similarity": "cosine similarity of the run's sentence embedding to that of the second "
-    "sentence",
-}
-
-
-# --- the metric -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Metric:
-    """What is measured on a run's outputs: a logit difference at the last position (causal
-    LMs) or a cosine similarity of the sentence embedding to a reference (encoders)."""
-
-    description: str
-    with_head: bool
-    answer: int = -1
-    wrong: int = -1
-    reference: torch.Tensor | None = None  # [D]: the embedding compared with
-
-    def __call__(self, outputs: Any, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """``[rows]``: the metric of each row of a run."""
-        if self.with_head:
-            last = outputs.logits[:, -1].float()  # (rows, vocab)
-            return last[:, self.answer] - last[:, self.wrong]
-        pooled = sentence_embedding(outputs, dict(inputs)).float()  # (rows, D)
-        assert self.reference is not None  # encoders always get a reference
-        return F.cosine_similarity(pooled, self.reference[None], dim=-1)
-
-    def with_reference(self, reference: torch.Tensor) -> _Metric:
-        return _Metric(self.description, False, reference=reference.detach().float())
-
-
-def _logit_metric(lm: LoadedModel, answer: object, wrong: object) -> _Metric:
-    if answer is None or wrong is None:
-        raise InputError(
-            f"{lm.display_name} is a causal language model: give both answer= and wrong= (the "
-            "metric is logit(answer) - logit(wrong) at the last position), or target='embedding'."
-        )
-    a, w, a_text, w_text = answer_ids(lm, answer, wrong)
-    return _Metric(f"logit({a_text!r}) − logit({w_text!r}) at the last position", True, a, w)
-
-
-def _metric(
-    lm: LoadedModel, answer: object, wrong: object, target: str | None, text_pair: str | None
-) -> _Metric:
-    """The metric asked for (see ``patch_heads``); encoders' reference is filled in later.
-
-    Raises:
-        InputError: with what to give instead.
-    """
-    if answer is not None or wrong is not None:
-        if lm.lm_head != "causal":
-            raise InputError(
-                f"answer= and wrong= are for causal language models (a next-token head); "
-                f"{lm.display_name} has none: leave them out and use target='embedding' or "
-                f"'similarity'."
-            )
-        if target is not None:
-            raise InputError("Give either answer= and wrong= or target=, not both.")
-        return _logit_metric(lm, answer, wrong)
-    if target is None and lm.lm_head == "causal":
-        return _logit_metric(lm, None, None)
-    name = target or "embedding"
-    description = lookup(PATCH_TARGETS, name, "patching target")
-    if name == "similarity" and text_pair is None:
-        raise InputError("The target 'similarity' needs text_pair= (the sentence compared with).")
-    if name == "embedding" and text_pair is not None:
-        raise InputError("text_pair= is for target='similarity'.")
-    return _Metric(description, False)
-
-
 # --- runs through our module ------------------------------------------------------------------
 
 
@@ -206,7 +130,7 @@ class _Setup:
     point: PatchPoint
     clean: Encoded
     corrupted: Encoded
-    metric: _Metric
+    metric: PatchMetric
     blocks: list[OurBlock]
 
     @property
@@ -289,7 +213,7 @@ def _setup(
     """
     lm = resolve_model(model)
     point = lookup(PATCH_POINTS, what, "activation")
-    metric = _metric(lm, answer, wrong, target, text_pair)
+    metric = patch_metric(lm, answer, wrong, target, text_pair)
     clean_enc = encode(lm, check_text(clean, "clean text"), None, max_tokens)
     corrupted_enc = encode(lm, check_text(corrupted, "corrupted text"), None, max_tokens)
     n_clean, n_corrupted = (e.inputs["input_ids"].shape[1] for e in (clean_enc, corrupted_enc))
