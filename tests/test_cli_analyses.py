@@ -30,6 +30,7 @@ def _close(got, want) -> None:
     np.testing.assert_allclose(np.asarray(got, float), np.asarray(want, float), rtol=1e-6, atol=0)
 
 
+@pytest.mark.slow
 def test_roles_writes_detection_sinks_and_composition(tmp_path, toy) -> None:
     out, sinks, comp = tmp_path / "r.csv", tmp_path / "s.csv", tmp_path / "c.csv"
     argv = ["roles", TEXT, "ba ke mo di lu ba ke mo", *TOY, "--out", str(out)]
@@ -59,6 +60,7 @@ def test_roles_writes_detection_sinks_and_composition(tmp_path, toy) -> None:
     assert composition["score"].max() > 0.05  # not all zeros: a later layer reads an earlier one
 
 
+@pytest.mark.slow
 def test_roles_without_texts_runs_the_random_token_induction_test(tmp_path, toy) -> None:
     out = tmp_path / "r.csv"
     assert main(["roles", *TOY, "--out", str(out), "--seed", "3"]) == 0
@@ -67,6 +69,7 @@ def test_roles_without_texts_runs_the_random_token_induction_test(tmp_path, toy)
     _close(table["induction"], mhsa.detect_heads(None, "induction", model=toy, seed=3)["score"])
 
 
+@pytest.mark.slow
 def test_patch_writes_heads_positions_and_attribution(tmp_path, toy, capsys) -> None:
     heads, positions, attribution = (tmp_path / f"{n}.csv" for n in ("h", "p", "a"))
     argv = ["patch", CLEAN, CORRUPTED, *TOY, "--answer", "fu", "--wrong", "lo"]
@@ -88,6 +91,7 @@ def test_patch_writes_heads_positions_and_attribution(tmp_path, toy, capsys) -> 
     _close(pd.read_csv(attribution, index_col="name")["attribution"], want["attribution"])
 
 
+@pytest.mark.slow
 def test_patch_of_one_kind_of_activation(tmp_path, toy) -> None:
     out = tmp_path / "v.csv"
     argv = ["patch", CLEAN, CORRUPTED, *TOY, "--answer", "fu", "--wrong", "lo", "--what", "v"]
@@ -98,6 +102,7 @@ def test_patch_of_one_kind_of_activation(tmp_path, toy) -> None:
     assert not np.allclose(want["effect"], z["effect"])  # --what reached the library
 
 
+@pytest.mark.slow
 def test_flow_writes_attribution_csv_and_routes_json(tmp_path, toy) -> None:
     dla, routes = tmp_path / "dla.csv", tmp_path / "routes.json"
     argv = ["flow", FLOW_TEXT, *TOY, "--answer", "di", "--wrong", "lu", "--out", str(dla)]
@@ -178,6 +183,7 @@ def test_every_commands_help_shows_an_example(command: str, example: str, capsys
     assert "example" in out.split("options:")[-1] and example in " ".join(out.split())
 
 
+@pytest.mark.slow
 def test_the_examples_run(tmp_path, monkeypatch, capsys) -> None:
     """The patch and flow examples of ``--help``, as printed, run and write their files."""
     import shlex

@@ -31,6 +31,7 @@ def test_logit_difference_reads_the_answer_minus_the_wrong_token() -> None:
     torch.testing.assert_close(metrics.logit_difference(logits, 4, 1, position=0), every[:, 0] * -1)
 
 
+@pytest.mark.slow
 def test_the_patch_metric_is_the_models_own_logit_difference() -> None:
     """On toy:induction, the metric of the plain transformers model's outputs equals the
     difference of its logits read by hand, and the answer words are its tokenizer's ids."""

@@ -410,6 +410,7 @@ def test_similarity_target_measures_cosine_to_the_second_sentence(
     assert table.attrs["clean"] == pytest.approx(float(m_clean), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_one_driver_with_thin_entry_points(toy: mhsa.LoadedModel) -> None:
     """``patch_heads`` and ``patch_positions`` are partials of ``generic_activation_patch``
     (issue 37.4, as TransformerLens's ``get_act_patch_*``); one layer's heads alone give that
