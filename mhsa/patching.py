@@ -171,7 +171,9 @@ def _every_head_and_position(grid: PatchGrid, layer: int | None) -> list[Cell]:
     return [(li, h, p) for h in range(grid.heads) for p in range(grid.positions)]
 
 
-def _heads_table(setup: PatchSetup, cells: Sequence[Cell], patched: np.ndarray, effect: np.ndarray):
+def _heads_table(
+    setup: PatchSetup, cells: Sequence[Cell], patched: np.ndarray, effect: np.ndarray
+) -> pd.DataFrame:
     """One row per head, index ``L{layer}H{head}`` (``patch_heads``)."""
     layers = sorted({c[0] for c in cells})
     shape = (len(layers), len(cells) // len(layers))
@@ -182,7 +184,9 @@ def _heads_table(setup: PatchSetup, cells: Sequence[Cell], patched: np.ndarray, 
     return frame
 
 
-def _positions_table(setup: PatchSetup, cells: Sequence[Cell], patched: np.ndarray, effect):
+def _positions_table(
+    setup: PatchSetup, cells: Sequence[Cell], patched: np.ndarray, effect: np.ndarray
+) -> pd.DataFrame:
     """One row per (head, position), tidy, with the clean and corrupted tokens there
     (``patch_positions``)."""
     clean_tokens = list(setup.clean.tokens.strings)
