@@ -9,6 +9,8 @@ end users of an application; these names are a library's, for programmers, which
 from __future__ import annotations
 
 import functools
+import os
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -19,6 +21,20 @@ __all__ = ["REMOVED_IN", "deprecated_alias", "renamed_kwargs"]
 REMOVED_IN = "0.2"
 
 Fn = TypeVar("Fn", bound=Callable[..., Any])
+
+#: frames a warning skips to reach the caller: this module's and torch's module-call machinery
+#: (``model(x)`` reaches ``forward`` through ``nn.Module.__call__``)
+_SKIPPED = (os.path.dirname(__file__) + os.sep + "deprecation.py", f"torch{os.sep}nn{os.sep}")
+
+
+def _caller_stacklevel() -> int:
+    """``warnings.warn``'s stacklevel (from the wrapper that calls it) of the first frame
+    outside this module and ``torch.nn``: the caller's line, which Python's default filters
+    show for ``__main__`` (``skip_file_prefixes`` is Python 3.12's)."""
+    frame, level = sys._getframe(2), 2  # 2: the wrapper's caller
+    while frame is not None and any(part in frame.f_code.co_filename for part in _SKIPPED):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def renamed_kwargs(**renames: str) -> Callable[[Fn], Fn]:
@@ -45,7 +61,7 @@ def renamed_kwargs(**renames: str) -> Callable[[Fn], Fn]:
                         f"{fn.__qualname__}(): the argument {old!r} is deprecated and will be "
                         f"removed in mhsa {REMOVED_IN}: use {new!r} instead.",
                         DeprecationWarning,
-                        stacklevel=2,
+                        stacklevel=_caller_stacklevel(),
                     )
                     kwargs[new] = kwargs.pop(old)
             return fn(*args, **kwargs)

@@ -46,8 +46,10 @@ def test_forwards_old_mask_names_warn_and_give_the_new_names_result(old: str, ne
     value = mask if new == "mask" else padding
     with torch.no_grad():
         want_out, want_w = module(x, **{new: value})
-        with pytest.warns(DeprecationWarning, match=f"'{old}' is deprecated .*use '{new}'"):
+        with pytest.warns(DeprecationWarning, match=f"'{old}' is deprecated .*use '{new}'") as rec:
             out, w = module(x, **{old: value})
+        # the warning names the caller's line, not torch's module call (Python shows those)
+        assert [r.filename for r in rec] == [__file__]
         with pytest.warns(DeprecationWarning, match=f"use '{new}'"):
             weights = module.attention_weights(x, **{old: value})
     torch.testing.assert_close(out, want_out, rtol=0, atol=0)
@@ -113,8 +115,9 @@ def test_removed_constructors_warn_and_give_the_loaders_module(family: str) -> N
         DeprecationWarning,
         match=rf"MultiHeadSelfAttention\.from_{family} is deprecated .*"
         rf"use mhsa\.adapters\.load_{family}",
-    ):
+    ) as rec:
         old = getattr(MultiHeadSelfAttention, f"from_{family}")(block, *extra).eval()
+    assert [r.filename for r in rec] == [__file__]
     assert isinstance(old, MultiHeadSelfAttention)
     assert old.state_dict().keys() == new.state_dict().keys()
     for name, tensor in new.state_dict().items():
