@@ -36,6 +36,7 @@ from torch import nn
 
 from mhsa.encoding import Encoded, check_text, encode
 from mhsa.errors import InputError, UnsupportedModelError
+from mhsa.frozen_norm import FrozenNorm, follow_norms_after, frozen_final_norm, frozen_norm
 from mhsa.generation import Generation, forward_inputs, generation_encoded
 from mhsa.heads import head_label
 from mhsa.metrics import answer_direction, answer_tokens, logit_difference
@@ -222,7 +223,8 @@ def _recording(
 ) -> list[Any]:
     """Hooks that put each layer's input, output and MLP output into ``record``, and what
     each other module of the layer with a weight (its norms) took and gave into ``after``
-    (``_norm_after`` finds among them a norm after the attention or the MLP); handles."""
+    (``frozen_norm.follow_norms_after`` finds among them a norm after the attention or the
+    MLP); handles."""
 
     def seen(layer: int, module: nn.Module) -> Callable[..., None]:
         def hook(_m: nn.Module, args: tuple, out: Any) -> None:
@@ -247,14 +249,6 @@ def _recording(
             if child is not block.original and child is not layer.mlp and hasattr(child, "weight"):
                 handles.append(child.register_forward_hook(seen(block.layer, child)))
     return handles
-
-
-def _norm_after(
-    seen: list[tuple[nn.Module, Any, torch.Tensor]], output: torch.Tensor
-) -> tuple[nn.Module, torch.Tensor] | None:
-    """The module of the layer that took ``output`` itself as its input (a norm after the
-    attention or the MLP: Gemma 2/3, OLMo 2), with what it gave; None when none did."""
-    return next(((m, out) for m, given, out in seen if given is output), None)
 
 
 _OBSERVED = {"probabilities", "per-head V", "per-head context", "output"}
@@ -305,29 +299,8 @@ def residual_pass(
         finally:
             for handle in handles:
                 handle.remove()
-        _follow_norms_after(blocks, record, after)
+        follow_norms_after(blocks, record, after)
         return _assembled(lm, blocks, encoded, record, out.logits[0])
-
-
-def _follow_norms_after(
-    blocks: list[OurBlock],
-    record: dict[tuple[str, int], torch.Tensor],
-    after: dict[int, list[tuple[nn.Module, Any, torch.Tensor]]],
-) -> None:
-    """Where a layer puts a norm after its attention output or its MLP output (Gemma 2/3,
-    OLMo 2), what the residual receives is that norm's output: ``record``'s "output" and
-    "mlp" become it, and the norm after the attention, with its input, is kept ("norm after
-    attention", "raw output")."""
-    for block in blocks:
-        seen = after.get(block.layer, [])
-        attention = _norm_after(seen, record[("output", block.layer)])
-        if attention is not None:
-            record[("raw output", block.layer)] = record[("output", block.layer)]
-            record[("output", block.layer)] = attention[1]
-            record[("norm after attention", block.layer)] = attention[0]
-        mlp = _norm_after(seen, record[("mlp", block.layer)])
-        if mlp is not None:
-            record[("mlp", block.layer)] = mlp[1]
 
 
 def _assembled(
@@ -379,81 +352,6 @@ def _assembled(
         attn_norm=attn_norm if any(n is not None for n in attn_norm) else (),
         logit_softcap=None if cap is None else float(cap),
     )
-
-
-@dataclass(frozen=True, eq=False)
-class FrozenNorm:
-    """A norm with its scale frozen at the whole vector it normalised: linear.
-
-    Attributes:
-        kind: ``"LayerNorm"`` (centred) or ``"RMSNorm"`` (not centred).
-        inverse_scale: 1 / the whole vector's standard deviation (LayerNorm) or root mean
-            square (RMSNorm), eps included as the model computes it: a float for one vector,
-            ``[..., 1]`` for one per position.
-        weight: the norm's effective weight ``[D]`` (Gemma's ``1 + w`` included).
-        bias: the norm's bias ``[D]`` (LayerNorm), or None.
-    """
-
-    kind: str
-    inverse_scale: float | torch.Tensor
-    weight: torch.Tensor
-    bias: torch.Tensor | None
-
-    def __call__(self, parts: torch.Tensor) -> torch.Tensor:
-        """``parts [..., D]`` through the frozen norm, its bias left out (a part of its own)."""
-        if self.kind == "LayerNorm":
-            parts = parts - parts.mean(-1, keepdim=True)
-        return parts * self.inverse_scale * self.weight
-
-    def at(self, position: int | slice) -> FrozenNorm:
-        """The norm frozen at one position (or rows) of a per-position frozen norm."""
-        if not isinstance(self.inverse_scale, torch.Tensor):
-            return self
-        return FrozenNorm(self.kind, self.inverse_scale[position], self.weight, self.bias)
-
-
-def frozen_norm(norm: nn.Module, whole: torch.Tensor) -> FrozenNorm:
-    """``norm`` with its scale frozen at ``whole [..., D]``, one scale per vector
-    (TransformerLens's ``apply_ln_to_stack``): a LayerNorm, an RMSNorm ``x / rms(x) * w`` or
-    Gemma's ``x / rms(x) * (1 + w)``, recognised by reproducing ``norm(whole)``.
-
-    Raises:
-        UnsupportedModelError: the norm computes something else.
-    """
-    whole = whole.float()
-    weight = norm.weight.float()
-    if isinstance(norm, nn.LayerNorm):
-        variance = whole.var(-1, unbiased=False, keepdim=True)
-        bias = None if norm.bias is None else norm.bias.float()
-        candidates = [FrozenNorm("LayerNorm", torch.rsqrt(variance + norm.eps), weight, bias)]
-    else:
-        eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-        if eps is None:
-            raise UnsupportedModelError(f"norm {type(norm).__name__}: no eps found")
-        inverse = torch.rsqrt(whole.pow(2).mean(-1, keepdim=True) + eps)
-        candidates = [FrozenNorm("RMSNorm", inverse, w, None) for w in (weight, 1.0 + weight)]
-    theirs = norm(whole.to(norm.weight.dtype)).float()
-    for frozen in candidates:
-        rebuilt = frozen(whole) + (0 if frozen.bias is None else frozen.bias)
-        if torch.allclose(rebuilt, theirs, atol=1e-4 * float(theirs.abs().max()) + 1e-5):
-            return frozen
-    raise UnsupportedModelError(
-        f"the norm {type(norm).__name__} computes something other than a LayerNorm or an "
-        "RMSNorm (x / rms(x) * w, or Gemma's * (1 + w)): direct logit attribution does not "
-        "cover it."
-    )
-
-
-def frozen_final_norm(norm: nn.Module, whole: torch.Tensor) -> FrozenNorm:
-    """``norm`` with its scale frozen at ``whole [D]`` (``frozen_norm`` of one vector; the
-    scale a float).
-
-    Raises:
-        UnsupportedModelError: the norm is neither a LayerNorm nor an RMSNorm (``w`` or
-            Gemma's ``1 + w``) that this reconstruction reproduces on ``whole``.
-    """
-    frozen = frozen_norm(norm, whole.reshape(1, -1))
-    return FrozenNorm(frozen.kind, float(frozen.inverse_scale), frozen.weight, frozen.bias)
 
 
 @dataclass(frozen=True)
