@@ -1,0 +1,131 @@
+"""Tiny random models of the families our module stands in for since issue 39 (part B), built
+from a config, seeded, with random non-zero biases (fresh models start them at 0, where a bias
+left out would go unnoticed). Each is a causal LM with its head (decoders) or a masked LM
+(ALBERT), as the checkpoints come; ``save_tiny`` writes one to a folder, opened by path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tests.tiny import DECODER_SIZES
+
+
+def _biased(model):
+    """``model`` with every bias and norm weight moved off its initial value, in place."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name.lower() or ".ln" in name:
+                p.add_(0.3 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def _neox(parallel: bool):
+    import transformers as tf
+
+    config = tf.GPTNeoXConfig(
+        **DECODER_SIZES, rotary_pct=0.5, use_parallel_residual=parallel, attention_bias=True
+    )
+    return tf.GPTNeoXForCausalLM(config)
+
+
+def _gptj():
+    import transformers as tf
+
+    config = tf.GPTJConfig(
+        vocab_size=30522,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_inner=64,
+        rotary_dim=4,
+        n_positions=128,
+        bos_token_id=101,
+        eos_token_id=102,
+    )
+    return tf.GPTJForCausalLM(config)
+
+
+def _phi():
+    import transformers as tf
+
+    return tf.PhiForCausalLM(tf.PhiConfig(**DECODER_SIZES, partial_rotary_factor=0.5))
+
+
+def _opt():
+    import transformers as tf
+
+    config = tf.OPTConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        ffn_dim=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        word_embed_proj_dim=32,
+        max_position_embeddings=128,
+        pad_token_id=0,
+    )
+    return tf.OPTForCausalLM(config)
+
+
+def _falcon(layout: str):
+    import transformers as tf
+
+    flags = {
+        "multi-query": {"multi_query": True, "new_decoder_architecture": False},
+        "grouped": {"new_decoder_architecture": True, "num_kv_heads": 2},
+        "per-head": {"multi_query": False, "new_decoder_architecture": False},
+    }[layout]
+    config = tf.FalconConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        alibi=False,
+        bias=True,
+        parallel_attn=True,
+        max_position_embeddings=128,
+        **flags,
+    )
+    return tf.FalconForCausalLM(config)
+
+
+def _albert():
+    import transformers as tf
+
+    config = tf.AlbertConfig(
+        vocab_size=30522,
+        embedding_size=16,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_hidden_groups=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    return tf.AlbertForMaskedLM(config)
+
+
+#: family name (as ``Family.name``) and variant -> a builder of a tiny random model
+TINY_FAMILIES: dict[str, Callable[[], object]] = {
+    "GPT-NeoX": lambda: _neox(parallel=True),
+    "GPT-NeoX sequential": lambda: _neox(parallel=False),
+    "GPT-J": _gptj,
+    "Phi": _phi,
+    "OPT": _opt,
+    "Falcon": lambda: _falcon("multi-query"),
+    "Falcon grouped": lambda: _falcon("grouped"),
+    "Falcon per-head": lambda: _falcon("per-head"),
+    "ALBERT": _albert,
+}
+
+
+def tiny_family_model(name: str):
+    """A tiny random model of ``name`` (a key of ``TINY_FAMILIES``), seeded, biases perturbed."""
+    import torch
+
+    torch.manual_seed(0)
+    return _biased(TINY_FAMILIES[name]())
