@@ -15,9 +15,16 @@ The logit lens (TransformerLens's ``accumulated_resid`` with ``apply_ln=True``, 
 unembedding) reads the residual after the embeddings and after each layer through the final
 norm (its own statistics) and the unembedding.
 
-Post-norm models (BERT, DistilBERT, the embedded MiniLM) put a LayerNorm after every residual
-sum, inside each layer: the last residual is no sum of the components' outputs, so neither
-applies (``UnsupportedModelError``).
+Parallel layers (GPT-NeoX with ``use_parallel_residual``, GPT-J, Phi, Falcon) feed attention and
+MLP the same input and add both outputs to it: the residual is the same sum of parts, only the
+MLP reads the layer's input rather than the residual after attention (``ResidualPass.parallel``).
+The MLP's output is the layer's ``mlp`` (OPT: its ``fc2``). Every recorded layer's output is
+checked to equal its input plus its attention and MLP outputs: a layer doing anything else is
+refused, never decomposed wrongly.
+
+Post-norm models (BERT, DistilBERT, the embedded MiniLM, OPT with ``do_layer_norm_before=False``)
+put a LayerNorm after every residual sum, inside each layer: the last residual is no sum of the
+components' outputs, so neither applies (``UnsupportedModelError``).
 
 Everything runs through our module (``mhsa.swap``), whose observation points give each head's
 attention, values and context.
@@ -92,6 +99,8 @@ class ResidualPass:
         logits: the model's logits ``[T, V]``.
         final_norm: the model's final norm.
         unembed: the unembedding (``lm_head``).
+        parallel: per layer, whether its MLP reads the layer's input (a parallel layer) rather
+            than the residual after attention.
     """
 
     tokens: tuple[str, ...]
@@ -109,6 +118,7 @@ class ResidualPass:
     logits: torch.Tensor
     final_norm: nn.Module
     unembed: nn.Module
+    parallel: tuple[bool, ...] = ()
 
     @property
     def layers(self) -> int:
@@ -140,15 +150,42 @@ def _post_norm_error(lm: LoadedModel) -> UnsupportedModelError:
     )
 
 
+_FINAL_NORMS = ("ln_f", "norm", "final_layernorm", "final_layer_norm")
+
+
 def _final_norm(lm: LoadedModel) -> nn.Module:
-    for name in ("ln_f", "norm", "final_layernorm", "final_layer_norm"):
-        module = getattr(lm.model, name, None)
+    """The base model's final norm (OPT keeps it in its ``decoder``)."""
+    for owner in (lm.model, getattr(lm.model, "decoder", None)):
+        for name in _FINAL_NORMS:
+            module = getattr(owner, name, None)
+            if isinstance(module, nn.Module):
+                return module
+    raise UnsupportedModelError(
+        f"{lm.display_name}: no final norm found ({', '.join(_FINAL_NORMS)}): the "
+        "decomposition covers pre-norm decoders."
+    )
+
+
+def _mlp(layer: nn.Module) -> nn.Module | None:
+    """The module whose output is the layer's MLP output: ``mlp``, or OPT's ``fc2``."""
+    for name in ("mlp", "fc2"):
+        module = getattr(layer, name, None)
         if isinstance(module, nn.Module):
             return module
-    raise UnsupportedModelError(
-        f"{lm.display_name}: no final norm found (ln_f or norm): the decomposition covers GPT-2 "
-        "and the Llama family."
-    )
+    return None
+
+
+def _check_layer_norms(lm: LoadedModel) -> None:
+    """Refuse OPT's post-norm layers and its projection after the final norm by name."""
+    config = lm.config
+    if getattr(config, "do_layer_norm_before", True) is False:
+        raise _post_norm_error(lm)
+    if getattr(getattr(lm.model, "decoder", None), "project_out", None) is not None:
+        raise UnsupportedModelError(
+            f"{lm.display_name}: a project_out after the final norm (word_embed_proj_dim "
+            f"{config.word_embed_proj_dim} != hidden_size {config.hidden_size}): direct logit "
+            "attribution, the logit lens and the information flow do not cover it."
+        )
 
 
 def _checked_decoder(lm: LoadedModel) -> list[OurBlock]:
@@ -173,11 +210,12 @@ def _checked_decoder(lm: LoadedModel) -> list[OurBlock]:
             f"{lm.display_name} has no next-token (language-model) head: load a causal LM "
             "checkpoint (GPT-2, Llama, Qwen2, a toy model)."
         )
+    _check_layer_norms(lm)
     for block in blocks:
-        if not isinstance(getattr(_layer(block), "mlp", None), nn.Module):
+        if _mlp(_layer(block)) is None:
             raise UnsupportedModelError(
-                f"{lm.display_name}: a layer without an mlp: the decomposition covers GPT-2 and "
-                "the Llama family."
+                f"{lm.display_name}: a layer without an mlp (or fc2): the decomposition covers "
+                "pre-norm decoders whose layers hold one."
             )
     return blocks
 
@@ -202,7 +240,8 @@ def _recording(blocks: list[OurBlock], record: dict[tuple[str, int], torch.Tenso
     def keep(name: str, layer: int, pre: bool) -> Callable[..., None]:
         if pre:
             return lambda _m, args, kwargs: record.__setitem__((name, layer), _hidden(args, kwargs))
-        return lambda _m, _args, out: record.__setitem__((name, layer), _first(out))
+        # a copy: Falcon adds the attention output into its MLP's output in place
+        return lambda _m, _args, out: record.__setitem__((name, layer), _first(out).clone())
 
     handles = []
     for block in blocks:
@@ -211,7 +250,9 @@ def _recording(blocks: list[OurBlock], record: dict[tuple[str, int], torch.Tenso
             layer.register_forward_pre_hook(keep("pre", block.layer, True), with_kwargs=True)
         )
         handles.append(layer.register_forward_hook(keep("post", block.layer, False)))
-        handles.append(layer.mlp.register_forward_hook(keep("mlp", block.layer, False)))
+        mlp = _mlp(layer)
+        assert mlp is not None  # _checked_decoder saw it
+        handles.append(mlp.register_forward_hook(keep("mlp", block.layer, False)))
     return handles
 
 
@@ -285,7 +326,7 @@ def _assembled(
         bias = ours.projections()[1][2]
         per_head = None if bias is None else bias.float().view(ours.num_kv_heads, ours.d_head)
         b_v.append(None if per_head is None else per_head.repeat_interleave(ours.groups, dim=0))
-    return ResidualPass(
+    run = ResidualPass(
         tokens=tuple(encoded.tokens.strings),
         ids=tuple(encoded.inputs["input_ids"][0].tolist()),
         resid_pre=per_layer("pre"),
@@ -296,12 +337,41 @@ def _assembled(
         w_o=tuple(w_o),
         b_o=tuple(b_o),
         attn_out=per_layer("output"),
-        mlp_out=per_layer("mlp"),
+        # OPT runs its MLP on the tokens flattened to [B T, D]
+        mlp_out=tuple(
+            record[("mlp", b.layer)].reshape(record[("pre", b.layer)].shape)[0].float()
+            for b in blocks
+        ),
         resid_post=per_layer("post"),
         logits=logits.float(),
         final_norm=_final_norm(lm),
         unembed=lm.head_model.get_output_embeddings(),
+        parallel=tuple(
+            b.family.parallel is not None and b.family.parallel(b.original) for b in blocks
+        ),
     )
+    _check_sums(lm, run)
+    return run
+
+
+def _check_sums(lm: LoadedModel, run: ResidualPass) -> None:
+    """Every layer's output is its input plus its attention and MLP outputs, as the
+    decomposition assumes (a layer that norms or scales a block's output is refused here rather
+    than decomposed wrongly).
+
+    Raises:
+        UnsupportedModelError: naming the first layer whose output is another sum.
+    """
+    for layer in range(run.layers):
+        summed = run.resid_pre[layer] + run.attn_out[layer] + run.mlp_out[layer]
+        whole = run.resid_post[layer]
+        gap = float((summed - whole).abs().max())
+        if gap > 1e-4 * (1.0 + float(whole.abs().max())):
+            raise UnsupportedModelError(
+                f"{lm.display_name}: layer {layer}'s output is not its input plus its attention "
+                f"and MLP outputs (off by {gap:.3g}): the residual decomposition does not "
+                "cover this layer's layout."
+            )
 
 
 @dataclass(frozen=True, eq=False)
