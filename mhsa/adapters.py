@@ -291,6 +291,7 @@ FAMILIES: tuple[Family, ...] = (
         _bert_finish,
         store_bert,
         lambda block: (block.self.value, whole),
+        kinds=("encoder",),
     ),
     Family(
         "DistilBERT",
@@ -300,6 +301,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda _block: False,
         store=store_distilbert,
         values=lambda block: (block.v_lin, whole),
+        kinds=("encoder",),
     ),
     Family(
         "GPT-2 family",
@@ -310,6 +312,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda block, out, _x: block.resid_dropout(out),
         store_gpt2,
         _gpt2_values,
+        kinds=("decoder",),
     ),
     Family(
         "Llama-style",
@@ -320,6 +323,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda block: bool(getattr(block, "is_causal", True)),
         store=store_llama,
         values=lambda block: (block.v_proj, whole),
+        kinds=("decoder",),
     ),
     Family(
         "BART family",
@@ -330,6 +334,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda block: bool(block.is_causal),
         store=store_bart,
         values=lambda block: (block.v_proj, whole),
+        kinds=("encoder-decoder",),
     ),
     Family(
         "T5 family",
@@ -341,6 +346,7 @@ FAMILIES: tuple[Family, ...] = (
         values=lambda block: (block.v, whole),
         score_bias=t5_position_bias,
         returns=_t5_returns,
+        kinds=("encoder-decoder",),
     ),
     neox.FAMILY,
     gptj.FAMILY,

@@ -24,6 +24,7 @@ from mhsa.adapters import SUPPORTED_FOR_MHSA, Family, family_of
 from mhsa.attention import MultiHeadSelfAttention, Observer
 from mhsa.errors import UnsupportedModelError
 from mhsa.models import LoadedModel
+from mhsa.support import TOOLS, tools_needing_our_module
 
 __all__ = [
     "BLOCK_KINDS",
@@ -309,7 +310,9 @@ def _in_call_order(
 def _unsupported(lm: LoadedModel, why: str) -> UnsupportedModelError:
     return UnsupportedModelError(
         f"Our module cannot run {lm.display_name!r} ({lm.config.model_type}): {why}. "
-        f"Supported: {SUPPORTED_FOR_MHSA}. Use the transformers engine for this model."
+        f"Supported: {SUPPORTED_FOR_MHSA}. Use the transformers engine for this model. "
+        f"The tools that need our module ({', '.join(tools_needing_our_module())}) do not "
+        f"run on it; {' and '.join(t.label for t in TOOLS if not t.needs_our_module)} do."
     )
 
 

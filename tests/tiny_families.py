@@ -1,7 +1,8 @@
-"""Tiny random models of the families our module stands in for since issue 39 (part B), built
-from a config, seeded, with random non-zero biases (fresh models start them at 0, where a bias
-left out would go unnoticed). Each is a causal LM with its head (decoders) or a masked LM
-(ALBERT), as the checkpoints come; ``save_tiny`` writes one to a folder, opened by path.
+"""A tiny random model of every family our module stands in for (``mhsa.adapters.FAMILIES``),
+and of some variants, built from a config, seeded, with random non-zero biases and norm weights
+(fresh models start them at 0 and 1, where a bias left out would go unnoticed). Each comes with
+its head, as checkpoints do (a causal LM, a masked LM, a seq2seq LM); ``save_tiny`` writes one
+to a folder, opened by path. A variant is named ``<family> <variant>``.
 """
 
 from __future__ import annotations
@@ -109,8 +110,56 @@ def _albert():
     return tf.AlbertForMaskedLM(config)
 
 
+def _bert():
+    import transformers as tf
+
+    config = tf.BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    return tf.BertForMaskedLM(config)
+
+
+def _distilbert():
+    import transformers as tf
+
+    config = tf.DistilBertConfig(
+        vocab_size=30522, max_position_embeddings=64, dim=32, n_layers=2, n_heads=4, hidden_dim=64
+    )
+    return tf.DistilBertForMaskedLM(config)
+
+
+def _gpt2():
+    import transformers as tf
+
+    config = tf.GPT2Config(vocab_size=30522, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+    return tf.GPT2LMHeadModel(config)
+
+
+def _llama():
+    import transformers as tf
+
+    return tf.LlamaForCausalLM(tf.LlamaConfig(**DECODER_SIZES, num_key_value_heads=2))
+
+
+def _seq2seq(family: str):
+    from tests.tiny import tiny_seq2seq
+
+    return tiny_seq2seq(family)
+
+
 #: family name (as ``Family.name``) and variant -> a builder of a tiny random model
 TINY_FAMILIES: dict[str, Callable[[], object]] = {
+    "BERT family": _bert,
+    "DistilBERT": _distilbert,
+    "GPT-2 family": _gpt2,
+    "Llama-style": _llama,
+    "BART family": lambda: _seq2seq("bart"),
+    "T5 family": lambda: _seq2seq("t5"),
     "GPT-NeoX": lambda: _neox(parallel=True),
     "GPT-NeoX sequential": lambda: _neox(parallel=False),
     "GPT-J": _gptj,

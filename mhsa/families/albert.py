@@ -75,4 +75,5 @@ FAMILY = Family(
     store_albert,
     values=lambda block: (block.value, whole),
     call_order=albert_call_order,
+    kinds=("encoder",),
 )

@@ -101,4 +101,5 @@ FAMILY = Family(
     store=store_falcon,
     values=_values,
     parallel=_parallel,
+    kinds=("decoder",),
 )

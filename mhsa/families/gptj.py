@@ -69,4 +69,5 @@ FAMILY = Family(
     store_gptj,
     values=lambda block: (block.v_proj, whole),
     parallel=lambda _block: True,
+    kinds=("decoder",),
 )

@@ -93,4 +93,5 @@ FAMILY = Family(
     store=store_neox,
     values=_values,
     parallel=lambda block: bool(getattr(block.config, "use_parallel_residual", False)),
+    kinds=("decoder",),
 )

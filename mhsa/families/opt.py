@@ -48,4 +48,5 @@ FAMILY = Family(
     lambda _block: True,
     store=store_opt,
     values=lambda block: (block.v_proj, whole),
+    kinds=("decoder",),
 )

@@ -72,4 +72,5 @@ FAMILY = Family(
     store=store_phi,
     values=lambda block: (block.v_proj, whole),
     parallel=lambda _block: True,
+    kinds=("decoder",),
 )

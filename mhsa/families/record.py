@@ -70,6 +70,9 @@ class Family:
         parallel: whether the layer around the block feeds its MLP the layer's input rather
             than the residual after attention (GPT-NeoX's ``use_parallel_residual``, GPT-J,
             Phi, Falcon), as ``parallel(block)``; None: never.
+        kinds: the kinds of model the layout comes in (``"encoder"``, ``"decoder"``,
+            ``"encoder-decoder"``): the README's family x tool table (``mhsa.support``) reads
+            which tools apply from them.
     """
 
     name: str
@@ -86,6 +89,7 @@ class Family:
     returns: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], tuple] | None = None
     call_order: Callable[[nn.Module, list[nn.Module]], list[nn.Module]] | None = None
     parallel: Callable[[nn.Module], bool] | None = None
+    kinds: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """``name (layout)``, for messages that list what is supported."""
