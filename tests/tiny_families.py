@@ -11,6 +11,10 @@ from collections.abc import Callable
 
 from tests.tiny import DECODER_SIZES
 
+#: the weights' spread: wide enough that heads attend far from uniformly (transformers' 0.02
+#: gives near-uniform attention in a tiny model, where a wrong weight hardly shows)
+_INIT = 0.2
+
 
 def _biased(model):
     """``model`` with every bias and norm weight moved off its initial value, in place."""
@@ -28,7 +32,11 @@ def _neox(parallel: bool):
     import transformers as tf
 
     config = tf.GPTNeoXConfig(
-        **DECODER_SIZES, rotary_pct=0.5, use_parallel_residual=parallel, attention_bias=True
+        **DECODER_SIZES,
+        rotary_pct=0.5,
+        use_parallel_residual=parallel,
+        attention_bias=True,
+        initializer_range=_INIT,
     )
     return tf.GPTNeoXForCausalLM(config)
 
@@ -46,6 +54,7 @@ def _gptj():
         n_positions=128,
         bos_token_id=101,
         eos_token_id=102,
+        initializer_range=_INIT,
     )
     return tf.GPTJForCausalLM(config)
 
@@ -53,7 +62,9 @@ def _gptj():
 def _phi():
     import transformers as tf
 
-    return tf.PhiForCausalLM(tf.PhiConfig(**DECODER_SIZES, partial_rotary_factor=0.5))
+    return tf.PhiForCausalLM(
+        tf.PhiConfig(**DECODER_SIZES, partial_rotary_factor=0.5, initializer_range=_INIT)
+    )
 
 
 def _opt():
@@ -68,6 +79,7 @@ def _opt():
         word_embed_proj_dim=32,
         max_position_embeddings=128,
         pad_token_id=0,
+        init_std=_INIT,
     )
     return tf.OPTForCausalLM(config)
 
@@ -89,6 +101,7 @@ def _falcon(layout: str):
         bias=True,
         parallel_attn=True,
         max_position_embeddings=128,
+        initializer_range=_INIT,
         **flags,
     )
     return tf.FalconForCausalLM(config)
@@ -106,6 +119,7 @@ def _albert():
         num_attention_heads=4,
         intermediate_size=64,
         max_position_embeddings=128,
+        initializer_range=_INIT,
     )
     return tf.AlbertForMaskedLM(config)
 
@@ -178,3 +192,19 @@ def tiny_family_model(name: str):
 
     torch.manual_seed(0)
     return _biased(TINY_FAMILIES[name]())
+
+
+_LOADED: dict[str, object] = {}
+
+
+def loaded_tiny(name: str, folder_factory) -> object:
+    """``name``'s tiny model saved to a fresh folder (``folder_factory(name)``: pytest's
+    ``tmp_path_factory.mktemp``) and loaded by path on the CPU, once per test process (tests
+    that change weights load their own copy with ``mhsa.load_model(lm.name)``)."""
+    import mhsa
+    from tests.tiny import save_tiny
+
+    if name not in _LOADED:
+        folder = folder_factory(name.replace(" ", "-"))
+        _LOADED[name] = mhsa.load_model(save_tiny(folder, tiny_family_model(name)), device="cpu")
+    return _LOADED[name]
