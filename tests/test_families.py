@@ -19,17 +19,18 @@ import torch
 import mhsa
 from mhsa.families.fused import join_qkv, split_qkv, value_rows
 from mhsa.swap import (
-    OurPass,
-    forward_through_ours,
     our_blocks,
     store_our_weights,
     trainable_our_blocks,
 )
 from tests.tiny import save_tiny
-from tests.tiny_families import loaded_tiny
+from tests.tiny_families import check_engine, loaded_tiny
 
 TEXT = "The quick brown fox jumps over the lazy dog, then sleeps."
 TOL = 1e-4
+#: variants of the registered families (each registered family's own tiny model runs every tool
+#: in tests/test_family_tools.py)
+VARIANTS = ["GPT-NeoX sequential", "Falcon grouped", "Falcon per-head"]
 FAMILIES = [
     "GPT-NeoX",
     "GPT-NeoX sequential",
@@ -48,40 +49,13 @@ def family_model(request, tmp_path_factory) -> mhsa.LoadedModel:
     return loaded_tiny(request.param, tmp_path_factory.mktemp)
 
 
-def _inputs(lm: mhsa.LoadedModel, texts: list[str]) -> dict[str, torch.Tensor]:
-    return dict(lm.tokenizer(texts, return_tensors="pt", padding=True))
-
-
 @pytest.mark.slow
-def test_engine_runs_through_our_module_and_equals_the_model(family_model, monkeypatch) -> None:
-    lm = family_model
-    with lm.lock:
-        classes = {type(b.original) for b in our_blocks(lm)}
-
-    def refuse(*_args, **_kwargs):
-        raise AssertionError("the model's own attention forward ran")
-
-    with monkeypatch.context() as patched:
-        for cls in classes:
-            patched.setattr(cls, "forward", refuse)
-        ours = mhsa.attend(TEXT, model=lm, engine="mhsa")
-        inputs = _inputs(lm, [TEXT, "A short one."])
-        with torch.inference_mode():
-            mine = forward_through_ours(lm, inputs, OurPass(need_weights=False))
-    theirs = mhsa.attend(TEXT, model=lm, engine="transformers")
-    assert ours.attention.shape == theirs.attention.shape
-    assert ours.num_layers == lm.config.num_hidden_layers
-    per_layer = np.abs(ours.attention - theirs.attention).max(axis=(1, 2, 3))
-    assert per_layer.max() <= TOL, per_layer
-    # later layers attend differently from the first: the layers are not one repeated result
-    assert np.abs(theirs.attention[0] - theirs.attention[-1]).max() > 1e-3
-    with torch.inference_mode(), lm.lock:
-        own = lm.model(**inputs).last_hidden_state
-    real = inputs["attention_mask"].bool()
-    assert float((mine.last_hidden_state - own)[real].abs().max()) <= TOL
-    assert float(own.abs().max()) > 0.1
-    verified = mhsa.attend(TEXT, model=lm, engine="mhsa", verify=True)
-    assert verified.max_abs_diff <= TOL and verified.hidden_max_abs_diff <= TOL
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_variants_run_through_our_module_and_equal_the_model(
+    variant, tmp_path_factory, monkeypatch
+) -> None:
+    """The registered families run in tests/test_family_tools.py; their variants here."""
+    check_engine(loaded_tiny(variant, tmp_path_factory.mktemp), monkeypatch)
 
 
 @pytest.mark.slow

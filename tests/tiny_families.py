@@ -208,3 +208,47 @@ def loaded_tiny(name: str, folder_factory) -> object:
         folder = folder_factory(name.replace(" ", "-"))
         _LOADED[name] = mhsa.load_model(save_tiny(folder, tiny_family_model(name)), device="cpu")
     return _LOADED[name]
+
+
+def check_engine(
+    lm, monkeypatch, text: str = "The quick brown fox jumps over the lazy dog."
+) -> None:
+    """Engine ``mhsa`` equals the model's eager run in every layer's attention (<= 1e-4) and in
+    the final hidden state (a padded batch of two; ``verify`` for encoder-decoders) while the
+    model's own attention blocks' ``forward`` raises if called."""
+    import numpy as np
+    import torch
+
+    import mhsa
+    from mhsa.swap import OurPass, forward_through_ours, our_blocks
+
+    tol = 1e-4
+    with lm.lock:
+        blocks = our_blocks(lm)
+    shared = len({id(b.original) for b in blocks}) < len(blocks)
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the model's own attention forward ran")
+
+    inputs = dict(lm.tokenizer([text, "A short one."], return_tensors="pt", padding=True))
+    with monkeypatch.context() as patched:
+        for cls in {type(b.original) for b in blocks}:
+            patched.setattr(cls, "forward", refuse)
+        ours = mhsa.attend(text, model=lm, engine="mhsa")
+        if not lm.is_encoder_decoder:
+            with torch.inference_mode():
+                mine = forward_through_ours(lm, inputs, OurPass(need_weights=False))
+    theirs = mhsa.attend(text, model=lm, engine="transformers")
+    assert ours.attention.shape == theirs.attention.shape
+    per_layer = np.abs(ours.attention - theirs.attention).max(axis=(1, 2, 3))
+    assert per_layer.max() <= tol, per_layer
+    if shared:  # layers sharing a block (ALBERT) still attend differently: not one result
+        assert np.abs(theirs.attention[0] - theirs.attention[-1]).max() > 1e-3
+    if not lm.is_encoder_decoder:
+        with torch.inference_mode(), lm.lock:
+            own = lm.model(**inputs).last_hidden_state
+        real = inputs["attention_mask"].bool()
+        assert float((mine.last_hidden_state - own)[real].abs().max()) <= tol
+        assert float(own.abs().max()) > 0.1
+    verified = mhsa.attend(text, model=lm, engine="mhsa", verify=True)
+    assert verified.max_abs_diff <= tol and verified.hidden_max_abs_diff <= tol
