@@ -324,6 +324,8 @@ def _check_model(lm: LoadedModel) -> None:
         raise _unsupported(lm, f"position_embedding_type {position!r} (relative position biases)")
     if getattr(config, "alibi", False) or getattr(config, "use_alibi", False):
         raise _unsupported(lm, "ALiBi position biases")
+    if getattr(config, "relative_attention", False) or config.model_type.startswith("deberta"):
+        raise _unsupported(lm, "DeBERTa's disentangled attention (content-to-position scores)")
 
 
 def _kinds(lm: LoadedModel, found: list[tuple[Family, nn.Module, nn.Module, str]]) -> list[str]:

@@ -176,17 +176,19 @@ def test_features_we_do_not_reproduce_are_refused_by_name(tmp_path) -> None:
     phi = _tiny(tmp_path / "phi", tf.PhiModel(tf.PhiConfig(**DECODER_SIZES, qk_layernorm=True)))
     with pytest.raises(mhsa.UnsupportedModelError, match="qk_layernorm"):
         mhsa.attend(TEXT, model=phi, engine="mhsa")
-    albert = tf.AlbertModel(
-        tf.AlbertConfig(
-            hidden_size=32, num_attention_heads=4, intermediate_size=64, inner_group_num=2
-        )
-    )
+    sizes = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64}
+    albert = tf.AlbertModel(tf.AlbertConfig(**sizes, inner_group_num=2))
     with pytest.raises(mhsa.UnsupportedModelError, match="inner_group_num=2"):
         mhsa.attend(TEXT, model=_tiny(tmp_path / "albert", albert), engine="mhsa")
     falcon = tf.FalconModel(tf.FalconConfig(hidden_size=32, num_attention_heads=4, alibi=True))
     with pytest.raises(mhsa.UnsupportedModelError, match="ALiBi") as info:
         mhsa.attend(TEXT, model=_tiny(tmp_path / "falcon", falcon), engine="mhsa")
     assert "GPT-NeoX" in str(info.value) and "information flow" in str(info.value)
+    deberta = tf.DebertaV2Model(
+        tf.DebertaV2Config(vocab_size=30522, **sizes, num_hidden_layers=1, relative_attention=True)
+    )
+    with pytest.raises(mhsa.UnsupportedModelError, match="disentangled attention"):
+        mhsa.attend(TEXT, model=_tiny(tmp_path / "deberta", deberta), engine="mhsa")
 
 
 @pytest.mark.parametrize(
