@@ -45,6 +45,7 @@ from mhsa.encoding import Encoded, answer_ids, check_text, encode
 from mhsa.errors import InputError, UnsupportedModelError
 from mhsa.generation import Generation, forward_inputs, generation_encoded
 from mhsa.heads import head_label
+from mhsa.layer_parts import check_layer_norms, check_sums, final_norm_of, mlp_of, post_norm_error
 from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
 
@@ -140,54 +141,6 @@ class ResidualPass:
         return self.unembed(self.final_norm(vectors))
 
 
-def _post_norm_error(lm: LoadedModel) -> UnsupportedModelError:
-    return UnsupportedModelError(
-        f"{lm.display_name} is a post-norm encoder (BERT family): its LayerNorm sits inside each "
-        "layer, after every residual sum, so its last hidden state is not a sum of the heads' "
-        "and MLPs' outputs and a residual-stream decomposition does not apply. Use a causal "
-        "language model with pre-norm layers: GPT-2, the Llama family (Llama, Qwen2, Mistral) "
-        "or a toy model such as toy:induction."
-    )
-
-
-_FINAL_NORMS = ("ln_f", "norm", "final_layernorm", "final_layer_norm")
-
-
-def _final_norm(lm: LoadedModel) -> nn.Module:
-    """The base model's final norm (OPT keeps it in its ``decoder``)."""
-    for owner in (lm.model, getattr(lm.model, "decoder", None)):
-        for name in _FINAL_NORMS:
-            module = getattr(owner, name, None)
-            if isinstance(module, nn.Module):
-                return module
-    raise UnsupportedModelError(
-        f"{lm.display_name}: no final norm found ({', '.join(_FINAL_NORMS)}): the "
-        "decomposition covers pre-norm decoders."
-    )
-
-
-def _mlp(layer: nn.Module) -> nn.Module | None:
-    """The module whose output is the layer's MLP output: ``mlp``, or OPT's ``fc2``."""
-    for name in ("mlp", "fc2"):
-        module = getattr(layer, name, None)
-        if isinstance(module, nn.Module):
-            return module
-    return None
-
-
-def _check_layer_norms(lm: LoadedModel) -> None:
-    """Refuse OPT's post-norm layers and its projection after the final norm by name."""
-    config = lm.config
-    if getattr(config, "do_layer_norm_before", True) is False:
-        raise _post_norm_error(lm)
-    if getattr(getattr(lm.model, "decoder", None), "project_out", None) is not None:
-        raise UnsupportedModelError(
-            f"{lm.display_name}: a project_out after the final norm (word_embed_proj_dim "
-            f"{config.word_embed_proj_dim} != hidden_size {config.hidden_size}): direct logit "
-            "attribution, the logit lens and the information flow do not cover it."
-        )
-
-
 def _checked_decoder(lm: LoadedModel) -> list[OurBlock]:
     """Our blocks of ``lm``, a pre-norm decoder with a next-token head.
 
@@ -204,15 +157,15 @@ def _checked_decoder(lm: LoadedModel) -> list[OurBlock]:
         )
     blocks = our_blocks(lm)
     if not blocks[0].causal:
-        raise _post_norm_error(lm)
+        raise post_norm_error(lm)
     if lm.lm_head != "causal" or lm.head_model is None:
         raise UnsupportedModelError(
             f"{lm.display_name} has no next-token (language-model) head: load a causal LM "
             "checkpoint (GPT-2, Llama, Qwen2, a toy model)."
         )
-    _check_layer_norms(lm)
+    check_layer_norms(lm)
     for block in blocks:
-        if _mlp(_layer(block)) is None:
+        if mlp_of(_layer(block)) is None:
             raise UnsupportedModelError(
                 f"{lm.display_name}: a layer without an mlp (or fc2): the decomposition covers "
                 "pre-norm decoders whose layers hold one."
@@ -250,7 +203,7 @@ def _recording(blocks: list[OurBlock], record: dict[tuple[str, int], torch.Tenso
             layer.register_forward_pre_hook(keep("pre", block.layer, True), with_kwargs=True)
         )
         handles.append(layer.register_forward_hook(keep("post", block.layer, False)))
-        mlp = _mlp(layer)
+        mlp = mlp_of(layer)
         assert mlp is not None  # _checked_decoder saw it
         handles.append(mlp.register_forward_hook(keep("mlp", block.layer, False)))
     return handles
@@ -344,34 +297,14 @@ def _assembled(
         ),
         resid_post=per_layer("post"),
         logits=logits.float(),
-        final_norm=_final_norm(lm),
+        final_norm=final_norm_of(lm),
         unembed=lm.head_model.get_output_embeddings(),
         parallel=tuple(
             b.family.parallel is not None and b.family.parallel(b.original) for b in blocks
         ),
     )
-    _check_sums(lm, run)
+    check_sums(lm.display_name, run.resid_pre, run.attn_out, run.mlp_out, run.resid_post)
     return run
-
-
-def _check_sums(lm: LoadedModel, run: ResidualPass) -> None:
-    """Every layer's output is its input plus its attention and MLP outputs, as the
-    decomposition assumes (a layer that norms or scales a block's output is refused here rather
-    than decomposed wrongly).
-
-    Raises:
-        UnsupportedModelError: naming the first layer whose output is another sum.
-    """
-    for layer in range(run.layers):
-        summed = run.resid_pre[layer] + run.attn_out[layer] + run.mlp_out[layer]
-        whole = run.resid_post[layer]
-        gap = float((summed - whole).abs().max())
-        if gap > 1e-4 * (1.0 + float(whole.abs().max())):
-            raise UnsupportedModelError(
-                f"{lm.display_name}: layer {layer}'s output is not its input plus its attention "
-                f"and MLP outputs (off by {gap:.3g}): the residual decomposition does not "
-                "cover this layer's layout."
-            )
 
 
 @dataclass(frozen=True, eq=False)
