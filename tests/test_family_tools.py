@@ -28,6 +28,8 @@ NAMES = [f.name for f in FAMILIES]
 BY_NAME = {f.name: f for f in FAMILIES}
 TOOL = {t.name: t for t in TOOLS}
 README = Path(__file__).resolve().parents[1] / "README.md"
+#: the families whose tiny model's layers feed attention and MLP the same input
+PARALLEL = {"GPT-NeoX", "GPT-J", "Phi", "Falcon"}
 
 
 @pytest.fixture(params=NAMES)
@@ -267,4 +269,10 @@ def test_flow(family) -> None:
     total = flow.attention.sum(axis=(2, 3)) + flow.attention_residual
     np.testing.assert_allclose(total, 1.0, atol=1e-5)
     np.testing.assert_allclose(flow.mlp + flow.mlp_residual, 1.0, atol=1e-5)
-    assert mhsa.information_flow(TEXT, model=lm).edges
+    # a parallel layer's MLP reads the layer's input: its edge comes from there
+    assert run.parallel == (name in PARALLEL,) * run.layers
+    graph = mhsa.information_flow(TEXT, model=lm, threshold=0.0)
+    into_mlp = [e for e in graph.edges if e.target.kind == "M"]
+    assert into_mlp
+    for edge in into_mlp:
+        assert edge.source.kind == ("IX"[edge.target.layer == 0] if name in PARALLEL else "A")
