@@ -21,7 +21,9 @@ from mhsa.families.record import (
     our_rotary,
     rotary_of,
     store_linears,
-    whole,
+)
+from mhsa.families.record import (
+    whole as _whole,
 )
 
 __all__ = [
@@ -290,7 +292,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda block: bool(getattr(block.self, "is_causal", False)),
         _bert_finish,
         store_bert,
-        lambda block: (block.self.value, whole),
+        lambda block: (block.self.value, _whole),
         kinds=("encoder",),
     ),
     Family(
@@ -300,7 +302,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda block, _model: load_distilbert(block),
         lambda _block: False,
         store=store_distilbert,
-        values=lambda block: (block.v_lin, whole),
+        values=lambda block: (block.v_lin, _whole),
         kinds=("encoder",),
     ),
     Family(
@@ -322,7 +324,7 @@ FAMILIES: tuple[Family, ...] = (
         _load_llama_of_model,
         lambda block: bool(getattr(block, "is_causal", True)),
         store=store_llama,
-        values=lambda block: (block.v_proj, whole),
+        values=lambda block: (block.v_proj, _whole),
         kinds=("decoder",),
     ),
     Family(
@@ -333,7 +335,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda block, _model: load_bart(block),
         lambda block: bool(block.is_causal),
         store=store_bart,
-        values=lambda block: (block.v_proj, whole),
+        values=lambda block: (block.v_proj, _whole),
         kinds=("encoder-decoder",),
     ),
     Family(
@@ -343,7 +345,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda block, _model: load_t5(block),
         lambda block: bool(block.is_causal),
         store=store_t5,
-        values=lambda block: (block.v, whole),
+        values=lambda block: (block.v, _whole),
         score_bias=t5_position_bias,
         returns=_t5_returns,
         kinds=("encoder-decoder",),
