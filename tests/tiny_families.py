@@ -186,6 +186,27 @@ TINY_FAMILIES: dict[str, Callable[[], object]] = {
 }
 
 
+#: issue 39 part A's families (another branch): their tiny models are ``tests.tiny.tiny_family``
+PART_A = {
+    "Qwen3": "qwen3",
+    "Gemma": "gemma",
+    "Gemma 2": "gemma2",
+    "Gemma 3 (text)": "gemma3",
+    "OLMo 2": "olmo2",
+    "Phi-3": "phi3",
+    "ModernBERT": "modernbert",
+}
+
+
+def _part_a(name: str):
+    import tests.tiny
+
+    return tests.tiny.tiny_family(PART_A[name])  # its own seed and perturbed norms and biases
+
+
+TINY_FAMILIES.update({name: (lambda n=name: _part_a(n)) for name in PART_A})
+
+
 def tiny_family_model(name: str):
     """A tiny random model of ``name`` (a key of ``TINY_FAMILIES``), seeded, biases perturbed."""
     import torch
