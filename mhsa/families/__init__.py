@@ -1,2 +1,2 @@
-"""Attention-block families our module stands in for, one module per family (as TransformerLens
-keeps one weight-conversion file per family). Each is registered in ``mhsa.adapters.FAMILIES``."""
+"""One module per attention-block family our module stands in for (TransformerLens keeps one
+weight-conversion file per family); ``mhsa.adapters.FAMILIES`` registers them."""
