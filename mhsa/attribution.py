@@ -226,8 +226,14 @@ def _recording(
     def keep(name: str, layer: int, pre: bool) -> Callable[..., None]:
         if pre:
             return lambda _m, args, kwargs: record.__setitem__((name, layer), _hidden(args, kwargs))
-        # a copy: Falcon adds the attention output into its MLP's output in place
-        return lambda _m, _args, out: record.__setitem__((name, layer), _first(out).clone())
+
+        def hook(_m: nn.Module, _args: Any, out: Any) -> None:
+            # a copy: Falcon adds the attention output into its MLP's output in place; the
+            # tensor itself too, for finding the norm that takes it (Gemma 2/3, OLMo 2)
+            record[(name, layer)] = _first(out).clone()
+            record[(f"{name} itself", layer)] = _first(out)
+
+        return hook
 
     handles = []
     for block in blocks:

@@ -118,6 +118,8 @@ def follow_norms_after(
             record[("raw output", block.layer)] = record[("output", block.layer)]
             record[("output", block.layer)] = attention[1]
             record[("norm after attention", block.layer)] = attention[0]
-        mlp = norm_after(seen, record[("mlp", block.layer)])
+        mlp = norm_after(
+            seen, record.get(("mlp itself", block.layer), record[("mlp", block.layer)])
+        )
         if mlp is not None:
             record[("mlp", block.layer)] = mlp[1]
