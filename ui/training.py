@@ -13,8 +13,8 @@ only every ``REDRAW_SECONDS`` and only when new snapshots have come (``LiveFigur
 most ``LIVE_POINTS`` snapshots per curve (``thin``), built in the page's thread with nothing
 held that the trainer waits for. The trainer computes with one core fewer than the machine has
 (``train_threads``): on a small machine the browser and Streamlit keep one, and a team of
-threads whose last member is pre-empted waits at every barrier. BENCHMARKS.md §15 has the
-measurements (``bench/bench_train_page.py``).
+threads whose last member is pre-empted waits at every barrier. The measurements:
+BENCHMARKS.md, "Training in the browser" (``bench/bench_train_page.py``).
 """
 
 from __future__ import annotations
@@ -290,7 +290,8 @@ def train_threads(cpus: int | None = None, torch_threads: int | None = None) -> 
     """Threads a training job computes with: one core fewer than the machine has (``cpus``),
     at least one, at most torch's own number (``torch_threads``). On a 2-core machine, one:
     the browser and Streamlit's threads keep the other core, instead of pre-empting one of
-    the trainer's team, which then waits at every barrier (BENCHMARKS.md §15)."""
+    the trainer's team, which then waits at every barrier (BENCHMARKS.md, "Training in the
+    browser")."""
     cpus = _CPUS if cpus is None else cpus
     torch_threads = mhsa.cpu_threads() if torch_threads is None else torch_threads
     return max(1, min(torch_threads, cpus - 1))
