@@ -1,6 +1,6 @@
 """Training in the browser against the command line (issue 38.3), timed in one run.
 
-    python -m bench.bench_train_page [--rounds 1] [--steps 1000] [--before FOLDER]
+    python -m bench.bench_train_page [--rounds 1] [--steps 1000] [--before FOLDER ...]
 
 Each round runs the command line's training, ``python -m mhsa train induction --out TMP`` (its
 own process, timed from launch to exit, beside the seconds its trainer reports), then the Train
@@ -15,8 +15,9 @@ line's process wall time and by its trainer's seconds), the phase change's step 
 between its every-100-step lines), and the CPU seconds used: the command line's process; the
 server's process and the browser's (Chromium and its driver) during the page's run.
 
-``--before FOLDER``: also the page of another checkout of the app (``git archive COMMIT | tar
--x -C FOLDER``), served beside this one, in each round: the before and after in one run.
+``--before FOLDER`` (repeatable): also the page of another checkout of the app (``git archive
+COMMIT | tar -x -C FOLDER``, or a variant being measured), served beside this one, in each round:
+the before and after in one run; its rows are named after the folder.
 
 Targets (issue 38): page <= 1.2x the command line; the phase change <= 30 s in the browser on
 2 cores.
@@ -184,16 +185,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--steps", type=int, default=1000, help="the page's default: 1000")
-    parser.add_argument("--before", type=Path, help="another checkout's page, in each round")
+    parser.add_argument(
+        "--before", type=Path, action="append", default=[], help="another checkout's page"
+    )
     args = parser.parse_args()
     load = os.getloadavg()[0]
     print(f"{os.cpu_count()} cores, load average {load:.1f} at the start, steps {args.steps}")
     rows = []
     with contextlib.ExitStack() as stack:
         servers = {"page": stack.enter_context(streamlit_server(timeout=300))}
-        if args.before:
-            servers["page before"] = stack.enter_context(
-                streamlit_server(timeout=300, root=args.before.resolve())
+        for folder in args.before:
+            servers[f"page of {folder.name}"] = stack.enter_context(
+                streamlit_server(timeout=300, root=folder.resolve())
             )
         browser = stack.enter_context(chromium())
         for round_ in range(1, args.rounds + 1):
