@@ -15,6 +15,8 @@ line's process wall time and by its trainer's seconds), the phase change's step 
 between its every-100-step lines), and the CPU seconds used: the command line's process; the
 server's process and the browser's (Chromium and its driver) during the page's run.
 
+``--cli-threads N``: also the command line with ``OMP_NUM_THREADS=N`` (the page's trainer
+uses one core fewer than the machine has), its ratios to the plain command line.
 ``--before FOLDER`` (repeatable): also the page of another checkout of the app (``git archive
 COMMIT | tar -x -C FOLDER``, or a variant being measured), served beside this one, in each round:
 the before and after in one run; its rows are named after the folder.
@@ -73,9 +75,12 @@ def _descendants(root: int, but: int) -> list[int]:
     return found
 
 
-def cli_round(steps: int) -> dict:
-    """The command line's training: process seconds, its trainer's seconds, the phase change."""
+def cli_round(steps: int, threads: int | None = None) -> dict:
+    """The command line's training: process seconds, its trainer's seconds, the phase change
+    (``threads``: ``OMP_NUM_THREADS`` for it; None: torch's default, every core)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "mhsa", "train", "induction", "--out", f"{tmp}/model"]
@@ -188,6 +193,11 @@ def main() -> None:
     parser.add_argument(
         "--before", type=Path, action="append", default=[], help="another checkout's page"
     )
+    parser.add_argument(
+        "--cli-threads",
+        type=int,
+        help="also the command line with OMP_NUM_THREADS set to this, in each round",
+    )
     args = parser.parse_args()
     load = os.getloadavg()[0]
     print(f"{os.cpu_count()} cores, load average {load:.1f} at the start, steps {args.steps}")
@@ -203,6 +213,11 @@ def main() -> None:
             cli = cli_round(args.steps)
             rows.append(_row(round_, "command line", cli, cli))
             print(rows[-1], flush=True)
+            if args.cli_threads:
+                alone = cli_round(args.steps, args.cli_threads)
+                what = f"command line, OMP_NUM_THREADS={args.cli_threads}"
+                rows.append(_row(round_, what, alone, cli))
+                print(rows[-1], flush=True)
             for name, url in servers.items():
                 rows.append(_row(round_, name, page_round(url, browser, args.steps), cli))
                 print(rows[-1], flush=True)
