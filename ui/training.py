@@ -12,8 +12,9 @@ page's progress line (steps, rate, time left) is redrawn every second, but the l
 only every ``REDRAW_SECONDS`` and only when new snapshots have come (``LiveFigures``), from at
 most ``LIVE_POINTS`` snapshots per curve (``thin``), built in the page's thread with nothing
 held that the trainer waits for. The trainer computes with one core fewer than the machine has
-(``train_threads``): on a small machine the browser and Streamlit keep one, and a team of
-threads whose last member is pre-empted waits at every barrier. The measurements:
+(``runtime.page_work``, as a page's own work): on a small machine the browser and Streamlit keep
+one, and a team of threads whose last member is pre-empted waits at every barrier (a 2-thread
+team on 2 busy cores spun 5 to 10x the CPU of one thread). The measurements:
 BENCHMARKS.md, "Training in the browser" (``bench/bench_train_page.py``).
 """
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,9 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import plotly.graph_objects as go
-from threadpoolctl import ThreadpoolController
 
-import mhsa
 from mhsa import plots
 from mhsa.jobs import Job, JobState
 from mhsa.trained import TrainedModel, trained_store
@@ -48,7 +46,7 @@ from mhsa.training import (
 )
 from mhsa.training.results import phase_change_step
 from mhsa.training.tasks import BOS, VOCAB
-from ui import service
+from ui import core, runtime
 
 __all__ = [
     "DEFAULTS",
@@ -73,7 +71,6 @@ __all__ = [
     "task_alone_in_link",
     "thin",
     "toy_state",
-    "train_threads",
     "wait_text",
     "whole",
 ]
@@ -100,8 +97,6 @@ REDRAW_SECONDS = 2.0
 #: snapshots per curve in the live figures (the finished run's figures: every snapshot)
 LIVE_POINTS = 25
 
-_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-_THREADS = ThreadpoolController()
 #: seconds per step of the last finished run of each model shape in this process (and under
 #: None, of any shape): a queued run's expected length
 _PACE: dict[tuple | None, float] = {}
@@ -219,7 +214,7 @@ class TrainingRun:
         """A waiting run leaves the queue; a running one stops after its current step and
         keeps what it has trained."""
         if self.job is not None and self.job.state is JobState.WAITING:
-            service.heavy_queue().cancel(self.job)
+            core.heavy_queue().cancel(self.job)
         self.stop.set()
 
     @property
@@ -248,7 +243,7 @@ class TrainingRun:
             progress(self.steps_done, self.config.steps)
             return self.stop.is_set()
 
-        with _THREADS.limit(limits=train_threads(), user_api="openmp"):
+        with runtime.page_work():  # one core fewer than the machine has
             result = train(
                 self.config,
                 on_snapshot=self.snapshots.append,
@@ -272,7 +267,7 @@ def start(config: TrainConfig) -> TrainingRun:
     every = max(MIN_SNAPSHOT_EVERY, -(-config.steps // SNAPSHOTS_PER_RUN))
     run = TrainingRun(config, every)
     pace = _PACE.get(_shape(config), _PACE.get(None))
-    run.job = service.heavy_queue().submit(
+    run.job = core.heavy_queue().submit(
         ("train", id(run)),
         run._body,
         "Training",
@@ -284,17 +279,6 @@ def start(config: TrainConfig) -> TrainingRun:
 def _shape(config: TrainConfig) -> tuple:
     """What a step's cost depends on."""
     return (config.task, config.family, config.layers, config.heads, config.width, config.mlp)
-
-
-def train_threads(cpus: int | None = None, torch_threads: int | None = None) -> int:
-    """Threads a training job computes with: one core fewer than the machine has (``cpus``),
-    at least one, at most torch's own number (``torch_threads``). On a 2-core machine, one:
-    the browser and Streamlit's threads keep the other core, instead of pre-empting one of
-    the trainer's team, which then waits at every barrier (BENCHMARKS.md, "Training in the
-    browser")."""
-    cpus = _CPUS if cpus is None else cpus
-    torch_threads = mhsa.cpu_threads() if torch_threads is None else torch_threads
-    return max(1, min(torch_threads, cpus - 1))
 
 
 def thin(n: int, keep: int) -> list[int]:
@@ -423,7 +407,7 @@ def phase_change_text(run: TrainingRun) -> str | None:
 def wait_text(run: TrainingRun) -> str:
     """A waiting run's expected wait, from the time left of the jobs running and the expected
     length of those ahead (``JobQueue.expected_wait``)."""
-    wait = service.heavy_queue().expected_wait(run.job) if run.job is not None else None
+    wait = core.heavy_queue().expected_wait(run.job) if run.job is not None else None
     if wait is None:
         return (
             "Expected wait: not known yet (a job ahead has not measured its pace); it shows "

@@ -6,17 +6,19 @@ queued run its expected wait."""
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import threading
 import time
 
 import pytest
 
+import mhsa
 from mhsa.jobs import JobState
 from mhsa.trained import trained_store
-from mhsa.training import TrainSnapshot
+from mhsa.training import TrainConfig, TrainSnapshot
 from tests.app.test_train_page import RUN, SHORT, button, open_page
-from ui import service, training
+from ui import core, training
 
 
 def test_thin_keeps_the_ends_and_spreads_the_rest_evenly() -> None:
@@ -70,11 +72,23 @@ def test_live_figures_are_rebuilt_only_for_new_snapshots_and_not_within_the_inte
     assert built[-1] == [0, 250, 500, 750, 1000]
 
 
-def test_the_trainer_keeps_one_core_fewer_than_the_machine_has() -> None:
-    assert training.train_threads(cpus=2, torch_threads=2) == 1
-    assert training.train_threads(cpus=16, torch_threads=16) == 15
-    assert training.train_threads(cpus=8, torch_threads=4) == 4  # never more than torch's
-    assert training.train_threads(cpus=1, torch_threads=1) == 1
+def test_the_trainer_computes_on_one_core_fewer_than_the_machine_has(monkeypatch) -> None:
+    seen: list[int] = []
+    real = training.train
+
+    def recording(config, **kwargs):
+        seen.append(mhsa.cpu_threads())  # in the job's thread, as the trainer computes
+        return real(config, **kwargs)
+
+    monkeypatch.setattr(training, "train", recording)
+    before = mhsa.cpu_threads()
+    run = training.start(TrainConfig(layers=1, heads=2, width=16, steps=2, batch=4, warmup=1))
+    assert run.job.wait(120) and run.state is JobState.DONE, run.job.error
+    cpus = len(os.sched_getaffinity(0))
+    assert seen == [max(1, min(before, cpus - 1))]
+    if cpus == before == 2:  # CI's 2 cores: the browser and Streamlit keep one
+        assert seen == [1]
+    assert mhsa.cpu_threads() == before  # this thread keeps every core
 
 
 def test_durations_are_said_in_minutes_and_seconds() -> None:
@@ -115,8 +129,8 @@ def test_a_running_run_shows_its_rate_and_time_left() -> None:
 
 def test_a_queued_run_shows_its_expected_wait(monkeypatch) -> None:
     monkeypatch.setenv("MHSA_MAX_HEAVY", "1")
-    service.heavy_queue.cache_clear()
-    queue = service.heavy_queue()
+    core.heavy_queue.cache_clear()
+    queue = core.heavy_queue()
     release, reported = threading.Event(), threading.Event()
 
     def paced(progress):  # one step of four done in 10 s: 30 s left
@@ -141,4 +155,4 @@ def test_a_queued_run_shows_its_expected_wait(monkeypatch) -> None:
     finally:
         release.set()
         holder.wait(10)
-        service.heavy_queue.cache_clear()
+        core.heavy_queue.cache_clear()
