@@ -133,24 +133,27 @@ def test_a_queued_run_shows_its_expected_wait(monkeypatch) -> None:
     queue = core.heavy_queue()
     release, reported = threading.Event(), threading.Event()
 
-    def paced(progress):  # one step of four done in 10 s: 30 s left
-        progress(1, 4)
+    def paced(progress):  # 50 steps of 100 done: as many seconds left as it has run
+        progress(50, 100)
         reported.set()
-        release.wait(30)
+        release.wait(600)
 
     holder = queue.submit(("test", "paced"), paced, "another student's job")
     try:
         assert reported.wait(5)
-        holder.started = time.monotonic() - 10.0
         at = open_page(**SHORT)
+        before = time.monotonic()
+        holder.started = before - 50.0  # 50 steps in 50 s: 50 s left now
         button(at, "Train").click().run()
+        took = time.monotonic() - before
         assert not at.exception
         run = at.session_state[RUN]
         assert run.state is JobState.WAITING
         captions = " ".join(c.value for c in at.caption)
-        found = re.search(r"Expected wait: about (\d+) s", captions)
-        assert found, captions
-        assert 29 <= int(found.group(1)) <= 36  # 30 s, and the seconds the page took
+        found = re.search(r"Expected wait: about (?:(\d+) min)? ?(?:(\d+) s)?,", captions)
+        assert found and any(found.groups()), captions
+        wait = 60 * int(found.group(1) or 0) + int(found.group(2) or 0)
+        assert 50 <= wait <= 50 + took + 1  # and the seconds the page took
         button(at, "Cancel").click().run()
     finally:
         release.set()
