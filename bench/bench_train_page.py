@@ -125,8 +125,10 @@ def page_round(url, browser, steps: int) -> dict:
         server0 = url.cpu_seconds()
         browsers = _descendants(os.getpid(), url.pid)
         browser0 = sum(_proc_cpu(p) for p in browsers)
+        train = main.get_by_role("button", name="Train", exact=True)
+        train.wait_for(timeout=300_000)  # a busy machine draws the page slowly
         start = time.perf_counter()
-        main.get_by_role("button", name="Train", exact=True).click()
+        train.click(timeout=300_000)
         notice = main.get_by_text(re.compile(r"Phase change at step \d+, [\d.]+ s into training"))
         finished = main.get_by_text(f"{steps} of {steps}")
         phase_s, phase_step, phase_trainer = None, None, None
@@ -165,7 +167,7 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def _row(round_: int, what: str, run: dict, cli: dict) -> dict:
+def _row(round_: int, what: str, run: dict, cli: dict | None) -> dict:
     """A table row: the run's times, its ratios to the round's command line, its phase change
     and CPU seconds."""
     cpu = (
@@ -178,8 +180,8 @@ def _row(round_: int, what: str, run: dict, cli: dict) -> dict:
         "run": what,
         "s (to finished)": _fmt(run["wall"]),
         "trainer s": _fmt(run["trainer"]),
-        "/ CLI process": f"{run['wall'] / cli['wall']:.2f}",
-        "/ CLI trainer": f"{run['wall'] / cli['trainer']:.2f}",
+        "/ CLI process": "-" if cli is None else f"{run['wall'] / cli['wall']:.2f}",
+        "/ CLI trainer": "-" if cli is None else f"{run['wall'] / cli['trainer']:.2f}",
         "phase change step": run["phase step"],
         "phase change s": _fmt(run["phase s"]),
         "CPU s (CLI; server + browser)": cpu,
@@ -192,6 +194,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000, help="the page's default: 1000")
     parser.add_argument(
         "--before", type=Path, action="append", default=[], help="another checkout's page"
+    )
+    parser.add_argument(
+        "--no-cli", action="store_true", help="the pages only (compare checkouts' pages)"
     )
     parser.add_argument(
         "--cli-threads",
@@ -210,9 +215,10 @@ def main() -> None:
             )
         browser = stack.enter_context(chromium())
         for round_ in range(1, args.rounds + 1):
-            cli = cli_round(args.steps)
-            rows.append(_row(round_, "command line", cli, cli))
-            print(rows[-1], flush=True)
+            cli = None if args.no_cli else cli_round(args.steps)
+            if cli is not None:
+                rows.append(_row(round_, "command line", cli, cli))
+                print(rows[-1], flush=True)
             if args.cli_threads:
                 alone = cli_round(args.steps, args.cli_threads)
                 what = f"command line, OMP_NUM_THREADS={args.cli_threads}"
