@@ -55,6 +55,12 @@ def tiny_bert_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_bert_model(tiny_bert_path: str) -> mhsa.LoadedModel:
+    """``tiny_bert_path`` loaded once: the library's side of a page test on the tiny BERT."""
+    return mhsa.load_model(tiny_bert_path, device="cpu")
+
+
+@pytest.fixture(scope="session")
 def tiny_bert_mlm_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A BERT with its masked-LM head (bert-base-uncased's layout, tiny)."""
     import torch
