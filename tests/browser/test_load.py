@@ -1,6 +1,6 @@
 """Many users at once on the real server: 4 concurrent browser sessions, each seeing only its
 own tokens; then 80 distinct sentences in a row with the server's memory bounded; then sessions
-coming and going over 14 rounds with the server's memory level.
+coming and going over 20 rounds with the server's memory level.
 
 Each property has one representative test, sized to leave room in the suite (issue 37.7: the
 three took 3.7 minutes at 8 sessions, 200 sentences and 5 sessions x 20 rounds); the bounds are
@@ -17,7 +17,7 @@ from bench.browser import chromium, streamlit_server, tick_labels, wait_for_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.load, pytest.mark.slow]
 WORDS = ["apple", "river", "castle", "violin"]  # one session each, all at once
-SESSIONS, ROUNDS = 3, 14  # the sessions coming and going, and their rounds
+SESSIONS, ROUNDS = 3, 20  # the sessions coming and going, and their rounds
 RSS_BOUND_MB = 1500  # stated in RELIABILITY.md; results are bounded by MHSA_RESULT_CACHE_MB
 
 
@@ -51,7 +51,8 @@ def test_many_sentences_keep_memory_bounded() -> None:
     with streamlit_server(env={"MHSA_RESULT_CACHE_MB": "64"}) as url, chromium() as browser:
         page = browser.new_page(viewport={"width": 1300, "height": 900})
         page.goto(f"{url}/Heads")
-        wait_for_app(page, plots=3)
+        # a fresh server's first page (the model loads) took over 60 s on a busy machine
+        wait_for_app(page, plots=3, timeout_ms=180_000)
         box = page.get_by_role("textbox", name="Sentence")
         for i in range(80):
             marker = str(i)  # 0..79 are single tokens of the embedded model
@@ -65,7 +66,7 @@ def test_many_sentences_keep_memory_bounded() -> None:
                         && !document.querySelector('[data-testid=stStatusWidget]');
                 }""",
                 arg=marker,
-                timeout=60_000,
+                timeout=120_000,
             )
             if i % 10 == 9:
                 readings.append(url.rss_mb())
@@ -77,9 +78,10 @@ def test_many_sentences_keep_memory_bounded() -> None:
 
 def test_many_sessions_over_many_rounds_keep_memory_flat() -> None:
     """Production settings (no garbage collection after each run): 3 sessions type a new
-    sentence every round for 14 rounds, and one of them is replaced by a new visitor each round.
+    sentence every round for 20 rounds, and one of them is replaced by a new visitor each round.
     Small caches (8 results) fill in the first rounds; over the second half the server's memory
-    stays level: a least-squares slope under 2.5 MB per round (3 reruns and a new visitor).
+    stays level: a least-squares slope under 2.5 MB per round (3 reruns and a new visitor; 10
+    readings, as many as with 5 sessions, so that the slope's noise is no larger).
     Streamlit keeps a closed tab's session for reconnecting (``server.disconnectedSessionTTL``,
     120 s by default): 5 s here, so that the sessions that left are gone within the test's
     minutes rather than counted as growth."""
