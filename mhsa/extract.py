@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -290,7 +290,7 @@ def model_selection(
 
 def attend_layers(
     text: str,
-    sink: LayerSink,
+    sink: Callable[[AttentionResult], None],
     *,
     model: str | LoadedModel = DEFAULT_MODEL,
     engine: str = "transformers",
@@ -301,10 +301,10 @@ def attend_layers(
     attention_dtype: str = "float32",
     seed: int = 0,
 ) -> AttentionResult:
-    """``attend`` streamed: each selected layer's heads ``[heads, n, n]`` go to
-    ``sink(layer, array)`` as soon as they are computed, and nothing is kept, so that the peak
-    is one layer's attention (``mhsa.stream`` computes statistics and similarity this way; the
-    command line writes ``.npz`` files layer by layer).
+    """``attend`` streamed layer by layer: each selected layer goes to ``sink`` as a result of
+    its own (one layer, ``layer_ids == [layer]``, the selected heads) as soon as it is
+    computed, and nothing is kept, so that the peak is one layer's attention (``mhsa.stream``
+    computes statistics this way; the command line writes ``.npz`` files layer by layer).
 
     Returns:
         The result's every field but the attention: ``attention`` is ``[0, heads, n, n]``
@@ -320,7 +320,30 @@ def attend_layers(
     selection = select(facts["layers"] or 0, facts["heads"] or 0, layers, heads, attention_dtype)
     with lm.lock:
         encoded = encode(lm, text, None, max_tokens)
-    return _attend_encoded(
+    n = len(encoded.tokens.strings)
+    empty = np.empty((0, len(selection.heads), n, n), dtype=np.float32)
+    header = make_result(
+        lm,
+        encoded,
+        text,
+        empty,
+        engine=spec.name,
+        timings={},
+        causal=False,
+        layer_ids=[],
+        head_ids=selection.head_ids,
+        attention_dtype=selection.dtype,
+    )
+
+    def one_layer(layer: int, heads_of_layer: np.ndarray) -> None:
+        causal = n > 1 and not np.triu(heads_of_layer[0], 1).any()  # nothing on later keys
+        sink(
+            dataclasses.replace(
+                header, attention=heads_of_layer[None], layer_ids=[layer], causal=causal
+            )
+        )
+
+    done = _attend_encoded(
         lm,
         spec,
         encoded,
@@ -329,8 +352,9 @@ def attend_layers(
         verify=False,
         norms=False,
         selection=selection,
-        sink=sink,
+        sink=one_layer,
     )
+    return dataclasses.replace(header, timings=done.timings, causal=done.causal)
 
 
 def attend_generated(

@@ -340,7 +340,7 @@ class AttentionResult:
         return dataclasses.replace(
             self,
             tokens=strings,
-            attention=words.astype(np.float32),
+            attention=words.astype(self.attention.dtype),  # float16 stays 16 bits
             offsets=offsets,
             special=special,
             punctuation=[

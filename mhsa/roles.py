@@ -424,11 +424,14 @@ def attention_sinks(result: AttentionResult, threshold: float = SINK_THRESHOLD) 
     layer, head, position = np.meshgrid(
         np.arange(layers), np.arange(heads), np.arange(n), indexing="ij"
     )
+    # the model's own layer and head numbers (a partial result holds some of them)
+    layer_id = np.asarray(result.layers, dtype=int)[layer.ravel()]
+    head_id = np.asarray(result.heads, dtype=int)[head.ravel()]
     table = pd.DataFrame(
         {
-            "head": [head_label(li, h) for li, h in zip(layer.ravel(), head.ravel(), strict=True)],
-            "layer": layer.ravel(),
-            "head_index": head.ravel(),
+            "head": [head_label(li, h) for li, h in zip(layer_id, head_id, strict=True)],
+            "layer": layer_id,
+            "head_index": head_id,
             "position": position.ravel(),
             "token": np.asarray(result.tokens, dtype=object)[position.ravel()],
             "received": received.ravel().astype(np.float64),
