@@ -251,9 +251,9 @@ def attend(
     selection = model_selection(lm, layers, heads, attention_dtype)
     with lm.lock:
         encoded = encode(lm, text, text_pair, max_tokens)
-    if selection is not None:
+    if max_attention_mb is not None:
         n = len(encoded.tokens.strings)
-        check_attention_budget(selection, n, n, max_attention_mb)
+        check_attention_budget(selection or _whole(lm, attention_dtype), n, n, max_attention_mb)
     return _attend_encoded(
         lm,
         spec,
@@ -286,6 +286,12 @@ def model_selection(
         raise InputError(f"{lm.display_name!r} does not say how many layers and heads it has.")
     selection = select(facts["layers"], facts["heads"], layers, heads, attention_dtype)
     return None if selection.everything and attention_dtype == "float32" else selection
+
+
+def _whole(lm: LoadedModel, attention_dtype: str) -> Selection:
+    """Every layer and head of ``lm`` (for the budget of a whole result)."""
+    facts = lm.facts()
+    return select(facts["layers"] or 0, facts["heads"] or 0, None, None, attention_dtype)
 
 
 def attend_layers(
