@@ -84,14 +84,18 @@ class _Collector:
         dtype = np.float32 if selection.dtype == "float32" else np.float16
         self.array = np.empty(shape, dtype=dtype)
 
-    def buffers(self, device: torch.device) -> dict[int, torch.Tensor]:
+    def buffers(self, blocks: list[OurBlock]) -> dict[int, torch.Tensor]:
         """Per selected layer, the slot of ``array`` our module computes straight into (all
-        heads, float32, on the CPU: no copy at all); none otherwise."""
+        heads kept in float32 by a float32 block on the CPU: no copy at all); none
+        otherwise."""
         if self.sink or self.heads is not None or self.selection.dtype != "float32":
             return {}
-        if device.type != "cpu":
-            return {}
-        return {layer: torch.from_numpy(self.array[i])[None] for layer, i in self.position.items()}
+        weight = {b.layer: b.ours.qkv.weight for b in blocks}
+        return {
+            layer: torch.from_numpy(self.array[i])[None]
+            for layer, i in self.position.items()
+            if weight[layer].dtype == torch.float32 and weight[layer].device.type == "cpu"
+        }
 
     def take(self, layer: int, weights: torch.Tensor) -> None:
         i = self.position[layer]
@@ -204,7 +208,7 @@ def selected_forward(
     our_pass = OurPass(
         need_weights=False,
         sinks={layer: collect.sink_for(layer) for layer in layers},
-        buffers=collect.buffers(lm.device),
+        buffers=collect.buffers(selected),
         observers=observers,
     )
     last = max(selected, key=lambda b: b.layer)
