@@ -10,7 +10,7 @@ D = d_model, Dh = d_head.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Self
 
 import torch
@@ -432,6 +432,43 @@ class MultiHeadSelfAttention(nn.Module):
         )
         assert weights is not None
         return weights
+
+    @torch.no_grad()
+    def head_weights(
+        self,
+        query: torch.Tensor,
+        chunks: Sequence[Sequence[int]],
+        take: Callable[[Sequence[int], torch.Tensor], None],
+        *,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        positions: torch.Tensor | None = None,
+    ) -> None:
+        """The weights of some query heads, a chunk of heads at a time (long inputs: one
+        layer's weights of every head at once would be the largest thing in memory).
+
+        Q and K are projected once; for each chunk of query heads (each reading its key/value
+        head), ``attention_core`` computes ``[B, len(chunk), T, T]`` weights, the same as
+        ``attention_weights(query, ...)[:, chunk]``, and ``take(chunk, weights)`` receives
+        them before the next chunk is computed.
+        """
+        q, k, _ = self._heads(
+            query, None, None, positions=positions, observe=nobody, weights_only=True
+        )
+        full = self._mask(mask, None, q, k)
+        for chunk in chunks:
+            heads = torch.as_tensor(list(chunk), device=q.device)
+            per_head = full is not None and full.dim() == 4 and full.shape[1] > 1
+            _, weights = attention_core(
+                q.index_select(1, heads),
+                k.index_select(1, heads // self.groups),  # each query head's key head
+                None,
+                full.index_select(1, heads) if per_head else full,
+                is_causal=is_causal,
+                scale=self.scale,
+            )
+            assert weights is not None
+            take(chunk, weights)
 
     @torch.no_grad()
     def forward_with_trace(

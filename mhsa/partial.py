@@ -35,6 +35,11 @@ from mhsa.swap import OurBlock, OurPass, our_blocks, our_blocks_of, through_our_
 
 __all__ = ["LayerSink", "PartialPass", "selected_forward"]
 
+#: a selected layer's weights are computed in this many chunks of heads (but when they go
+#: straight into the returned float32 array): the transient float32 weights are 1/CHUNKS of a
+#: layer's (BENCHMARKS.md, bench_long)
+CHUNKS = 8
+
 #: receives one selected layer as soon as it is computed: ``(layer, heads [Hsel, T, S])``
 LayerSink = Callable[[int, np.ndarray], None]
 
@@ -96,6 +101,30 @@ class _Collector:
             for layer, i in self.position.items()
             if weight[layer].dtype == torch.float32 and weight[layer].device.type == "cpu"
         }
+
+    def chunks(self, chunk_heads: int) -> list[list[int]]:
+        """The selected heads in chunks of ``chunk_heads``."""
+        heads = list(self.selection.heads)
+        return [heads[i : i + chunk_heads] for i in range(0, len(heads), chunk_heads)]
+
+    def chunk_taker(self, layer: int) -> Callable[[list[int], torch.Tensor], None]:
+        """Writes a chunk of a layer's heads ``[1, c, T, S]`` into its place in ``array`` (or,
+        with a sink, into a fresh array of the layer, handed on once its last chunk is in)."""
+        i = self.position[layer]
+        where = {head: j for j, head in enumerate(self.selection.heads)}
+        last = self.selection.heads[-1]
+        pending: list[np.ndarray] = []
+
+        def take(chunk: list[int], weights: torch.Tensor) -> None:
+            start = where[chunk[0]]
+            if self.sink and start == 0:
+                pending.append(np.empty(self.array.shape[1:], dtype=self.array.dtype))
+            target = pending[-1] if self.sink else self.array[i]
+            target[start : start + len(chunk)] = _to_storage(weights, None, self.selection.dtype)
+            if self.sink and chunk[-1] == last:
+                self.sink(layer, pending.pop())
+
+        return take
 
     def take(self, layer: int, weights: torch.Tensor) -> None:
         i = self.position[layer]
@@ -205,11 +234,20 @@ def selected_forward(
     selected = [b for b in blocks if b.layer in layers]
     value_norms: dict[int, torch.Tensor] = {}
     observers = norm_observers(selected, value_norms) if norms else {}
+    buffers = collect.buffers(selected)
+    # the layer's weights in a single piece: into the returned array itself (all heads kept
+    # in float32), or with the value norms' observer; else a chunk of heads at a time
+    whole = set(buffers) | (layers if norms else set())
+    chunk_heads = max(1, -(-len(selection.heads) // CHUNKS))
     our_pass = OurPass(
         need_weights=False,
-        sinks={layer: collect.sink_for(layer) for layer in layers},
-        buffers=collect.buffers(selected),
+        sinks={layer: collect.sink_for(layer) for layer in whole},
+        buffers=buffers,
         observers=observers,
+        head_chunks={
+            layer: (collect.chunks(chunk_heads), collect.chunk_taker(layer))
+            for layer in layers - whole
+        },
     )
     last = max(selected, key=lambda b: b.layer)
     handle = _stop_after(last)

@@ -67,6 +67,10 @@ class OurPass:
             only).
         buffers: per layer, a preallocated ``[B, H, T, S]`` tensor the weights are computed
             into (beside ``weights_out``, for a few layers).
+        head_chunks: per layer, ``(chunks, take)``: the layer's output comes from the fused
+            kernel, and its weights a chunk of query heads at a time
+            (``MultiHeadSelfAttention.head_weights``), each handed to ``take(chunk,
+            weights)``: one layer's weights of every head never exist at once.
     """
 
     gates: Mapping[int, torch.Tensor] = field(default_factory=dict)
@@ -78,6 +82,9 @@ class OurPass:
     replay: Mapping[int, Any] = field(default_factory=dict)
     record: dict[int, Any] | None = None
     sinks: Mapping[int, Callable[[torch.Tensor], None]] = field(default_factory=dict)
+    head_chunks: Mapping[int, tuple[list[list[int]], Callable[..., None]]] = field(
+        default_factory=dict
+    )
     buffers: Mapping[int, torch.Tensor] = field(default_factory=dict)
 
     def buffer_for(self, layer: int) -> torch.Tensor | None:
@@ -214,6 +221,7 @@ class OurBlock(nn.Module):
         bias = self._score_bias(kwargs.get("position_bias"), hidden_states, memory)
         buffer = our_pass.buffer_for(self.layer)
         sink = our_pass.sinks.get(self.layer)
+        chunked = our_pass.head_chunks.get(self.layer)
         out, weights = self.ours(
             hidden_states,
             mask=_added(mask, bias),  # the model's mask: padding, causal, sliding window
@@ -225,6 +233,14 @@ class OurBlock(nn.Module):
             weights_out=buffer,
             memory=memory,
         )
+        if chunked is not None:  # the output above came from the fused kernel
+            self.ours.head_weights(
+                hidden_states,
+                *chunked,
+                mask=_added(mask, bias),
+                is_causal=self.causal and mask is None,
+                positions=_rows_like(kwargs.get("position_ids"), rows),
+            )
         if sink is not None and weights is not None:
             sink(weights)
         else:
