@@ -268,3 +268,26 @@ def test_the_eager_fallback_reads_the_models_own_blocks(llama):
         got = selected_forward(llama, inputs, selection, our_module=False, eager=True)
     np.testing.assert_allclose(got.attention[0], full.attention[1, [0, 3]], atol=TOL)
     assert got.causal and not got.fused
+
+
+def test_a_file_written_layer_by_layer_loads_as_the_result(llama, tmp_path):
+    from mhsa.layer_files import save_layers
+
+    full = mhsa.attend(TEXT, model=llama)
+    header = save_layers(
+        tmp_path / "x.npz", TEXT, model=llama, heads="1-2", attention_dtype="float16"
+    )
+    assert header.attention.shape[0] == 0
+    back = mhsa.AttentionResult.load(tmp_path / "x.npz")
+    assert back.attention.dtype == np.float16 and back.attention.shape[:2] == (2, 2)
+    assert back.layer_ids is None and back.head_ids == [1, 2]
+    assert np.abs(back.attention.astype(np.float32) - full.attention[:, 1:3]).max() <= 2**-12
+    assert back.tokens == full.tokens and back.causal
+    one = save_layers(tmp_path / "y.npz", TEXT, model=llama, layers=1)
+    assert one.head_ids is None
+    again = mhsa.AttentionResult.load(tmp_path / "y.npz")
+    assert again.layer_ids == [1] and again.head_labels()[0] == "L1H0"
+    np.testing.assert_allclose(again.attention, full.attention[1:], atol=TOL)
+    with pytest.raises(mhsa.InputError, match="out of range"):
+        save_layers(tmp_path / "z.npz", TEXT, model=llama, layers=9)
+    assert not (tmp_path / "z.npz").exists()
