@@ -291,3 +291,49 @@ def test_a_file_written_layer_by_layer_loads_as_the_result(llama, tmp_path):
     with pytest.raises(mhsa.InputError, match="out of range"):
         save_layers(tmp_path / "z.npz", TEXT, model=llama, layers=9)
     assert not (tmp_path / "z.npz").exists()
+
+
+def test_figures_of_a_partial_result_name_the_models_layers_and_heads(llama):
+    from mhsa import plots
+
+    part = mhsa.attend(TEXT, model=llama, layers=1, heads="2-3")
+    grid = plots.head_grid(part)
+    assert list(grid.layout.yaxis.ticktext) == ["L1"]
+    assert list(grid.layout.xaxis.ticktext) == ["H2", "H3"]
+    markers = np.asarray(grid.data[1].customdata)
+    assert markers.tolist() == [[0, 0, 1, 2], [0, 1, 1, 3]]  # positions, then the model's
+    heat = plots.head_heatmap(part, 0, 1)
+    assert heat.layout.title.text.startswith("Layer 1, head 3")
+
+
+def test_a_long_heads_heatmap_is_block_averaged_with_token_spans():
+    from mhsa import plots
+    from mhsa.plots.heads import FULL_SIDE
+
+    n = FULL_SIDE * 2 + 1
+    rng = np.random.default_rng(0)
+    a = rng.random((1, 1, n, n)).astype(np.float32)
+    a /= a.sum(-1, keepdims=True)
+    tokens = [f"t{i}" for i in range(n)]
+    result = mhsa.AttentionResult(
+        text=" ".join(tokens),
+        tokens=tokens,
+        attention=a,
+        offsets=[(0, 0)] * n,
+        special=[False] * n,
+        punctuation=[False] * n,
+        word_ids=list(range(n)),
+        model="hand-made",
+        engine="transformers",
+        device="cpu",
+        layer_ids=[7],
+        head_ids=[5],
+    )
+    fig = plots.head_heatmap(result, 0, 0)
+    z = np.asarray(fig.data[0].z)
+    assert z.shape == (FULL_SIDE, FULL_SIDE)
+    # block (0, 0) averages query rows 0..2 and sums key columns 0..2 (edges of linspace)
+    edges = np.linspace(0, n, FULL_SIDE + 1).round().astype(int)
+    assert z[0, 0] == pytest.approx(a[0, 0, : edges[1], : edges[1]].sum(1).mean(), rel=1e-5)
+    assert fig.layout.title.text.startswith("Layer 7, head 5")
+    assert f"shown at {FULL_SIDE}x{FULL_SIDE}" in fig.layout.title.text
