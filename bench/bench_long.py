@@ -163,7 +163,10 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for tokens in args.tokens:
         layer_mb = heads * tokens * tokens * 4 / 2**20  # one layer's float32 attention
-        found = {c: run_case(c, args.layers, tokens) for c in args.cases.split(",")}
+        found = {}
+        for case in args.cases.split(","):
+            found[case] = run_case(case, args.layers, tokens)
+            print(json.dumps(found[case]), file=sys.stderr, flush=True)  # as each ends
         plain = found.get("plain")
         for case, r in found.items():
             row = {
