@@ -194,13 +194,19 @@ def check_attention_budget(
         return
     ways = []
     if layers > 1:
-        ways.append(f"at most {max(1, int(max_attention_mb // per_layer))} layers")
+        fit = max(1, int(max_attention_mb // per_layer))
+        ways.append(f"at most {fit} layer{'s' if fit > 1 else ''}")
     ways.append("fewer heads")
     if selection.dtype == "float32":
-        ways.append(f"attention_dtype float16 ({kept / 2:,.0f} MB)")
+        ways.append(f"attention_dtype float16 ({_mb(kept / 2)} MB)")
     raise InputError(
         f"{layers} layers x {heads} heads over {queries:,} x {keys:,} tokens in "
-        f"{selection.dtype} hold {kept:,.0f} MB ({per_layer:,.0f} MB a layer), over this "
-        f"server's attention budget of {max_attention_mb:,.0f} MB (MHSA_MAX_ATTENTION_MB). "
+        f"{selection.dtype} hold {_mb(kept)} MB ({_mb(per_layer)} MB a layer), over this "
+        f"server's attention budget of {_mb(max_attention_mb)} MB (MHSA_MAX_ATTENTION_MB). "
         f"Choose {', or '.join(ways)}."
     )
+
+
+def _mb(value: float) -> str:
+    """Megabytes for people: whole ones from 10 up, two significant digits below."""
+    return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
