@@ -337,3 +337,18 @@ def test_a_long_heads_heatmap_is_block_averaged_with_token_spans():
     assert z[0, 0] == pytest.approx(a[0, 0, : edges[1], : edges[1]].sum(1).mean(), rel=1e-5)
     assert fig.layout.title.text.startswith("Layer 7, head 5")
     assert f"shown at {FULL_SIDE}x{FULL_SIDE}" in fig.layout.title.text
+
+
+def test_head_detection_reads_a_partial_result(llama):
+    from mhsa.detection import head_table
+
+    full = mhsa.attend(TEXT, model=llama)
+    part = mhsa.attend(TEXT, model=llama, layers=1, heads="1,3")
+    got = mhsa.detect_heads(TEXT, "previous token", model=llama, result=part)
+    whole = mhsa.detect_heads(TEXT, "previous token", model=llama, result=full)
+    assert list(got.index) == ["L1H1", "L1H3"]
+    np.testing.assert_allclose(
+        got["score"].to_numpy(), whole.loc[["L1H1", "L1H3"], "score"].to_numpy(), atol=1e-5
+    )
+    table = head_table(part, {"x": np.zeros((1, 2))})
+    assert list(table["layer"]) == [1, 1] and list(table["head"]) == [1, 3]
