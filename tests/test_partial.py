@@ -204,7 +204,7 @@ def test_a_budget_exceeded_is_refused_before_the_model_runs(llama):
     tokens = len(mhsa.attend(TEXT, model=llama, layers=0).tokens)
     megabytes = 2 * 4 * tokens * tokens * 4 / 2**20
     assert f"2 layers x 4 heads over {tokens:,} x {tokens:,} tokens in float32" in message
-    assert f"hold {megabytes:,.0f} MB" in message and "MHSA_MAX_ATTENTION_MB" in message
+    assert f"hold {megabytes:.2g} MB" in message and "MHSA_MAX_ATTENTION_MB" in message
     assert "fewer heads" in message and "float16" in message
 
 
