@@ -352,3 +352,20 @@ def test_head_detection_reads_a_partial_result(llama):
     )
     table = head_table(part, {"x": np.zeros((1, 2))})
     assert list(table["layer"]) == [1, 1] and list(table["head"]) == [1, 3]
+
+
+def test_the_command_line_writes_selected_layers_layer_by_layer(tiny_llama_path, tmp_path, capsys):
+    from mhsa.__main__ import main
+
+    out = tmp_path / "long.npz"
+    argv = ["attend", TEXT, "--model", tiny_llama_path, "--device", "cpu", "--layers", "1"]
+    assert main([*argv, "--heads", "0-1", "--dtype", "float16", "--out", str(out)]) == 0
+    assert "written layer by layer" in capsys.readouterr().out
+    back = mhsa.AttentionResult.load(out)
+    full = mhsa.attend(TEXT, model=_LOADED.get(tiny_llama_path) or tiny_llama_path, device="cpu")
+    assert back.layer_ids == [1] and back.head_ids == [0, 1] and back.attention_dtype == "float16"
+    assert np.abs(back.attention.astype(np.float32) - full.attention[1:, :2]).max() <= 2**-12
+    with pytest.raises(SystemExit) as exc:  # out of range: one line naming the model's sizes
+        main([*argv, "--heads", "5"])
+    assert exc.value.code == 2
+    assert "Heads 5 out of range: the model has 2 layers of 4 heads" in capsys.readouterr().err
