@@ -169,7 +169,7 @@ def _sidebar_query() -> Query:
         bool(state["sample"]),
         target=state["target_text"] if seq2seq and not generate else "",
         kind=state["kind"] if seq2seq and not state["words"] else "encoder",
-        layers=state["layers"],
-        heads=state["heads"],
+        layers=state["long_layers"],
+        heads=state["long_heads"],
     )
     return query

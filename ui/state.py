@@ -188,7 +188,7 @@ def indices_param(raw: str) -> str:
         return ""
     if len(raw) > 200:
         raise ValueError("must be a short list of numbers or ranges, as 0-7")
-    values = parse_indices(raw)  # InputError (a ValueError) when it is not such a list
+    values = parse_indices(raw, "the value")  # InputError (a ValueError) if no such list
     return ",".join(map(str, values)) if values is not None and len(values) == 1 else raw
 
 
@@ -207,8 +207,8 @@ GLOBAL_PARAMS: dict[str, Param] = {
     "find": Param("", search_param),
     "presentation": Param(False, flag, old_keys=("present",)),
     # long inputs: only these layers and heads are computed and kept (empty: all)
-    "layers": Param("", indices_param),
-    "heads": Param("", indices_param),
+    "long_layers": Param("", indices_param),
+    "long_heads": Param("", indices_param),
 }
 
 

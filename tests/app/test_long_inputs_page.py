@@ -1,6 +1,6 @@
-"""Long inputs in the app: the sidebar's layers and heads (link keys ``layers``, ``heads``),
-the Overview saying what was materialised, the attention budget's refusal asking for a
-selection, and hostile values falling back with a notice."""
+"""Long inputs in the app: the sidebar's layers and heads (link keys ``long_layers``,
+``long_heads``), the Overview saying what was materialised, the attention budget's refusal
+asking for a selection, and hostile values falling back with a notice."""
 
 from __future__ import annotations
 
@@ -17,16 +17,20 @@ def _texts(elements) -> list[str]:
 
 
 def test_the_overview_states_what_was_materialised() -> None:
-    at = run("pages/0_Overview.py", model="toy:induction", text=TEXT, layers="1", heads="0-1")
+    at = run(
+        "pages/0_Overview.py", model="toy:induction", text=TEXT, long_layers="1", long_heads="0-1"
+    )
     assert not at.exception and not at.error, _texts(at.error)
     (note,) = [t for t in _texts(at.info) if "Materialised" in t]
     # the partial result: layer 1, heads 0 and 1 of 2 x 4, float32; 12 tokens x 12 x 2 x 4 B
     assert "layers 1 x heads 0\\-1 of 2 x 4, float32" in note
-    assert at.session_state["layers"] == "1" and at.query_params["heads"] == "0-1"
+    assert at.session_state["long_layers"] == "1" and at.query_params["long_heads"] == "0-1"
 
 
 def test_the_heads_page_draws_a_partial_result_with_the_models_numbers() -> None:
-    at = run("pages/1_Heads.py", model="toy:induction", text=TEXT, layers="1", heads="2-3")
+    at = run(
+        "pages/1_Heads.py", model="toy:induction", text=TEXT, long_layers="1", long_heads="2-3"
+    )
     assert not at.exception and not at.error, _texts(at.error)
     grid = specs(at)[0]
     assert grid["layout"]["yaxis"]["ticktext"] == ["L1"]
@@ -47,7 +51,7 @@ def test_over_the_attention_budget_the_page_asks_for_layers_and_heads(monkeypatc
 
 
 def test_layers_out_of_range_name_the_models_sizes() -> None:
-    at = run("pages/0_Overview.py", model="toy:induction", text=TEXT, layers="7")
+    at = run("pages/0_Overview.py", model="toy:induction", text=TEXT, long_layers="7")
     assert not at.exception
     (message,) = _texts(at.error)
     message = message.replace("\\", "")
@@ -55,9 +59,12 @@ def test_layers_out_of_range_name_the_models_sizes() -> None:
 
 
 def test_hostile_layer_and_head_values_fall_back_with_a_notice() -> None:
-    at = run("pages/0_Overview.py", model="toy:induction", text=TEXT, layers="1;x", heads="9-2")
+    at = run(
+        "pages/0_Overview.py", model="toy:induction", text=TEXT, long_layers="1;x", long_heads="9-2"
+    )
     assert not at.exception and not at.error, _texts(at.error)
-    assert at.session_state["layers"] == "" and at.session_state["heads"] == ""
-    notices = " ".join(_texts(at.warning))
-    assert "layers" in notices and "heads" in notices
+    assert at.session_state["long_layers"] == "" and at.session_state["long_heads"] == ""
+    notices = " ".join(_texts(at.warning)).replace("\\", "")  # shown literally
+    assert "long_layers='1;x' ignored" in notices and "not a list of numbers" in notices
+    assert "long_heads='9-2' ignored" in notices and "runs backwards" in notices
     assert not [t for t in _texts(at.info) if "Materialised" in t]  # the whole result

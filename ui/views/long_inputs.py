@@ -1,6 +1,7 @@
-"""Long inputs in the app: the sidebar's layers and heads (link keys ``layers``, ``heads``),
-what a page says when a text is over the token limit or the attention budget, and what a result
-materialised (``mhsa.partial``: only the selected layers and heads are computed and kept)."""
+"""Long inputs in the app: the sidebar's layers and heads (link keys ``long_layers``,
+``long_heads``), what a page says when a text is over the token limit or the attention budget,
+and what a result materialised (``mhsa.partial``: only the selected layers and heads are
+computed and kept)."""
 
 from __future__ import annotations
 
@@ -22,14 +23,16 @@ HINT = (
 def selection_inputs() -> None:
     """The sidebar's layers and heads (empty: all), open when either is set."""
     state = st.session_state
-    with st.expander("Long inputs", expanded=bool(state["layers"] or state["heads"])):
+    with st.expander("Long inputs", expanded=bool(state["long_layers"] or state["long_heads"])):
         st.caption(
             f"Over {LIMITS.max_tokens} tokens, or over this server's attention budget "
             f"({LIMITS.max_attention_mb:,} MB), choose what to compute: every other layer "
             "runs a fused kernel and keeps nothing."
         )
-        st.text_input("Layers", key="layers", max_chars=200, help="As 2, or 0-3,8. Empty: all.")
-        st.text_input("Heads", key="heads", max_chars=200, help="As 0-7. Empty: all.")
+        st.text_input(
+            "Layers", key="long_layers", max_chars=200, help="As 2, or 0-3,8. Empty: all."
+        )
+        st.text_input("Heads", key="long_heads", max_chars=200, help="As 0-7. Empty: all.")
 
 
 def ask_when_over_budget(error: Exception) -> None:
