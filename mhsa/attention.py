@@ -447,21 +447,16 @@ class MultiHeadSelfAttention(nn.Module):
         is_causal: bool = False,
         positions: torch.Tensor | None = None,
     ) -> None:
-        """The weights of some query heads, a chunk of heads at a time (long inputs: one
-        layer's weights of every head at once would be the largest thing in memory).
-
-        Q and K are projected once; for each chunk of query heads (each reading its key/value
-        head), ``attention_core`` computes ``[B, len(chunk), T, T]`` weights, the same as
-        ``attention_weights(query, ...)[:, chunk]``, and ``take(chunk, weights)`` receives
-        them before the next chunk is computed.
-        """
+        """``attention_weights(query, ...)[:, chunk]`` for each chunk of query heads, handed
+        to ``take(chunk, weights)`` before the next is computed (Q and K projected once): one
+        layer's weights of every head never exist at once (long inputs, ``mhsa.partial``)."""
         q, k, _ = self._heads(
             query, None, None, positions=positions, observe=nobody, weights_only=True
         )
         full = self._mask(mask, None, q, k)
+        per_head = full is not None and full.dim() == 4 and full.shape[1] > 1
         for chunk in chunks:
             heads = torch.as_tensor(list(chunk), device=q.device)
-            per_head = full is not None and full.dim() == 4 and full.shape[1] > 1
             _, weights = attention_core(
                 q.index_select(1, heads),
                 k.index_select(1, heads // self.groups),  # each query head's key head
