@@ -6,23 +6,31 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui.navigation import groups
+from ui.navigation import HOME_ALIAS, groups
 
-navigation = st.navigation(
-    {
-        group: [
+
+def _pages(pages: list) -> list[st.Page]:
+    out = []
+    for page in pages:
+        out.append(
             st.Page(
                 page.file,
                 title=page.title,
                 icon=page.icon,
-                # the home page keeps the name Streamlit gives it, as before the registry
-                url_path=page.url_path or None,
+                # the home page's own name is its hidden alias's: it is served at the root
+                url_path=page.url_path or f"{HOME_ALIAS}_home",
                 default=page.is_home,
             )
-            for page in pages
-        ]
-        for group, pages in groups().items()
-    },
+        )
+        if page.is_home:  # /Overview?model=... opens the home page too, not "Page not found"
+            out.append(
+                st.Page(page.file, title=page.title, url_path=HOME_ALIAS, visibility="hidden")
+            )
+    return out
+
+
+navigation = st.navigation(
+    {group: _pages(pages) for group, pages in groups().items()},
     expanded=True,  # every page listed, none behind "view more"
 )
 navigation.run()

@@ -6,14 +6,15 @@ from __future__ import annotations
 import streamlit as st
 
 import mhsa
-from ui import page, service
+from ui import lessons, page, service
 
 query = page.setup("MHSA Explorer")
 st.caption(
     "What do the heads of a multi-head self-attention layer look at? Type a sentence in the "
-    "sidebar, then explore the pages: heads, head similarity, statistics, the inside of MHSA, "
-    "rollout and comparison."
+    "sidebar, then open the pages in the order below, or follow a lesson."
 )
+st.subheader("Pages, in a good order for a first visit")
+st.markdown(lessons.guide_markdown())
 result = page.load(query)
 if result is not None:
     facts = result.facts

@@ -35,6 +35,9 @@ class AppPage:
         return self.url_path == ""
 
 
+#: the home page's address besides the root: ``/Overview?model=...`` opens it (hidden in the menu)
+HOME_ALIAS = "Overview"
+
 #: Every page, in navigation order; the groups appear in the order of their first page.
 PAGES: tuple[AppPage, ...] = (
     AppPage("Overview", "pages/0_Overview.py", "", "Explore", ":material/home:", 0),
@@ -99,6 +102,7 @@ PAGES: tuple[AppPage, ...] = (
         ":material/stacked_line_chart:",
         2,
     ),
+    AppPage("Lessons", "pages/13_Lessons.py", "Lessons", "Teach", ":material/menu_book:", 0),
     AppPage(
         "Inside MHSA", "pages/4_Inside_MHSA.py", "Inside_MHSA", "Teach", ":material/school:", 2
     ),
