@@ -79,7 +79,24 @@ class Limits:
         allowed = {m.rstrip("/") for m in self.allowed_models}
         if wanted in allowed:
             return
-        choices = ", ".join(["default", *self.allowed_models])
         raise ModelLoadError(  # the same words whether or not such a folder or model exists
-            f"This server only loads these models: {choices}. {name!r} is not among them."
+            f"This server does not load {name!r}. It loads {self.allowed_description()}."
         )
+
+    def allowed_description(self) -> str:
+        """What this server loads, in words: the default model, the shipped toy models, the
+        models trained here, and the operator's list (``MHSA_ALLOWED_MODELS``)."""
+        from mhsa.training.tasks import TASKS
+        from mhsa.training.toy import TOY_PREFIX
+
+        toys = ", ".join(TOY_PREFIX + t for t in TASKS)
+        parts = [
+            "the default model (default)",
+            f"the toy models ({toys})",
+            "models trained on the Train heads page (trained:<id>)",
+        ]
+        if self.allowed_models is None:
+            parts.append("any model id or folder")
+        elif self.allowed_models:
+            parts.append("these: " + ", ".join(self.allowed_models))
+        return ", ".join(parts[:-1]) + " and " + parts[-1]

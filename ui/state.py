@@ -76,7 +76,7 @@ def whole_number(raw: str) -> int:
     """A whole number written in decimal digits (an optional sign, spaces around); the refusal
     in plain words, never Python's "invalid literal for int()"."""
     text = raw.strip()
-    if not text.lstrip("+-").isdigit() or len(text) > 20:
+    if not re.fullmatch(r"[+-]?[0-9]{1,20}", text):
         raise ValueError("is not a whole number")
     return int(text)
 

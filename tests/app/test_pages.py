@@ -218,7 +218,10 @@ def test_bad_sentence_and_bad_model_show_errors_and_the_app_recovers() -> None:
     assert not at.error and at.metric
     at.text_input(key="model").input("no-such-org/no-such-model").run()
     assert not at.exception
-    assert "only loads these models: default" in rendered(at.error[0].value)[0]
+    assert (
+        "does not load 'no-such-org/no-such-model'. It loads the default model"
+        in (rendered(at.error[0].value)[0])
+    )
     at.text_input(key="model").input("default").run()
     assert not at.error
 
