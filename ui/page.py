@@ -27,6 +27,7 @@ from ui.state import (
     sync_url,
     use_params,
 )
+from ui.views import examples
 
 __all__ = [
     "KIND_LABELS",
@@ -120,6 +121,7 @@ def setup(title: str, params: dict[str, Param] | None = None, *, kinds: bool = F
     if st.session_state.get("presentation"):
         st.markdown(PRESENTATION_CSS, unsafe_allow_html=True)  # constant CSS, no user text
     st.title(title)
+    examples.fit_sentence_to_model()  # before the sidebar's widgets: it may set the sentence
     show_notices()
     query = _sidebar()
     if query.kind != "encoder" and not kinds:
@@ -211,9 +213,11 @@ def _what_to_compute() -> None:
     st.text_input(
         "Model",
         key="model",
-        help="'default' is the embedded all-MiniLM-L6-v2 (works offline). "
-        "Or a transformers model id, or a local folder.",
+        help="'default' is the embedded all-MiniLM-L6-v2 (works offline); toy:induction, "
+        "toy:reverse-seq2seq, ... are the shipped toy models. Or a transformers model id, or "
+        "a local folder.",
     )
+    examples.example_picker(_sidebar_model())
     st.radio(
         "Engine",
         mhsa.ENGINES,
@@ -351,6 +355,7 @@ def load(query: Query, *, primary: bool = True) -> mhsa.AttentionResult | None:
             icon="✂️",
         )
     if primary:
+        examples.unknown_notice(query.model, query.device, query.text)
         with st.sidebar:
             st.caption(f"Running on **{md_escape(result.device)}**")
         if result.kind is None:

@@ -1,0 +1,1 @@
+"""One module per feature of the pages (the sidebar's sentence examples, ...)."""
