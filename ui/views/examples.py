@@ -11,7 +11,7 @@ import streamlit as st
 
 import mhsa
 from mhsa.examples import Example, UnknownTokens, model_examples, unknown_tokens
-from ui import service
+from ui import core
 from ui.state import md_escape
 
 __all__ = ["example_picker", "fit_sentence_to_model", "unknown_notice"]
@@ -25,7 +25,7 @@ _NOTICES = "_mhsa_notices"  # ui.state's: shown under the title by ``show_notice
 def _unknown(model: str, device: str, text: str) -> UnknownTokens:
     """``unknown_tokens`` of the sidebar's text, once per (model, device, text) per process:
     a rerun costs a dictionary lookup, not a tokenization."""
-    return unknown_tokens(text, model=service.loaded_model(model, device))
+    return unknown_tokens(text, model=core.loaded_model(model, device))
 
 
 def counted(model: str, device: str, text: str) -> UnknownTokens | None:

@@ -11,8 +11,8 @@ import numpy as np
 import mhsa
 from mhsa.repeats import repeated_tokens
 from mhsa.roles import detection_pattern
-from ui import service
-from ui.service import Query
+from ui import core
+from ui.core import Query
 
 __all__ = ["RepeatedTokens", "repeated_sequence"]
 
@@ -27,12 +27,12 @@ class RepeatedTokens:
 
 def repeated_sequence(query: Query) -> RepeatedTokens:
     """The random-token test's first sequence for the sidebar's model, engine and seed (the
-    seed ``service.random_induction`` scores with), computed once per process."""
+    seed ``ui.views.roles.random_induction`` scores with), computed once per process."""
     key = ("repeated-sequence", query.model, query.device, query.engine, query.seed)
-    cache = service.result_cache()
+    cache = core.result_cache()
     hit = cache.get(key)
     if hit is not None:
         return hit
-    lm = service.loaded_model(query.model, query.device)
+    lm = core.loaded_model(query.model, query.device)
     result, ids = repeated_tokens(lm, engine=query.engine, seed=query.seed)
     return cache.put(key, RepeatedTokens(result, detection_pattern("induction", ids)))
