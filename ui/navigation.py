@@ -117,6 +117,45 @@ PAGES: tuple[AppPage, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class NavigationEntry:
+    """One ``st.Page`` of the navigation (``app.py`` makes them): a page of ``PAGES``, or the
+    home page's hidden alias at ``/Overview``.
+
+    Attributes:
+        file: its script.
+        title: its name in the menu.
+        icon: its icon.
+        url_path: its own address (the home page's is served at the root too).
+        default: the page the root opens.
+        hidden: left out of the menu (the alias).
+    """
+
+    file: str
+    title: str
+    icon: str | None
+    url_path: str
+    default: bool = False
+    hidden: bool = False
+
+
+def navigation_entries() -> dict[str, list[NavigationEntry]]:
+    """The navigation's pages by heading: every page of ``PAGES``, and after the home page its
+    hidden alias ``HOME_ALIAS`` (``/Overview?model=...`` opens the home page, not "Page not
+    found"); the home page's own address is then ``Overview_home``, never shown (Streamlit
+    serves the default page at the root)."""
+    out: dict[str, list[NavigationEntry]] = {}
+    for group, pages in groups().items():
+        entries = out.setdefault(group, [])
+        for page in pages:
+            path = page.url_path or f"{HOME_ALIAS}_home"
+            entries.append(NavigationEntry(page.file, page.title, page.icon, path, page.is_home))
+            if page.is_home:
+                alias = NavigationEntry(page.file, page.title, None, HOME_ALIAS, hidden=True)
+                entries.append(alias)
+    return out
+
+
 def groups() -> dict[str, list[AppPage]]:
     """The pages by navigation heading, headings in the order of their first page."""
     grouped: dict[str, list[AppPage]] = {}

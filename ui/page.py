@@ -36,6 +36,7 @@ from ui.state import (
     GLOBAL_PARAMS,
     MAX_LINK_VALUE_BYTES,
     Param,
+    add_notice,
     error,
     md_escape,
     show_notices,
@@ -250,21 +251,44 @@ def _download_figures() -> None:
         )
 
 
+def _back_to_the_default_model(e: mhsa.ModelLoadError) -> NoReturn:
+    """A model that does not load is not kept (in the sidebar, the link, every page): the
+    page opens again on the default model, saying why under its title."""
+    add_notice(f"{e} The pages show the default model instead.")
+    st.session_state[_OPENING] = {**st.session_state.get(_OPENING, {}), "model": "default"}
+    st.rerun()
+
+
+def truncation_message(result: mhsa.AttentionResult, server_limit: int) -> str:
+    """The cut that happened, with the one limit that made it: this server's token limit, or
+    the model's own (a toy model reads 64 tokens at most)."""
+    cause = (
+        f"this server's limit of {server_limit} tokens"
+        if result.num_tokens >= server_limit
+        else f"the most {result.model} reads"
+    )
+    return (
+        f"The text was cut to {result.num_tokens} tokens, {cause}: the last "
+        f"{result.truncated_tokens} tokens were dropped."
+    )
+
+
 def load(query: Query, *, primary: bool = True) -> mhsa.AttentionResult | None:
     """The result for ``query``, or None after showing what went wrong (the page goes on).
     ``primary``: the page's own sentence (the token search and the generated part refer to
     it); False for another sentence on the same page."""
     try:
         result = core.attention(query)
+    except mhsa.ModelLoadError as e:
+        if primary and query.model != "default":
+            _back_to_the_default_model(e)
+        error(e)
+        return None
     except mhsa.MHSAError as e:
         error(e)
         return None
     if result.truncated_tokens:
-        st.warning(
-            f"The text was cut to {result.num_tokens} tokens: {result.truncated_tokens} tokens "
-            f"were dropped (this server's limit is {LIMITS.max_tokens} tokens).",
-            icon="✂️",
-        )
+        st.warning(md_escape(truncation_message(result, LIMITS.max_tokens)), icon="✂️")
     if primary:
         examples.unknown_notice(query.model, query.device, query.text)
         with st.sidebar:

@@ -175,10 +175,13 @@ def model_param(raw: str) -> str:
     raw = raw.strip()
     if not raw or len(raw) > 300:
         raise ValueError("must be a model id or folder")
+    limits = Limits.from_env()
     try:
-        Limits.from_env().check_model(raw)
+        limits.check_model(raw)
     except MHSAError as e:
-        raise ValueError("this server does not load that model from a link") from e
+        raise ValueError(
+            f"this server does not load it; it loads {limits.allowed_description()}"
+        ) from e
     if is_trained_name(raw) and raw not in trained_store():
         raise ValueError(
             "this server no longer holds that trained model; the Train heads page trains it "
@@ -287,6 +290,11 @@ def sync_url(params: dict[str, Param]) -> list[str]:
     if dict(st.query_params) != wanted:
         st.query_params.from_dict(wanted)
     return too_long
+
+
+def add_notice(message: str) -> None:
+    """A notice shown under the next page title (``show_notices``), escaped there."""
+    st.session_state.setdefault(_NOTICES, []).append(message)
 
 
 def show_notices() -> None:

@@ -7,6 +7,7 @@ import pytest
 
 from tests.app.test_pages import run
 from tests.hostile import rendered
+from ui import navigation
 from ui.state import bounded_int, heads_list_param
 
 
@@ -44,3 +45,47 @@ def test_a_refused_flag_and_choice_name_their_defaults() -> None:
         notices
     )
     assert "using the default (head)." in notices
+
+
+def test_a_cut_names_the_one_limit_that_made_it() -> None:
+    """A toy model reads 64 tokens: 100 symbols are cut there, not at this server's 512."""
+    symbols = " ".join(["ba", "be", "bi", "bo", "bu"] * 20)  # [BOS] + 100 tokens
+    at = run("pages/1_Heads.py", model="toy:copy", text=symbols)
+    said = " ".join(rendered(w.value)[0] for w in at.warning)
+    assert (
+        "The text was cut to 64 tokens, the most toy:copy reads: the last 37 tokens were dropped."
+        in said
+    )
+    assert "512" not in said
+
+
+def test_a_cut_at_the_servers_limit_says_so() -> None:
+    at = run("pages/1_Heads.py", text=" ".join(["word"] * 600))  # [CLS] + 600 + [SEP]
+    said = " ".join(rendered(w.value)[0] for w in at.warning)
+    assert (
+        "The text was cut to 512 tokens, this server's limit of 512 tokens: the last 90 tokens "
+        "were dropped." in said
+    )
+
+
+def test_a_bad_model_in_a_link_falls_back_and_leaves_the_link() -> None:
+    at = run("pages/1_Heads.py", model="nope/nope")
+    assert not at.exception and not at.error
+    said = " ".join(rendered(w.value)[0] for w in at.warning)
+    assert "model='nope/nope' ignored" in said and "it loads the default model" in said
+    assert "toy:induction" in said and "model" not in at.query_params
+
+
+def test_the_overview_has_an_address_of_its_own() -> None:
+    """``/Overview?model=...`` opens the home page: besides the root, a hidden page at that
+    address runs the Overview's file, and every address is unique (``st.navigation`` needs it)."""
+    from ui.navigation import navigation_entries
+
+    entries = [e for group in navigation_entries().values() for e in group]
+    alias = [e for e in entries if e.url_path == "Overview"]
+    assert len(alias) == 1 and alias[0].hidden and alias[0].file == "pages/0_Overview.py"
+    home = [e for e in entries if e.default]
+    assert len(home) == 1 and home[0].file == "pages/0_Overview.py" and not home[0].hidden
+    paths = [e.url_path for e in entries]
+    assert len(set(paths)) == len(paths) and "" not in paths
+    assert sum(not e.hidden for e in entries) == len(navigation.PAGES)

@@ -12,13 +12,12 @@ import streamlit as st
 import mhsa
 from mhsa.examples import Example, UnknownTokens, model_examples, unknown_tokens
 from ui import core
-from ui.state import md_escape
+from ui.state import add_notice, md_escape
 
 __all__ = ["example_picker", "fit_sentence_to_model", "unknown_notice"]
 
 #: the model the sidebar's sentence was last fitted to (a new one is fitted once)
 _FITTED = "_mhsa_sentence_fitted_to"
-_NOTICES = "_mhsa_notices"  # ui.state's: shown under the title by ``show_notices``
 
 
 @functools.lru_cache(maxsize=512)
@@ -63,7 +62,7 @@ def fit_sentence_to_model() -> None:
     if found is None or not found.mostly_unknown:
         return
     _use(examples[0])
-    state.setdefault(_NOTICES, []).append(
+    add_notice(
         f"The sentence was {found.unknown} of {found.total} unknown tokens ({found.token}) for "
         f"{model}: the sidebar now holds the model's own example (its other examples are "
         "under the model box)."
