@@ -90,6 +90,14 @@ PRESENTATION_CSS = """<style>
 [data-testid="stMain"] h1, [data-testid="stMain"] h1 * { font-size: 3.4rem !important; }
 [data-testid="stMain"] h3, [data-testid="stMain"] h3 * { font-size: 2.4rem !important; }
 [data-testid="stMain"] pre, [data-testid="stMain"] code { font-size: 1.8rem !important; }
+[data-testid="stCaptionContainer"], [data-testid="stCaptionContainer"] * {
+  font-size: 1.3rem !important; }
+[data-testid="stSidebar"] p, [data-testid="stSidebar"] label, [data-testid="stSidebar"] input,
+[data-testid="stSidebar"] textarea, [data-testid="stSidebar"] li {
+  font-size: 1.3rem !important; }
+button p, button div { white-space: normal !important; overflow: visible !important;
+  text-overflow: clip !important; overflow-wrap: anywhere; }
+button { height: auto !important; }
 </style>"""
 
 
@@ -365,7 +373,7 @@ def figure(
     if decorate and (found is not None or generated_from is not None):
         plots.decorate(fig, found=found, generated_from=generated_from)  # figures are per run
     if st.session_state.get("presentation"):
-        fig.update_layout(font={"size": 20}, title_font={"size": 28})
+        plots.enlarge_fonts(fig)  # every tick, title, colour bar and hover: at least 20 px
     fig.update_layout(template=plots.TEMPLATE)  # real colours, none for the browser to fill in
     plots.fit_margins(fig)  # one drawing in the browser, not a second for automargin
     event = st.plotly_chart(fig, key=key, config=config, **kwargs)
