@@ -15,8 +15,10 @@ from mhsa.training.tasks import Example, task_examples
 
 __all__ = [
     "DEFAULT_EXAMPLES",
+    "CrossOpening",
     "Example",
     "UnknownTokens",
+    "cross_opening",
     "model_examples",
     "task_examples",
     "unknown_tokens",
@@ -85,3 +87,32 @@ def unknown_tokens(text: str, *, model: str | LoadedModel = DEFAULT_MODEL) -> Un
     unk = getattr(tok, "unk_token_id", None)
     unknown = 0 if unk is None else sum(1 for i in ids if i == unk)
     return UnknownTokens(unknown, len(ids), getattr(tok, "unk_token", None) if unk else None)
+
+
+@dataclass(frozen=True)
+class CrossOpening:
+    """Where a shipped encoder-decoder toy model opens: on cross attention, its target written
+    by the model (``generate`` tokens), at the decoder layer whose cross attention aligns most
+    clearly (``layer``)."""
+
+    generate: int
+    layer: int
+
+
+def cross_opening(name: str) -> CrossOpening | None:
+    """How the shipped encoder-decoder toy model ``name`` opens (None for any other model): its
+    first example's target length, and the layer of the head with the highest anti-diagonal
+    score (``mhsa.training.anti_diagonal_scores``) on that example, teacher-forced."""
+    from mhsa.extract import attend
+    from mhsa.training.scores import anti_diagonal_scores
+    from mhsa.training.toy import toy_task
+
+    task = toy_task(name)
+    examples = model_examples(name) if task is not None else ()
+    if not examples or examples[0].target is None:
+        return None
+    example = examples[0]
+    result = attend(example.text, text_pair=example.target, model=name, engine="transformers")
+    n = len(example.text.split())
+    scores = anti_diagonal_scores(result.cross_attention, n)  # [layers, heads]
+    return CrossOpening(generate=n, layer=int(scores.max(axis=1).argmax()))

@@ -267,6 +267,24 @@ def _back_to_the_default_model(e: mhsa.ModelLoadError) -> NoReturn:
     st.rerun()
 
 
+def walkthrough_mode_note(kind: str, *, cross: bool) -> str:
+    """What Inside MHSA walks through, in the words of its mode: cross attention (the
+    decoder's queries, the encoder's keys and values) or a layer's self-attention; with the
+    sidebar on an encoder-decoder's other attention, where that one is drawn."""
+    if cross:
+        return (
+            "This page walks through cross attention: the decoder's tokens ask (queries), the "
+            "sentence's tokens answer (keys and values)."
+        )
+    if kind != "encoder":
+        return (
+            f"This page walks through the encoder's self-attention; the {kind} attention "
+            "chosen in the sidebar is on Heads, Line view, Compare, Head similarity and Head "
+            "statistics (or turn on cross-attention above)."
+        )
+    return "This page walks through one layer's self-attention over the sentence."
+
+
 def truncation_message(result: mhsa.AttentionResult, server_limit: int) -> str:
     """The cut that happened, with the one limit that made it: this server's token limit, or
     the model's own (a toy model reads 64 tokens at most)."""

@@ -68,3 +68,37 @@ def test_the_sidebar_lists_the_models_examples() -> None:
     assert len(picker.options) == 3
     picker.select_index(2).run()
     assert at.session_state["text"] == model_examples("toy:copy")[2].text
+
+
+def test_a_seq2seq_toy_model_opens_on_cross_attention_where_it_aligns() -> None:
+    """The shipped reverse model opens on cross attention, its target written by the model,
+    at the layer whose cross attention is anti-diagonal (decoder row k reads source n - k)."""
+    import json
+
+    import numpy as np
+
+    at = run("pages/1_Heads.py", model="toy:reverse-seq2seq")
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    n = len(model_examples("toy:reverse-seq2seq")[0].text.split())
+    state = at.session_state
+    assert (state["kind"], state["generate"], state["layer"]) == ("cross", n, 1)
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    head = next(
+        s for s in specs if s["layout"].get("title", {}).get("text", "").startswith("Layer 1")
+    )
+    from tests.app.test_importance_page import decode
+
+    z = np.asarray(decode(head["data"][0]["z"]), dtype=float)
+    assert z.shape == (n + 1, n + 1)  # [BOS] + n written symbols, against [BOS] + n source
+    assert [int(i) for i in z[:n].argmax(-1)] == [n - k for k in range(n)]
+
+
+def test_inside_mhsa_says_which_attention_it_walks_through() -> None:
+    at = run("pages/4_Inside_MHSA.py", model="toy:reverse-seq2seq")
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    captions = " ".join(c.value for c in at.caption)
+    assert "This page walks through cross attention" in captions
+    assert "shows the encoder's attention" not in captions
+    off = run("pages/4_Inside_MHSA.py", model="toy:reverse-seq2seq", cross="0", kind="decoder")
+    captions = " ".join(c.value for c in off.caption)
+    assert "walks through the encoder's self-attention; the decoder attention" in captions

@@ -10,7 +10,14 @@ import functools
 import streamlit as st
 
 import mhsa
-from mhsa.examples import Example, UnknownTokens, model_examples, unknown_tokens
+from mhsa.examples import (
+    CrossOpening,
+    Example,
+    UnknownTokens,
+    cross_opening,
+    model_examples,
+    unknown_tokens,
+)
 from ui import core
 from ui.state import add_notice, md_escape
 
@@ -57,6 +64,7 @@ def fit_sentence_to_model() -> None:
     state[_FITTED] = model
     if first and "text" in st.query_params:  # a link's own sentence: kept, and counted
         return
+    _open_on_cross_attention(model)
     examples = model_examples(model)
     found = counted(model, state["device"], state["text"]) if examples else None
     if found is None or not found.mostly_unknown:
@@ -67,6 +75,33 @@ def fit_sentence_to_model() -> None:
         f"{model}: the sidebar now holds the model's own example (its other examples are "
         "under the model box)."
     )
+
+
+@functools.lru_cache(maxsize=16)
+def _cross_opening(model: str) -> CrossOpening | None:
+    return cross_opening(model)
+
+
+def _open_on_cross_attention(model: str) -> None:
+    """A shipped encoder-decoder toy model opens where it teaches: cross attention, the target
+    written by the model, the layer that aligns most clearly (unless the link says otherwise)."""
+    try:
+        opening = _cross_opening(model)
+    except mhsa.MHSAError:
+        return
+    if opening is None:
+        return
+    state = st.session_state
+    linked = set(st.query_params)
+    for key, value in (
+        ("kind", "cross"),
+        ("generate", opening.generate),
+        ("layer", opening.layer),
+        ("pretrained_layer", opening.layer),
+        ("cross", True),
+    ):
+        if key not in linked:
+            state[key] = value
 
 
 def unknown_notice(model: str, device: str, text: str) -> None:
