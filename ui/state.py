@@ -16,6 +16,7 @@ from mhsa.errors import MHSAError
 from mhsa.extract import ENGINES, MAX_NEW_TOKENS
 from mhsa.heads import head_label, parse_head_label, parse_layer_head_label
 from mhsa.limits import Limits
+from mhsa.model_names import allowed_description
 from mhsa.models import DEVICES
 from mhsa.result import ATTENTION_KINDS
 from mhsa.trained import is_trained_name, trained_store
@@ -180,7 +181,7 @@ def model_param(raw: str) -> str:
         limits.check_model(raw)
     except MHSAError as e:
         raise ValueError(
-            f"this server does not load it; it loads {limits.allowed_description()}"
+            f"this server does not load it; it loads {allowed_description(limits)}"
         ) from e
     if is_trained_name(raw) and raw not in trained_store():
         raise ValueError(
