@@ -37,7 +37,9 @@ with page.run("Inside MHSA", PARAMS, kinds=True) as query:
         help="As in an encoder-decoder (T5, BART, Marian): the decoder's tokens ask (Q, m rows), "
         "the sentence's tokens answer (K and V, n rows): scores and weights are m x n.",
     )
-    st.caption(page.walkthrough_mode_note(query.kind, cross=cross))
+    note = page.walkthrough_mode_note(query.kind, cross=cross)
+    if note is not None:
+        st.caption(note)
     query = query._replace(kind="encoder")  # the walk-through reads the sentence itself
     top = st.columns([2, 1, 1, 1.3])
     if not cross:

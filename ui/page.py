@@ -267,10 +267,11 @@ def _back_to_the_default_model(e: mhsa.ModelLoadError) -> NoReturn:
     st.rerun()
 
 
-def walkthrough_mode_note(kind: str, *, cross: bool) -> str:
+def walkthrough_mode_note(kind: str, *, cross: bool) -> str | None:
     """What Inside MHSA walks through, in the words of its mode: cross attention (the
-    decoder's queries, the encoder's keys and values) or a layer's self-attention; with the
-    sidebar on an encoder-decoder's other attention, where that one is drawn."""
+    decoder's queries, the encoder's keys and values), or the encoder's self-attention while
+    the sidebar is on an encoder-decoder's other attention (and where that one is drawn);
+    None for a layer's self-attention with nothing else chosen (nothing to say)."""
     if cross:
         return (
             "This page walks through cross attention: the decoder's tokens ask (queries), the "
@@ -282,7 +283,7 @@ def walkthrough_mode_note(kind: str, *, cross: bool) -> str:
             "chosen in the sidebar is on Heads, Line view, Compare, Head similarity and Head "
             "statistics (or turn on cross-attention above)."
         )
-    return "This page walks through one layer's self-attention over the sentence."
+    return None
 
 
 def truncation_message(result: mhsa.AttentionResult, server_limit: int) -> str:
