@@ -24,6 +24,7 @@ from mhsa.extract import (
     Generation,
     attend,
     attend_generated,
+    attend_layers,
     generate,
     generate_ids,
 )
@@ -59,8 +60,10 @@ from mhsa.roles import (
     sink_value_norms,
     strongest_inputs,
 )
+from mhsa.selection import ATTENTION_DTYPES, Selection
 from mhsa.similarity import HeadClusters, head_clusters, head_map, head_similarity
 from mhsa.stats import attention_rollout, head_stats, top_attended
+from mhsa.stream import streamed_head_similarity, streamed_head_stats
 from mhsa.tokens import find_tokens
 from mhsa.training import (
     TASKS,
@@ -73,6 +76,7 @@ from mhsa.training import (
 )
 
 __all__ = [
+    "ATTENTION_DTYPES",
     "ATTENTION_KINDS",
     "DEFAULT_MODEL",
     "DEVICES",
@@ -100,6 +104,7 @@ __all__ = [
     "ModelLoadError",
     "MultiHeadSelfAttention",
     "RotaryEmbedding",
+    "Selection",
     "TraceStep",
     "TrainConfig",
     "TrainResult",
@@ -108,6 +113,7 @@ __all__ = [
     "ablate",
     "attend",
     "attend_generated",
+    "attend_layers",
     "attention_core",
     "attention_rollout",
     "attention_sinks",
@@ -140,6 +146,8 @@ __all__ = [
     "save_model",
     "scaled_dot_product_attention",
     "sink_value_norms",
+    "streamed_head_similarity",
+    "streamed_head_stats",
     "strongest_inputs",
     "top_attended",
     "toy_model_path",

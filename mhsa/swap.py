@@ -24,6 +24,7 @@ from mhsa.adapters import SUPPORTED_FOR_MHSA, Family, family_of
 from mhsa.attention import MultiHeadSelfAttention, Observer
 from mhsa.errors import UnsupportedModelError
 from mhsa.models import LoadedModel
+from mhsa.support import TOOLS, tools_needing_our_module
 
 __all__ = [
     "BLOCK_KINDS",
@@ -31,6 +32,7 @@ __all__ = [
     "OurPass",
     "forward_through_ours",
     "our_blocks",
+    "our_blocks_of",
     "run_with_our_blocks",
     "store_our_weights",
     "through_our_module",
@@ -59,6 +61,17 @@ class OurPass:
         replay: per layer, an output of that whole layer recorded earlier (``record``) for the
             same input, returned without computing the layer (the layers below a knock-out).
         record: when a dict, receives every layer's output.
+        sinks: per layer, a callable that receives the layer's weights ``[B, H, T, S]`` as
+            soon as they are computed (those layers compute weights, the others run the fused
+            kernel unless ``need_weights``); its weights are then not kept in ``weights``
+            (long inputs: ``mhsa.partial`` keeps the selected heads of the selected layers
+            only).
+        buffers: per layer, a preallocated ``[B, H, T, S]`` tensor the weights are computed
+            into (beside ``weights_out``, for a few layers).
+        head_chunks: per layer, ``(chunks, take)``: the layer's output comes from the fused
+            kernel, and its weights a chunk of query heads at a time
+            (``MultiHeadSelfAttention.head_weights``), each handed to ``take(chunk,
+            weights)``: one layer's weights of every head never exist at once.
     """
 
     gates: Mapping[int, torch.Tensor] = field(default_factory=dict)
@@ -69,6 +82,17 @@ class OurPass:
     fan_out: tuple[int, int] | None = None
     replay: Mapping[int, Any] = field(default_factory=dict)
     record: dict[int, Any] | None = None
+    sinks: Mapping[int, Callable[[torch.Tensor], None]] = field(default_factory=dict)
+    head_chunks: Mapping[int, tuple[list[list[int]], Callable[..., None]]] = field(
+        default_factory=dict
+    )
+    buffers: Mapping[int, torch.Tensor] = field(default_factory=dict)
+
+    def buffer_for(self, layer: int) -> torch.Tensor | None:
+        """The preallocated weights buffer of ``layer``, if any."""
+        if self.weights_out is not None:
+            return self.weights_out[layer]
+        return self.buffers.get(layer)
 
 
 class _Replay(nn.Module):
@@ -188,7 +212,7 @@ class OurBlock(nn.Module):
         our_pass = self.our_pass
         if our_pass is None:
             raise RuntimeError("OurBlock runs only inside through_our_module(...)")
-        _no_cached_tokens(kwargs.get("past_key_values"))
+        _no_cached_tokens(kwargs.get("past_key_values", kwargs.get("layer_past")))
         rows = hidden_states.shape[0]
         memory = _rows_like(self._memory(kwargs), rows)
         if not isinstance(attention_mask, torch.Tensor):
@@ -196,19 +220,32 @@ class OurBlock(nn.Module):
         mask = attention_mask if isinstance(attention_mask, torch.Tensor) else None
         mask = _rows_like(mask, rows)
         bias = self._score_bias(kwargs.get("position_bias"), hidden_states, memory)
-        buffer = None if our_pass.weights_out is None else our_pass.weights_out[self.layer]
+        buffer = our_pass.buffer_for(self.layer)
+        sink = our_pass.sinks.get(self.layer)
+        chunked = our_pass.head_chunks.get(self.layer)
         out, weights = self.ours(
             hidden_states,
             mask=_added(mask, bias),  # the model's mask: padding, causal, sliding window
             is_causal=self.causal and mask is None,
             positions=_rows_like(kwargs.get("position_ids"), rows),
             head_gates=our_pass.gates.get(self.layer),
-            need_weights=our_pass.need_weights or buffer is not None,
+            need_weights=our_pass.need_weights or buffer is not None or sink is not None,
             observe=our_pass.observers.get(self.layer),
             weights_out=buffer,
             memory=memory,
         )
-        our_pass.weights[self.layer] = weights
+        if chunked is not None:  # the output above came from the fused kernel
+            self.ours.head_weights(
+                hidden_states,
+                *chunked,
+                mask=_added(mask, bias),
+                is_causal=self.causal and mask is None,
+                positions=_rows_like(kwargs.get("position_ids"), rows),
+            )
+        if sink is not None and weights is not None:
+            sink(weights)
+        else:
+            our_pass.weights[self.layer] = weights
         if self.family.finish is not None:
             out = self.family.finish(self.original, out, hidden_states)
         if self.family.returns is not None:
@@ -284,10 +321,34 @@ def _find_blocks(model: nn.Module) -> list[tuple[Family, nn.Module, nn.Module, s
     return found
 
 
+def _in_call_order(
+    model: nn.Module, found: list[tuple[Family, nn.Module, nn.Module, str]]
+) -> list[tuple[Family, nn.Module, nn.Module, str]]:
+    """``found`` with the blocks of a family that calls one block in several layers (ALBERT's
+    shared layers: ``Family.call_order``) listed once per layer, in the order the model calls
+    them. Raises ``ValueError`` (from ``call_order``) for sharing it cannot follow."""
+    out: list[tuple[Family, nn.Module, nn.Module, str]] = []
+    done: set[int] = set()
+    for item in found:
+        family = item[0]
+        if family.call_order is None:
+            out.append(item)
+            continue
+        if id(family) in done:
+            continue
+        done.add(id(family))
+        mine = [f for f in found if f[0] is family]
+        by_block = {id(f[1]): f for f in mine}
+        out.extend(by_block[id(b)] for b in family.call_order(model, [f[1] for f in mine]))
+    return out
+
+
 def _unsupported(lm: LoadedModel, why: str) -> UnsupportedModelError:
     return UnsupportedModelError(
         f"Our module cannot run {lm.display_name!r} ({lm.config.model_type}): {why}. "
-        f"Supported: {SUPPORTED_FOR_MHSA}. Use the transformers engine for this model."
+        f"Supported: {SUPPORTED_FOR_MHSA}. Use the transformers engine for this model. "
+        f"The tools that need our module ({', '.join(tools_needing_our_module())}) do not "
+        f"run on it; {' and '.join(t.label for t in TOOLS if not t.needs_our_module)} do."
     )
 
 
@@ -299,6 +360,8 @@ def _check_model(lm: LoadedModel) -> None:
         raise _unsupported(lm, f"position_embedding_type {position!r} (relative position biases)")
     if getattr(config, "alibi", False) or getattr(config, "use_alibi", False):
         raise _unsupported(lm, "ALiBi position biases")
+    if getattr(config, "relative_attention", False) or config.model_type.startswith("deberta"):
+        raise _unsupported(lm, "DeBERTa's disentangled attention (content-to-position scores)")
 
 
 def _kinds(lm: LoadedModel, found: list[tuple[Family, nn.Module, nn.Module, str]]) -> list[str]:
@@ -324,9 +387,13 @@ def _layer_counts(lm: LoadedModel) -> dict[str, int | None]:
     return {"encoder": encoder, "decoder": decoder or encoder, "cross": decoder or encoder}
 
 
-def _build_blocks(lm: LoadedModel) -> list[OurBlock]:
+def _build_blocks(lm: LoadedModel, only: frozenset[int] | None = None) -> list[OurBlock]:
+    """Our block for every attention block (``only``: for those layers, ``OurBlock.layer``)."""
     _check_model(lm)
-    found = _find_blocks(lm.model)
+    try:
+        found = _in_call_order(lm.model, _find_blocks(lm.model))
+    except ValueError as e:
+        raise _unsupported(lm, str(e)) from e
     if not found:
         raise _unsupported(lm, "no attention block of a supported layout")
     kinds = _kinds(lm, found)
@@ -339,11 +406,16 @@ def _build_blocks(lm: LoadedModel) -> list[OurBlock]:
     order = sorted(range(len(found)), key=lambda i: (BLOCK_KINDS.index(kinds[i]), i))
     places = {id(child): (m, a) for m in lm.model.modules() for a, child in m.named_children()}
     blocks: list[OurBlock] = []
-    for i in order:
+    loaded: dict[int, MultiHeadSelfAttention] = {}  # a block called in several layers: one module
+    for number, i in enumerate(order):
         family, block, parent, attr = found[i]
+        if only is not None and number not in only:
+            continue
         try:
             # gradients flow through our modules (to head gates), never into their weights
-            ours = family.load(block, lm.model).eval().requires_grad_(False)
+            if id(block) not in loaded:
+                loaded[id(block)] = family.load(block, lm.model).eval().requires_grad_(False)
+            ours = loaded[id(block)]
         except ValueError as e:
             raise _unsupported(lm, str(e)) from e
         blocks.append(
@@ -351,11 +423,11 @@ def _build_blocks(lm: LoadedModel) -> list[OurBlock]:
                 family,
                 block,
                 ours,
-                layer=len(blocks),
+                layer=number,
                 place=(parent, attr),
                 layer_place=places[id(parent)],
                 kind=kinds[i],
-                index=sum(b.kind == kinds[i] for b in blocks),
+                index=sum(kinds[j] == kinds[i] for j in order[:number]),
             )
         )
     return blocks
@@ -377,6 +449,22 @@ def our_blocks(lm: LoadedModel, seed: int | None = None) -> list[OurBlock]:
         with torch.inference_mode(False), torch.no_grad():
             lm.cache[key] = _build_our_blocks(lm, seed)
     return lm.cache[key]
+
+
+def our_blocks_of(lm: LoadedModel, layers: frozenset[int]) -> list[OurBlock]:
+    """Our module (the model's weights) for the attention blocks of ``layers`` alone: the
+    blocks ``our_blocks`` keeps when it has built them, else built for these layers only (not
+    kept: a large model's long input needs a copy of a few layers' weights, not of all).
+    Callers hold ``lm.lock``.
+
+    Raises:
+        UnsupportedModelError: naming the supported families.
+    """
+    kept = lm.cache.get(("our-blocks", None))
+    if kept is not None:
+        return [b for b in kept if b.layer in layers]
+    with torch.inference_mode(False), torch.no_grad():
+        return _build_blocks(lm, layers)
 
 
 def trainable_our_blocks(lm: LoadedModel) -> list[OurBlock]:
@@ -416,8 +504,11 @@ def _build_our_blocks(lm: LoadedModel, seed: int | None) -> list[OurBlock]:
         del lm.cache[seeds[0]]  # oldest random seed first: the cache stays bounded
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        fresh = [b.ours.fresh_copy().eval().requires_grad_(False) for b in trained]
-    return [b.with_module(ours) for b, ours in zip(trained, fresh, strict=True)]
+        fresh: dict[int, MultiHeadSelfAttention] = {}  # layers sharing a module keep sharing it
+        for b in trained:
+            if id(b.ours) not in fresh:
+                fresh[id(b.ours)] = b.ours.fresh_copy().eval().requires_grad_(False)
+    return [b.with_module(fresh[id(b.ours)]) for b in trained]
 
 
 _MAX_SEEDS_CACHED = 4
@@ -435,8 +526,17 @@ def through_our_module(
     swapped: list[OurBlock] = []
     replaced: list[tuple[nn.Module, str, nn.Module]] = []
     handles: list[Any] = []
+    calls: dict[int, list[OurBlock]] = {}  # the model's block -> ours, in the order it is called
+    for block in blocks:
+        calls.setdefault(id(block.original), []).append(block)
     try:
         for block in blocks:
+            turns = calls[id(block.original)]
+            if len(turns) > 1:  # one block of the model called in several layers (ALBERT)
+                if block is turns[0]:
+                    swapped.extend(turns)
+                    replaced.append(_take_turns(turns, our_pass))
+                continue
             parent, attr = block.place
             block.our_pass = our_pass
             setattr(parent, attr, block)
@@ -461,6 +561,43 @@ def through_our_module(
             parent, attr = block.place
             setattr(parent, attr, block.original)
             block.our_pass = None
+
+
+class _InTurn(nn.Module):
+    """Stands in for a layer the model calls several times (ALBERT's shared layers): its k-th
+    call is layer ``turns[k]``, with that block of ours in the attention block's place, and
+    does what ``OurPass`` asks of that layer (replay, fan-out, record)."""
+
+    def __init__(self, layer: nn.Module, turns: list[OurBlock], our_pass: OurPass) -> None:
+        super().__init__()
+        self._parts = (layer, turns, our_pass)  # a tuple: not registered as submodules
+        self.calls = 0
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        layer, turns, our_pass = self._parts
+        block = turns[self.calls % len(turns)]
+        self.calls += 1
+        if block.layer in our_pass.replay:
+            return our_pass.replay[block.layer]
+        if our_pass.fan_out is not None and our_pass.fan_out[0] == block.layer:
+            args, kwargs = _repeat_hidden(our_pass.fan_out[1])(layer, args, kwargs)
+        parent, attr = block.place
+        setattr(parent, attr, block)
+        out = layer(*args, **kwargs)
+        if our_pass.record is not None:
+            our_pass.record[block.layer] = out
+        return out
+
+
+def _take_turns(turns: list[OurBlock], our_pass: OurPass) -> tuple[nn.Module, str, nn.Module]:
+    """Put an ``_InTurn`` in the place of the layer ``turns`` share; ``(outer, name, layer)``
+    to put the layer back."""
+    for block in turns:
+        block.our_pass = our_pass
+    outer, name = turns[0].layer_place
+    layer = getattr(outer, name)
+    setattr(outer, name, _InTurn(layer, turns, our_pass))
+    return outer, name, layer
 
 
 def run_with_our_blocks(

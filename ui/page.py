@@ -43,7 +43,7 @@ from ui.state import (
     sync_url,
     use_params,
 )
-from ui.views import examples, importance
+from ui.views import examples, importance, long_inputs
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -291,7 +291,7 @@ def truncation_message(result: mhsa.AttentionResult, server_limit: int) -> str:
     the model's own (a toy model reads 64 tokens at most)."""
     cause = (
         f"this server's limit of {server_limit} tokens"
-        if result.num_tokens >= server_limit
+        if result.num_tokens >= server_limit and not result.is_partial
         else f"the most {result.model} reads"
     )
     return (
@@ -313,9 +313,12 @@ def load(query: Query, *, primary: bool = True) -> mhsa.AttentionResult | None:
         return None
     except mhsa.MHSAError as e:
         error(e)
+        long_inputs.ask_when_over_budget(e)
         return None
     if result.truncated_tokens:
-        st.warning(md_escape(truncation_message(result, LIMITS.max_tokens)), icon="✂️")
+        by_server = result.num_tokens >= LIMITS.max_tokens and not result.is_partial
+        hint = " " + long_inputs.HINT if by_server else ""  # constant markdown: not escaped
+        st.warning(md_escape(truncation_message(result, LIMITS.max_tokens)) + hint, icon="✂️")
     if primary:
         examples.unknown_notice(query.model, query.device, query.text)
         with st.sidebar:
