@@ -84,8 +84,9 @@ def test_heads_page_axes_grid_and_focus() -> None:
     # 6 x 12 thumbnails of 9 x 9 cells with one empty cell between them: a heatmap per head
     assert mosaic["type"] == "heatmap" and mosaic["z"]["shape"] == "59, 119"
     heads = np.frombuffer(base64.b64decode(markers["customdata"]["bdata"]), dtype=np.int8)
-    assert [tuple(p) for p in heads.reshape(-1, 2)] == [
-        (li, h) for li in range(6) for h in range(12)
+    # positions in the grid (what a click reads), then the model's layer and head (the hover)
+    assert [tuple(p) for p in heads.reshape(-1, 4)] == [
+        (li, h, li, h) for li in range(6) for h in range(12)
     ]
     assert ticktext(grid) == [f"H{h}" for h in range(12)]
     assert ticktext(grid, "yaxis") == [f"L{i}" for i in range(6)]
