@@ -423,6 +423,14 @@ def _build_blocks(lm: LoadedModel, only: frozenset[int] | None = None) -> list[O
         family, block, parent, attr = found[i]
         if only is not None and number not in only:
             continue
+        if any(p.device.type == "meta" for p in block.parameters()):
+            raise _unsupported(
+                lm,
+                f"layer {number}'s attention weights were offloaded by device_map (they sit on "
+                "the meta device until accelerate moves them in): our module needs them in "
+                "memory. Give device_map room for that layer on a device (max_memory), or use "
+                "the transformers engine without selecting it",
+            )
         try:
             # gradients flow through our modules (to head gates), never into their weights
             if id(block) not in loaded:

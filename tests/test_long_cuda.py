@@ -17,7 +17,7 @@ TEXT = "A long text, read one selected layer at a time, on two devices."
 
 def _split_map(layers: int) -> dict[str, object]:
     """The embeddings and the first half of the layers on GPU 0, the rest and the head on the
-    CPU: accelerate's hooks move the hidden states between them."""
+    CPU, which accelerate offloads (their weights on the meta device until it moves them)."""
     placement: dict[str, object] = {"model.embed_tokens": 0, "model.rotary_emb": 0}
     for i in range(layers):
         placement[f"model.layers.{i}"] = 0 if i < layers // 2 else "cpu"
@@ -25,23 +25,25 @@ def _split_map(layers: int) -> dict[str, object]:
     return placement
 
 
-def test_a_gpu_and_cpu_map_gives_the_cpu_weights(tiny_llama_path) -> None:
+def test_a_map_with_offloaded_layers(tiny_llama_path) -> None:
+    """The model's own forward runs across the map; a layer on the GPU runs through our module
+    there with the CPU run's weights; an offloaded layer is refused by name, not read as meta."""
     reference = mhsa.load_model(tiny_llama_path, device="cpu")
     layers = reference.config.num_hidden_layers
     lm = mhsa.load_model(tiny_llama_path, device_map=_split_map(layers))
-    devices = {str(p.device) for p in lm.model.parameters()}
-    assert any(d.startswith("cuda") for d in devices) and "cpu" in devices
-    with lm.lock:
-        blocks = our_blocks_of(lm, frozenset(range(layers)))
-    for block in blocks:  # each of our modules sits where its layer's weights are
-        want = "cuda" if block.layer < layers // 2 else "cpu"
-        assert block.ours.qkv.weight.device.type == want
+    devices = {p.device.type for p in lm.model.parameters()}
+    assert devices == {"cuda", "meta"}  # the CPU half is offloaded
     want = mhsa.attend(TEXT, model=reference).attention
+    whole = mhsa.attend(TEXT, model=lm, engine="transformers")
+    np.testing.assert_allclose(whole.attention, want, atol=1e-4)
+    with lm.lock:
+        (block,) = our_blocks_of(lm, frozenset({0}))
+    assert block.ours.qkv.weight.device.type == "cuda"  # our module sits where its layer is
+    got = mhsa.attend(TEXT, model=lm, engine="transformers", layers=0, heads="0-1")
+    np.testing.assert_allclose(got.attention, want[:1, :2], atol=1e-4)
     for engine in ("transformers", "mhsa"):
-        got = mhsa.attend(TEXT, model=lm, engine=engine, layers=list(range(layers)))
-        np.testing.assert_allclose(got.attention, want, atol=1e-4)
-    one = mhsa.attend(TEXT, model=lm, engine="mhsa", layers=layers - 1, heads="0-1")
-    np.testing.assert_allclose(one.attention, want[layers - 1 :, :2], atol=1e-4)
+        with pytest.raises(mhsa.UnsupportedModelError, match="offloaded by device_map"):
+            mhsa.attend(TEXT, model=lm, engine=engine, layers=layers - 1)
 
 
 def test_auto_map_on_one_gpu_runs_every_selected_layer_there(tiny_llama_path) -> None:
