@@ -406,12 +406,14 @@ def figure(
 
 def clicked_head(chart_key: str) -> tuple[int, int] | None:
     """The head (layer, head) whose marker was clicked on the head grid drawn under
-    ``chart_key`` (``plots.head_grid``: trace 1's markers carry ``[layer, head]``), or None."""
+    ``chart_key`` (``plots.head_grid``: trace 1's markers carry ``[layer, head]``, positions,
+    then the model's own layer and head, which are returned when present), or None."""
     for point in st.session_state[chart_key].selection.get("points", []):
         data = point.get("customdata")
         if point.get("curve_number") == 1 and data is not None:
             values = list(data.values()) if isinstance(data, dict) else list(data)
-            return int(values[0]), int(values[1])
+            real = values[2:4] if len(values) >= 4 else values[:2]
+            return int(real[0]), int(real[1])
     return None
 
 
