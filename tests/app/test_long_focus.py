@@ -186,3 +186,30 @@ def test_a_hostile_zoom_is_clamped_with_a_notice(
     zoom = next(s for s in specs(at) if "full resolution" in _title(s))
     assert zoom["data"][0]["x"][-1].endswith(f"#{last + 511}")
     assert at.session_state["layer"] == 0 and at.session_state["head"] == 2
+
+
+def test_rollout_on_a_partial_result_says_what_it_needs() -> None:
+    at = run(
+        "pages/5_Rollout.py", model="toy:induction", text=TEXT, long_layers="1", long_heads="2-3"
+    )
+    assert not at.exception
+    (message,) = _texts(at.error)
+    assert "needs consecutive layers from 0" in message and "Select layers 0-1" in message
+    assert not specs(at)
+
+
+def test_head_roles_draws_the_top_heads_of_a_partial_result() -> None:
+    at = run(
+        "pages/10_Head_roles.py",
+        model="toy:induction",
+        text=TEXT,
+        long_layers="1",
+        long_heads="2-3",
+    )
+    assert not at.exception and not at.error, _texts(at.error)
+    shown = core.attention(core.Query(TEXT, model="toy:induction", layers="1", heads="2-3"))
+    tops = [s for s in specs(at) if _title(s).startswith("Layer 1, head ")]
+    assert tops  # the best heads, by the model's numbers, each drawn from its own weights
+    for spec in tops:
+        head = int(_title(spec).removeprefix("Layer 1, head ").split(",")[0].split(" ")[0])
+        np.testing.assert_array_equal(_z(spec["data"][0]), shown.attention[0, head - 2])
