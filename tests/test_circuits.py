@@ -1,0 +1,407 @@
+"""Circuits (``mhsa.circuits``): edge scores against a hand computation with plain torch hooks
+on the transformers model itself (its own attention blocks, not our module): EAP and EAP-IG
+against autograd through split q/k/v input copies made by hand, exact scores against path
+patching by hand; faithfulness at its two ends; the induction circuit of toy:induction."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import mhsa
+from mhsa import circuits
+from tests.tiny import DECODER_SIZES, perturbed_biases, save_tiny
+
+CLEAN, CORRUPTED = "the cat sat on the mat and the cat", "the dog sat on the mat and the dog"
+ANSWER, WRONG = "sat", "mat"
+#: a repeat; and the same with the first occurrence of its last symbol ("fu") replaced, so the
+#: induction head's key at the answer's first occurrence no longer follows "fu"
+TOY_CLEAN = "ba ke mo di fu lo ni pa su te ba ke mo di fu"
+TOY_CORRUPTED = "ba ke mo di ra lo ni pa su te ba ke mo di fu"
+TOY_ANSWER, TOY_WRONG = "lo", "ba"
+
+
+def _tiny(tmp_path_factory: pytest.TempPathFactory, name: str, model: Any) -> mhsa.LoadedModel:
+    """A tiny random model with random biases and norm weights, saved and loaded."""
+    folder = save_tiny(tmp_path_factory.mktemp(name), model)
+    return perturbed_biases(mhsa.load_model(folder, device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory: pytest.TempPathFactory) -> mhsa.LoadedModel:
+    """GPT-2 (2 layers of 4 heads) with weights of std 0.4: its last position feels the
+    corrupted tokens (logit differences moving by about 0.2, not 1e-3 as at std 0.02)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=30522, n_positions=64, n_embd=32, n_layer=2, n_head=4, initializer_range=0.4
+    )
+    return _tiny(tmp_path_factory, "gpt2", GPT2LMHeadModel(config))
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> mhsa.LoadedModel:
+    """Llama with grouped-query attention (4 query heads, 2 key/value heads), rotary positions
+    and biases on the attention projections."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        **DECODER_SIZES, num_key_value_heads=2, attention_bias=True, initializer_range=0.2
+    )
+    return _tiny(tmp_path_factory, "llama", LlamaForCausalLM(config))
+
+
+@pytest.fixture(scope="module")
+def toy() -> mhsa.LoadedModel:
+    return mhsa.load_model("toy:induction", device="cpu")
+
+
+# --- the model's own modules, wired by hand -----------------------------------------------------
+
+
+def _gpt2(lm: mhsa.LoadedModel) -> bool:
+    return hasattr(lm.model, "h")
+
+
+def _layers(lm: mhsa.LoadedModel) -> Any:
+    return lm.model.h if _gpt2(lm) else lm.model.layers
+
+
+def _norms(layer: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    if hasattr(layer, "ln_1"):
+        return layer.ln_1, layer.ln_2
+    return layer.input_layernorm, layer.post_attention_layernorm
+
+
+def _projection(lm: mhsa.LoadedModel, layer: int, part: str) -> tuple[torch.nn.Module, int]:
+    """The module computing ``part`` (q, k, v) of ``layer`` and the offset of its features."""
+    if _gpt2(lm):
+        return _layers(lm)[layer].attn.c_attn, "qkv".index(part) * lm.config.hidden_size
+    return getattr(_layers(lm)[layer].self_attn, f"{part}_proj"), 0
+
+
+def _head_output_weight(lm: mhsa.LoadedModel, layer: int, head: int, d_head: int) -> torch.Tensor:
+    """``W_O^h`` as ``[Dh, D]``."""
+    rows = slice(head * d_head, (head + 1) * d_head)
+    if _gpt2(lm):
+        return _layers(lm)[layer].attn.c_proj.weight[rows]  # Conv1D: [in, out]
+    return _layers(lm)[layer].self_attn.o_proj.weight[:, rows].T
+
+
+def _hand_run(
+    lm: mhsa.LoadedModel,
+    text: str,
+    added: Mapping[tuple, torch.Tensor],
+    rows: int = 1,
+    embeddings: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[Any, torch.Tensor]]:
+    """The plain model on ``text`` with ``added[target]`` added to that target's own copy of
+    its input: ``("q"|"k"|"v", layer, head or key/value head)``, ``("M", layer)`` or
+    ``("logits",)``. Returns the logits and every source's output (``"input"``, ``(layer,
+    head)``, ``("M", layer)``)."""
+    cfg = lm.config
+    heads, d_head = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+    # every input the tokenizer gives (GPT-2 adds token_type_ids as embeddings too)
+    inputs = {k: v.expand(rows, -1) for k, v in lm.tokenizer(text, return_tensors="pt").items()}
+    acts: dict[Any, torch.Tensor] = {}
+    x: dict[int, torch.Tensor] = {}
+    handles = []
+
+    def layer_pre(i: int):
+        def hook(_m, args, kwargs):
+            h = args[0] if args else kwargs["hidden_states"]
+            if i == 0 and embeddings is not None:
+                h = embeddings
+                args, kwargs = (
+                    ((h, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": h})
+                )
+            if i == 0:
+                acts["input"] = h
+            x[i] = h
+            return args, kwargs
+
+        return hook
+
+    def projection(i: int, part: str, module: torch.nn.Module, offset: int):
+        ln1 = _norms(_layers(lm)[i])[0]
+
+        def hook(_m, _args, out):
+            keys = [k for k in added if k[0] == part and k[1] == i]
+            if not keys:
+                return None
+            out = out.clone()
+            for key in keys:
+                cols = slice(offset + key[2] * d_head, offset + (key[2] + 1) * d_head)
+                out[..., cols] = module.forward(ln1(x[i] + added[key]))[..., cols]
+            return out
+
+        return hook
+
+    def head_outputs(i: int):
+        def hook(_m, args):
+            z = args[0]
+            for h in range(heads):
+                w = _head_output_weight(lm, i, h, d_head)
+                acts[(i, h)] = z[..., h * d_head : (h + 1) * d_head] @ w
+
+        return hook
+
+    def add(key: tuple):
+        def hook(_m, args):
+            return (args[0] + added[key], *args[1:]) if key in added else None
+
+        return hook
+
+    def mlp_out(i: int):
+        return lambda _m, _a, out: acts.__setitem__(("M", i), out)
+
+    try:
+        for i, layer in enumerate(_layers(lm)):
+            handles.append(layer.register_forward_pre_hook(layer_pre(i), with_kwargs=True))
+            for part in "qkv":
+                module, offset = _projection(lm, i, part)
+                handles.append(module.register_forward_hook(projection(i, part, module, offset)))
+            out_proj = layer.attn.c_proj if _gpt2(lm) else layer.self_attn.o_proj
+            handles.append(out_proj.register_forward_pre_hook(head_outputs(i)))
+            handles.append(_norms(layer)[1].register_forward_pre_hook(add(("M", i))))
+            handles.append(layer.mlp.register_forward_hook(mlp_out(i)))
+        final = lm.model.ln_f if _gpt2(lm) else lm.model.norm
+        handles.append(final.register_forward_pre_hook(add(("logits",))))
+        logits = lm.head_model(**inputs).logits
+    finally:
+        for handle in handles:
+            handle.remove()
+    return logits, acts
+
+
+def _metric(lm: mhsa.LoadedModel, logits: torch.Tensor, answer: str, wrong: str) -> torch.Tensor:
+    a, w = (
+        lm.tokenizer(" " + word, add_special_tokens=False)["input_ids"][0]
+        for word in (answer, wrong)
+    )
+    return logits[:, -1, a] - logits[:, -1, w]
+
+
+def _source(name: str) -> Any:
+    if name == "input":
+        return "input"
+    if name.startswith("M"):
+        return ("M", int(name[1:]))
+    return mhsa.parse_head_label(name)
+
+
+def _target(lm: mhsa.LoadedModel, name: str, part: str) -> tuple:
+    """The hand run's key of a target; key/value inputs of grouped-query attention are per
+    key/value head (the sum over the query heads sharing it)."""
+    if name == "logits":
+        return ("logits",)
+    if name.startswith("M"):
+        return ("M", int(name[1:]))
+    layer, head = mhsa.parse_head_label(name)
+    groups = lm.config.num_attention_heads // getattr(
+        lm.config, "num_key_value_heads", lm.config.num_attention_heads
+    )
+    return (part, layer, head // groups if part in "kv" else head)
+
+
+def _hand_scores(lm, clean, corrupted, answer, wrong, steps: int | None = None) -> dict:
+    """EAP (``steps`` None) or EAP-IG scores by hand: ``{(source, target key): score}``."""
+    with torch.no_grad():
+        _, clean_acts = _hand_run(lm, clean, {})
+        _, corrupted_acts = _hand_run(lm, corrupted, {})
+    _, d = clean_acts["input"].shape[1:]
+    t = clean_acts["input"].shape[1]
+    keys = {_target(lm, n, p) for n, p in circuits.circuit_graph(lm).targets}
+    rows = 1 if steps is None else steps
+    zeros = {k: torch.zeros(rows, t, d, requires_grad=True) for k in keys}
+    embeddings = None
+    if steps is not None:
+        alphas = torch.arange(steps, dtype=torch.float32)[:, None, None] / steps
+        start = corrupted_acts["input"]
+        embeddings = start + alphas * (clean_acts["input"] - start)
+    logits, _ = _hand_run(lm, clean, zeros, rows, embeddings)
+    grads = torch.autograd.grad(_metric(lm, logits, answer, wrong).sum(), list(zeros.values()))
+    grad = {k: g.sum(0) / rows for k, g in zip(zeros, grads, strict=True)}
+    return {
+        (u, k): float(((corrupted_acts[u] - clean_acts[u])[0] * g).sum())
+        for u in clean_acts
+        for k, g in grad.items()
+    }
+
+
+def _compare(lm, frame, hand: dict, tol: float) -> None:
+    ours: dict[tuple, float] = {}
+    for row in frame.itertuples():
+        key = (_source(row.source), _target(lm, row.target, row.input))
+        ours[key] = ours.get(key, 0.0) + row.score  # grouped k/v: summed over query heads
+    scale = max(abs(v) for v in ours.values())
+    assert scale > 1e-3
+    for key, value in ours.items():
+        assert value == pytest.approx(hand[key], abs=tol * scale), key
+
+
+# --- the graph ----------------------------------------------------------------------------------
+
+
+def test_graph_counts_edges_as_mib():
+    # MIB's EDGE_COUNTS["gpt2"]: GPT-2 small, 12 layers of 12 heads
+    assert circuits.CircuitGraph(12, 12).n_edges == 32491
+
+
+def test_graph_of_one_head_lists_its_edges():
+    edges = circuits.CircuitGraph(1, 1).edges()
+    assert list(edges.itertuples(index=False, name=None)) == [
+        ("input", "L0H0", "q"),
+        ("input", "L0H0", "k"),
+        ("input", "L0H0", "v"),
+        ("input", "M0", ""),
+        ("L0H0", "M0", ""),
+        ("input", "logits", ""),
+        ("L0H0", "logits", ""),
+        ("M0", "logits", ""),
+    ]
+    # parallel blocks (GPT-J, GPT-NeoX): a head does not feed its own layer's MLP
+    assert ("L0H0", "M0", "") not in set(
+        circuits.CircuitGraph(1, 1, parallel=True).edges().itertuples(index=False, name=None)
+    )
+
+
+# --- scores against the hand computation --------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_eap_equals_autograd_by_hand(name: str, request: pytest.FixtureRequest):
+    lm = request.getfixturevalue(name)
+    frame = mhsa.edge_attribution(CLEAN, CORRUPTED, model=lm, answer=ANSWER, wrong=WRONG)
+    assert list(frame.columns) == ["source", "target", "input", "score"]
+    assert len(frame) == circuits.circuit_graph(lm).n_edges == 110
+    _compare(lm, frame, _hand_scores(lm, CLEAN, CORRUPTED, ANSWER, WRONG), 1e-4)
+
+
+def test_eap_ig_averages_gradients_along_the_embeddings_by_hand(gpt2: mhsa.LoadedModel):
+    frame = mhsa.edge_attribution(
+        CLEAN, CORRUPTED, model=gpt2, answer=ANSWER, wrong=WRONG, method="eap-ig", steps=3
+    )
+    assert frame.attrs["steps"] == 3
+    _compare(gpt2, frame, _hand_scores(gpt2, CLEAN, CORRUPTED, ANSWER, WRONG, steps=3), 1e-4)
+    # batched in passes of 2 steps: the same scores
+    again = mhsa.edge_attribution(
+        CLEAN,
+        CORRUPTED,
+        model=gpt2,
+        answer=ANSWER,
+        wrong=WRONG,
+        method="eap-ig",
+        steps=3,
+        batch_size=2,
+    )
+    np.testing.assert_allclose(again["score"], frame["score"], rtol=1e-5, atol=1e-6)
+
+
+def test_exact_scores_equal_path_patching_by_hand(gpt2: mhsa.LoadedModel):
+    frame = mhsa.edge_attribution(
+        CLEAN, CORRUPTED, model=gpt2, answer=ANSWER, wrong=WRONG, method="exact", batch_size=40
+    )
+    with torch.no_grad():
+        logits, clean_acts = _hand_run(gpt2, CLEAN, {})
+        _, corrupted_acts = _hand_run(gpt2, CORRUPTED, {})
+        m_clean = float(_metric(gpt2, logits, ANSWER, WRONG)[0])
+        for row in frame.iloc[::3].itertuples():  # every third edge: all kinds of them
+            u = _source(row.source)
+            patch = {_target(gpt2, row.target, row.input): corrupted_acts[u] - clean_acts[u]}
+            patched = float(_metric(gpt2, _hand_run(gpt2, CLEAN, patch)[0], ANSWER, WRONG)[0])
+            assert row.score == pytest.approx(patched - m_clean, abs=1e-4), row
+    one = frame[(frame.source == "L0H2") & (frame.target == "L1H1") & (frame.input == "k")]
+    patched = mhsa.path_patch(
+        CLEAN, CORRUPTED, "L0H2", "L1H1", "k", model=gpt2, answer=ANSWER, wrong=WRONG
+    )
+    assert patched.score == pytest.approx(float(one["score"].iloc[0]), abs=1e-5)
+    assert patched.clean == pytest.approx(m_clean, abs=1e-4)
+
+
+# --- faithfulness -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_every_edge_is_faithful_and_no_edge_is_the_corrupted_run(name, request):
+    lm = request.getfixturevalue(name)
+    kw = {"model": lm, "answer": ANSWER, "wrong": WRONG}
+    every = circuits.circuit_graph(lm).edges()
+    assert mhsa.circuit_faithfulness(CLEAN, CORRUPTED, every, **kw) == pytest.approx(1, abs=1e-4)
+    assert mhsa.circuit_faithfulness(CLEAN, CORRUPTED, [], **kw) == pytest.approx(0, abs=1e-4)
+
+
+def test_faithfulness_curve_is_mibs(gpt2: mhsa.LoadedModel):
+    kw = {"model": gpt2, "answer": ANSWER, "wrong": WRONG}
+    scores = mhsa.edge_attribution(CLEAN, CORRUPTED, **kw)
+    curve = mhsa.faithfulness_curve(CLEAN, CORRUPTED, scores, extra=(7, 999), **kw)
+    points = curve.points
+    assert list(points["edges"]) == [0, 0, 0, 1, 2, 5, 11, 22, 55, 110, 7, 110]
+    mib = points[points["mib"]]
+    x, f = mib["fraction"].to_numpy(), mib["faithfulness"].to_numpy()
+    assert curve.cpr == pytest.approx(np.trapezoid(f, x))
+    assert curve.cmd == pytest.approx(np.trapezoid(np.abs(1 - f), x))
+    assert f[-1] == pytest.approx(1, abs=1e-4) and f[0] == pytest.approx(0, abs=1e-4)
+    seven = mhsa.circuit_faithfulness(CLEAN, CORRUPTED, circuits.top_edges(scores, 7), **kw)
+    assert points["faithfulness"].iloc[10] == pytest.approx(seven, abs=1e-5)
+
+
+# --- toy:induction: the K-composition edge ------------------------------------------------------
+
+
+def test_induction_circuit_has_the_previous_token_heads_k_edge(toy: mhsa.LoadedModel):
+    previous = mhsa.detect_heads(TOY_CLEAN, "previous token", model=toy)["score"].idxmax()
+    induction = mhsa.detect_heads(None, "induction", model=toy)["score"].idxmax()
+    assert mhsa.parse_head_label(previous)[0] < mhsa.parse_head_label(induction)[0]
+    kw = {"model": toy, "answer": TOY_ANSWER, "wrong": TOY_WRONG}
+    scores = mhsa.edge_attribution(TOY_CLEAN, TOY_CORRUPTED, method="eap-ig", **kw)
+    top = circuits.top_edges(scores, 20)
+    assert (previous, induction, "k") in set(
+        top[["source", "target", "input"]].itertuples(index=False, name=None)
+    )
+    assert mhsa.circuit_faithfulness(TOY_CLEAN, TOY_CORRUPTED, top, **kw) >= 0.8
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+
+def test_texts_of_different_lengths_name_both_token_lists(gpt2: mhsa.LoadedModel):
+    with pytest.raises(
+        mhsa.InputError, match=r"clean: \['\[CLS\]', 'the', 'cat'.*corrupted: .*'big'"
+    ):
+        mhsa.edge_attribution(
+            "the cat sat", "the big dog sat", model=gpt2, answer=ANSWER, wrong=WRONG
+        )
+
+
+def test_answer_and_wrong_are_checked_as_for_patching(gpt2: mhsa.LoadedModel):
+    with pytest.raises(mhsa.InputError, match="give both answer= and wrong="):
+        mhsa.edge_attribution(CLEAN, CORRUPTED, model=gpt2, answer=ANSWER)
+    with pytest.raises(mhsa.InputError, match="exactly one token"):
+        mhsa.edge_attribution(CLEAN, CORRUPTED, model=gpt2, answer="unbelievably", wrong=WRONG)
+    with pytest.raises(mhsa.InputError, match="same token"):
+        mhsa.edge_attribution(CLEAN, CORRUPTED, model=gpt2, answer=ANSWER, wrong=ANSWER)
+
+
+def test_a_post_norm_encoder_is_refused_naming_the_tools(minilm: mhsa.LoadedModel):
+    with pytest.raises(mhsa.UnsupportedModelError, match="no next-token") as e:
+        mhsa.edge_attribution(CLEAN, CORRUPTED, model=minilm)
+    assert "Circuits" in str(e.value) and "Patching" in str(e.value)
+
+
+def test_unknown_method_steps_and_edges_are_refused(gpt2: mhsa.LoadedModel):
+    kw = {"model": gpt2, "answer": ANSWER, "wrong": WRONG}
+    with pytest.raises(mhsa.InputError, match="eap, eap-ig, exact"):
+        mhsa.edge_attribution(CLEAN, CORRUPTED, method="acdc", **kw)
+    with pytest.raises(mhsa.InputError, match="steps"):
+        mhsa.edge_attribution(CLEAN, CORRUPTED, method="eap-ig", steps=0, **kw)
+    with pytest.raises(mhsa.InputError, match="no edge L1H0 -> L0H1"):
+        mhsa.path_patch(CLEAN, CORRUPTED, "L1H0", "L0H1", "q", **kw)
+    with pytest.raises(mhsa.InputError, match="No source node"):
+        mhsa.circuit_faithfulness(CLEAN, CORRUPTED, [("L9H0", "logits", "")], **kw)
