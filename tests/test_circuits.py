@@ -9,11 +9,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 import mhsa
-from mhsa import circuits
+from mhsa import circuits, plots
 from tests.tiny import DECODER_SIZES, perturbed_biases, save_tiny
 
 CLEAN, CORRUPTED = "the cat sat on the mat and the cat", "the dog sat on the mat and the dog"
@@ -405,3 +406,53 @@ def test_unknown_method_steps_and_edges_are_refused(gpt2: mhsa.LoadedModel):
         mhsa.path_patch(CLEAN, CORRUPTED, "L1H0", "L0H1", "q", **kw)
     with pytest.raises(mhsa.InputError, match="No source node"):
         mhsa.circuit_faithfulness(CLEAN, CORRUPTED, [("L9H0", "logits", "")], **kw)
+
+
+# --- figures ------------------------------------------------------------------------------------
+
+
+def test_circuit_figure_draws_each_edge_into_its_input_coloured_by_sign():
+    edges = pd.DataFrame(
+        {
+            "source": ["L0H1", "input", "L1H0"],
+            "target": ["L1H0", "L0H1", "logits"],
+            "input": ["k", "q", ""],
+            "score": [-2.0, 0.5, 1.0],
+        }
+    )
+    fig = plots.circuit_figure(edges, layers=2, heads=4)
+    lines = [t for t in fig.data if t.mode == "lines"]
+    # drawn weakest first: input -> L0H1 (q), L1H0 -> logits, L0H1 -> L1H0 (k)
+    assert [(t.x[0], t.y[0]) for t in lines] == [(1.5, 0.0), (0.0, 3.0), (1.0, 1.0)]
+    assert (lines[2].x[1], lines[2].y[1]) == pytest.approx((0.0, 3 - 0.22))  # k: straight below
+    assert lines[0].x[1] == pytest.approx(1 - 0.18)  # q: left of the head
+    assert (lines[1].x[1], lines[1].y[1]) == (1.5, 5.0)  # the logits, at the top
+    red, blue = (np.array(plotly_rgb(t.line.color)) for t in (lines[2], lines[1]))
+    assert red[0] > red[2] and blue[2] > blue[0]
+    assert lines[2].line.width > lines[1].line.width > lines[0].line.width
+    mids = next(t for t in fig.data if t.name == "edges")
+    assert [list(c) for c in mids.customdata][-1] == ["edge", "L0H1", "L1H0", "k"]
+    assert list(mids.text) == ["q", "", "k"]
+    nodes = next(t for t in fig.data if t.name == "nodes")
+    assert ["node", "L1H3"] in [list(c) for c in nodes.customdata]
+
+
+def test_faithfulness_figure_marks_the_chosen_size():
+    points = pd.DataFrame(
+        {
+            "fraction": [*circuits.MIB_PERCENTAGES, 0.25],
+            "edges": [0, 0, 0, 1, 2, 5, 10, 20, 50, 100, 25],
+            "mib": [True] * 10 + [False],
+            "faithfulness": [0, 0, 0, 0.1, 0.2, 0.3, 0.5, 0.8, 0.9, 1, 0.85],
+        }
+    )
+    curve = circuits.FaithfulnessCurve(points, 0.7, 0.3, 2.0, -1.0, 100)
+    fig = plots.faithfulness_figure(curve, 25)
+    star = next(t for t in fig.data if t.name == "top 25")
+    assert (star.x[0], star.y[0]) == (0.25, 0.85)
+    assert "CPR 0.700" in fig.layout.title.text and "CMD 0.300" in fig.layout.title.text
+
+
+def plotly_rgb(color: str) -> tuple[float, ...]:
+    """``"rgb(r, g, b)"`` as numbers."""
+    return tuple(float(v) for v in color[color.index("(") + 1 : -1].split(","))

@@ -8,11 +8,12 @@ streamlit; the only part of ``mhsa`` that imports plotly.
 - ``export``: the numbers a figure draws, as a table (``figure_data``);
 - one module per page: ``heads``, ``line_view``, ``similarity``, ``statistics``,
   ``importance``, ``roles``, ``patching``, ``rollout``, ``classroom`` (Inside MHSA),
-  ``training`` (Train heads), ``flow`` (Information flow).
+  ``training`` (Train heads), ``flow`` (Information flow), ``circuits`` (Circuits).
 
 Every public name is re-exported here: ``from mhsa.plots import head_heatmap``.
 """
 
+from mhsa.plots.circuits import circuit_figure, circuit_node_xy, faithfulness_figure
 from mhsa.plots.classroom import neuron_figure, step_heatmap
 from mhsa.plots.common import (
     COLORSCALE,
@@ -82,10 +83,13 @@ __all__ = [
     "WEIGHTED_BY_NORM",
     "WEIGHTS",
     "attribution_figure",
+    "circuit_figure",
+    "circuit_node_xy",
     "composition_figure",
     "decorate",
     "detection_pattern_figure",
     "downsample",
+    "faithfulness_figure",
     "figure_data",
     "fit_margins",
     "flow_figure",
