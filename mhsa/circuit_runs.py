@@ -133,7 +133,21 @@ class CircuitModel:
         return self.blocks[0].ours.num_heads
 
 
+#: config flags and model types of layers whose attention and MLP read the same residual
+_PARALLEL_FLAGS = ("use_parallel_residual", "parallel_attn")
+_PARALLEL_TYPES = ("gptj", "codegen", "phi")
+
+
 def _check(lm: LoadedModel) -> None:
+    config = lm.config
+    if any(getattr(config, f, False) is True for f in _PARALLEL_FLAGS) or (
+        getattr(config, "model_type", None) in _PARALLEL_TYPES
+    ):
+        raise _unsupported(
+            lm,
+            "attention and MLP side by side on the same residual (a parallel block), whose "
+            "wiring circuits do not follow yet",
+        )
     if lm.is_encoder_decoder:
         raise _unsupported(lm, "an encoder-decoder (its decoder also reads the encoder's output)")
     if lm.lm_head != "causal" or lm.head_model is None:
