@@ -113,6 +113,8 @@ class CircuitModel:
         w_qkv: per layer, ``(W_Q, W_K, W_V)`` per head ``[H, Dh, D]`` and their biases
             ``[H, 1, Dh]`` (or None).
         w_o: per layer, each head's slice of W_O ``[H, Dh, D]``.
+        running: the pass of ``blocks`` already standing in the model (a training run's):
+            runs put their observers into it instead of swapping blocks in.
     """
 
     lm: LoadedModel
@@ -123,6 +125,7 @@ class CircuitModel:
     final_norm: nn.Module
     w_qkv: list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor | None, ...]]]
     w_o: list[torch.Tensor]
+    running: OurPass | None = None
 
     @property
     def num_layers(self) -> int:
@@ -154,9 +157,12 @@ def _check(lm: LoadedModel) -> None:
         raise _unsupported(lm, "no next-token (causal language-model) head")
 
 
-def circuit_model(lm: LoadedModel) -> CircuitModel:
+def circuit_model(
+    lm: LoadedModel, blocks: list[OurBlock] | None = None, running: OurPass | None = None
+) -> CircuitModel:
     """``lm``'s parts for circuit runs, built once and kept in ``lm.cache``; caller holds
-    ``lm.lock``.
+    ``lm.lock``. With ``blocks`` (a training run's, standing in the model with the pass
+    ``running``): built from them afresh (their weights move), and run in place.
 
     Raises:
         UnsupportedModelError: a model our module cannot run (the swap's message), an
@@ -164,15 +170,25 @@ def circuit_model(lm: LoadedModel) -> CircuitModel:
             outside GPT-2 and the Llama family; the message says which tools need what.
     """
     key = "circuit-model"
-    if key in lm.cache:
+    if blocks is None and key in lm.cache:
         return lm.cache[key]
     _check(lm)
-    try:
-        plain = our_blocks(lm)
-    except UnsupportedModelError as e:
-        raise UnsupportedModelError(f"Circuits run through our module: {e}") from e
-    if not plain[0].causal:
+    if blocks is None:
+        try:
+            blocks = our_blocks(lm)
+        except UnsupportedModelError as e:
+            raise UnsupportedModelError(f"Circuits run through our module: {e}") from e
+    if not blocks[0].causal:
         raise _unsupported(lm, "a post-norm encoder")
+    if running is not None and blocks[0].ours.groups > 1:
+        raise _unsupported(lm, "grouped-query attention in a run that is already going")
+    model = _wired(lm, blocks, running)
+    if running is None:
+        lm.cache[key] = model
+    return model
+
+
+def _wired(lm: LoadedModel, plain: list[OurBlock], running: OurPass | None) -> CircuitModel:
     layers, ln1, ln2, blocks, w_qkv, w_o = [], [], [], [], [], []
     with torch.inference_mode(False), torch.no_grad():
         for block in plain:
@@ -193,13 +209,11 @@ def circuit_model(lm: LoadedModel) -> CircuitModel:
             layers.append(layer)
             ln1.append(norms[0])
             ln2.append(norms[1])
-            blocks.append(block.with_module(ours))
+            blocks.append(block if ours is block.ours else block.with_module(ours))
     final = _child(lm.model, _FINAL)
     if final is None:
         raise _unsupported(lm, "no final norm (ln_f or norm)")
-    model = CircuitModel(lm, blocks, layers, ln1, ln2, final, w_qkv, w_o)
-    lm.cache[key] = model
-    return model
+    return CircuitModel(lm, blocks, layers, ln1, ln2, final, w_qkv, w_o, running)
 
 
 def _hidden(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -335,8 +349,17 @@ def run_circuit(
             handles.append(layer.mlp.register_forward_hook(_mlp_hook(run)))
         handles.append(model.final_norm.register_forward_pre_hook(_ln2_pre_hook(run)))
         observers = {b.layer: _observer(model, run, i) for i, b in enumerate(model.blocks)}
-        our_pass = OurPass(need_weights=False, observers=observers)
-        out = run_with_our_blocks(model.lm, model.blocks, our_pass, inputs, with_head=True)
+        if model.running is None:
+            our_pass = OurPass(need_weights=False, observers=observers)
+            out = run_with_our_blocks(model.lm, model.blocks, our_pass, inputs, with_head=True)
+        else:  # our blocks already stand in the model: observe through their pass
+            kept = model.running.observers
+            model.running.observers = observers
+            try:
+                device = model.lm.device
+                out = model.lm.head_model(**{k: v.to(device) for k, v in inputs.items()})
+            finally:
+                model.running.observers = kept
     finally:
         for handle in handles:
             handle.remove()

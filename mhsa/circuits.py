@@ -46,10 +46,11 @@ import torch
 
 from mhsa.circuit_graph import CircuitGraph
 from mhsa.circuit_runs import CircuitModel, CircuitRun, circuit_model, run_circuit
-from mhsa.encoding import Encoded, answer_ids, check_text, encode
+from mhsa.encoding import answer_ids, check_text, encode
 from mhsa.errors import InputError
 from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.registry import lookup
+from mhsa.swap import OurBlock, OurPass
 
 __all__ = [
     "EDGE_METHODS",
@@ -60,6 +61,7 @@ __all__ = [
     "circuit_faithfulness",
     "circuit_graph",
     "edge_attribution",
+    "edge_attribution_ids",
     "faithfulness_curve",
     "path_patch",
     "top_edges",
@@ -102,8 +104,8 @@ class _Pair:
 
     wired: CircuitModel
     graph: CircuitGraph
-    clean: Encoded
-    corrupted: Encoded
+    clean: dict[str, torch.Tensor]  # the clean text's inputs (batch 1)
+    tokens: tuple[list[str], list[str]]  # the two texts' tokens
     answer: int
     wrong: int
     metric: str
@@ -114,7 +116,7 @@ class _Pair:
 
     def ids(self, rows: int) -> dict[str, torch.Tensor]:
         """The clean text's inputs, ``rows`` times."""
-        return {k: v.expand(rows, -1) for k, v in self.clean.inputs.items()}
+        return {k: v.expand(rows, -1) for k, v in self.clean.items()}
 
     def measure(self, logits: torch.Tensor) -> torch.Tensor:
         """``[rows]``: logit(answer) - logit(wrong) at the last position."""
@@ -126,8 +128,8 @@ class _Pair:
             "metric": self.metric,
             "clean": self.m_clean,
             "corrupted": self.m_corrupted,
-            "clean_tokens": list(self.clean.tokens.strings),
-            "corrupted_tokens": list(self.corrupted.tokens.strings),
+            "clean_tokens": self.tokens[0],
+            "corrupted_tokens": self.tokens[1],
             "model": self.wired.lm.display_name,
             "layers": self.graph.layers,
             "heads": self.graph.heads,
@@ -172,26 +174,41 @@ def _pair(
             f"number of tokens (clean: {list(clean_enc.tokens.strings)!r}; corrupted: "
             f"{list(corrupted_enc.tokens.strings)!r})."
         )
+    metric = f"logit({a_text!r}) − logit({w_text!r}) at the last position"
+    tokens = (list(clean_enc.tokens.strings), list(corrupted_enc.tokens.strings))
+    return _run_pair(wired, clean_enc.inputs, corrupted_enc.inputs, a, w, metric, tokens)
+
+
+def _run_pair(
+    wired: CircuitModel,
+    clean: dict[str, torch.Tensor],
+    corrupted: dict[str, torch.Tensor],
+    answer: int,
+    wrong: int,
+    metric: str,
+    tokens: tuple[list[str], list[str]],
+) -> _Pair:
+    """Both inputs run side by side once (every source's activation, m of each); lock held.
+
+    Raises:
+        InputError: the two give the same metric.
+    """
     graph = CircuitGraph(wired.num_layers, wired.num_heads)
-    both = {
-        k: torch.cat([clean_enc.inputs[k], corrupted_enc.inputs[k]])
-        for k in clean_enc.inputs.keys() & corrupted_enc.inputs.keys()
-    }
+    both = {k: torch.cat([clean[k], corrupted[k]]) for k in clean.keys() & corrupted.keys()}
     run = CircuitRun(graph.upstream)
     with torch.inference_mode():
         logits = run_circuit(wired, run, both)
     acts = torch.stack(run.acts, dim=1)  # (2, sources, T, D)
     last = logits[:, -1].float()
-    m_clean, m_corrupted = (float(v) for v in last[:, a] - last[:, w])
+    m_clean, m_corrupted = (float(v) for v in last[:, answer] - last[:, wrong])
     if abs(m_clean - m_corrupted) <= 1e-6 * max(1.0, abs(m_clean)):
         raise InputError(
             f"The clean and the corrupted text give the same metric ({m_clean:.6g}), so no "
             "edge carries a difference: change the corrupted text where it matters for the "
             "answer."
         )
-    metric = f"logit({a_text!r}) − logit({w_text!r}) at the last position"
     return _Pair(
-        wired, graph, clean_enc, corrupted_enc, a, w, metric, acts[0], acts[1], m_clean, m_corrupted
+        wired, graph, clean, tokens, answer, wrong, metric, acts[0], acts[1], m_clean, m_corrupted
     )
 
 
@@ -319,6 +336,60 @@ def edge_attribution(
             scores = _exact(pair, batch_size, progress)
         else:
             scores = _attribution(pair, method, steps, batch_size, progress)
+    frame = _frame(pair.graph, scores)
+    frame.attrs.update(pair.attrs(), method=method, steps=steps if method == "eap-ig" else None)
+    return frame
+
+
+def edge_attribution_ids(
+    lm: LoadedModel,
+    clean_ids: torch.Tensor,
+    corrupted_ids: torch.Tensor,
+    answer_id: int,
+    wrong_id: int,
+    *,
+    method: str = "eap",
+    steps: int = 5,
+    blocks: list[OurBlock] | None = None,
+    running: OurPass | None = None,
+) -> pd.DataFrame:
+    """``edge_attribution`` on token ids ``[1, T]`` and answer ids: a training run's fixed
+    probe pair (``blocks``: the run's modules, already standing in the model with the pass
+    ``running``). Returns ``edge_attribution``'s table.
+
+    Raises:
+        InputError: ids of different shapes, an unknown method, or a pair giving the same
+            metric; UnsupportedModelError as ``edge_attribution``.
+    """
+    lookup(EDGE_METHODS, method, "edge-scoring method")
+    steps = _check_whole(steps, "steps")
+    if clean_ids.dim() != 2 or clean_ids.shape != corrupted_ids.shape or len(clean_ids) != 1:
+        raise InputError(
+            f"Give two id tensors of one row and the same length, got {list(clean_ids.shape)} "
+            f"and {list(corrupted_ids.shape)}."
+        )
+    with lm.lock:
+        wired = circuit_model(lm, blocks, running)
+        names = getattr(lm.tokenizer, "convert_ids_to_tokens", None)
+
+        def strings(ids: torch.Tensor) -> list[str]:
+            return list(names(ids[0].tolist())) if names else [str(i) for i in ids[0].tolist()]
+
+        metric = f"logit(#{answer_id}) − logit(#{wrong_id}) at the last position"
+        pair = _run_pair(
+            wired,
+            {"input_ids": clean_ids},
+            {"input_ids": corrupted_ids},
+            int(answer_id),
+            int(wrong_id),
+            metric,
+            (strings(clean_ids), strings(corrupted_ids)),
+        )
+        if method == "exact":
+            with torch.inference_mode():
+                scores = _exact(pair, 32, None)
+        else:
+            scores = _attribution(pair, method, steps, 32, None)
     frame = _frame(pair.graph, scores)
     frame.attrs.update(pair.attrs(), method=method, steps=steps if method == "eap-ig" else None)
     return frame

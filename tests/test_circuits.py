@@ -456,3 +456,29 @@ def test_faithfulness_figure_marks_the_chosen_size():
 def plotly_rgb(color: str) -> tuple[float, ...]:
     """``"rgb(r, g, b)"`` as numbers."""
     return tuple(float(v) for v in color[color.index("(") + 1 : -1].split(","))
+
+
+# --- during training: ids, and blocks already in place -----------------------------------------
+
+
+def test_scores_on_ids_inside_a_running_swap_equal_the_texts_scores(toy: mhsa.LoadedModel):
+    from mhsa.swap import OurPass, through_our_module, trainable_our_blocks
+
+    kw = {"model": toy, "answer": TOY_ANSWER, "wrong": TOY_WRONG}
+    expected = mhsa.edge_attribution(TOY_CLEAN, TOY_CORRUPTED, **kw)
+    ids = [toy.tokenizer(t, return_tensors="pt")["input_ids"] for t in (TOY_CLEAN, TOY_CORRUPTED)]
+    a, w = (
+        toy.tokenizer(" " + x, add_special_tokens=False)["input_ids"][0]
+        for x in kw.values()
+        if isinstance(x, str)
+    )
+    with toy.lock:
+        blocks = trainable_our_blocks(toy)
+        running = OurPass(need_weights=False)
+    with through_our_module(toy, blocks, running):  # as a training run holds the model
+        frame = circuits.edge_attribution_ids(toy, *ids, a, w, blocks=blocks, running=running)
+        # the run's own blocks still stand in the model afterwards
+        outer, name = blocks[0].place
+        assert getattr(outer, name) is blocks[0]
+    np.testing.assert_allclose(frame["score"], expected["score"], rtol=1e-4, atol=1e-5)
+    assert frame.attrs["clean_tokens"] == expected.attrs["clean_tokens"]
