@@ -482,3 +482,29 @@ def test_scores_on_ids_inside_a_running_swap_equal_the_texts_scores(toy: mhsa.Lo
         assert getattr(outer, name) is blocks[0]
     np.testing.assert_allclose(frame["score"], expected["score"], rtol=1e-4, atol=1e-5)
     assert frame.attrs["clean_tokens"] == expected.attrs["clean_tokens"]
+
+
+def test_a_model_our_module_cannot_run_or_a_parallel_block_is_refused_by_name(tmp_path_factory):
+    from transformers import BloomConfig, BloomForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM
+
+    torch.manual_seed(0)
+    bloom = _tiny(
+        tmp_path_factory,
+        "bloom",
+        BloomForCausalLM(BloomConfig(vocab_size=30522, hidden_size=32, n_layer=2, n_head=4)),
+    )
+    with pytest.raises(mhsa.UnsupportedModelError, match="Circuits run through our module") as e:
+        mhsa.edge_attribution(CLEAN, CORRUPTED, model=bloom, answer=ANSWER, wrong=WRONG)
+    assert "GPT-2 family" in str(e.value)  # the families our module runs
+    neox = GPTNeoXConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        use_parallel_residual=True,
+    )
+    parallel = _tiny(tmp_path_factory, "neox", GPTNeoXForCausalLM(neox))
+    with pytest.raises(mhsa.UnsupportedModelError, match="parallel block") as e:
+        mhsa.circuit_graph(parallel)
+    assert "Patching" in str(e.value)
