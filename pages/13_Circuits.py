@@ -20,7 +20,7 @@ from ui.state import (
     word_param,
 )
 from ui.views import circuits
-from ui.views.circuits import CIRCUIT_EXAMPLES, MAX_DRAWN, CircuitSettings
+from ui.views.circuits import CIRCUIT_EXAMPLES, MAX_DRAWN, MAX_EXACT_EDGES, CircuitSettings
 
 #: a token-count mismatch lists the tokens of texts up to this long
 SHOWN_TOKENS = 32
@@ -154,6 +154,13 @@ with page.run("Circuits", PARAMS) as sidebar:
     )
     graph = circuits.circuit_graph(query)
     total = graph.n_edges
+    if settings.method == "exact" and total > MAX_EXACT_EDGES:
+        st.info(
+            f"Exact scores run every edge alone: {total:,} edges are too many here (up to "
+            f"{MAX_EXACT_EDGES:,}). Choose eap or eap-ig, or use the command line.",
+            icon="⏳",
+        )
+        page.stop()
     asked = state["circuit_n"]
     n = min(max(int(asked), 1), total) if isinstance(asked, int) else 1
     if n != asked:

@@ -17,6 +17,7 @@ from mhsa.encoding import check_text, encode
 __all__ = [
     "CIRCUIT_EXAMPLES",
     "MAX_DRAWN",
+    "MAX_EXACT_EDGES",
     "CircuitSettings",
     "CircuitView",
     "circuit_graph",
@@ -30,6 +31,8 @@ __all__ = [
 
 #: the circuit figure draws at most this many edges (the table and the curve take any n)
 MAX_DRAWN = 150
+#: "exact" runs every edge alone (32 per pass): offered up to this many edges
+MAX_EXACT_EDGES = 5000
 
 #: the page's one-click examples: their settings (the sidebar's model among them)
 CIRCUIT_EXAMPLES: dict[str, dict[str, Any]] = {
