@@ -508,3 +508,48 @@ def test_a_model_our_module_cannot_run_or_a_parallel_block_is_refused_by_name(tm
     with pytest.raises(mhsa.UnsupportedModelError, match="parallel block") as e:
         mhsa.circuit_graph(parallel)
     assert "Patching" in str(e.value)
+
+
+def test_training_probe_pair_breaks_the_repeat_at_the_last_symbols_first_occurrence():
+    from mhsa.training.circuit_probe import induction_edge_probe
+
+    ids = [2, 10, 11, 12, 13, 10, 11, 12, 13]  # [BOS] a b c d a b c d
+    probe = induction_edge_probe(ids, symbols=[10, 11, 14, 15])
+    assert probe is not None
+    assert probe.clean.tolist() == [[2, 10, 11, 12, 13, 10, 11, 12]]
+    assert probe.corrupted.tolist() == [[2, 10, 11, 14, 13, 10, 11, 12]]  # the first "c"
+    assert (probe.answer, probe.wrong) == (13, 14)
+    assert induction_edge_probe([2, 10, 11, 12, 13, 14, 15, 16, 17], [20]) is None  # no repeat
+
+
+def test_k_edge_scores_during_training_are_the_libraries_and_the_series_follows_them(toy):
+    from mhsa.swap import OurPass, through_our_module, trainable_our_blocks
+    from mhsa.training.circuit_probe import (
+        EdgeProbe,
+        k_composition_series,
+        k_edge_scores,
+    )
+
+    ids = [toy.tokenizer(t, return_tensors="pt")["input_ids"] for t in (TOY_CLEAN, TOY_CORRUPTED)]
+    a, w = (toy.tokenizer.convert_tokens_to_ids(x) for x in (TOY_ANSWER, TOY_WRONG))
+    with toy.lock:
+        blocks = trainable_our_blocks(toy)
+        running = OurPass(need_weights=False)
+    with through_our_module(toy, blocks, running):
+        k = k_edge_scores(toy.head_model, (blocks, running), EdgeProbe(*ids, a, w), toy.device)
+    scores = mhsa.edge_attribution(TOY_CLEAN, TOY_CORRUPTED, model=toy, answer="lo", wrong="ba")
+    row = scores[(scores.source == "L0H3") & (scores.target == "L1H3") & (scores.input == "k")]
+    assert k[0, 3, 1, 3] == pytest.approx(float(row["score"].iloc[0]), rel=1e-4, abs=1e-6)
+    assert np.isnan(k[1, 0, 0, 0]) and np.isnan(k[0, 0, 0, 1])  # no edge downwards or across
+
+    class Snap:
+        def __init__(self, step, scale):
+            self.step, self.k_edge_scores = step, k * scale
+            self.previous_token_scores = np.array([[0.1, 0.2, 0.1, 0.6], [0, 0, 0, 0]])
+            self.induction_scores = np.array([[0, 0, 0, 0], [0.2, 0.1, 0.3, 0.7]])
+
+    sender, receiver, steps, values = k_composition_series([Snap(0, 0.0), Snap(25, 1.0)])
+    assert (sender, receiver, steps) == ("L0H3", "L1H3", [0, 25])
+    assert values == pytest.approx([0.0, k[0, 3, 1, 3]])
+    fig = plots.k_composition_figure(sender, receiver, steps, values, phase_change_step=25)
+    assert list(fig.data[0].y) == pytest.approx(values)

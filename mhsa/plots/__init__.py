@@ -13,7 +13,12 @@ streamlit; the only part of ``mhsa`` that imports plotly.
 Every public name is re-exported here: ``from mhsa.plots import head_heatmap``.
 """
 
-from mhsa.plots.circuits import circuit_figure, circuit_node_xy, faithfulness_figure
+from mhsa.plots.circuits import (
+    circuit_figure,
+    circuit_node_xy,
+    faithfulness_figure,
+    k_composition_figure,
+)
 from mhsa.plots.classroom import neuron_figure, step_heatmap
 from mhsa.plots.common import (
     COLORSCALE,
@@ -99,6 +104,7 @@ __all__ = [
     "head_scores_figure",
     "head_value_grid",
     "importance_scatter",
+    "k_composition_figure",
     "label",
     "layer_change_figure",
     "line_pairs",

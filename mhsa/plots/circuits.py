@@ -4,6 +4,8 @@ faithfulness curve with the chosen circuit size marked."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -13,7 +15,12 @@ from mhsa.circuits import FaithfulnessCurve
 from mhsa.heads import parse_head_label
 from mhsa.plots.common import SIGNED_COLORSCALE, apply_layout
 
-__all__ = ["circuit_figure", "circuit_node_xy", "faithfulness_figure"]
+__all__ = [
+    "circuit_figure",
+    "circuit_node_xy",
+    "faithfulness_figure",
+    "k_composition_figure",
+]
 
 #: where a head's q, k and v inputs meet it, left to right
 _INPUT_DX = {"q": -0.18, "k": 0.0, "v": 0.18, "": 0.0}
@@ -165,3 +172,40 @@ def faithfulness_figure(curve: FaithfulnessCurve, chosen: int | None = None) -> 
     fig.update_yaxes(title="faithfulness f")
     title = f"Faithfulness of the top-n edges (CPR {curve.cpr:.3f}, CMD {curve.cmd:.3f})"
     return apply_layout(fig, title, height=380)
+
+
+def k_composition_figure(
+    sender: str,
+    receiver: str,
+    steps: Sequence[int],
+    scores: Sequence[float],
+    *,
+    total_steps: int | None = None,
+    phase_change_step: int | None = None,
+) -> go.Figure:
+    """The score of the K-composition edge ``sender -> receiver (k)`` at each training snapshot
+    (edge attribution patching on a fixed probe pair): the induction circuit forming. Below 0:
+    corrupting the edge lowers the right answer's logit, so the edge carries it."""
+    fig = go.Figure(
+        go.Scatter(
+            x=list(steps),
+            y=list(scores),
+            mode="lines+markers",
+            name=f"{sender} → {receiver} (k)",
+            hovertemplate="step %{x}: %{y:.4g}<extra></extra>",
+        )
+    )
+    fig.add_hline(y=0, line={"color": "#83c9ff"})
+    if phase_change_step is not None:
+        fig.add_vline(
+            x=phase_change_step,
+            line={"color": "#ff2b2b", "dash": "dash", "width": 2},
+            annotation={"text": f"phase change, step {phase_change_step}"},
+            annotation_position="top left",
+        )
+    if total_steps:
+        fig.update_xaxes(range=[0, total_steps])
+    fig.update_xaxes(title="step")
+    fig.update_yaxes(title="EAP score (logit difference)")
+    title = f"The K-composition edge {sender} → {receiver} (k) over the steps"
+    return apply_layout(fig, title, height=340)
