@@ -42,17 +42,17 @@ every node above it: into a head's **q**, **k** or **v** input (each reads its o
 residual stream, TransformerLens's split q/k/v input), an MLP's input or the logits'. A head's
 output is its part of the attention output, z_h W_O^h.
 
-**Scores.** Run the clean text; an edge is *corrupted* when it carries its source's output from
+**Scores.** Run the clean text; an edge is corrupted when it carries its source's output from
 the corrupted text instead. **exact**: m with that one edge corrupted, minus m of the clean run
 (path patching, one run per edge). **eap** (Syed et al. 2023): its first-order estimate, for
 every edge from one backward pass: (corrupted − clean source output) · the gradient of m at the
 target's input. **eap-ig** (Hanna et al. 2024): the same with the gradient averaged over runs
-whose embeddings go from the corrupted text's to the clean text's in *steps* steps. m is
+whose embeddings go from the corrupted text's to the clean text's in a number of steps. m is
 logit(answer) − logit(wrong) at the last position; a negative score is an edge whose corruption
 lowers it.
 
 **Faithfulness** of a circuit (the top n edges by |score|): run the clean text with every edge
-*not* in the circuit corrupted; f = (m_circuit − m_corrupted) / (m_clean − m_corrupted): 1 when
+not in the circuit corrupted; f = (m_circuit − m_corrupted) / (m_clean − m_corrupted): 1 when
 the circuit alone keeps the clean behaviour, 0 when it keeps none. The curve takes MIB's sizes
 (0.1% to 100% of the edges); **CPR** is the area under it (higher is better), **CMD** the area
 between it and 1 (lower is better).

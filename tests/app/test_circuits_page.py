@@ -12,8 +12,8 @@ from streamlit.testing.v1 import AppTest
 
 import mhsa
 from tests.app.test_hostile_links import FORBIDDEN, page_param_names, rendered_tags
-from tests.app.test_importance_page import charts
-from tests.hostile import rendered
+from tests.app.test_importance_page import charts, decode
+from tests.hostile import CASES, markup_tags, rendered
 from ui.state import GLOBAL_PARAMS
 from ui.views.circuits import CIRCUIT_EXAMPLES
 
@@ -23,13 +23,13 @@ TOY = next(iter(CIRCUIT_EXAMPLES.values()))
 KW = {"model": "toy:induction", "answer": TOY["answer"], "wrong": TOY["wrong"]}
 #: link values each key must refuse (with a notice), not act on
 CIRCUIT_LINKS = {
-    "clean": ["x" * 3_000_000],
-    "corrupted": ["x" * 3_000_000],
-    "answer": ["a\nb", "x" * 500],
-    "wrong": ["a\nb"],
-    "circuit_method": ["acdc", "EAP", ""],
-    "circuit_steps": ["0", "51", "2.5", "many"],
-    "circuit_n": ["0", "-3", "1e3", "many"],
+    "clean": ["x" * 100_001],
+    "corrupted": ["x" * 100_001],
+    "answer": ["a\nb", "x" * 101],
+    "wrong": ["\r"],
+    "circuit_method": ["acdc", "EAP", "<b>eap</b>", "[eap](https://e.org)"],
+    "circuit_steps": ["0", "51", "2.5", "nan"],
+    "circuit_n": ["0", "-3", "1e3", "99999999999999999999"],
 }
 
 pytestmark = pytest.mark.slow
@@ -71,11 +71,10 @@ def test_toy_example_draws_the_librarys_top_edges_and_curve() -> None:
     curve = mhsa.faithfulness_curve(TOY["clean"], TOY["corrupted"], scores, extra=(20,), **KW)
     plotted = next(s for t, s in shown.items() if t.startswith("Faithfulness of the top-n"))
     line = next(d for d in plotted["data"] if d.get("name") == "MIB sizes")
-    np.testing.assert_allclose(
-        np.asarray(line["y"], float), curve.points[curve.points["mib"]]["faithfulness"], atol=1e-5
-    )
+    mib = curve.points[curve.points["mib"]]["faithfulness"]
+    np.testing.assert_allclose(decode(line["y"]).astype(float), mib, atol=1e-5)
     f20 = float(curve.points["faithfulness"].iloc[-1])
-    assert any(f"keep f = {f20:.3f}" in c.value for c in at.caption)
+    assert any(f"keep f = {f20:.3f}" in rendered(c.value)[0] for c in at.caption)
     roles = next(c.value for c in at.caption if c.value.startswith("Head roles names"))
     assert "L0H3 the previous-token head" in roles and "L1H3 the induction head" in roles
     rank = next(c.value for c in at.caption if c.value.startswith("Head roles names"))
@@ -120,3 +119,21 @@ def test_circuits_link_values_fall_back_with_a_notice(key: str, value: str) -> N
     notices = [rendered(w.value)[0] for w in at.warning]
     assert any(n.startswith(f"Link parameter {key}=") and "ignored" in n for n in notices)
     assert not rendered_tags(at) & FORBIDDEN
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_hostile_texts_on_both_sides_are_refused_or_shown_literally(
+    name: str, text: str, expected: object
+) -> None:
+    """The same hostile text as clean and corrupted on the toy model: an empty one is named,
+    any other is refused (the same metric on both sides, or too long), said literally."""
+    at = toy(clean=text, corrupted=text)
+    assert not at.exception, [e.value for e in at.exception]
+    shown = [rendered(e.value)[0] for e in at.error]
+    if expected == "error":
+        assert any("empty" in e for e in shown)
+    else:
+        assert any("same metric" in e or "tokens long" in e for e in shown), shown
+    assert all(markup_tags(e.value) == [] for e in at.error)
+    assert not rendered_tags(at) & FORBIDDEN
+    assert not charts(at)
