@@ -6,26 +6,28 @@ from __future__ import annotations
 import streamlit as st
 
 import mhsa
-from ui import page, service
+from mhsa.tables import agreement_table, token_table
+from ui import exports, page
 
-query = page.setup("MHSA Explorer")
-st.caption(
-    "What do the heads of a multi-head self-attention layer look at? Type a sentence in the "
-    "sidebar, then explore the pages: heads, head similarity, statistics, the inside of MHSA, "
-    "rollout and comparison."
-)
-result = page.load(query)
-if result is not None:
+with page.run("MHSA Explorer") as query:
+    st.caption(
+        "What do the heads of a multi-head self-attention layer look at? Type a sentence in the "
+        "sidebar, then explore the pages: heads, head similarity, statistics, the inside of MHSA, "
+        "rollout and comparison."
+    )
+    result = page.load(query)
+    if result is None:
+        page.stop()
     facts = result.facts
     st.subheader("Tokens as the model sees them")
-    st.dataframe(service.token_table(result), width="stretch")
+    st.dataframe(token_table(result), width="stretch")
     if result.is_encoder_decoder:
         st.subheader("The decoder's tokens (the target)")
         st.caption(
             "What the decoder reads: the typed target (or the sentence itself when there is "
             "none) or the target the model wrote, its start token first."
         )
-        st.dataframe(service.token_table(result.of_kind("decoder")), width="stretch")
+        st.dataframe(token_table(result.of_kind("decoder")), width="stretch")
     st.subheader("Model")
     cols = st.columns(6)
     for col, (name, value) in zip(
@@ -67,15 +69,14 @@ if result is not None:
             "through the model's own attention. Largest absolute differences:"
         )
         st.dataframe(
-            service.agreement_table(result),
+            agreement_table(result),
             hide_index=True,
             column_config={"max |ours - model|": st.column_config.NumberColumn(format="%.1e")},
         )
     st.download_button(
         "Download the result (.npz)",
-        lambda: service.result_file(result),  # compressed when clicked, not on every run
-        file_name=f"{st.session_state['_mhsa_file_stem']}.npz",
+        lambda: exports.result_file(result),  # compressed when clicked, not on every run
+        file_name=f"{page.file_stem()}.npz",
         mime="application/octet-stream",
         on_click="ignore",
     )
-page.finish()

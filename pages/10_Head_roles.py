@@ -10,17 +10,19 @@ import streamlit as st
 
 import mhsa
 from mhsa import plots
-from ui import page, service
-from ui.service import Query, RoleOptions
+from ui import core, page
+from ui.core import Query
 from ui.state import Param, bounded_int, choice, flag, head_label_param, text_param
+from ui.views import roles as role_views
+from ui.views.roles import RoleOptions
 
-DETECTORS = [*service.ROLE_DETECTORS, service.CUSTOM_ROLE]
+DETECTORS = [*role_views.ROLE_DETECTORS, role_views.CUSTOM_ROLE]
 PARAMS = {
     "detector": Param(DETECTORS[0], choice(*DETECTORS)),
-    "rule": Param(service.CUSTOM_RULES[0], choice(*service.CUSTOM_RULES)),
-    "rule_k": Param(1, bounded_int(1, service.MAX_RULE_K)),
+    "rule": Param(role_views.CUSTOM_RULES[0], choice(*role_views.CUSTOM_RULES)),
+    "rule_k": Param(1, bounded_int(1, role_views.MAX_RULE_K)),
     "rule_rows": Param("", text_param),
-    "error_measure": Param("mul", choice(*service.ERROR_MEASURES)),
+    "error_measure": Param("mul", choice(*role_views.ERROR_MEASURES)),
     "exclude_bos": Param(False, flag),
     "exclude_current": Param(False, flag),
     "random_tokens": Param(False, flag),
@@ -77,7 +79,7 @@ OV and QK matrices (Elhage et al. 2021; TransformerLens's definitions).
 def _options() -> RoleOptions:
     """The detection settings: error measure and the exclusions."""
     left, mid, right = st.columns(3)
-    left.radio("Error measure", service.ERROR_MEASURES, key="error_measure", horizontal=True)
+    left.radio("Error measure", role_views.ERROR_MEASURES, key="error_measure", horizontal=True)
     mid.toggle("Exclude BOS (the first token)", key="exclude_bos")
     right.toggle("Exclude the current token", key="exclude_current")
     state = st.session_state
@@ -104,16 +106,16 @@ def _or_error(compute: Callable[..., T], *args: Any) -> T | None:
 
 def _detection_maps(
     query: Query, options: RoleOptions, *, random_test: bool
-) -> service.RoleTable | None:
+) -> role_views.RoleTable | None:
     """One layers x heads map per detector; the induction map on repeated random tokens when
     that test is on (and ``random_test``: the model takes it). Returns the sentence's scores
     (None after showing what went wrong)."""
-    roles = _or_error(service.head_roles, query, options)
+    roles = _or_error(role_views.head_roles, query, options)
     random = random_test and st.session_state["random_tokens"]
-    induction = _or_error(service.random_induction, query) if random else None
+    induction = _or_error(role_views.random_induction, query) if random else None
     maps = [
         (f"{name.capitalize()} score", roles.scores, name)
-        for name in service.ROLE_DETECTORS
+        for name in role_views.ROLE_DETECTORS
         if roles is not None and not (name == "induction" and induction is not None)
     ]
     if induction is not None:
@@ -130,10 +132,10 @@ def _custom_rule() -> tuple[str, int, str]:
     """The custom pattern's rule, its k and its typed rows."""
     state = st.session_state
     left, right = st.columns([2, 1])
-    left.selectbox("Rule", service.CUSTOM_RULES, key="rule")
-    if state["rule"] in service.RULES_WITH_K:
-        right.number_input("k", 1, service.MAX_RULE_K, key="rule_k")
-    if state["rule"] == service.TYPED_RULE:
+    left.selectbox("Rule", role_views.CUSTOM_RULES, key="rule")
+    if state["rule"] in role_views.RULES_WITH_K:
+        right.number_input("k", 1, role_views.MAX_RULE_K, key="rule_k")
+    if state["rule"] == role_views.TYPED_RULE:
         st.text_area(
             "Pattern rows (one row per query token, numbers separated by spaces)",
             key="rule_rows",
@@ -142,15 +144,15 @@ def _custom_rule() -> tuple[str, int, str]:
     return state["rule"], int(state["rule_k"]), state["rule_rows"]
 
 
-def _top_heads(query: Query, options: RoleOptions, roles: service.RoleTable | None) -> None:
+def _top_heads(query: Query, options: RoleOptions, roles: role_views.RoleTable | None) -> None:
     """The chosen detector's best heads, their attention beside the detection pattern."""
     st.subheader("Top heads")
     st.selectbox("Detector", DETECTORS, key="detector")
     detector = st.session_state["detector"]
     try:
-        if detector == service.CUSTOM_ROLE:
+        if detector == role_views.CUSTOM_ROLE:
             rule, k, rows = _custom_rule()
-            table = service.custom_role(query, rule, k, rows, options)
+            table = role_views.custom_role(query, rule, k, rows, options)
             panel = [("Custom pattern score", table.scores, detector)]
             title = f"Custom pattern (error measure {options.error_measure})"
             page.figure(plots.role_maps(panel, title=title), "role-custom", key="role-custom")
@@ -161,8 +163,8 @@ def _top_heads(query: Query, options: RoleOptions, roles: service.RoleTable | No
     except mhsa.MHSAError as e:
         page.error(e)
         return
-    tokens = service.token_attention(query)
-    best = service.top_heads(table.scores, detector, TOP_HEADS)
+    tokens = role_views.token_attention(query)
+    best = role_views.top_heads(table.scores, detector, TOP_HEADS)
     columns = st.columns(1 + len(best))
     with columns[0]:
         page.figure(
@@ -186,7 +188,7 @@ def _sinks(query: Query, *, value_norms: bool = True) -> None:
     """The share of sinking heads and where they sink (``value_norms``: and what the sinks
     carry, where the model's value norms are computed)."""
     st.subheader("Attention sinks")
-    sinks = _or_error(service.attention_sinks, query)
+    sinks = _or_error(role_views.attention_sinks, query)
     if sinks is None:
         return
     st.metric(
@@ -201,7 +203,7 @@ def _sinks(query: Query, *, value_norms: bool = True) -> None:
     if not value_norms:
         st.caption("What the sinks carry (value norms) is not computed for encoder-decoders yet.")
         return
-    carried = _or_error(service.sink_value_norms, query)
+    carried = _or_error(role_views.sink_value_norms, query)
     if carried is None:
         return
     st.caption(SINK_NORMS_NOTE)
@@ -211,7 +213,7 @@ def _sinks(query: Query, *, value_norms: bool = True) -> None:
 def _composition(query: Query) -> None:
     """Q/K/V composition between heads, and a chosen head's strongest inputs."""
     st.subheader("Head composition")
-    composition = _or_error(service.head_composition, query)
+    composition = _or_error(role_views.head_composition, query)
     if composition is None:
         return
     columns = st.columns(len(composition.kinds))
@@ -228,25 +230,26 @@ def _composition(query: Query) -> None:
         state["role_head"] = labels[-1]
     st.selectbox("Head", labels, key="role_head")
     page.table(
-        service.strongest_inputs(query, state["role_head"]),
+        role_views.strongest_inputs(query, state["role_head"]),
         f"inputs-{state['role_head']}",
         label="Download its inputs (.csv)",
         height=240,
     )
 
 
-query = page.setup("Head roles", PARAMS, kinds=True)
-st.caption(
-    "What each head does, in the field's terms: previous-token, duplicate-token and induction "
-    "heads detected by TransformerLens's definitions, attention sinks, and which heads read "
-    "what earlier heads write. Detection works on tokens, whatever the sidebar's whole-words "
-    "switch."
-)
-with st.expander("What these scores mean"):
-    st.markdown(EXPLANATION)
-result = page.load(query)
-if result is not None:
-    seq2seq = service.is_encoder_decoder(query.model, query.device)
+with page.run("Head roles", PARAMS, kinds=True) as query:
+    st.caption(
+        "What each head does, in the field's terms: previous-token, duplicate-token and induction "
+        "heads detected by TransformerLens's definitions, attention sinks, and which heads read "
+        "what earlier heads write. Detection works on tokens, whatever the sidebar's whole-words "
+        "switch."
+    )
+    with st.expander("What these scores mean"):
+        st.markdown(EXPLANATION)
+    result = page.load(query)
+    if result is None:
+        page.stop()
+    seq2seq = core.is_encoder_decoder(query.model, query.device)
     if query.kind == "cross":
         st.info(CROSS_NOTE, icon="ℹ️")
     else:
@@ -264,4 +267,3 @@ if result is not None:
         st.info(COMPOSITION_NOTE, icon="ℹ️")
     else:
         _composition(query)
-page.finish()

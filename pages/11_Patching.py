@@ -10,8 +10,7 @@ import streamlit as st
 
 import mhsa
 from mhsa import plots
-from ui import page, service
-from ui.service import PATCH_MODES, PatchSettings
+from ui import core, page
 from ui.state import (
     DEFAULT_TEXT,
     Param,
@@ -22,6 +21,8 @@ from ui.state import (
     text_param,
     word_param,
 )
+from ui.views import patching
+from ui.views.patching import PATCH_MODES, PatchSettings
 
 DEFAULT_CORRUPTED = "The dog sat on the mat."
 #: a token-count mismatch lists the tokens of texts up to this long
@@ -90,69 +91,71 @@ def _example(values: dict[str, Any]) -> None:
     st.session_state.update(values)
 
 
-sidebar = page.setup("Patching", PARAMS)
-st.caption(
-    "Which heads carry the difference between two texts? Patch one head at a time from the "
-    "clean run into the corrupted run and see how much of the clean behaviour comes back."
-)
-for column, (name, values) in zip(st.columns(len(EXAMPLES)), EXAMPLES.items(), strict=True):
-    column.button(name, on_click=_example, args=(values,))
-left, right = st.columns(2)
-left.text_area("Clean text (its activations are patched in)", key="clean", height=90)
-right.text_area("Corrupted text (as many tokens as the clean one)", key="corrupted", height=90)
-state = st.session_state
-# the page's own two texts, with the sidebar's model and device (no generated tokens)
-query = sidebar._replace(text=state["clean"], generate=0)
-causal = service.can_generate(query.model, query.device)
-if causal:
-    left, right = st.columns(2)
-    left.text_input("Answer (one token after a space)", key="answer")
-    right.text_input("Wrong answer (one token after a space)", key="wrong")
-else:
-    st.radio(
-        "Metric",
-        list(mhsa.PATCH_TARGETS),
-        key="patch_target",
-        horizontal=True,
-        help=" ".join(f"**{k}**: {v}." for k, v in mhsa.PATCH_TARGETS.items()),
+with page.run("Patching", PARAMS) as sidebar:
+    st.caption(
+        "Which heads carry the difference between two texts? Patch one head at a time from the "
+        "clean run into the corrupted run and see how much of the clean behaviour comes back."
     )
-    if state["patch_target"] == "similarity":
-        st.text_input("Second sentence (compared with each run)", key="pair")
-left, right = st.columns(2)
-left.radio("Mode", list(PATCH_MODES), key="patch_mode", format_func=PATCH_MODES.get)
-right.radio(
-    "Activation patched",
-    list(mhsa.PATCH_POINTS),
-    key="patch_what",
-    format_func=lambda n: f"{n}: {mhsa.PATCH_POINTS[n].label}",
-)
-with st.expander("What these numbers mean, and the references"):
-    st.markdown(EXPLANATION)
-result = page.load(query, primary=False)
-tokens = None
-if result is not None:
+    for column, (name, values) in zip(st.columns(len(EXAMPLES)), EXAMPLES.items(), strict=True):
+        column.button(name, on_click=_example, args=(values,))
+    left, right = st.columns(2)
+    left.text_area("Clean text (its activations are patched in)", key="clean", height=90)
+    right.text_area("Corrupted text (as many tokens as the clean one)", key="corrupted", height=90)
+    state = st.session_state
+    # the page's own two texts, with the sidebar's model and device (no generated tokens)
+    query = sidebar._replace(text=state["clean"], generate=0)
+    causal = core.can_generate(query.model, query.device)
+    if causal:
+        left, right = st.columns(2)
+        left.text_input("Answer (one token after a space)", key="answer")
+        right.text_input("Wrong answer (one token after a space)", key="wrong")
+    else:
+        st.radio(
+            "Metric",
+            list(mhsa.PATCH_TARGETS),
+            key="patch_target",
+            horizontal=True,
+            help=" ".join(f"**{k}**: {v}." for k, v in mhsa.PATCH_TARGETS.items()),
+        )
+        if state["patch_target"] == "similarity":
+            st.text_input("Second sentence (compared with each run)", key="pair")
+    left, right = st.columns(2)
+    left.radio("Mode", list(PATCH_MODES), key="patch_mode", format_func=PATCH_MODES.get)
+    right.radio(
+        "Activation patched",
+        list(mhsa.PATCH_POINTS),
+        key="patch_what",
+        format_func=lambda n: f"{n}: {mhsa.PATCH_POINTS[n].label}",
+    )
+    with st.expander("What these numbers mean, and the references"):
+        st.markdown(EXPLANATION)
+    result = page.load(query, primary=False)
+    if result is None:
+        page.stop()
     try:
         tokens = [
-            service.patch_tokens(query, query.text, "clean text"),
-            service.patch_tokens(query, state["corrupted"], "corrupted text"),
+            patching.patch_tokens(query, query.text, "clean text"),
+            patching.patch_tokens(query, state["corrupted"], "corrupted text"),
         ]
     except mhsa.MHSAError as e:
         page.error(e)
-if result is None or tokens is None:
-    pass
-elif len(tokens[0]) != len(tokens[1]):
-    shown = [f"{len(t)} tokens" + (f" {list(t)}" if len(t) <= SHOWN_TOKENS else "") for t in tokens]
-    st.warning(
-        md_escape(
-            "Patching replaces activations position by position: the corrupted text needs as "
-            f"many tokens as the clean one. Clean: {shown[0]}; corrupted: {shown[1]}. Edit "
-            "one of them."
-        ),
-        icon="✂️",
-    )
-elif causal and not (state["answer"].strip() and state["wrong"].strip()):
-    st.info("Type the answer and the wrong answer: the metric is their logit difference.")
-else:
+        page.stop()
+    if len(tokens[0]) != len(tokens[1]):
+        shown = [
+            f"{len(t)} tokens" + (f" {list(t)}" if len(t) <= SHOWN_TOKENS else "") for t in tokens
+        ]
+        st.warning(
+            md_escape(
+                "Patching replaces activations position by position: the corrupted text needs as "
+                f"many tokens as the clean one. Clean: {shown[0]}; corrupted: {shown[1]}. Edit "
+                "one of them."
+            ),
+            icon="✂️",
+        )
+        page.stop()
+    if causal and not (state["answer"].strip() and state["wrong"].strip()):
+        st.info("Type the answer and the wrong answer: the metric is their logit difference.")
+        page.stop()
     layer = clamp("patch_layer", 0, result.num_layers - 1)
     st.number_input("Layer of the per-position view", 0, result.num_layers - 1, key="patch_layer")
     settings = PatchSettings(
@@ -168,55 +171,55 @@ else:
         view = page.heavy(
             "patching",
             ("patching", query.text, query.model, query.device, settings, mode, layer),
-            lambda progress: service.patching(query, settings, mode, layer, progress),
+            lambda progress: patching.patching(query, settings, mode, layer, progress),
             "Patching every head",
         )
     except mhsa.MHSAError as e:
         page.error(e)
-        view = None
-    if view is not None:
-        attrs = view.shown.attrs
+        page.stop()
+    if view is None:
+        page.stop()
+    attrs = view.shown.attrs
+    st.caption(
+        md_escape(
+            f"Metric: {attrs['metric']} · clean run {attrs['clean']:.4g} · corrupted run "
+            f"{attrs['corrupted']:.4g} · activation: {mhsa.PATCH_POINTS[attrs['what']].label}"
+        )
+    )
+    if attrs["kv_heads"]:
         st.caption(
-            md_escape(
-                f"Metric: {attrs['metric']} · clean run {attrs['clean']:.4g} · corrupted run "
-                f"{attrs['corrupted']:.4g} · activation: {mhsa.PATCH_POINTS[attrs['what']].label}"
-            )
+            "Grouped-query attention: keys and values are patched per key/value head "
+            "(each serves several query heads), so the maps have fewer heads."
         )
-        if attrs["kv_heads"]:
-            st.caption(
-                "Grouped-query attention: keys and values are patched per key/value head "
-                "(each serves several query heads), so the maps have fewer heads."
-            )
-        panels = [
-            (name, table)
-            for name, table in (("exact", view.exact), ("attribution", view.attribution))
-            if table is not None
-        ]
+    panels = [
+        (name, table)
+        for name, table in (("exact", view.exact), ("attribution", view.attribution))
+        if table is not None
+    ]
+    page.figure(
+        plots.patching_maps(panels, title="Effect of patching each head (1 = restores)"),
+        "patching-heads",
+        key="patching-maps",
+    )
+    if view.exact is not None and view.attribution is not None:
+        st.caption(
+            f"Pearson correlation of exact and attribution patching over the heads: "
+            f"{view.correlation:.2f}"
+        )
         page.figure(
-            plots.patching_maps(panels, title="Effect of patching each head (1 = restores)"),
-            "patching-heads",
-            key="patching-maps",
+            plots.patching_scatter(view.exact, view.attribution, view.correlation),
+            "patching-exact-vs-attribution",
+            key="patching-scatter",
         )
-        if view.exact is not None and view.attribution is not None:
-            st.caption(
-                f"Pearson correlation of exact and attribution patching over the heads: "
-                f"{view.correlation:.2f}"
-            )
-            page.figure(
-                plots.patching_scatter(view.exact, view.attribution, view.correlation),
-                "patching-exact-vs-attribution",
-                key="patching-scatter",
-            )
-        page.table(view.table(), "patching", label="Download patching (.csv)", height=300)
-        if view.positions is not None:
-            page.figure(
-                plots.patching_positions_figure(view.positions),
-                "patching-positions",
-                key="patching-positions",
-            )
-        else:
-            st.caption(
-                f"The per-position view is offered for texts up to "
-                f"{service.MAX_POSITION_TOKENS} tokens."
-            )
-page.finish()
+    page.table(view.table(), "patching", label="Download patching (.csv)", height=300)
+    if view.positions is not None:
+        page.figure(
+            plots.patching_positions_figure(view.positions),
+            "patching-positions",
+            key="patching-positions",
+        )
+    else:
+        st.caption(
+            f"The per-position view is offered for texts up to "
+            f"{patching.MAX_POSITION_TOKENS} tokens."
+        )

@@ -8,8 +8,9 @@ import streamlit as st
 
 import mhsa
 from mhsa import plots
-from ui import page, service
+from ui import core, page
 from ui.state import MAX_WORD_CHARS, Param, bounded_int, flag, md_escape, word_param
+from ui.views import flow
 
 TOY_MODEL = "toy:induction"
 TOY_EXAMPLE = "ba ke mo di lu ba ke mo"  # a repeat: after the second "mo" comes "di"
@@ -59,7 +60,7 @@ def _not_a_decoder(model: str) -> None:
     st.button(f"Open {TOY_MODEL} with a repeat to continue", on_click=_use_toy, type="primary")
 
 
-def _flow(query: service.Query) -> None:
+def _flow(query: core.Query) -> None:
     """The routes to the last token, through the heavy queue; the threshold redraws them."""
     st.subheader("Information flow")
     left, right = st.columns([3, 1])
@@ -68,8 +69,8 @@ def _flow(query: service.Query) -> None:
     try:
         contributions = page.heavy(
             "flow",
-            service.flow_key(query),
-            lambda progress: service.flow_contributions(query, progress),
+            flow.flow_key(query),
+            lambda progress: flow.flow_contributions(query, progress),
             "Information flow",
         )
     except mhsa.MHSAError as e:
@@ -88,18 +89,18 @@ def _flow(query: service.Query) -> None:
         format_func=lambda i: "the last token" if i == LAST else f"#{i} {tokens[i]}",
     )
     output = len(tokens) - 1 if state["flow_token"] == LAST else state["flow_token"]
-    graph = service.flow_graph(
+    graph = flow.flow_graph(
         contributions, state["flow_threshold"], state["flow_renormalize"], output
     )
     page.figure(plots.flow_figure(graph), "information-flow", key="flow", decorate=False)
     st.caption(
         f"{len(graph.edges)} edges over the threshold, of {len(graph.tokens)} tokens "
-        f"(the first {service.FLOW_MAX_TOKENS} at most). Blue: attention from another token; "
+        f"(the first {flow.FLOW_MAX_TOKENS} at most). Blue: attention from another token; "
         "light blue: the token's own residual (with attention to itself); orange: the MLP."
     )
 
 
-def _attribution(query: service.Query, answer: str, wrong: str) -> bool:
+def _attribution(query: core.Query, answer: str, wrong: str) -> bool:
     """The attribution of the answer pair; whether there was one to show."""
     st.subheader("Direct logit attribution")
     if not answer or not wrong:
@@ -107,7 +108,7 @@ def _attribution(query: service.Query, answer: str, wrong: str) -> bool:
         _top_two_button(query)
         return False
     try:
-        result = service.head_attribution(query, answer, wrong)
+        result = flow.head_attribution(query, answer, wrong)
     except mhsa.MHSAError as e:
         page.error(e)
         return False
@@ -122,10 +123,10 @@ def _use_words(words: tuple[str, ...]) -> None:
     st.session_state.update(answer=words[0], wrong=words[1])
 
 
-def _top_two_button(query: service.Query) -> None:
+def _top_two_button(query: core.Query) -> None:
     """A button that attributes the model's own top two predictions."""
     try:
-        words = service.predicted_words(query)
+        words = flow.predicted_words(query)
     except mhsa.MHSAError:
         return  # the lens below says what is wrong
     if len(words) == 2:
@@ -137,30 +138,31 @@ def _top_two_button(query: service.Query) -> None:
         )
 
 
-def _lens(query: service.Query, pair: tuple[str, str] | tuple[None, None]) -> None:
+def _lens(query: core.Query, pair: tuple[str, str] | tuple[None, None]) -> None:
     """The logit lens, coloured by the answer pair's logit difference when there is one."""
     st.subheader("Logit lens")
     try:
-        lens = service.logit_lens(query, *pair)
+        lens = flow.logit_lens(query, *pair)
     except mhsa.MHSAError as e:
         page.error(e)
         return
     page.figure(plots.logit_lens_figure(lens), "logit-lens", key="lens", decorate=False)
 
 
-query = page.setup("Information flow", PARAMS)
-st.caption(
-    "Where the prediction at the last token comes from: the routes through tokens, heads and "
-    "MLPs (the LLM Transparency Tool's contribution graph), each head's direct effect on "
-    "logit(answer) − logit(wrong), and what each layer would predict (logit lens)."
-)
-with st.expander("What these mean"):
-    st.markdown(EXPLANATION)
-result = page.load(query)  # the sentence checked (empty, too long) as on every page
-decoder = result is not None and service.can_generate(query.model, query.device)
-if result is not None and not decoder:
-    _not_a_decoder(query.model)
-if decoder:
+with page.run("Information flow", PARAMS) as query:
+    st.caption(
+        "Where the prediction at the last token comes from: the routes through tokens, heads and "
+        "MLPs (the LLM Transparency Tool's contribution graph), each head's direct effect on "
+        "logit(answer) − logit(wrong), and what each layer would predict (logit lens)."
+    )
+    with st.expander("What these mean"):
+        st.markdown(EXPLANATION)
+    result = page.load(query)  # the sentence checked (empty, too long) as on every page
+    if result is None:
+        page.stop()
+    if not core.can_generate(query.model, query.device):
+        _not_a_decoder(query.model)
+        page.stop()
     left, right = st.columns(2)
     left.text_input("Answer (one word)", key="answer", max_chars=MAX_WORD_CHARS)
     right.text_input("Wrong answer (one word)", key="wrong", max_chars=MAX_WORD_CHARS)
@@ -168,4 +170,3 @@ if decoder:
     _flow(query)
     attributed = _attribution(query, answer, wrong)
     _lens(query, (answer, wrong) if attributed else (None, None))
-page.finish()

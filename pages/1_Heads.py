@@ -8,9 +8,10 @@ import mhsa
 from mhsa import plots
 from mhsa.heads import head_label, kind_head_label
 from mhsa.targets import TARGET_SPECS
-from ui import page, service
-from ui.service import Query
+from ui import core, page
+from ui.core import Query
 from ui.state import Param, bounded_int, choice, clamp, heads_param
+from ui.views import importance
 
 PARAMS = {
     "layer": Param(0, bounded_int(0, 1023)),
@@ -19,7 +20,7 @@ PARAMS = {
     "view": Param("head", choice("head", "mean-heads", "mean-layers")),
     "off": Param([], heads_param),
     "topk": Param(5, bounded_int(1, 20)),
-    "values": Param("weights", choice(*service.VALUES)),
+    "values": Param("weights", choice(*core.VALUES)),
 }
 LONG_INPUT = 64  # beyond this many tokens the top-k list shows by itself
 VIEWS = {
@@ -47,7 +48,7 @@ def _knock_outs(query: Query, layer: int, head: int) -> None:
     """Heads switched off: the shown attention of every layer after the knock-out beside the
     intact one (an encoder-decoder's: the sidebar's kind), and how much the output moved."""
     st.subheader("Knock-outs")
-    labels = service.knock_out_labels(query)
+    labels = importance.knock_out_labels(query)
     kind = query.kind if "self" not in labels else "self"
     off = _heads_switched_off(labels, kind, kind_head_label(kind, layer, head))
     if not off:
@@ -58,7 +59,7 @@ def _knock_outs(query: Query, layer: int, head: int) -> None:
         )
         return
     try:
-        ablation = service.ablation(query, tuple(off), None)
+        ablation = importance.ablation(query, tuple(off), None)
     except mhsa.MHSAError as e:
         page.error(e)
         return
@@ -129,11 +130,12 @@ def _knock_out_figures(
         page.figure(fig, f"{name}-knocked-out", key="ko-h2")
 
 
-query = page.setup("Heads", PARAMS, kinds=True)
-query = page.values_switch(query)
-result = page.load(query)
-if result is not None:
-    result = service.shown(result)
+with page.run("Heads", PARAMS, kinds=True) as query:
+    query = page.values_switch(query)
+    result = page.load(query)
+    if result is None:
+        page.stop()
+    result = core.shown(result)
     values = plots.WEIGHTED_BY_NORM if query.norms else plots.WEIGHTS
     layer = clamp("layer", 0, result.num_layers - 1)
     head = clamp("head", 0, result.num_heads - 1)
@@ -167,7 +169,7 @@ if result is not None:
         st.number_input("Top", 1, 20, key="topk")
         page.table(
             mhsa.top_attended(result, layer, head, st.session_state["topk"]),
-            f"{st.session_state.get('_mhsa_file_stem', 'mhsa')}-{head_label(layer, head)}-top",
+            f"{page.file_stem()}-{head_label(layer, head)}-top",
             label="Download the list (.csv)",
         )
     st.subheader("Token focus")
@@ -185,4 +187,3 @@ if result is not None:
             "from that key (Kobayashi et al. 2020); the knock-outs below show the weights."
         )
     _knock_outs(query, layer, head)
-page.finish()

@@ -5,8 +5,10 @@ from __future__ import annotations
 import streamlit as st
 
 from mhsa import plots
-from ui import page, service
+from ui import page
 from ui.state import Param, bounded_int, choice, clamp
+from ui.views.similarity import head_clusters, head_map, head_similarity
+from ui.views.statistics import head_stats
 
 PARAMS = {
     "metric": Param("js", choice("js", "cosine")),
@@ -18,9 +20,10 @@ METRICS = {
     "cosine": "cosine similarity",
 }
 
-query = page.setup("Head similarity", PARAMS, kinds=True)
-result = page.load(query)
-if result is not None:
+with page.run("Head similarity", PARAMS, kinds=True) as query:
+    result = page.load(query)
+    if result is None:
+        page.stop()
     heads = result.num_layers * result.num_heads
     left, mid, right = st.columns(3)
     left.selectbox("Metric", list(METRICS), key="metric", format_func=METRICS.get)
@@ -28,20 +31,17 @@ if result is not None:
     mid.slider("Clusters", 1, min(heads, 24), key="clusters")
     right.radio("Colour the map by", ["layer", "cluster"], key="color", horizontal=True)
     queries = (query,)
-    similarity = service.head_similarity(queries, st.session_state["metric"])
-    clusters = service.head_clusters(
-        queries, st.session_state["metric"], st.session_state["clusters"]
-    )
+    similarity = head_similarity(queries, st.session_state["metric"])
+    clusters = head_clusters(queries, st.session_state["metric"], st.session_state["clusters"])
     page.figure(plots.similarity_figure(similarity, clusters.order), "head-similarity", key="sim")
     st.caption(
         "Heads are ordered by hierarchical clustering (average linkage), so similar "
         "heads sit side by side."
     )
     # computed after the first figure is sent: the browser loads plotly meanwhile
-    stats = service.head_stats(queries)
-    positions = service.head_map(queries, st.session_state["metric"])
+    stats = head_stats(queries)
+    positions = head_map(queries, st.session_state["metric"])
     colour = clusters.labels if st.session_state["color"] == "cluster" else None
     page.figure(
         plots.head_map_figure(positions, color=colour, roles=stats["role"]), "head-map", key="map"
     )
-page.finish()

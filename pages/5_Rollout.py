@@ -5,15 +5,17 @@ from __future__ import annotations
 import streamlit as st
 
 from mhsa import plots
-from ui import page, service
+from ui import page
 from ui.state import Param, bounded_int, clamp
+from ui.views import rollout
 
 PARAMS = {"rollout_layer": Param(-1, bounded_int(-1, 1023), old_keys=("rlayer",))}
 
-query = page.setup("Attention rollout", PARAMS)
-result = page.load(query)
-if result is not None:
-    roll = service.rollout(query)
+with page.run("Attention rollout", PARAMS) as query:
+    result = page.load(query)
+    if result is None:
+        page.stop()
+    roll = rollout.rollout(query)
     if st.session_state["rollout_layer"] == -1:  # the default: through the last layer
         st.session_state["rollout_layer"] = result.num_layers - 1
     clamp("rollout_layer", 0, result.num_layers - 1)
@@ -41,4 +43,3 @@ if result is not None:
         "Per layer: average the heads, add the identity (residual), renormalise rows, "
         "multiply through the layers. Rows sum to 1."
     )
-page.finish()

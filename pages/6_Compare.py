@@ -6,8 +6,9 @@ import streamlit as st
 
 from mhsa import plots
 from mhsa.stats import stats_difference
-from ui import page, service
+from ui import page
 from ui.state import Param, bounded_int, clamp, text_param
+from ui.views.statistics import head_stats
 
 PARAMS = {
     "text2": Param("The dog sat on the log.", text_param),
@@ -15,12 +16,13 @@ PARAMS = {
     "head": Param(0, bounded_int(0, 1023)),
 }
 
-query = page.setup("Compare two sentences", PARAMS, kinds=True)
-st.text_area("Second sentence", key="text2", height=70)
-other = query._replace(text=st.session_state["text2"])
-first = page.load(query)
-second = page.load(other, primary=False)
-if first is not None and second is not None:
+with page.run("Compare two sentences", PARAMS, kinds=True) as query:
+    st.text_area("Second sentence", key="text2", height=70)
+    other = query._replace(text=st.session_state["text2"])
+    first = page.load(query)
+    second = page.load(other, primary=False)
+    if first is None or second is None:
+        page.stop()
     layer = clamp("layer", 0, first.num_layers - 1)
     head = clamp("head", 0, first.num_heads - 1)
     c1, c2 = st.columns(2)
@@ -34,8 +36,7 @@ if first is not None and second is not None:
         page.figure(
             plots.head_heatmap(second, layer, head), "compare-second", key="cmp-b", decorate=False
         )
-    first_stats, second_stats = service.head_stats((query,)), service.head_stats((other,))
+    first_stats, second_stats = head_stats((query,)), head_stats((other,))
     diff = stats_difference(first_stats, second_stats)
     st.subheader("Statistics: second minus first")
     page.table(diff, "head-stats-diff", label="Download differences (.csv)", height=380)
-page.finish()

@@ -10,8 +10,9 @@ from mhsa import plots
 from mhsa.importance import METHODS, rank_correlation
 from mhsa.stats import STAT_COLUMNS
 from mhsa.targets import TARGET_SPECS
-from ui import page, service
+from ui import page
 from ui.state import Param, bounded_int, choice, flag, text_param
+from ui.views import importance
 
 DEFAULT_PAIR = "A cat was sitting on the rug."
 AGAINST = [*STAT_COLUMNS, "positional_share"]
@@ -72,106 +73,108 @@ def _open_head() -> None:
         st.session_state["_open_head"] = clicked
 
 
-query = page.setup("Head importance", PARAMS, kinds=True)  # every attention's heads at once
-st.caption(
-    "Which heads matter? Switch each head off and measure how the model's output changes "
-    "(knock-outs through our module), or take the gradient with respect to each head's gate."
-)
-if "_open_head" in st.session_state:  # an encoder-decoder's head opens with its attention
-    page.open_head(query, *st.session_state.pop("_open_head"))
-queries = page.corpus_queries(
-    query,
-    "Average over several sentences (one per line; empty = the sidebar's sentence; for the "
-    "similarity target a line may hold a pair as: first sentence || second sentence; for an "
-    "encoder-decoder: source || target)",
-)
-# importance measures every attention's heads: the same job whichever the sidebar shows
-queries = tuple(q._replace(kind="encoder") for q in queries)
-left, mid, right = st.columns(3)
-left.radio("Method", list(METHODS), key="method", help=" ".join(METHODS.values()))
-mid.radio("Target", list(TARGET_CHOICES), key="target", format_func=TARGET_CHOICES.get)
-right.toggle("Normalise per layer (Michel et al.)", key="normalize")
-right.number_input("Seed of the random pruning order", min_value=0, step=1, key="prune_seed")
-if st.session_state["target"] == "similarity":
-    st.text_input("Second sentence (compared with each sentence)", key="pair")
-with st.expander("What these numbers mean, and the references"):
-    st.markdown(EXPLANATION)
-result = page.load(queries[0])
-if result is not None:
+def _back_to_the_button() -> None:
+    """Cancel: back to the "Compute importance" button (what a long input waits for)."""
+    st.session_state.pop("_importance_go", None)
+
+
+with page.run("Head importance", PARAMS, kinds=True) as query:  # every attention's heads at once
+    st.caption(
+        "Which heads matter? Switch each head off and measure how the model's output changes "
+        "(knock-outs through our module), or take the gradient with respect to each head's gate."
+    )
+    if "_open_head" in st.session_state:  # an encoder-decoder's head opens with its attention
+        page.open_head(query, *st.session_state.pop("_open_head"))
+    queries = page.corpus_queries(
+        query,
+        "Average over several sentences (one per line; empty = the sidebar's sentence; for the "
+        "similarity target a line may hold a pair as: first sentence || second sentence; for an "
+        "encoder-decoder: source || target)",
+    )
+    # importance measures every attention's heads: the same job whichever the sidebar shows
+    queries = tuple(q._replace(kind="encoder") for q in queries)
+    left, mid, right = st.columns(3)
+    left.radio("Method", list(METHODS), key="method", help=" ".join(METHODS.values()))
+    mid.radio("Target", list(TARGET_CHOICES), key="target", format_func=TARGET_CHOICES.get)
+    right.toggle("Normalise per layer (Michel et al.)", key="normalize")
+    right.number_input("Seed of the random pruning order", min_value=0, step=1, key="prune_seed")
+    if st.session_state["target"] == "similarity":
+        st.text_input("Second sentence (compared with each sentence)", key="pair")
+    with st.expander("What these numbers mean, and the references"):
+        st.markdown(EXPLANATION)
+    result = page.load(queries[0])
+    if result is None:
+        page.stop()
     state = st.session_state
     target = None if state["target"] == "auto" else state["target"]
     settings = (queries, state["method"], target, state["pair"])
     auto = len(queries) == 1 and result.num_tokens <= AUTO_TOKENS  # quick: no button needed
-    run_now = auto or state.get("_importance_go") == settings
-    if not run_now:
+    if not (auto or state.get("_importance_go") == settings):
         what = f"{len(queries)} sentences" if len(queries) > 1 else f"{result.num_tokens} tokens"
         st.info(f"Importance over {what} takes a while.", icon="⏳")
         if st.button("Compute importance", type="primary"):
             state["_importance_go"] = settings
             st.rerun()
-    else:
+        page.stop()
 
-        def stop() -> None:
-            state.pop("_importance_go", None)
-
-        normalize, seed = state["normalize"], state["prune_seed"]
-        try:
-            done = page.heavy(
-                "importance",
-                ("importance+pruning", settings, normalize, seed),
-                lambda progress: service.importance_and_pruning(
-                    *settings, normalize, seed, progress
-                ),
-                "Head importance and pruning curve",
-                on_cancel=stop,
-            )
-        except mhsa.MHSAError as e:
-            page.error(e)
-            done = None
-        table, curve = done if done is not None else (None, None)
-        if done is not None and not auto and st.button("Cancel"):
-            stop()  # back to the button
-            st.rerun()
-        if table is not None and curve is not None:
-            target = TARGET_SPECS[table.attrs["target"]]
-            st.caption(
-                f"{len(queries)} sentence(s) · target: {target.label} ({target.description}) "
-                f"· method: {state['method']} ({METHODS[state['method']]})"
-            )
-            if "kind" in table.columns:
-                st.caption(
-                    "An encoder-decoder's heads, one row per attention block: E = encoder "
-                    "self-attention, D = decoder self-attention, C = cross attention (the "
-                    "decoder's loss of the target given the sentence)."
-                )
-            page.figure(
-                plots.head_value_grid(
-                    table,
-                    "importance",
-                    title="Importance of each head: click one to open it on the Heads page",
-                ),
-                "head-importance",
-                key="importance-grid",
-                on_select=_open_head,
-                selection_mode="points",
-            )
-            page.table(table, "head-importance", label="Download importance (.csv)", height=300)
-            page.figure(
-                plots.pruning_figure(curve, target.metric),
-                "pruning-curve",
-                key="pc",
-            )
-            st.download_button(
-                "Download the pruning curve (.csv)",
-                curve.to_csv(index=False),
-                file_name="pruning-curve.csv",
-                mime="text/csv",
-            )
-            st.subheader("Are the important heads the specialised ones?")
-            st.selectbox("Against", AGAINST, key="against")
-            stats = service.importance_stats(queries)
-            against = state["against"]
-            rho = rank_correlation(table, stats, against)
-            page.figure(plots.importance_scatter(table, stats, against), "importance-vs", key="vs")
-            st.caption(f"Spearman rank correlation of importance and {against}: {rho:.2f}")
-page.finish()
+    normalize, seed = state["normalize"], state["prune_seed"]
+    try:
+        done = page.heavy(
+            "importance",
+            ("importance+pruning", settings, normalize, seed),
+            lambda progress: importance.importance_and_pruning(
+                *settings, normalize, seed, progress
+            ),
+            "Head importance and pruning curve",
+            on_cancel=_back_to_the_button,
+        )
+    except mhsa.MHSAError as e:
+        page.error(e)
+        page.stop()
+    if done is None:
+        page.stop()
+    table, curve = done
+    if not auto and st.button("Cancel"):
+        _back_to_the_button()
+        st.rerun()
+    target = TARGET_SPECS[table.attrs["target"]]
+    st.caption(
+        f"{len(queries)} sentence(s) · target: {target.label} ({target.description}) "
+        f"· method: {state['method']} ({METHODS[state['method']]})"
+    )
+    if "kind" in table.columns:
+        st.caption(
+            "An encoder-decoder's heads, one row per attention block: E = encoder "
+            "self-attention, D = decoder self-attention, C = cross attention (the "
+            "decoder's loss of the target given the sentence)."
+        )
+    page.figure(
+        plots.head_value_grid(
+            table,
+            "importance",
+            title="Importance of each head: click one to open it on the Heads page",
+        ),
+        "head-importance",
+        key="importance-grid",
+        on_select=_open_head,
+        selection_mode="points",
+    )
+    page.table(table, "head-importance", label="Download importance (.csv)", height=300)
+    page.figure(
+        plots.pruning_figure(curve, target.metric),
+        "pruning-curve",
+        key="pc",
+    )
+    st.download_button(
+        "Download the pruning curve (.csv)",
+        curve.to_csv(index=False),
+        file_name="pruning-curve.csv",
+        mime="text/csv",
+    )
+    st.subheader("Are the important heads the specialised ones?")
+    st.selectbox("Against", AGAINST, key="against")
+    stats = importance.importance_stats(queries)
+    against = state["against"]
+    rho = rank_correlation(table, stats, against)
+    page.figure(plots.importance_scatter(table, stats, against), "importance-vs", key="vs")
+    st.caption(f"Spearman rank correlation of importance and {against}: {rho:.2f}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from mhsa import plots
-from ui import page, service
+from ui import core, page
 from ui.state import Param, bounded_int, choice, clamp, heads_list_param
 
 PARAMS = {
@@ -14,25 +14,26 @@ PARAMS = {
     "line_heads": Param([], heads_list_param, old_keys=("lheads",)),
     "line_token": Param(-1, bounded_int(-1, 100_000), old_keys=("ltoken",)),
     "lines_per_token": Param(0, bounded_int(0, 50), old_keys=("lk",)),
-    "values": Param("weights", choice(*service.VALUES)),
+    "values": Param("weights", choice(*core.VALUES)),
 }
 
 
 def _select_token() -> None:
     """A click on a token (trace 0: left column, 1: right) shows only its lines; in cross
     attention the right column holds the encoder's tokens, not queries: the left only."""
-    columns = (0,) if st.session_state.get("_mhsa_kind") == "cross" else (0, 1)
+    columns = (0,) if page.shown_kind() == "cross" else (0, 1)
     for point in st.session_state["lines"].selection.get("points", []):
         if point.get("curve_number") in columns and point.get("customdata") is not None:
             st.session_state["line_token"] = int(point["customdata"])
             return
 
 
-query = page.setup("Line view", PARAMS, kinds=True)
-query = page.values_switch(query)
-result = page.load(query)
-if result is not None:
-    result = service.shown_rows(query)
+with page.run("Line view", PARAMS, kinds=True) as query:
+    query = page.values_switch(query)
+    result = page.load(query)
+    if result is None:
+        page.stop()
+    result = core.shown_rows(query)
     layer = clamp("layer", 0, result.num_layers - 1)
     clamp("line_token", -1, result.num_queries - 1)
     valid = [h for h in st.session_state["line_heads"] if h < result.num_heads]
@@ -92,4 +93,3 @@ if result is not None:
             else ""
         )
     )
-page.finish()

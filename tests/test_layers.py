@@ -59,3 +59,53 @@ def test_ui_and_pages_never_import_torch_or_transformers(folder: str) -> None:
 
 def test_ui_never_imports_pages() -> None:
     assert _offenders(_files("ui"), {"pages"}) == {}
+
+
+def _ui_imports(path: Path) -> set[str]:
+    """The ``ui`` modules ``path`` imports (``from ui import x`` counts as ``ui.x``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("ui.")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "ui":
+                found |= {f"ui.{a.name}" for a in node.names}
+            elif node.module.startswith("ui."):
+                found.add(node.module)
+    return found
+
+
+def _ui_module(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def test_feature_views_sit_below_the_page_layer() -> None:
+    """``ui/views/`` computes values: it never draws the page (lifecycle, sidebar, heavy jobs)."""
+    page_layer = {"ui.page", "ui.sidebar", "ui.heavy", "ui.service"}
+    views = _files("ui/views")
+    assert len(views) >= 8
+    assert {_ui_module(p): hits for p in views if (hits := _ui_imports(p) & page_layer)} == {}
+
+
+def test_no_import_cycle_in_ui() -> None:
+    graph = {_ui_module(p): _ui_imports(p) for p in _files("ui")}
+    assert graph["ui.page"] >= {"ui.sidebar", "ui.heavy", "ui.core"}  # the checker reads them
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, " -> ".join((*path, module))
+        if module in done:
+            return
+        for imported in graph.get(module, ()):
+            visit(imported, (*path, module))
+        done.add(module)
+
+    for module in graph:
+        visit(module, ())
+
+
+def test_ui_modules_stay_small() -> None:
+    """Each feature's UI has a room of its own (CONTRIBUTING.md): no module of ``ui/`` runs
+    past 600 lines."""
+    sizes = {_ui_module(p): len(p.read_text().splitlines()) for p in _files("ui")}
+    assert {m: n for m, n in sizes.items() if n > 600} == {}

@@ -273,7 +273,8 @@ def test_generate_needs_a_causal_lm_head() -> None:
 
 
 def test_file_stem_names_sentence_model_and_engine() -> None:
-    from ui.service import Query, file_stem
+    from ui.core import Query
+    from ui.exports import file_stem
 
     stem = file_stem(Query("Hi there.", model="org/My Model", engine="mhsa"))
     digest = hashlib.sha1(b"Hi there.").hexdigest()[:8]

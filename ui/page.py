@@ -1,13 +1,26 @@
-"""What every page does: page config, the shared sidebar, the current result, safe messages,
-figures with their downloads."""
+"""The page lifecycle, what every page does: ``run`` (page config, state from the URL, the
+sidebar; at the end the URL, the figures' download), the current result, safe messages, figures
+with their downloads. The sidebar is ``ui.sidebar``, heavy jobs ``ui.heavy`` (``heavy`` and
+``queue_place`` are re-exported here: pages call ``page.heavy``).
+
+A page body runs inside ``with page.run(title, PARAMS) as query:`` and stops early with
+``page.stop()`` (after an ``st.info`` say), which still finishes the page::
+
+    with page.run("Rollout", PARAMS) as query:
+        result = page.load(query)
+        if result is None:
+            page.stop()
+        ...
+"""
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -15,52 +28,59 @@ import streamlit as st
 
 import mhsa
 from mhsa import plots
-from mhsa.jobs import Job, JobQueue, JobState
-from ui import service
-from ui.service import LIMITS, Query
+from ui import core, exports, runtime
+from ui.core import LIMITS, Query
+from ui.heavy import heavy, queue_place
+from ui.sidebar import EXPORT_FORMATS, KIND_LABELS, attention_kind, sidebar
 from ui.state import (
     GLOBAL_PARAMS,
     MAX_LINK_VALUE_BYTES,
     Param,
+    error,
     md_escape,
     show_notices,
     sync_url,
     use_params,
 )
+from ui.views import importance
 
 __all__ = [
+    "EXPORT_FORMATS",
     "KIND_LABELS",
+    "Stop",
     "attention_kind",
     "clicked_head",
     "corpus_queries",
     "error",
     "figure",
+    "file_stem",
     "finish",
     "heavy",
+    "link_params",
     "load",
     "md_escape",
     "open_head",
     "queue_place",
+    "run",
     "setup",
+    "shown_kind",
+    "stop",
     "table",
     "values_switch",
 ]
-
-#: how the camera button of every figure saves it (client-side: plotly.js draws the image of
-#: exactly what is on screen, zoom and hidden traces included)
-EXPORT_FORMATS = {"png": "PNG, 4x resolution", "svg": "SVG (vector, for papers)"}
 
 #: session key of the figures drawn in this run: (file stem, figure)
 _FIGURES = "_mhsa_figures"
 #: session key of the selections a page opens another page with (``open_head``)
 _OPENING = "_mhsa_opening"
-
-#: an encoder-decoder's attentions, as the sidebar names them (link key ``kind``)
-KIND_LABELS = {
-    "encoder": "encoder (self-attention over the sentence)",
-    "decoder": "decoder (causal self-attention over the target)",
-    "cross": "cross (decoder tokens attend to the sentence's)",
-}
+#: session keys of this run's file stem (``file_stem``), the attention the page shows
+#: (``shown_kind``), the page's link parameters (``link_params``), the found token and where
+#: the generated text starts (figures box and mark them)
+_FILE_STEM = "_mhsa_file_stem"
+_KIND = "_mhsa_kind"
+_PARAMS = "_mhsa_params"
+_FOUND = "_mhsa_found"
+_GENERATED_FROM = "_mhsa_generated_from"
 
 
 PRESENTATION_CSS = """<style>
@@ -121,24 +141,71 @@ def setup(title: str, params: dict[str, Param] | None = None, *, kinds: bool = F
         st.markdown(PRESENTATION_CSS, unsafe_allow_html=True)  # constant CSS, no user text
     st.title(title)
     show_notices()
-    query = _sidebar()
+    query = sidebar()
+    st.session_state[_FILE_STEM] = exports.file_stem(query)  # of the sidebar's choice
     if query.kind != "encoder" and not kinds:
         st.caption(
             f"This page shows the encoder's attention; the {query.kind} attention is on "
             "Heads, Line view, Compare, Head similarity and Head statistics."
         )
         query = query._replace(kind="encoder")
-    st.session_state["_mhsa_kind"] = query.kind
-    st.session_state["_mhsa_params"] = all_params
+    st.session_state[_KIND] = query.kind
+    st.session_state[_PARAMS] = all_params
     st.session_state[_FIGURES] = []  # this run's figures (``figure``), downloaded by ``finish``
     return query
+
+
+class Stop(Exception):
+    """Raised by ``stop``: the page body ends here, and ``run`` finishes the page."""
+
+
+def stop() -> NoReturn:
+    """End the page body now (inside ``run``, which still finishes the page): a guard for what
+    the page cannot show, after saying why (``st.info``), instead of nesting the rest."""
+    raise Stop
+
+
+@contextlib.contextmanager
+def run(
+    title: str, params: dict[str, Param] | None = None, *, kinds: bool = False
+) -> Iterator[Query]:
+    """The page's lifecycle: ``setup`` (yields the sidebar's ``Query``), the body, then
+    ``finish`` in a ``finally``, also when the body ends early (``stop``) or fails. Not after
+    Streamlit's own control flow (``st.rerun``, ``st.switch_page``, ``st.stop``: base
+    exceptions, not errors), which starts the page afresh."""
+    query = setup(title, params, kinds=kinds)
+    try:
+        yield query
+    except Stop:
+        pass
+    finally:
+        raised = sys.exc_info()[1]
+        if raised is None or isinstance(raised, Exception):
+            finish()
+
+
+def file_stem() -> str:
+    """The start of this run's saved files' names (``ui.exports.file_stem`` of the sidebar's
+    query), ``"mhsa"`` before any page has set it up."""
+    return st.session_state.get(_FILE_STEM, "mhsa")
+
+
+def shown_kind() -> str:
+    """The attention of an encoder-decoder this page shows (``encoder``, ``decoder`` or
+    ``cross``; ``encoder`` for every other model), as ``setup`` settled it."""
+    return st.session_state.get(_KIND, "encoder")
+
+
+def link_params() -> dict[str, Param]:
+    """The link parameters of this page: the shared ones and the page's own."""
+    return st.session_state.get(_PARAMS, GLOBAL_PARAMS)
 
 
 def open_head(query: Query, block: int, head: int) -> None:
     """Open the ``head`` of the ``block``-th attention block (as importance tables number them)
     on the Heads page: its layer and head selected, and for an encoder-decoder the sidebar's
     attention set to the head's (applied by ``setup`` on the next page, before its widgets)."""
-    kind, layer = service.knock_out_kind(query, block)
+    kind, layer = importance.knock_out_kind(query, block)
     opening: dict[str, object] = {"layer": layer, "head": head}
     if kind != "self":
         opening["kind"] = kind
@@ -150,8 +217,8 @@ def finish() -> None:
     """Mirror the final selections into the URL (call at the end of a page), say which value
     is too long to travel in a link, and offer the page's figures as one download."""
     _download_figures()
-    service.collect_now_and_then()
-    too_long = sync_url(st.session_state.get("_mhsa_params", GLOBAL_PARAMS))
+    runtime.collect_now_and_then()
+    too_long = sync_url(link_params())
     if too_long:
         with st.sidebar:
             st.caption(
@@ -168,11 +235,11 @@ def _download_figures() -> None:
     figures = st.session_state.pop(_FIGURES, None)  # the button's callable keeps them
     if not figures:
         return
-    stem = st.session_state.get("_mhsa_file_stem", "mhsa")
+    stem = file_stem()
     with st.sidebar:
         st.download_button(
             f"Download the {len(figures)} figure{'s' * (len(figures) > 1)} (HTML + CSV, .zip)",
-            data=lambda: service.figures_zip(figures),
+            data=lambda: exports.figures_zip(figures),
             file_name=f"{stem}-figures.zip",
             mime="application/zip",
             on_click="ignore",
@@ -182,165 +249,12 @@ def _download_figures() -> None:
         )
 
 
-def _sidebar_model() -> str:
-    """The model the sidebar names ("default" when the box is blank)."""
-    return st.session_state["model"].strip() or "default"
-
-
-def _sidebar() -> Query:
-    """The shared sidebar: what to compute, then how to show it. Returns the settings of the
-    result."""
-    with st.sidebar:
-        st.header("Settings")
-        _what_to_compute()
-        _generation()
-        _encoder_decoder()
-        _how_to_show()
-    return _sidebar_query()
-
-
-def _what_to_compute() -> None:
-    """Sentence, model, engine (and the seed of untrained weights), device, whole words."""
-    st.text_area(
-        "Sentence",
-        key="text",
-        max_chars=LIMITS.max_chars,
-        height=100,
-        help="Press Ctrl+Enter (or click outside) to apply.",
-    )
-    st.text_input(
-        "Model",
-        key="model",
-        help="'default' is the embedded all-MiniLM-L6-v2 (works offline). "
-        "Or a transformers model id, or a local folder.",
-    )
-    st.radio(
-        "Engine",
-        mhsa.ENGINES,
-        key="engine",
-        format_func=lambda name: mhsa.ENGINE_SPECS[name].label,
-        help="  \n".join(
-            f"**{spec.label}**: {spec.description}." for spec in mhsa.ENGINE_SPECS.values()
-        ),
-    )
-    if mhsa.ENGINE_SPECS[st.session_state["engine"]].seeded:
-        st.number_input("Seed of the untrained weights", min_value=0, step=1, key="seed")
-    st.selectbox("Device", mhsa.DEVICES, key="device")
-    st.toggle("Whole words (merge sub-word tokens)", key="words")
-
-
-def _generation() -> None:
-    """Tokens to generate after the sentence (an encoder-decoder: the target), offered only
-    for a model with a next-token head."""
-    if not service.can_generate(_sidebar_model(), st.session_state["device"]):
-        return
-    if service.is_encoder_decoder(_sidebar_model(), st.session_state["device"]):
-        label = "Generate the target (tokens; 0: type it)"
-        what = (
-            "This encoder-decoder writes the target for the sentence (greedy, or sampled "
-            "from the seed): the decoder's tokens are exactly the ids it chose, its start "
-            "token first."
-        )
-    else:
-        label = "Generate tokens after the sentence"
-        what = (
-            "This model has a next-token head: it continues the sentence (greedy, or "
-            "sampled from the seed), and every page shows attention over the sentence and "
-            "what it wrote, the generated part behind a dashed green line."
-        )
-    st.number_input(label, 0, mhsa.MAX_NEW_TOKENS, key="generate", help=what)
-    if st.session_state["generate"]:
-        st.toggle("Sample (seeded) instead of greedy", key="sample")
-
-
-def _encoder_decoder() -> None:
-    """An encoder-decoder's target text (unless generated) and which of its attentions the
-    pages draw (``attention_kind``)."""
-    if not service.is_encoder_decoder(_sidebar_model(), st.session_state["device"]):
-        return
-    if not st.session_state["generate"]:
-        st.text_area(
-            "Target (decoder) text",
-            key="target_text",
-            max_chars=LIMITS.max_chars,
-            height=70,
-            help="What the decoder reads (a translation, a summary ...). Empty: the sentence "
-            "itself. Or set the number above to let the model write it.",
-        )
-    attention_kind()
-
-
-def attention_kind() -> str:
-    """The attention of an encoder-decoder that the pages draw (link key ``kind``): the
-    encoder's, the decoder's, or the cross attention (decoder tokens attending to the
-    encoder's). Over whole words only the encoder's exists, and the choice says so."""
-    if st.session_state["words"]:
-        st.caption("Whole words: the encoder's attention only (turn them off for the others).")
-        return "encoder"
-    st.radio(
-        "Attention",
-        list(KIND_LABELS),
-        key="kind",
-        format_func=KIND_LABELS.get,
-        help="An encoder-decoder has three: the encoder's self-attention, the decoder's "
-        "causal self-attention, and cross attention, where the decoder's queries meet the "
-        "encoder's keys and values (rows: decoder tokens; columns: the sentence's tokens).",
-    )
-    return st.session_state["kind"]
-
-
-def _how_to_show() -> None:
-    """The token search, presentation mode, the format figures save in."""
-    st.text_input(
-        "Find a token",
-        key="find",
-        max_chars=200,
-        help="Selects the first matching token (case-insensitive, ## and Ġ ignored) and "
-        "boxes it in red in every figure of tokens.",
-    )
-    st.toggle("Presentation mode (large text, for a projector)", key="presentation")
-    st.radio(
-        "Figures save as",
-        list(EXPORT_FORMATS),
-        key="export",
-        format_func=EXPORT_FORMATS.get,
-        horizontal=True,
-        help="The camera button on every figure saves what is on screen in this format.",
-    )
-
-
-def _sidebar_query() -> Query:
-    """The sidebar's settings as a ``Query`` (and the file stem of this run's downloads)."""
-    state = st.session_state
-    model = _sidebar_model()
-    generate = int(state["generate"]) if service.can_generate(model, state["device"]) else 0
-    seq2seq = service.is_encoder_decoder(model, state["device"])
-    query = Query(
-        state["text"],
-        model,
-        state["engine"],
-        state["device"],
-        int(state["seed"]),
-        bool(state["words"]),
-        generate,
-        bool(state["sample"]),
-        target=state["target_text"] if seq2seq and not generate else "",
-        kind=state["kind"] if seq2seq and not state["words"] else "encoder",
-    )
-    state["_mhsa_file_stem"] = service.file_stem(query)
-    return query
-
-
-def error(e: Exception) -> None:
-    st.error(md_escape(str(e)), icon="🚫")
-
-
 def load(query: Query, *, primary: bool = True) -> mhsa.AttentionResult | None:
     """The result for ``query``, or None after showing what went wrong (the page goes on).
     ``primary``: the page's own sentence (the token search and the generated part refer to
     it); False for another sentence on the same page."""
     try:
-        result = service.attention(query)
+        result = core.attention(query)
     except mhsa.MHSAError as e:
         error(e)
         return None
@@ -355,9 +269,9 @@ def load(query: Query, *, primary: bool = True) -> mhsa.AttentionResult | None:
             st.caption(f"Running on **{md_escape(result.device)}**")
         if result.kind is None:
             _find(result)
-            st.session_state["_mhsa_generated_from"] = result.generated_from
+            st.session_state[_GENERATED_FROM] = result.generated_from
         else:  # the search and the generated text are the sentence's: the encoder's view
-            st.session_state["_mhsa_found"] = st.session_state["_mhsa_generated_from"] = None
+            st.session_state[_FOUND] = st.session_state[_GENERATED_FROM] = None
     return result
 
 
@@ -380,10 +294,10 @@ def _find(result: mhsa.AttentionResult) -> None:
             found = state["match"] if state.get("match") in matches else matches[0]
         elif matches:
             found = matches[0]
-    if found is not None and state.get("_mhsa_found") != found:
+    if found is not None and state.get(_FOUND) != found:
         state["token"] = found  # the Heads page's token focus and the line view's token
         state["line_token"] = found
-    state["_mhsa_found"] = found
+    state[_FOUND] = found
 
 
 def table(frame: pd.DataFrame, name: str, *, label: str, height: int = 400) -> None:
@@ -410,7 +324,7 @@ def figure(
     ``decorate``: box the found token and mark the generated text (figures of the page's
     sentence; off for figures of another one). ``download``: in the page's zip (off for a
     figure redrawn every second while a job runs)."""
-    stem = f"{st.session_state.get('_mhsa_file_stem', 'mhsa')}-{name}"
+    stem = f"{file_stem()}-{name}"
     fmt = st.session_state.get("export", "png")
     config = {
         "toImageButtonOptions": {
@@ -420,8 +334,8 @@ def figure(
         },
         "displaylogo": False,
     }
-    found = st.session_state.get("_mhsa_found")
-    generated_from = st.session_state.get("_mhsa_generated_from")
+    found = st.session_state.get(_FOUND)
+    generated_from = st.session_state.get(_GENERATED_FROM)
     if decorate and (found is not None or generated_from is not None):
         plots.decorate(fig, found=found, generated_from=generated_from)  # figures are per run
     if st.session_state.get("presentation"):
@@ -454,9 +368,9 @@ def values_switch(query: Query) -> Query:
         return query
     st.radio(
         "Values",
-        list(service.VALUES),
+        list(core.VALUES),
         key="values",
-        format_func=service.VALUES.get,
+        format_func=core.VALUES.get,
         horizontal=True,
         help="Weighted by value norm (Kobayashi et al. 2020): each weight times the norm of "
         "the vector the head carries from that key, ||(x W_V + b_V) W_O||: a large weight on a "
@@ -479,121 +393,3 @@ def corpus_queries(query: Query, label: str) -> tuple[Query, ...]:
         )
         lines = lines[: LIMITS.max_corpus]
     return tuple(query._replace(text=line) for line in lines) or (query,)
-
-
-#: session key of the heavy jobs this session holds a claim on, by the name a page gives each
-_JOBS = "_mhsa_jobs"
-#: session key of the jobs cancelled here, by name: their key, not run again until asked
-_CANCELLED = "_mhsa_cancelled_jobs"
-
-
-def heavy(
-    name: str,
-    key: tuple,
-    compute: Callable[[service.Progress], Any],
-    label: str,
-    *,
-    on_cancel: Callable[[], None] | None = None,
-) -> Any | None:
-    """Run ``compute(progress)`` through the server's heavy-job queue (``service.heavy_queue``)
-    and return its value, or None while it waits its turn or once cancelled.
-
-    The value comes from the shared cache when a finished job put it there under ``key``. A job
-    that waits shows how many jobs are ahead of it, checks again every second in a fragment
-    (the rest of the page is drawn meanwhile) and can be cancelled; a running job shows its
-    progress and this run waits for it (the page's later elements need its value). These
-    controls are cleared once the job has finished. ``name``
-    says which of the page's jobs this is: a new ``key`` under the same name withdraws the
-    session's claim on the old job. Its error, if it failed, is raised here.
-    """
-    hit = service.cached(key)
-    if hit is not None:
-        return hit
-    cancelled: dict[str, tuple] = st.session_state.setdefault(_CANCELLED, {})
-    if cancelled.get(name) == key:
-        st.info(f"{label}: cancelled.", icon="⏹️")
-        st.button("Run it again", key=f"again-{name}", on_click=cancelled.pop, args=(name,))
-        return None
-    try:
-        queue = service.heavy_queue()
-    except ValueError as e:  # a bad MHSA_MAX_HEAVY (ui.serve refuses it at start)
-        error(e)
-        return None
-    job = _claim(queue, name, key, compute, label)
-    cancel = {"on_click": _cancel, "args": (queue, name, job, key, on_cancel)}
-    controls = st.empty()  # the queue's place or progress, and Cancel: only while it is pending
-    with controls.container():
-        if job.state is JobState.WAITING:
-            st.button("Cancel", key=f"cancel-{name}", **cancel)
-            _waiting(queue, job)
-            return None
-        if not job.finished:
-            st.button("Cancel", key=f"cancel-{name}", **cancel)
-            _follow(job, label)
-    controls.empty()  # finished: no Cancel button left beside the result
-    st.session_state[_JOBS].pop(name, None)
-    if job.state is JobState.FAILED:
-        raise job.error
-    return job.result if job.state is JobState.DONE else None
-
-
-def _claim(
-    queue: JobQueue, name: str, key: tuple, compute: Callable[[service.Progress], Any], label: str
-) -> Job:
-    """The session's job called ``name`` for ``key``: the one it holds, else a new one in the
-    queue (a job for another key under that name is withdrawn first)."""
-    jobs: dict[str, Job] = st.session_state.setdefault(_JOBS, {})
-    job = jobs.get(name)
-    if job is not None and job.key != key:
-        queue.cancel(job)
-        job = None
-    if job is None or job.state is JobState.CANCELLED:
-        job = jobs[name] = queue.submit(
-            key, functools.partial(service.compute_and_keep, key, compute), label
-        )
-    return job
-
-
-def _cancel(
-    queue: JobQueue, name: str, job: Job, key: tuple, on_cancel: Callable[[], None] | None
-) -> None:
-    """The Cancel button: withdraw the session's claim on the job; then the page's
-    ``on_cancel``, or else the key is remembered as cancelled (not run again until asked)."""
-    queue.cancel(st.session_state.setdefault(_JOBS, {}).pop(name, job))
-    if on_cancel:
-        on_cancel()
-    else:
-        st.session_state.setdefault(_CANCELLED, {})[name] = key
-
-
-def _follow(job: Job, label: str) -> None:
-    """A progress bar for a running job, until it ends (the page's later elements need its
-    value)."""
-    bar = st.progress(0.0, text=f"{label}…")
-    while not job.wait(0.25):  # each update lets Streamlit stop this run for a newer one
-        done, total = job.done_steps, job.total_steps
-        text = f"{label}: {done} of {total} steps" if total else f"{label}…"
-        bar.progress(min(1.0, done / max(total, 1)), text=text)
-    bar.empty()
-
-
-@st.fragment(run_every=1.0)
-def _waiting(queue: JobQueue, job: Job) -> None:
-    """A waiting job's place in the queue, checked every second; the whole page runs again
-    once the job has its turn."""
-    if job.state is not JobState.WAITING:
-        st.rerun()
-    queue_place(job, queue)
-
-
-def queue_place(job: Job, queue: JobQueue | None = None) -> None:
-    """How many heavy jobs are ahead of a waiting one (``queue``: the server's heavy queue)."""
-    queue = queue or service.heavy_queue()
-    ahead = queue.ahead(job)
-    running, _ = queue.counts()
-    st.info(
-        f"{job.label} waits its turn: {ahead} heavy job{'s' if ahead != 1 else ''} ahead of "
-        f"you ({running} running; this server runs {queue.limit} at a time). It starts by "
-        "itself; the rest of the page works meanwhile.",
-        icon="⏳",
-    )

@@ -40,6 +40,11 @@ def md_escape(text: object) -> str:
     return _MD_SPECIAL.sub(r"\\\1", _AUTOLINK.sub("\u2060", clean))
 
 
+def error(e: Exception) -> None:
+    """``e``'s message as an error box, shown literally (no markdown read into it)."""
+    st.error(md_escape(str(e)), icon="🚫")
+
+
 def link_bytes(value: str) -> int:
     """Size of a value in a link (percent-encoded UTF-8)."""
     return len(quote(value, safe=""))

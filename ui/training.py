@@ -30,7 +30,7 @@ from mhsa.training import (
     train,
 )
 from mhsa.training.tasks import BOS, VOCAB
-from ui import service
+from ui import core
 
 __all__ = [
     "DEFAULTS",
@@ -181,7 +181,7 @@ class TrainingRun:
         """A waiting run leaves the queue; a running one stops after its current step and
         keeps what it has trained."""
         if self.job is not None and self.job.state is JobState.WAITING:
-            service.heavy_queue().cancel(self.job)
+            core.heavy_queue().cancel(self.job)
         self.stop.set()
 
     def _body(self, progress: Callable[[int, int], None]) -> str:
@@ -214,7 +214,7 @@ def start(config: TrainConfig) -> TrainingRun:
     students training the same settings each get their own run, which each may cancel)."""
     every = max(MIN_SNAPSHOT_EVERY, -(-config.steps // SNAPSHOTS_PER_RUN))
     run = TrainingRun(config, every)
-    run.job = service.heavy_queue().submit(("train", id(run)), run._body, "Training")
+    run.job = core.heavy_queue().submit(("train", id(run)), run._body, "Training")
     return run
 
 

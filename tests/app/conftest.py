@@ -6,15 +6,15 @@ import threading
 
 import pytest
 
-from ui import service
+from ui import core
 
 
 @pytest.fixture
 def one_slot(monkeypatch):
     """The process's heavy queue with one slot, taken by a job until ``release`` is set."""
     monkeypatch.setenv("MHSA_MAX_HEAVY", "1")
-    service.heavy_queue.cache_clear()
-    queue = service.heavy_queue()
+    core.heavy_queue.cache_clear()
+    queue = core.heavy_queue()
     release, started = threading.Event(), threading.Event()
 
     def hold(progress):
@@ -27,4 +27,4 @@ def one_slot(monkeypatch):
     yield queue, release
     release.set()
     holder.wait(10)
-    service.heavy_queue.cache_clear()
+    core.heavy_queue.cache_clear()

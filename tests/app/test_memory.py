@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.app.test_pages import run
-from ui import service
+from ui import core
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def _rss_mb() -> float:
 
 def test_long_texts_stay_within_the_result_budget(monkeypatch) -> None:
     monkeypatch.setenv("MHSA_RESULT_CACHE_MB", "160")  # two MiniLM results at 512 tokens
-    service.result_cache.clear()  # a fresh process-wide cache that reads the limit
+    core.result_cache.clear()  # a fresh process-wide cache that reads the limit
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
     texts = [" ".join(words[i:] + words[:i]) + " " + " ".join(["word"] * 600) for i in range(10)]
     at = run("pages/1_Heads.py", text=texts[0])  # warm: model loaded, first result cached
@@ -34,7 +34,7 @@ def test_long_texts_stay_within_the_result_budget(monkeypatch) -> None:
         at = run("pages/5_Rollout.py", text=text)
         assert not at.exception and not at.error
         assert any("tokens were dropped" in w.value for w in at.warning)  # 512 tokens
-    cache = service.result_cache()
+    cache = core.result_cache()
     one = 6 * 12 * 512 * 512 * 4
     assert len(cache) == 2 and cache.nbytes == 2 * one <= 160 * 2**20
     # ten 75 MB results (755 MB) went through; the process kept two of them and no copies per
@@ -42,5 +42,5 @@ def test_long_texts_stay_within_the_result_budget(monkeypatch) -> None:
     growth = _rss_mb() - start
     print(f"RSS growth over nine new 512-token texts: {growth:.0f} MB")
     assert growth < 160 + 3 * one / 2**20, (start, growth)
-    assert service.attention(service.Query(texts[1])) is service.attention(service.Query(texts[1]))
-    service.result_cache.clear()
+    assert core.attention(core.Query(texts[1])) is core.attention(core.Query(texts[1]))
+    core.result_cache.clear()

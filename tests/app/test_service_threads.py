@@ -9,7 +9,8 @@ import threading
 import torch
 
 import mhsa
-from ui import service
+from ui.core import Query
+from ui.views import similarity
 
 
 def test_page_analyses_run_on_one_core_fewer_in_their_own_thread_only(monkeypatch) -> None:
@@ -21,11 +22,11 @@ def test_page_analyses_run_on_one_core_fewer_in_their_own_thread_only(monkeypatc
             seen["other thread"] = _in_new_thread(torch.get_num_threads)
             super().add(result)
 
-    monkeypatch.setattr(service, "HeadSimilarityAccumulator", Recording)
-    service.head_similarity.clear()
+    monkeypatch.setattr(similarity, "HeadSimilarityAccumulator", Recording)
+    similarity.head_similarity.clear()
     before = torch.get_num_threads()
-    query = service.Query("Threads of a page's own work.")
-    frame = service.head_similarity((query,), "cosine")
+    query = Query("Threads of a page's own work.")
+    frame = similarity.head_similarity((query,), "cosine")
     assert frame.shape == (72, 72)
     assert 1 <= seen["analysis"] <= before
     if os.cpu_count() == before > 1:  # no CPU beyond torch's threads (CI's 2 cores): one fewer

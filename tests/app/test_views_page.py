@@ -203,11 +203,11 @@ def test_the_figures_zip_holds_each_figure_as_html_and_csv() -> None:
     import zipfile
 
     from mhsa import plots
-    from ui import service
+    from ui import exports
 
     cat = mhsa.attend("The cat sat on the mat.", model=mhsa.get_model("default", "cpu"))
     grid, head = plots.head_grid(cat), plots.head_heatmap(cat, 2, 7)
-    data = service.figures_zip([("s-grid", grid), ("s-L2H7", head), ("s-L2H7", head)])
+    data = exports.figures_zip([("s-grid", grid), ("s-L2H7", head), ("s-L2H7", head)])
     archive = zipfile.ZipFile(io.BytesIO(data))
     assert sorted(archive.namelist()) == sorted(
         ["plotly.min.js"]
@@ -272,7 +272,7 @@ def test_the_service_imports_scikit_learn_in_the_background() -> None:
 
     code = (
         "import sys, threading\n"
-        "import ui.service\n"
+        "import ui.core\n"
         "warm = [t for t in threading.enumerate() if t.name == 'mhsa-warm-imports']\n"
         "[t.join(60) for t in warm]\n"
         "print(len(warm), 'sklearn.manifold' in sys.modules)\n"
