@@ -8,11 +8,11 @@ import dataclasses
 from typing import Any, NamedTuple
 
 import pandas as pd
-from ui.core import LIMITS, Progress, Query, loaded_model, shared
 
 import mhsa
 from mhsa.circuits import top_edges
 from mhsa.encoding import check_text, encode
+from ui.core import LIMITS, Progress, Query, loaded_model, shared
 
 __all__ = [
     "CIRCUIT_EXAMPLES",
