@@ -42,5 +42,7 @@ def test_the_toy_induction_example_draws_the_circuit_and_patches_a_clicked_edge(
     # a click on an edge's label point path-patches that edge
     point = page.locator(".js-plotly-plot >> nth=0 >> .scatterlayer .trace.scatter .point").first
     point.click(force=True)
-    page.get_by_text("Path patching").wait_for(timeout=120_000)
+    patched = page.get_by_text("m goes from")
+    patched.wait_for(timeout=120_000)
+    assert "an exact score of" in patched.text_content()
     assert page.locator("[data-testid='stAlertContentError']").count() == 0
