@@ -227,7 +227,9 @@ def _gradients(pair: _Pair, embeddings: torch.Tensor | None, rows: int) -> torch
     run = CircuitRun(pair.graph.upstream, probe=True, embeddings=embeddings)
     with torch.inference_mode(False), torch.enable_grad():
         value = pair.measure(run_circuit(pair.wired, run, pair.ids(rows))).sum()
-        grads = torch.autograd.grad(value, run.zeros)
+        # an input nothing reads (an MLP frozen at zero output) has no gradient: zero
+        grads = torch.autograd.grad(value, run.zeros, allow_unused=True)
+    grads = [torch.zeros_like(z) if g is None else g for g, z in zip(grads, run.zeros, strict=True)]
     return torch.cat(grads, dim=1).sum(0).detach()  # (targets, T, D)
 
 
