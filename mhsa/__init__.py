@@ -3,6 +3,7 @@
 Never imports streamlit; only ``mhsa.plots`` imports plotly.
 """
 
+import mhsa.compat  # noqa: F401  (old names kept for a release: mhsa.deprecation)
 from mhsa.adapters import SUPPORTED_FOR_MHSA
 from mhsa.attention import (
     MultiHeadSelfAttention,

@@ -30,6 +30,7 @@ from mhsa.core import (
     observed,
     scaled_dot_product_attention,
 )
+from mhsa.deprecation import renamed_kwargs
 
 __all__ = [
     "ATTENTION_BACKENDS",
@@ -313,6 +314,7 @@ class MultiHeadSelfAttention(nn.Module):
         return q, k, v
 
     # --- forward -----------------------------------------------------------------------------
+    @renamed_kwargs(attn_mask="mask", attention_mask="padding_mask")
     def forward(
         self,
         query: torch.Tensor,
@@ -400,6 +402,7 @@ class MultiHeadSelfAttention(nn.Module):
             dtype=q.dtype,
         )
 
+    @renamed_kwargs(attn_mask="mask", attention_mask="padding_mask")
     def attention_weights(
         self,
         query: torch.Tensor,

@@ -34,10 +34,11 @@ import pandas as pd
 import torch
 from torch import nn
 
-from mhsa.encoding import Encoded, answer_ids, check_text, encode
+from mhsa.encoding import Encoded, check_text, encode
 from mhsa.errors import InputError, UnsupportedModelError
 from mhsa.generation import Generation, forward_inputs, generation_encoded
 from mhsa.heads import head_label
+from mhsa.metrics import answer_direction, answer_tokens, logit_difference
 from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
 
@@ -54,20 +55,6 @@ __all__ = [
     "residual_pass",
     "token_strings",
 ]
-
-
-def answer_tokens(lm: LoadedModel, answer: str, wrong: str) -> tuple[int, int]:
-    """The token ids of ``answer`` and ``wrong``: each a word that, after a space, is exactly one
-    token of ``lm``'s tokenizer (as it would follow the text); ``encoding.answer_ids`` under the
-    model's lock.
-
-    Raises:
-        InputError: a word is empty, is more than one token (the message names the tokens), is
-            the unknown token, or both are the same token.
-    """
-    with lm.lock:
-        a, w, _, _ = answer_ids(lm, answer, wrong)
-    return a, w
 
 
 @dataclass(frozen=True, eq=False)
@@ -474,8 +461,7 @@ def _attribution(
 ) -> HeadAttribution:
     last = len(run.tokens) - 1
     frozen = frozen_final_norm(run.final_norm, run.resid_post[-1][last])
-    u_weight = run.unembed.weight.float()
-    direction = u_weight[answer_id] - u_weight[wrong_id]  # (D,)
+    direction = answer_direction(run.unembed.weight, answer_id, wrong_id)  # (D,)
 
     def attributed(parts: torch.Tensor) -> np.ndarray:
         return (frozen(parts) @ direction).double().cpu().numpy()
@@ -500,7 +486,7 @@ def _attribution(
         mlp=attributed(mlps),
         final_norm_bias=0.0 if frozen.bias is None else float(frozen.bias @ direction),
         unembed_bias=0.0 if u_bias is None else float(u_bias[answer_id] - u_bias[wrong_id]),
-        logit_diff=float(run.logits[last, answer_id] - run.logits[last, wrong_id]),
+        logit_diff=float(logit_difference(run.logits, answer_id, wrong_id, position=last)),
     )
 
 
@@ -587,7 +573,7 @@ def logit_lens(
             values.append(top.values.cpu())
             probs.append(logits.softmax(-1).gather(-1, top.indices).cpu())
             if pair is not None:
-                diffs.append((logits[:, pair[0]] - logits[:, pair[1]]).cpu())
+                diffs.append(logit_difference(logits, *pair, position=None).cpu())
     return LogitLens(
         tokens=run.tokens,
         stages=("embeddings", *(f"L{i}" for i in range(run.layers))),

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from mhsa.deprecation import renamed_kwargs
+
 __all__ = [
     "ATTENTION_BACKENDS",
     "OBSERVATION_POINTS",
@@ -91,6 +93,7 @@ class Recorder:
         self.steps.append(TraceStep(name, formula, tensor.detach().clone()))
 
 
+@renamed_kwargs(attn_mask="mask", attention_mask="padding_mask")
 def combine_masks(
     mask: torch.Tensor | None,
     padding_mask: torch.Tensor | None,

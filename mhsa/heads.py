@@ -8,12 +8,17 @@ self-attention), ``C{layer}H{head}`` (cross-attention: decoder queries, encoder 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
+
+from mhsa.errors import InputError
 
 __all__ = [
     "KIND_LETTERS",
+    "check_heads",
     "head_label",
     "kind_head_label",
     "layer_name",
+    "parse_head",
     "parse_head_label",
     "parse_layer_head_label",
 ]
@@ -70,3 +75,65 @@ def parse_layer_head_label(label: str) -> tuple[str, int]:
             "E, D or C for the encoder, decoder or cross-attention, as C0H3)."
         )
     return match[1], int(match[2])
+
+
+def parse_head(item: object) -> tuple[int, int]:
+    """``(layer, head)`` from a pair or a label ``"L{layer}H{head}"``."""
+    if isinstance(item, str):
+        try:
+            return parse_head_label(item.strip())
+        except ValueError:
+            raise InputError(f"{item!r} is not a head: write L<layer>H<head>, as L0H3.") from None
+    try:
+        layer, head = item  # type: ignore[misc]
+        return int(layer), int(head)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{item!r} is not a head: give (layer, head) or 'L0H3'.") from e
+
+
+def check_heads(
+    items: Iterable[object], names: Sequence[str], heads: int
+) -> tuple[tuple[int, int], ...]:
+    """Heads as sorted, distinct ``(block, head)``: labels name a block's attention as ``names``
+    do (``L3``; encoder-decoders ``E0``, ``D0``, ``C0``), pairs give the block's number directly.
+
+    Raises:
+        InputError: an item that is no head, or a head the model does not have (its size named).
+    """
+    parsed = sorted({_parse_any_head(i, names, heads) for i in items})
+    for layer, head in parsed:
+        if not (0 <= layer < len(names) and 0 <= head < heads):
+            name = names[layer] if 0 <= layer < len(names) else f"L{layer}"
+            raise _no_such_head(f"{name}H{head}", names, heads)
+    return tuple(parsed)
+
+
+def _no_such_head(label: str, names: Sequence[str], heads: int) -> InputError:
+    if all(n.startswith("L") for n in names):
+        size = f"{len(names)} layers"
+    else:
+        counts = [(kind, sum(n.startswith(kind[0].upper()) for n in names)) for kind in _KINDS]
+        size = ", ".join(f"{n} {kind}" for kind, n in counts) + " attention layers"
+    return InputError(
+        f"There is no head {label}: the model has {size} of {heads} heads "
+        f"({names[0]}H0 to {names[-1]}H{heads - 1})."
+    )
+
+
+_KINDS = ("encoder", "decoder", "cross")
+
+
+def _parse_any_head(item: object, names: Sequence[str], heads: int) -> tuple[int, int]:
+    """``(block, head)`` of a label naming one of ``names``, or of a pair."""
+    if not isinstance(item, str):
+        return parse_head(item)
+    try:
+        name, head = parse_layer_head_label(item.strip())
+    except ValueError:
+        raise InputError(
+            f"{item!r} is not a head: write L<layer>H<head>, as L0H3 (encoder-decoders: "
+            "E, D or C<layer>H<head> for the encoder, decoder or cross-attention, as C0H3)."
+        ) from None
+    if name not in names:
+        raise _no_such_head(f"{name}H{head}", names, heads)
+    return names.index(name), head

@@ -28,7 +28,7 @@ from mhsa.corpus import Entry, Problem, batch_tokens_for, length_batches
 from mhsa.errors import InputError
 from mhsa.forward import make_result, our_attention, our_seq2seq_forward
 from mhsa.generation import Generation
-from mhsa.heads import KIND_LETTERS, parse_head_label, parse_layer_head_label
+from mhsa.heads import KIND_LETTERS, check_heads, parse_head
 from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.result import AttentionResult
 from mhsa.swap import our_blocks
@@ -92,62 +92,6 @@ class Ablation:
     ablated_value: float
     intact: AttentionResult
     ablated: AttentionResult
-
-
-def parse_head(item: object) -> Head:
-    """``(layer, head)`` from a pair or a label ``"L{layer}H{head}"``."""
-    if isinstance(item, str):
-        try:
-            return parse_head_label(item.strip())
-        except ValueError:
-            raise InputError(f"{item!r} is not a head: write L<layer>H<head>, as L0H3.") from None
-    try:
-        layer, head = item  # type: ignore[misc]
-        return int(layer), int(head)
-    except (TypeError, ValueError) as e:
-        raise InputError(f"{item!r} is not a head: give (layer, head) or 'L0H3'.") from e
-
-
-def _check_heads(items: Iterable[object], names: Sequence[str], heads: int) -> tuple[Head, ...]:
-    """Heads as ``(block, head)``: labels name a block's attention as ``names`` do (``L3``;
-    encoder-decoders ``E0``, ``D0``, ``C0``), pairs give the block's number directly."""
-    parsed = sorted({_parse_any_head(i, names, heads) for i in items})
-    for layer, head in parsed:
-        if not (0 <= layer < len(names) and 0 <= head < heads):
-            name = names[layer] if 0 <= layer < len(names) else f"L{layer}"
-            raise _no_such_head(f"{name}H{head}", names, heads)
-    return tuple(parsed)
-
-
-def _no_such_head(label: str, names: Sequence[str], heads: int) -> InputError:
-    if all(n.startswith("L") for n in names):
-        size = f"{len(names)} layers"
-    else:
-        counts = [(kind, sum(n.startswith(kind[0].upper()) for n in names)) for kind in _KINDS]
-        size = ", ".join(f"{n} {kind}" for kind, n in counts) + " attention layers"
-    return InputError(
-        f"There is no head {label}: the model has {size} of {heads} heads "
-        f"({names[0]}H0 to {names[-1]}H{heads - 1})."
-    )
-
-
-_KINDS = ("encoder", "decoder", "cross")
-
-
-def _parse_any_head(item: object, names: Sequence[str], heads: int) -> Head:
-    """``(block, head)`` of a label naming one of ``names``, or of a pair."""
-    if not isinstance(item, str):
-        return parse_head(item)
-    try:
-        name, head = parse_layer_head_label(item.strip())
-    except ValueError:
-        raise InputError(
-            f"{item!r} is not a head: write L<layer>H<head>, as L0H3 (encoder-decoders: "
-            "E, D or C<layer>H<head> for the encoder, decoder or cross-attention, as C0H3)."
-        ) from None
-    if name not in names:
-        raise _no_such_head(f"{name}H{head}", names, heads)
-    return names.index(name), head
 
 
 def as_entries(texts: str | Iterable[object]) -> list[Entry]:
@@ -225,7 +169,7 @@ def ablate(
     spec = resolve_target(lm, target, text_pair is not None)
     with lm.lock, torch.inference_mode():
         measure = Measure(lm, spec)
-        off = _check_heads(heads, measure.names, measure.heads)
+        off = check_heads(heads, measure.names, measure.heads)
         item = prepare(lm, Entry("text", text, text_pair), spec, max_tokens)
         shown_text = text.text if isinstance(text, Generation) else text
         shown = [_attention_with(measure, item, shown_text, g) for g in ({}, measure.gates(off))]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
-from mhsa.errors import ModelLoadError
+from mhsa.model_names import check_allowed
 
 __all__ = ["Limits"]
 
@@ -65,21 +65,6 @@ class Limits:
         return cls(allowed_models=allowed, **ints)
 
     def check_model(self, name: str) -> None:
-        """Refuse a model the operator has not allowed (the embedded default, the shipped toy
-        models, ``toy:<task>``, and the models this process trained, ``trained:<id>``, always
-        are: a trained name opens only what ``mhsa.trained`` holds)."""
-        from mhsa.trained import is_trained_name
-        from mhsa.training.toy import is_toy_name
-
-        if name == "default" or is_toy_name(name) or is_trained_name(name):
-            return
-        if self.allowed_models is None:
-            return
-        wanted = name.rstrip("/")
-        allowed = {m.rstrip("/") for m in self.allowed_models}
-        if wanted in allowed:
-            return
-        choices = ", ".join(["default", *self.allowed_models])
-        raise ModelLoadError(  # the same words whether or not such a folder or model exists
-            f"This server only loads these models: {choices}. {name!r} is not among them."
-        )
+        """Refuse a model the operator has not allowed: ``mhsa.models.check_allowed(name,
+        self)`` (``mhsa.model_names``, where what a model name means is decided)."""
+        check_allowed(name, self)

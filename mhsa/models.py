@@ -12,11 +12,21 @@ from typing import Any
 import torch
 
 from mhsa.errors import ModelLoadError
-from mhsa.trained import is_trained_name, trained_store
+from mhsa.model_names import (
+    DEFAULT_MODEL,
+    TOY_DIR,
+    TOY_PREFIX,
+    check_allowed,
+    is_trained_name,
+    shipped_toy_tasks,
+    toy_task,
+)
+from mhsa.trained import trained_store
 
 __all__ = [
     "DEFAULT_MODEL",
     "LoadedModel",
+    "check_allowed",
     "count_parameters",
     "cpu_threads",
     "default_model_path",
@@ -26,7 +36,6 @@ __all__ = [
     "resolve_model",
 ]
 
-DEFAULT_MODEL = "default"
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 
@@ -213,28 +222,24 @@ def _load_config(name: str, path: str) -> Any:
 
 
 def _model_path(name: str) -> str:
-    """Where a model name loads from: the embedded model, a shipped toy model (``toy:<task>``:
-    ``data/toy/<task>``), a model trained in this process (``trained:<id>``: its folder in
-    ``mhsa.trained``), or the name itself (a model id or folder)."""
+    """Where a model name loads from (what a name means: ``mhsa.model_names``): the embedded
+    model, a shipped toy model (``toy:<task>``: ``data/toy/<task>``), a model trained in this
+    process (``trained:<id>``: its folder in ``mhsa.trained``), or the name itself (a model id
+    or folder)."""
     if name == DEFAULT_MODEL:
         return default_model_path()
     if is_trained_name(name):
         return str(trained_store().get(name).folder)
-    from mhsa.training.toy import TOY_PREFIX, toy_model_path, toy_task
-
     if not name.startswith(TOY_PREFIX):
         return name
     task = toy_task(name)
-    path = None if task is None else toy_model_path(task)
-    if path is None or not (path / "config.json").is_file():
-        from mhsa.training.tasks import TASKS
-
+    if task is None:
         raise ModelLoadError(
             f"{name!r} is not a shipped toy model: the toy models are "
-            f"{', '.join(TOY_PREFIX + t for t in TASKS)}; train one with "
+            f"{', '.join(TOY_PREFIX + t for t in shipped_toy_tasks())}; train one with "
             "python -m mhsa train <task> --out data/toy/<task>."
         )
-    return str(path)
+    return str(TOY_DIR / task)
 
 
 def load_model(

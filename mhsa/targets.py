@@ -1,15 +1,16 @@
 """What "the output" of a model means when heads are switched off: the targets of knock-outs,
 head importance and pruning curves, and how one is measured through our module's head gates.
 
-One registry (``TARGET_SPECS``) says everything about a target: its names for people, whether it
-needs a second sentence or a language-model head, and the functions that compute its raw value
-and its change from the intact model. Code looks a target up there instead of branching on its
-name.
+One registry (``TARGET_SPECS``, defined with every other metric in ``mhsa.metrics`` and
+re-exported here) says everything about a target: its names for people, whether it needs a
+second sentence or a language-model head, and the functions that compute its raw value and its
+change from the intact model. Code looks a target up there instead of branching on its name.
+This module prepares the inputs a target scores and measures it through our module's gates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +22,15 @@ from mhsa.encoding import Encoded, check_text, encode
 from mhsa.errors import InputError
 from mhsa.generation import Generation, generation_encoded
 from mhsa.heads import layer_name
+from mhsa.metrics import (
+    TARGET_SPECS,
+    TargetSpec,
+    lm_loss,
+    resolve_target,
+    sentence_embedding,
+    target_spec,
+)
 from mhsa.models import LoadedModel
-from mhsa.registry import lookup
 from mhsa.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks, tile_rows
 
 __all__ = [
@@ -52,149 +60,6 @@ MASK_FRACTION = 0.15
 MASK_SEED = 0
 
 Head = tuple[int, int]
-
-
-def _similarity(readouts: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The cosine similarity of the two sentences' embeddings, ``[rows]``."""
-    return F.cosine_similarity(readouts[0], readouts[1], dim=-1)
-
-
-def _first(readouts: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The first (only) sentence's readout as it is: its embedding or its loss."""
-    return readouts[0]
-
-
-def _embedding_distance(raw: torch.Tensor, intact: torch.Tensor) -> torch.Tensor:
-    return 1.0 - F.cosine_similarity(raw, intact.expand_as(raw), dim=-1)
-
-
-def _absolute_difference(raw: torch.Tensor, intact: torch.Tensor) -> torch.Tensor:
-    return (raw - intact).abs()
-
-
-def _difference(raw: torch.Tensor, intact: torch.Tensor) -> torch.Tensor:
-    return raw - intact
-
-
-@dataclass(frozen=True)
-class TargetSpec:
-    """One target: what a knock-out's change measures, and how.
-
-    Attributes:
-        name: what ``ablate(target=...)``, the command line and links take.
-        label: its short name for people (pickers, legends).
-        description: what the change measures, for people.
-        metric: what a pruning curve's metric is under this target.
-        needs_pair: it compares two sentences (every item is a ``(sentence, sentence)`` pair).
-        needs_lm_head: it reads the language-model head's loss (else the sentence embedding).
-        raw: the raw value per row from each scored sentence's readout (its embedding
-            ``[rows, D]``, or with ``needs_lm_head`` its loss ``[rows]``).
-        change: ``change(raw, intact)``, ``[rows]``: the value's change from the intact model.
-        value_is_change: the raw value is a vector (the embedding), so the value people see is
-            its change from the intact model (0 for the intact model itself).
-        no_gradient: why the gradient of this target says nothing about the heads; empty when
-            it does.
-        encoder_decoder: it measures encoder-decoder models too (their output is the decoder's:
-            no sentence embedding of the text).
-    """
-
-    name: str
-    label: str
-    description: str
-    metric: str
-    needs_pair: bool
-    needs_lm_head: bool
-    raw: Callable[[Sequence[torch.Tensor]], torch.Tensor]
-    change: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    value_is_change: bool = False
-    no_gradient: str = ""
-    encoder_decoder: bool = False
-
-
-#: Every target, by name, in the order pickers and the command line list them.
-TARGET_SPECS: Mapping[str, TargetSpec] = {
-    spec.name: spec
-    for spec in (
-        TargetSpec(
-            "embedding",
-            label="sentence embedding",
-            description="1 - cosine between the sentence embedding (the attention-mask-weighted "
-            "mean of the last hidden state, as sentence-transformers pool MiniLM) of the intact "
-            "and of the changed model",
-            metric="1 − cos(embedding, intact embedding)",
-            needs_pair=False,
-            needs_lm_head=False,
-            raw=_first,
-            change=_embedding_distance,
-            value_is_change=True,
-            no_gradient="The gradient of the embedding distance is zero at the intact model (1 - "
-            "cosine is at its minimum when nothing changed), so it says nothing about the heads: "
-            "use method='ablation' for this target, or a target with a slope ('similarity' with "
-            "sentence pairs, 'lm-loss' for a model with a language-model head).",
-        ),
-        TargetSpec(
-            "similarity",
-            label="similarity of two sentences",
-            description="how far the cosine similarity of two sentences' embeddings moves: "
-            "|cos(changed) - cos(intact)| (the task all-MiniLM-L6-v2 was trained for)",
-            metric="cosine similarity of the two sentences",
-            needs_pair=True,
-            needs_lm_head=False,
-            raw=_similarity,
-            change=_absolute_difference,
-        ),
-        TargetSpec(
-            "lm-loss",
-            label="language-model loss",
-            description="the change of the model's own language-model loss (cross-entropy; "
-            "causal LMs: next token; masked LMs: a fixed, seeded 15% of the tokens masked; "
-            "encoder-decoders: the decoder's loss of the target text, the second text or the "
-            "text itself, given the text): loss(changed) - loss(intact)",
-            metric="language-model loss",
-            needs_pair=False,
-            needs_lm_head=True,
-            raw=_first,
-            change=_difference,
-            encoder_decoder=True,
-        ),
-    )
-}
-
-
-def target_spec(name: str) -> TargetSpec:
-    """The target called ``name``.
-
-    Raises:
-        InputError: there is no such target; the message lists them.
-    """
-    return lookup(TARGET_SPECS, name, "target")
-
-
-def resolve_target(lm: LoadedModel, target: str | None, pair: bool) -> TargetSpec:
-    """The target asked for, or by default: the language-model loss when the checkpoint has a
-    head for it, the similarity with a second sentence, else the embedding.
-
-    Raises:
-        InputError: an unknown target, or one the model or the input cannot measure.
-    """
-    if target is None:
-        target = "lm-loss" if lm.lm_head else "similarity" if pair else "embedding"
-    spec = target_spec(target)
-    if spec.needs_lm_head and not lm.lm_head:
-        archs = ", ".join(getattr(lm.config, "architectures", None) or ["none listed"])
-        raise InputError(
-            f"{lm.display_name} has no language-model head in its checkpoint (architectures: "
-            f"{archs}), so it has no loss to measure: use the target 'embedding' (or "
-            f"'similarity' with a second sentence)."
-        )
-    if lm.is_encoder_decoder and not spec.encoder_decoder:
-        raise InputError(
-            f"{lm.display_name} is an encoder-decoder model: its knock-outs are measured by the "
-            f"decoder's language-model loss (target 'lm-loss'), not by {spec.name!r}."
-        )
-    if spec.needs_pair and not pair:
-        raise InputError(f"The target {spec.name!r} needs a second sentence to compare with.")
-    return spec
 
 
 # --- inputs -----------------------------------------------------------------------------------
@@ -381,35 +246,6 @@ def batch_item(lm: LoadedModel, group: Sequence[EncodedEntry], spec: TargetSpec)
 # --- measuring ----------------------------------------------------------------------------------
 
 
-def _wide(x: torch.Tensor) -> torch.Tensor:
-    """16-bit values in float32 for the target's sums; float32 and float64 as they are."""
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-
-
-def sentence_embedding(outputs: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Attention-mask-weighted mean of the last hidden state, ``[rows, D]`` (how
-    sentence-transformers pool MiniLM): the sentence embedding every target reads."""
-    hidden = _wide(outputs.last_hidden_state)
-    mask = inputs.get("attention_mask", torch.ones(hidden.shape[:2], dtype=torch.long))
-    mask = tile_rows(mask, hidden.shape[0])
-    weight = mask.to(hidden.device, hidden.dtype)[..., None]  # (1 or rows, T, 1)
-    return (hidden * weight).sum(1) / weight.sum(1)
-
-
-def _loss(lm: LoadedModel, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy per row, ``[rows]`` (causal: next token; masked: the masked tokens)."""
-    labels = labels.to(logits.device)
-    if lm.lm_head == "causal":
-        logits, labels = logits[:, :-1], labels[:, 1:]
-    rows, t, vocab = logits.shape
-    labels = tile_rows(labels, rows).expand(rows, t)
-    per_token = F.cross_entropy(
-        _wide(logits).reshape(-1, vocab), labels.reshape(-1), reduction="none"
-    ).view(rows, t)
-    scored = (labels != -100).to(per_token.dtype)
-    return (per_token * scored).sum(1) / scored.sum(1)
-
-
 def _copies(inputs: dict[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
     """A batch of one sentence as ``rows`` copies of it (row r: gates row r)."""
     if rows == 1:
@@ -511,7 +347,7 @@ class Measure:
         if with_head:
             if item.labels is None:
                 raise ValueError("A loss target's item has no labels.")
-            return _loss(self.lm, outputs.logits, item.labels)
+            return lm_loss(self.lm, outputs.logits, item.labels)
         return sentence_embedding(outputs, inputs)
 
     def change(self, raw: torch.Tensor, intact: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ from typing import Any
 
 from mhsa.errors import ModelLoadError
 from mhsa.limits import Limits
+from mhsa.model_names import TRAINED_PREFIX, is_trained_name
 
 __all__ = [
     "TRAINED_PREFIX",
@@ -35,14 +36,7 @@ __all__ = [
     "trained_store",
 ]
 
-#: the model box's name of a model trained in this process: ``trained:<id>``
-TRAINED_PREFIX = "trained:"
 _ID = re.compile(r"[0-9a-f]{12}")
-
-
-def is_trained_name(name: str) -> bool:
-    """The name asks for a model trained in this process (whether or not it is held)."""
-    return name.strip().startswith(TRAINED_PREFIX)
 
 
 @dataclass(frozen=True)

@@ -408,3 +408,23 @@ def test_similarity_target_measures_cosine_to_the_second_sentence(
         _, ref = _metric(minilm, tok(pair, return_tensors="pt"))
         m_clean = _metric(minilm, tok(CLEAN, return_tensors="pt"), ref=ref)[0]
     assert table.attrs["clean"] == pytest.approx(float(m_clean), abs=1e-5)
+
+
+@pytest.mark.slow
+def test_one_driver_with_thin_entry_points(toy: mhsa.LoadedModel) -> None:
+    """``patch_heads`` and ``patch_positions`` are partials of ``generic_activation_patch``
+    (issue 37.4, as TransformerLens's ``get_act_patch_*``); one layer's heads alone give that
+    layer's rows of the whole table, each head patched by hand as above."""
+    assert patching.patch_heads.func is patching.generic_activation_patch
+    assert patching.patch_positions.func is patching.generic_activation_patch
+    options = {"model": toy, "answer": "fu", "wrong": "lo"}
+    one = patching.patch_heads(*TOY_TEXTS, 1, **options)
+    assert list(one.index) == [f"L1H{h}" for h in range(len(one))] and set(one["layer"]) == {1}
+    hand = _by_hand(toy, "z", answer="fu", wrong="lo", texts=TOY_TEXTS, layers=[1])
+    _assert_matches(one, hand)
+    with pytest.raises(mhsa.InputError, match="needs a layer"):
+        patching.generic_activation_patch(*TOY_TEXTS, index="positions", **options)
+    with pytest.raises(mhsa.InputError, match="Unknown index 'cells'"):
+        patching.generic_activation_patch(*TOY_TEXTS, index="cells", **options)
+    with pytest.raises(mhsa.InputError, match="There is no layer 7"):
+        patching.patch_heads(*TOY_TEXTS, 7, **options)

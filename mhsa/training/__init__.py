@@ -1,6 +1,7 @@
 """Heads that learn: toy tasks, training small transformers through our module, and the shipped
 toy models (``data/toy/<task>/``, opened as ``toy:<task>``)."""
 
+from mhsa.training.card import save_model
 from mhsa.training.families import MODEL_FAMILIES, ModelFamily, model_family
 from mhsa.training.scores import (
     HeadScores,
@@ -17,7 +18,7 @@ from mhsa.training.tasks import (
     probe_batch,
     sample,
 )
-from mhsa.training.toy import TOY_PREFIX, is_toy_name, save_model, toy_model_path, toy_task
+from mhsa.training.toy import TOY_PREFIX, is_toy_name, toy_model_path, toy_task
 from mhsa.training.trainer import (
     PHASE_CHANGE_SCORE,
     RECIPES,

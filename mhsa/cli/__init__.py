@@ -1,0 +1,52 @@
+"""The command line, ``python -m mhsa COMMAND ...``: what the pages do, without the browser.
+
+One module per command, its parser beside its handler: ``EXAMPLES`` (shown by ``--help``),
+``add_parser(subparsers)`` and ``run(args)``. A new command is a module here and one entry in
+``COMMANDS`` (issue 40's ``circuit``: ``mhsa/cli/circuit.py``). Bad arguments and every
+``MHSAError`` end in one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mhsa.cli import attend, flow, importance, info, patch, roles, stats, train
+from mhsa.cli.common import Parser, check_outputs
+from mhsa.errors import MHSAError
+
+__all__ = ["COMMANDS", "main", "parser"]
+
+#: every command, in the order ``--help`` lists them
+COMMANDS = (attend, info, stats, importance, train, roles, patch, flow)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line: each command module adds its subcommand (which names its ``run``)."""
+    examples = "".join(f"  {e}\n" for command in COMMANDS for e in command.EXAMPLES)
+    top = Parser(
+        prog="python -m mhsa",
+        description="Multi-head self-attention explorer: per-head attention from real models.",
+        epilog="examples:\n" + examples,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    subparsers = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.add_parser(subparsers)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; 0 on success (errors exit 2 with one line)."""
+    cli = parser()
+    args = cli.parse_args(argv)
+    try:
+        check_outputs(args)
+        args.run(args)
+    except MHSAError as e:
+        cli.error(str(e))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

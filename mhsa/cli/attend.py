@@ -1,0 +1,74 @@
+"""``attend``: per-head attention of one text, summarised and saved (``mhsa.attend``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from mhsa.cli.common import add_command, add_model_options
+
+EXAMPLES = ('python -m mhsa attend "The cat sat on the mat." --engine mhsa --out cat.npz',)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from mhsa.extract import ENGINES
+
+    attend = add_command(
+        subparsers, "attend", run, EXAMPLES, help="compute per-head attention of a text and save it"
+    )
+    attend.add_argument("text", help="the sentence")
+    add_model_options(attend)
+    attend.add_argument("--engine", default="transformers", choices=ENGINES)
+    attend.add_argument("--max-tokens", type=int, default=None, help="truncate to this many tokens")
+    attend.add_argument("--pair", default=None, help="second segment / decoder text")
+    attend.add_argument("--seed", type=int, default=0, help="seed of the mhsa-random engine")
+    attend.add_argument(
+        "--verify",
+        action="store_true",
+        help="mhsa engine: also run the model's own forward and print the differences",
+    )
+    attend.add_argument(
+        "--norms",
+        action="store_true",
+        help="also compute attention weighted by value norm (Kobayashi et al. 2020), saved "
+        "with --out as the result's norms",
+    )
+    attend.add_argument("--out", type=Path, default=None, help="write the result (.npz)")
+
+
+def run(args: argparse.Namespace) -> None:
+    import mhsa
+
+    r = mhsa.attend(
+        args.text,
+        model=args.model,
+        engine=args.engine,
+        device=args.device,
+        max_tokens=args.max_tokens,
+        text_pair=args.pair,
+        seed=args.seed,
+        verify=args.verify,
+        norms=args.norms,
+    )
+    print(f"model    {r.model} ({r.num_parameters:,} parameters) on {r.device}, engine {r.engine}")
+    print(f"tokens   {len(r.tokens)}: {' '.join(r.tokens)}")
+    if r.truncated_tokens:
+        print(f"         ({r.truncated_tokens} tokens dropped by truncation)")
+    print(f"shape    {list(r.attention.shape)} [layers, heads, query, key]")
+    print(f"time     load {r.timings['load']:.2f} s, forward {r.timings['forward'] * 1e3:.1f} ms")
+    if r.max_abs_diff is not None:
+        layers = ", ".join(f"{d:.1e}" for d in r.layer_max_abs_diff or [])
+        print(f"agrees   max |ours - model| attention per layer: {layers}")
+        for kind in ("decoder", "cross"):  # encoder-decoders: the other two attentions
+            diffs = getattr(r, f"{kind}_layer_max_abs_diff")
+            if diffs is not None:
+                print(
+                    f"         {kind} attention per layer: {', '.join(f'{d:.1e}' for d in diffs)}"
+                )
+        if r.encoder_hidden_max_abs_diff is not None:
+            print(f"         encoder final hidden state: {r.encoder_hidden_max_abs_diff:.1e}")
+        print(f"         final hidden state: {r.hidden_max_abs_diff:.1e}")
+    if r.norms is not None:
+        print(f"norms    {list(r.norms.shape)} weight x value norm, largest {r.norms.max():.3g}")
+    if args.out:
+        print(f"wrote    {r.save(args.out)}")
