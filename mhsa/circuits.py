@@ -48,6 +48,7 @@ from mhsa.circuit_graph import CircuitGraph
 from mhsa.circuit_runs import CircuitModel, CircuitRun, circuit_model, run_circuit
 from mhsa.encoding import answer_ids, check_text, encode
 from mhsa.errors import InputError
+from mhsa.metrics import logit_difference
 from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.registry import lookup
 from mhsa.swap import OurBlock, OurPass
@@ -119,9 +120,9 @@ class _Pair:
         return {k: v.expand(rows, -1) for k, v in self.clean.items()}
 
     def measure(self, logits: torch.Tensor) -> torch.Tensor:
-        """``[rows]``: logit(answer) - logit(wrong) at the last position."""
-        last = logits[:, -1].float()
-        return last[:, self.answer] - last[:, self.wrong]
+        """``[rows]``: logit(answer) - logit(wrong) at the last position (the metric module's
+        ``logit_difference``, patching's metric)."""
+        return logit_difference(logits, self.answer, self.wrong)
 
     def attrs(self) -> dict[str, Any]:
         return {
@@ -199,8 +200,7 @@ def _run_pair(
     with torch.inference_mode():
         logits = run_circuit(wired, run, both)
     acts = torch.stack(run.acts, dim=1)  # (2, sources, T, D)
-    last = logits[:, -1].float()
-    m_clean, m_corrupted = (float(v) for v in last[:, answer] - last[:, wrong])
+    m_clean, m_corrupted = (float(v) for v in logit_difference(logits, answer, wrong))
     if abs(m_clean - m_corrupted) <= 1e-6 * max(1.0, abs(m_clean)):
         raise InputError(
             f"The clean and the corrupted text give the same metric ({m_clean:.6g}), so no "
