@@ -8,13 +8,23 @@ Every list of supported families (error messages, ``SUPPORTED_FOR_MHSA``) is der
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from mhsa.attention import MultiHeadSelfAttention, RotaryEmbedding
+from mhsa.families import albert, falcon, gptj, neox, opt, phi
+from mhsa.families.record import (
+    Family,
+    ValueOf,
+    bias_of,
+    load_linears,
+    our_rotary,
+    rotary_of,
+    store_linears,
+)
+from mhsa.families.record import (
+    whole as _whole,
+)
 
 __all__ = [
     "FAMILIES",
@@ -40,98 +50,10 @@ __all__ = [
 ]
 
 
-#: takes V ``[B, S, G Dh]`` from the output of the module that computes it
-ValueOf = Callable[[torch.Tensor], torch.Tensor]
-
-
-def _whole(output: torch.Tensor) -> torch.Tensor:
-    return output
-
-
 def _gpt2_values(block: nn.Module) -> tuple[nn.Module, ValueOf]:
     """GPT-2 computes Q, K, V in one ``c_attn``: V is the last ``embed_dim`` of its output."""
     d = block.embed_dim
     return block.c_attn, lambda qkv: qkv[..., 2 * d :]
-
-
-@dataclass(frozen=True)
-class Family:
-    """An attention-block layout our module can stand in for.
-
-    Attributes:
-        name: for people ("BERT family").
-        layout: the block's parts and the models that use it, for people.
-        matches: recognises a block of this layout (structural tests rather than class names:
-            RoBERTa, ELECTRA, XLM-R... reuse BERT's layout under other names).
-        load: our module with the block's weights; gets the block and the whole model (for
-            model-level parts such as the rotary embedding). Raises ``ValueError`` saying why
-            for a block of this layout that it cannot reproduce.
-        causal: whether the block masks later positions.
-        finish: what the block does after its output projection, as ``finish(block, out, x)``
-            (BERT: dropout, residual and LayerNorm live inside the attention block).
-        store: the inverse of ``load``: writes our module's weights into the block, as
-            ``store(ours, block)``.
-        values: where the block computes V: ``values(block)`` gives the submodule whose output
-            holds ``X W_V + b_V`` ``[B, S, G Dh]`` and how to take V from that output (the
-            value norms of the ``transformers`` engine read it with a forward hook).
-        score_bias: a bias the block adds to its scores besides the mask (T5's relative
-            position bias), as ``score_bias(block, given, T, S)``: ``given`` is the bias the
-            model's layer passed down (None when the block computes its own); returns
-            ``[1|B, H, T, S]`` or None.
-        returns: what the block returns, as ``returns(out, weights, bias)`` (``bias``: what
-            ``score_bias`` gave); ``(out, weights)`` when None.
-    """
-
-    name: str
-    layout: str
-    matches: Callable[[nn.Module], bool]
-    load: Callable[[nn.Module, nn.Module], MultiHeadSelfAttention]
-    causal: Callable[[nn.Module], bool]
-    finish: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-    store: Callable[[MultiHeadSelfAttention, nn.Module], None] | None = None
-    values: Callable[[nn.Module], tuple[nn.Module, ValueOf]] | None = None
-    score_bias: Callable[[nn.Module, torch.Tensor | None, int, int], torch.Tensor | None] | None = (
-        None
-    )
-    returns: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], tuple] | None = None
-
-    def describe(self) -> str:
-        """``name (layout)``, for messages that list what is supported."""
-        return f"{self.name} ({self.layout})"
-
-
-def _bias(linear: nn.Module) -> torch.Tensor | None:
-    return None if linear.bias is None else linear.bias.detach()
-
-
-def _copy_linear(linear: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """Write ``weight`` (and ``bias``) into an ``nn.Linear``-layout projection."""
-    if (bias is None) != (linear.bias is None):
-        has = "has no" if linear.bias is None else "has a"
-        raise ValueError(f"the block's projection {has} bias and our module does not agree")
-    linear.weight.copy_(weight)
-    if bias is not None:
-        linear.bias.copy_(bias)
-
-
-def _load_linears(
-    linears: tuple[nn.Module, ...], *, num_heads: int, scale: float | None = None
-) -> MultiHeadSelfAttention:
-    """Our module from four ``nn.Linear`` projections W_Q, W_K, W_V, W_O (and their biases)."""
-    return MultiHeadSelfAttention.from_projections(
-        *(lin.weight.detach() for lin in linears),
-        *(_bias(lin) for lin in linears),
-        num_heads=num_heads,
-        scale=scale,
-    )
-
-
-def _store_linears(ours: MultiHeadSelfAttention, linears: tuple[nn.Module, ...]) -> None:
-    """Our W_Q, W_K, W_V, W_O (and biases) into four ``nn.Linear`` projections, in that order."""
-    weights, biases = ours.projections()
-    with torch.no_grad():
-        for linear, w, b in zip(linears, weights, biases, strict=True):
-            _copy_linear(linear, w, b)
 
 
 # --- BERT family ------------------------------------------------------------------------------
@@ -153,7 +75,7 @@ def load_bert(attention: nn.Module) -> MultiHeadSelfAttention:
         s.key.weight.detach(),
         s.value.weight.detach(),
         dense.weight.detach(),
-        *(_bias(p) for p in (s.query, s.key, s.value, dense)),
+        *(bias_of(p) for p in (s.query, s.key, s.value, dense)),
         num_heads=s.num_attention_heads,
         scale=float(getattr(s, "scaling", s.attention_head_size**-0.5)),
     )
@@ -162,7 +84,7 @@ def load_bert(attention: nn.Module) -> MultiHeadSelfAttention:
 def store_bert(ours: MultiHeadSelfAttention, attention: nn.Module) -> None:
     """Our module's weights into a BERT-family attention block (the inverse of ``load_bert``)."""
     s = attention.self
-    _store_linears(ours, (s.query, s.key, s.value, attention.output.dense))
+    store_linears(ours, (s.query, s.key, s.value, attention.output.dense))
 
 
 def _bert_finish(block: nn.Module, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -176,12 +98,12 @@ def _distilbert_linears(attention: nn.Module) -> tuple[nn.Module, ...]:
 
 def load_distilbert(attention: nn.Module) -> MultiHeadSelfAttention:
     """Our module from a DistilBERT attention block (``q_lin``/``k_lin``/``v_lin``/``out_lin``)."""
-    return _load_linears(_distilbert_linears(attention), num_heads=attention.n_heads)
+    return load_linears(_distilbert_linears(attention), num_heads=attention.n_heads)
 
 
 def store_distilbert(ours: MultiHeadSelfAttention, attention: nn.Module) -> None:
     """Our module's weights into a DistilBERT attention block."""
-    _store_linears(ours, _distilbert_linears(attention))
+    store_linears(ours, _distilbert_linears(attention))
 
 
 # --- GPT-2 ------------------------------------------------------------------------------------
@@ -243,13 +165,7 @@ def _our_rotary(
         return RotaryEmbedding.default(d_head, float(params.get("rope_theta", 10000.0)))
     if isinstance(rotary, RotaryEmbedding):
         return rotary
-    rope_type = getattr(rotary, "rope_type", "default")
-    if rope_type in ("dynamic", "longrope"):
-        raise ValueError(
-            f"rope type {rope_type!r} changes its frequencies with the sequence length; "
-            "load_llama loads static rope (default, linear, llama3, yarn)"
-        )
-    return RotaryEmbedding(rotary.inv_freq, getattr(rotary, "attention_scaling", 1.0))
+    return our_rotary(rotary)
 
 
 def load_llama(
@@ -274,7 +190,7 @@ def load_llama(
     projections = _llama_linears(attention)
     return MultiHeadSelfAttention.from_projections(
         *(p.weight.detach() for p in projections),
-        *(_bias(p) for p in projections),
+        *(bias_of(p) for p in projections),
         num_heads=attention.q_proj.weight.shape[0] // d_head,
         num_kv_heads=attention.k_proj.weight.shape[0] // d_head,
         scale=float(attention.scaling),
@@ -284,15 +200,7 @@ def load_llama(
 
 def store_llama(ours: MultiHeadSelfAttention, attention: nn.Module) -> None:
     """Our module's weights into a Llama-layout block (the rotary positions are the model's)."""
-    _store_linears(ours, _llama_linears(attention))
-
-
-def rotary_of(model: nn.Module) -> nn.Module:
-    """The model's rotary embedding module (its ``inv_freq`` carries the rope scaling)."""
-    for module in model.modules():
-        if hasattr(module, "inv_freq") and "rotary" in type(module).__name__.lower():
-            return module
-    raise ValueError("no rotary embedding with inv_freq found in the model")
+    store_linears(ours, _llama_linears(attention))
 
 
 def _load_llama_of_model(block: nn.Module, model: nn.Module) -> MultiHeadSelfAttention:
@@ -318,14 +226,14 @@ def load_bart(attention: nn.Module) -> MultiHeadSelfAttention:
     """Our module from a BART-family block (``q_proj``/``k_proj``/``v_proj``/``out_proj``,
     ``scaling``: BART, mBART, Marian); the same module serves its self- and cross-attention
     (cross-attention: ``forward(x, memory=encoder_output)``)."""
-    return _load_linears(
+    return load_linears(
         _bart_linears(attention), num_heads=attention.num_heads, scale=float(attention.scaling)
     )
 
 
 def store_bart(ours: MultiHeadSelfAttention, attention: nn.Module) -> None:
     """Our module's weights into a BART-family block (the inverse of ``load_bart``)."""
-    _store_linears(ours, _bart_linears(attention))
+    store_linears(ours, _bart_linears(attention))
 
 
 # --- T5 family --------------------------------------------------------------------------------
@@ -341,14 +249,14 @@ def load_t5(attention: nn.Module) -> MultiHeadSelfAttention:
     """Our module from a T5 block (``q``/``k``/``v``/``o``, no biases, no score scaling: T5,
     Flan-T5 / T5 v1.1). Its relative position bias is not a weight of our module: it comes in
     as a float mask added to the scores (``t5_position_bias``)."""
-    return _load_linears(
+    return load_linears(
         _t5_linears(attention), num_heads=attention.n_heads, scale=float(attention.scaling)
     )
 
 
 def store_t5(ours: MultiHeadSelfAttention, attention: nn.Module) -> None:
     """Our module's weights into a T5 block (its relative position bias stays the model's)."""
-    _store_linears(ours, _t5_linears(attention))
+    store_linears(ours, _t5_linears(attention))
 
 
 def t5_position_bias(
@@ -385,6 +293,7 @@ FAMILIES: tuple[Family, ...] = (
         _bert_finish,
         store_bert,
         lambda block: (block.self.value, _whole),
+        kinds=("encoder",),
     ),
     Family(
         "DistilBERT",
@@ -394,6 +303,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda _block: False,
         store=store_distilbert,
         values=lambda block: (block.v_lin, _whole),
+        kinds=("encoder",),
     ),
     Family(
         "GPT-2 family",
@@ -404,6 +314,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda block, out, _x: block.resid_dropout(out),
         store_gpt2,
         _gpt2_values,
+        kinds=("decoder",),
     ),
     Family(
         "Llama-style",
@@ -414,6 +325,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda block: bool(getattr(block, "is_causal", True)),
         store=store_llama,
         values=lambda block: (block.v_proj, _whole),
+        kinds=("decoder",),
     ),
     Family(
         "BART family",
@@ -424,6 +336,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda block: bool(block.is_causal),
         store=store_bart,
         values=lambda block: (block.v_proj, _whole),
+        kinds=("encoder-decoder",),
     ),
     Family(
         "T5 family",
@@ -435,7 +348,14 @@ FAMILIES: tuple[Family, ...] = (
         values=lambda block: (block.v, _whole),
         score_bias=t5_position_bias,
         returns=_t5_returns,
+        kinds=("encoder-decoder",),
     ),
+    neox.FAMILY,
+    gptj.FAMILY,
+    phi.FAMILY,
+    opt.FAMILY,
+    falcon.FAMILY,
+    albert.FAMILY,
 )
 
 #: Every family our module can stand in for, with its layout, for messages.

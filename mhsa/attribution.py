@@ -15,9 +15,16 @@ The logit lens (TransformerLens's ``accumulated_resid`` with ``apply_ln=True``, 
 unembedding) reads the residual after the embeddings and after each layer through the final
 norm (its own statistics) and the unembedding.
 
-Post-norm models (BERT, DistilBERT, the embedded MiniLM) put a LayerNorm after every residual
-sum, inside each layer: the last residual is no sum of the components' outputs, so neither
-applies (``UnsupportedModelError``).
+Parallel layers (GPT-NeoX with ``use_parallel_residual``, GPT-J, Phi, Falcon) feed attention and
+MLP the same input and add both outputs to it: the residual is the same sum of parts, only the
+MLP reads the layer's input rather than the residual after attention (``ResidualPass.parallel``).
+The MLP's output is the layer's ``mlp`` (OPT: its ``fc2``). Every recorded layer's output is
+checked to equal its input plus its attention and MLP outputs: a layer doing anything else is
+refused, never decomposed wrongly.
+
+Post-norm models (BERT, DistilBERT, the embedded MiniLM, OPT with ``do_layer_norm_before=False``)
+put a LayerNorm after every residual sum, inside each layer: the last residual is no sum of the
+components' outputs, so neither applies (``UnsupportedModelError``).
 
 Everything runs through our module (``mhsa.swap``), whose observation points give each head's
 attention, values and context.
@@ -38,6 +45,7 @@ from mhsa.encoding import Encoded, check_text, encode
 from mhsa.errors import InputError, UnsupportedModelError
 from mhsa.generation import Generation, forward_inputs, generation_encoded
 from mhsa.heads import head_label
+from mhsa.layer_parts import check_layer_norms, check_sums, final_norm_of, mlp_of, post_norm_error
 from mhsa.metrics import answer_direction, answer_tokens, logit_difference
 from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
@@ -79,6 +87,8 @@ class ResidualPass:
         logits: the model's logits ``[T, V]``.
         final_norm: the model's final norm.
         unembed: the unembedding (``lm_head``).
+        parallel: per layer, whether its MLP reads the layer's input (a parallel layer) rather
+            than the residual after attention.
     """
 
     tokens: tuple[str, ...]
@@ -96,6 +106,7 @@ class ResidualPass:
     logits: torch.Tensor
     final_norm: nn.Module
     unembed: nn.Module
+    parallel: tuple[bool, ...] = ()
 
     @property
     def layers(self) -> int:
@@ -117,27 +128,6 @@ class ResidualPass:
         return self.unembed(self.final_norm(vectors))
 
 
-def _post_norm_error(lm: LoadedModel) -> UnsupportedModelError:
-    return UnsupportedModelError(
-        f"{lm.display_name} is a post-norm encoder (BERT family): its LayerNorm sits inside each "
-        "layer, after every residual sum, so its last hidden state is not a sum of the heads' "
-        "and MLPs' outputs and a residual-stream decomposition does not apply. Use a causal "
-        "language model with pre-norm layers: GPT-2, the Llama family (Llama, Qwen2, Mistral) "
-        "or a toy model such as toy:induction."
-    )
-
-
-def _final_norm(lm: LoadedModel) -> nn.Module:
-    for name in ("ln_f", "norm", "final_layernorm", "final_layer_norm"):
-        module = getattr(lm.model, name, None)
-        if isinstance(module, nn.Module):
-            return module
-    raise UnsupportedModelError(
-        f"{lm.display_name}: no final norm found (ln_f or norm): the decomposition covers GPT-2 "
-        "and the Llama family."
-    )
-
-
 def _checked_decoder(lm: LoadedModel) -> list[OurBlock]:
     """Our blocks of ``lm``, a pre-norm decoder with a next-token head.
 
@@ -154,17 +144,18 @@ def _checked_decoder(lm: LoadedModel) -> list[OurBlock]:
         )
     blocks = our_blocks(lm)
     if not blocks[0].causal:
-        raise _post_norm_error(lm)
+        raise post_norm_error(lm)
     if lm.lm_head != "causal" or lm.head_model is None:
         raise UnsupportedModelError(
             f"{lm.display_name} has no next-token (language-model) head: load a causal LM "
             "checkpoint (GPT-2, Llama, Qwen2, a toy model)."
         )
+    check_layer_norms(lm)
     for block in blocks:
-        if not isinstance(getattr(_layer(block), "mlp", None), nn.Module):
+        if mlp_of(_layer(block)) is None:
             raise UnsupportedModelError(
-                f"{lm.display_name}: a layer without an mlp: the decomposition covers GPT-2 and "
-                "the Llama family."
+                f"{lm.display_name}: a layer without an mlp (or fc2): the decomposition covers "
+                "pre-norm decoders whose layers hold one."
             )
     return blocks
 
@@ -189,7 +180,8 @@ def _recording(blocks: list[OurBlock], record: dict[tuple[str, int], torch.Tenso
     def keep(name: str, layer: int, pre: bool) -> Callable[..., None]:
         if pre:
             return lambda _m, args, kwargs: record.__setitem__((name, layer), _hidden(args, kwargs))
-        return lambda _m, _args, out: record.__setitem__((name, layer), _first(out))
+        # a copy: Falcon adds the attention output into its MLP's output in place
+        return lambda _m, _args, out: record.__setitem__((name, layer), _first(out).clone())
 
     handles = []
     for block in blocks:
@@ -198,7 +190,9 @@ def _recording(blocks: list[OurBlock], record: dict[tuple[str, int], torch.Tenso
             layer.register_forward_pre_hook(keep("pre", block.layer, True), with_kwargs=True)
         )
         handles.append(layer.register_forward_hook(keep("post", block.layer, False)))
-        handles.append(layer.mlp.register_forward_hook(keep("mlp", block.layer, False)))
+        mlp = mlp_of(layer)
+        assert mlp is not None  # _checked_decoder saw it
+        handles.append(mlp.register_forward_hook(keep("mlp", block.layer, False)))
     return handles
 
 
@@ -272,7 +266,7 @@ def _assembled(
         bias = ours.projections()[1][2]
         per_head = None if bias is None else bias.float().view(ours.num_kv_heads, ours.d_head)
         b_v.append(None if per_head is None else per_head.repeat_interleave(ours.groups, dim=0))
-    return ResidualPass(
+    run = ResidualPass(
         tokens=tuple(encoded.tokens.strings),
         ids=tuple(encoded.inputs["input_ids"][0].tolist()),
         resid_pre=per_layer("pre"),
@@ -283,12 +277,21 @@ def _assembled(
         w_o=tuple(w_o),
         b_o=tuple(b_o),
         attn_out=per_layer("output"),
-        mlp_out=per_layer("mlp"),
+        # OPT runs its MLP on the tokens flattened to [B T, D]
+        mlp_out=tuple(
+            record[("mlp", b.layer)].reshape(record[("pre", b.layer)].shape)[0].float()
+            for b in blocks
+        ),
         resid_post=per_layer("post"),
         logits=logits.float(),
-        final_norm=_final_norm(lm),
+        final_norm=final_norm_of(lm),
         unembed=lm.head_model.get_output_embeddings(),
+        parallel=tuple(
+            b.family.parallel is not None and b.family.parallel(b.original) for b in blocks
+        ),
     )
+    check_sums(lm.display_name, run.resid_pre, run.attn_out, run.mlp_out, run.resid_post)
+    return run
 
 
 @dataclass(frozen=True, eq=False)

@@ -54,8 +54,9 @@ OBSERVATION_POINTS: dict[str, str] = {
     "per-head Q": "Q_h: reshape to [batch, heads, length, d_head]",
     "per-head K": "K_g: reshape to [batch, kv heads, length, d_head]",
     "per-head V": "V_g: reshape to [batch, kv heads, length, d_head]",
-    "rotated Q": "RoPE(Q_h) = Q_h cos(p θ) + rotate_half(Q_h) sin(p θ)",
-    "rotated K": "RoPE(K_g) = K_g cos(p θ) + rotate_half(K_g) sin(p θ)",
+    "rotated Q": "RoPE(Q_h) = Q_h cos(p θ) + rotate_half(Q_h) sin(p θ)   (on the first rot_dim "
+    "features: partial rotary; GPT-J pairs neighbours: rotate_every_two)",
+    "rotated K": "RoPE(K_g) = K_g cos(p θ) + rotate_half(K_g) sin(p θ)   (likewise)",
     "raw scores": "Q_h K_g(h)^T   (query head h reads key/value head g(h))",
     "scaled scores": "Q_h K_g(h)^T * scale   (scale = 1 / sqrt(d_head) by default)",
     "masked scores": "scores + mask   (-inf where attention is not allowed)",

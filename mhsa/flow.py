@@ -19,12 +19,21 @@ torch's ``pairwise_distance`` as there (it adds its eps of 1e-6 to each coordina
   threshold"): contributions not above the threshold are set to 0, per part (per head and token
   for attention), and the rest renormalised to sum 1 per whole; the graph then keeps edges of
   weight above 0. Without renormalising, the graph keeps edges of weight above the threshold.
+  The MLP's edges are renormalised per token, as the tool's docstring intends ("to sum up to 1
+  for each representation") but not as its code computes: for an MLP block it calls
+  ``c_blocks.sum(dim=())``, which torch reads as a sum over every dimension (pytorch issue
+  29137), so the tool divides each token's MLP contribution by its residual's contribution plus
+  the MLP contributions of all tokens. The two differ wherever the MLPs write anything (the toy
+  models' MLPs write zeros and hide it).
 - Graph (``GraphBuilder``, ``build_full_graph``): nodes ``X0_t`` (the embeddings), ``A{l}_t``
   (the residual after attention), ``M{l}_t`` (the MLP), ``I{l}_t`` (the residual after the
   layer). An attention edge ``I{l-1}_j -> A{l}_i`` weighs the sum over heads of the (j, h)
   contributions; the residual's contribution is added to the edge from the same token (one
   edge, as there); ``A -> M`` and ``M -> I`` weigh the MLP's contribution, ``A -> I`` the
-  residual's.
+  residual's. In a parallel layer (GPT-NeoX's ``use_parallel_residual``, GPT-J, Phi, Falcon:
+  the MLP reads the layer's input, not the residual after attention) the MLP's incoming edge
+  is ``I{l-1} -> M{l}`` (``X0 -> M0`` in layer 0) instead; the contributions are the same
+  (the MLP's output and the residual after attention still sum to the layer's output).
 - Routes (``build_paths_to_predictions``): from the output node ``I{L-1}_t`` of the chosen
   token(s), every edge reachable backwards through edges over the graph's threshold.
 
@@ -131,6 +140,8 @@ class FlowContributions:
         mlp: ``[L, T]`` the MLP's contribution to the residual after the layer.
         mlp_residual: ``[L, T]`` the residual's contribution there.
         promoted: node name (``X0_3``, ``A1_2``, ``M1_2``, ``I1_2``) -> its top tokens.
+        parallel: per layer, whether its MLP reads the layer's input (a parallel layer);
+            empty: no layer does.
     """
 
     text: str
@@ -141,6 +152,7 @@ class FlowContributions:
     mlp: np.ndarray
     mlp_residual: np.ndarray
     promoted: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    parallel: tuple[bool, ...] = ()
 
     @property
     def layers(self) -> int:
@@ -223,6 +235,7 @@ def block_contributions(
         mlp=np.stack([m for m, _ in mlp]).astype(np.float32),
         mlp_residual=np.stack([r for _, r in mlp]).astype(np.float32),
         promoted=promoted or {},
+        parallel=run.parallel,
     )
 
 
@@ -231,7 +244,9 @@ def threshold_and_renormalize(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Contributions not above ``threshold`` set to 0 and the rest renormalised to sum 1 per
     whole (``apply_threshold_and_renormalize``); a whole left with nothing gets zeros (there:
-    a division by zero).
+    a division by zero). Per whole also when ``blocks`` has one block per whole (an MLP): the
+    tool's code divides those by the sum over all tokens (``sum(dim=())``, pytorch issue 29137;
+    module docstring), its docstring by each token's own, as here.
 
     Args:
         threshold: the threshold.
@@ -319,19 +334,26 @@ class FlowGraph:
     promoted: dict[str, tuple[str, ...]]
 
 
+def _layer_input(layer: int, token: int) -> FlowNode:
+    """The node a layer reads at ``token``: the previous layer's output, or the embeddings."""
+    return FlowNode("I", layer - 1, token) if layer > 0 else FlowNode("X", 0, token)
+
+
 def _incoming(
     node: FlowNode,
     attn: np.ndarray,
     attn_res: np.ndarray,
     mlp: np.ndarray,
     mlp_res: np.ndarray,
+    parallel: tuple[bool, ...] = (),
 ) -> list[FlowEdge]:
-    """The edges into ``node`` of the full graph (``build_full_graph``)."""
+    """The edges into ``node`` of the full graph (``build_full_graph``; a parallel layer's MLP
+    reads the layer's input)."""
     layer, i = node.layer, node.token
     if node.kind == "A":
         edges = []
         for j in range(attn.shape[2]):
-            source = FlowNode("I", layer - 1, j) if layer > 0 else FlowNode("X", 0, j)
+            source = _layer_input(layer, j)
             heads = attn[layer, i, j]
             res = float(attn_res[layer, i]) if j == i else 0.0
             kind = "residual" if j == i else "attention"
@@ -340,7 +362,8 @@ def _incoming(
         return edges
     a, m = FlowNode("A", layer, i), FlowNode("M", layer, i)
     if node.kind == "M":
-        return [FlowEdge(a, node, float(mlp[layer, i]), "mlp")]
+        reads = _layer_input(layer, i) if layer < len(parallel) and parallel[layer] else a
+        return [FlowEdge(reads, node, float(mlp[layer, i]), "mlp")]
     if node.kind == "I":
         res = float(mlp_res[layer, i])
         return [
@@ -387,7 +410,7 @@ def flow_graph(
     edges: list[FlowEdge] = []
     while todo:
         node = todo.popleft()
-        for edge in _incoming(node, attn, attn_res, mlp, mlp_res):
+        for edge in _incoming(node, attn, attn_res, mlp, mlp_res, flow.parallel):
             if edge.weight > keep_above:
                 edges.append(edge)
                 if edge.source not in seen:

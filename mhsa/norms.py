@@ -132,7 +132,10 @@ def recording_value_norms(
     puts its layer's ``value_norms`` ``[B, H, S]`` into ``out[layer]``: a forward hook reads
     the V the block computes itself (``Family.values``), or, for a family that does not say
     where, a pre-hook projects the hidden states the block receives with our module."""
-    handles = [_value_hook(block, out) for block in blocks]
+    turns: dict[int, list[OurBlock]] = {}  # a block the model calls in several layers (ALBERT)
+    for block in blocks:
+        turns.setdefault(id(block.original), []).append(block)
+    handles = [_value_hook(group, out) for group in turns.values()]
     try:
         yield out
     finally:
@@ -140,20 +143,29 @@ def recording_value_norms(
             handle.remove()
 
 
-def _value_hook(block: OurBlock, out: dict[int, torch.Tensor]) -> Any:
-    """The hook that records ``block``'s layer's value norms into ``out``; returns its handle."""
+def _value_hook(turns: list[OurBlock], out: dict[int, torch.Tensor]) -> Any:
+    """The hook that records the value norms of the layers of one of the model's blocks into
+    ``out`` (``turns``: the layers that call it, in order; one for most models); returns its
+    handle."""
+    block = turns[0]
     ours = block.ours
+    calls = [0]
+
+    def layer() -> int:
+        calls[0] += 1
+        return turns[(calls[0] - 1) % len(turns)].layer
+
     if block.family.values is not None:
         module, value_of = block.family.values(block.original)
 
         def hook(_module: torch.nn.Module, _args: Any, output: torch.Tensor) -> None:
-            out[block.layer] = value_norms(ours, _per_head(ours, value_of(output)))
+            out[layer()] = value_norms(ours, _per_head(ours, value_of(output)))
 
         return module.register_forward_hook(hook)
 
     def pre_hook(_module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         hidden = args[0] if args else kwargs["hidden_states"]
-        out[block.layer] = value_norms(ours, values_of(ours, hidden))
+        out[layer()] = value_norms(ours, values_of(ours, hidden))
 
     return block.original.register_forward_pre_hook(pre_hook, with_kwargs=True)
 

@@ -24,6 +24,7 @@ from mhsa.adapters import SUPPORTED_FOR_MHSA, Family, family_of
 from mhsa.attention import MultiHeadSelfAttention, Observer
 from mhsa.errors import UnsupportedModelError
 from mhsa.models import LoadedModel
+from mhsa.support import TOOLS, tools_needing_our_module
 
 __all__ = [
     "BLOCK_KINDS",
@@ -188,7 +189,7 @@ class OurBlock(nn.Module):
         our_pass = self.our_pass
         if our_pass is None:
             raise RuntimeError("OurBlock runs only inside through_our_module(...)")
-        _no_cached_tokens(kwargs.get("past_key_values"))
+        _no_cached_tokens(kwargs.get("past_key_values", kwargs.get("layer_past")))
         rows = hidden_states.shape[0]
         memory = _rows_like(self._memory(kwargs), rows)
         if not isinstance(attention_mask, torch.Tensor):
@@ -284,10 +285,34 @@ def _find_blocks(model: nn.Module) -> list[tuple[Family, nn.Module, nn.Module, s
     return found
 
 
+def _in_call_order(
+    model: nn.Module, found: list[tuple[Family, nn.Module, nn.Module, str]]
+) -> list[tuple[Family, nn.Module, nn.Module, str]]:
+    """``found`` with the blocks of a family that calls one block in several layers (ALBERT's
+    shared layers: ``Family.call_order``) listed once per layer, in the order the model calls
+    them. Raises ``ValueError`` (from ``call_order``) for sharing it cannot follow."""
+    out: list[tuple[Family, nn.Module, nn.Module, str]] = []
+    done: set[int] = set()
+    for item in found:
+        family = item[0]
+        if family.call_order is None:
+            out.append(item)
+            continue
+        if id(family) in done:
+            continue
+        done.add(id(family))
+        mine = [f for f in found if f[0] is family]
+        by_block = {id(f[1]): f for f in mine}
+        out.extend(by_block[id(b)] for b in family.call_order(model, [f[1] for f in mine]))
+    return out
+
+
 def _unsupported(lm: LoadedModel, why: str) -> UnsupportedModelError:
     return UnsupportedModelError(
         f"Our module cannot run {lm.display_name!r} ({lm.config.model_type}): {why}. "
-        f"Supported: {SUPPORTED_FOR_MHSA}. Use the transformers engine for this model."
+        f"Supported: {SUPPORTED_FOR_MHSA}. Use the transformers engine for this model. "
+        f"The tools that need our module ({', '.join(tools_needing_our_module())}) do not "
+        f"run on it; {' and '.join(t.label for t in TOOLS if not t.needs_our_module)} do."
     )
 
 
@@ -299,6 +324,8 @@ def _check_model(lm: LoadedModel) -> None:
         raise _unsupported(lm, f"position_embedding_type {position!r} (relative position biases)")
     if getattr(config, "alibi", False) or getattr(config, "use_alibi", False):
         raise _unsupported(lm, "ALiBi position biases")
+    if getattr(config, "relative_attention", False) or config.model_type.startswith("deberta"):
+        raise _unsupported(lm, "DeBERTa's disentangled attention (content-to-position scores)")
 
 
 def _kinds(lm: LoadedModel, found: list[tuple[Family, nn.Module, nn.Module, str]]) -> list[str]:
@@ -326,7 +353,10 @@ def _layer_counts(lm: LoadedModel) -> dict[str, int | None]:
 
 def _build_blocks(lm: LoadedModel) -> list[OurBlock]:
     _check_model(lm)
-    found = _find_blocks(lm.model)
+    try:
+        found = _in_call_order(lm.model, _find_blocks(lm.model))
+    except ValueError as e:
+        raise _unsupported(lm, str(e)) from e
     if not found:
         raise _unsupported(lm, "no attention block of a supported layout")
     kinds = _kinds(lm, found)
@@ -339,11 +369,14 @@ def _build_blocks(lm: LoadedModel) -> list[OurBlock]:
     order = sorted(range(len(found)), key=lambda i: (BLOCK_KINDS.index(kinds[i]), i))
     places = {id(child): (m, a) for m in lm.model.modules() for a, child in m.named_children()}
     blocks: list[OurBlock] = []
+    loaded: dict[int, MultiHeadSelfAttention] = {}  # a block called in several layers: one module
     for i in order:
         family, block, parent, attr = found[i]
         try:
             # gradients flow through our modules (to head gates), never into their weights
-            ours = family.load(block, lm.model).eval().requires_grad_(False)
+            if id(block) not in loaded:
+                loaded[id(block)] = family.load(block, lm.model).eval().requires_grad_(False)
+            ours = loaded[id(block)]
         except ValueError as e:
             raise _unsupported(lm, str(e)) from e
         blocks.append(
@@ -416,8 +449,11 @@ def _build_our_blocks(lm: LoadedModel, seed: int | None) -> list[OurBlock]:
         del lm.cache[seeds[0]]  # oldest random seed first: the cache stays bounded
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        fresh = [b.ours.fresh_copy().eval().requires_grad_(False) for b in trained]
-    return [b.with_module(ours) for b, ours in zip(trained, fresh, strict=True)]
+        fresh: dict[int, MultiHeadSelfAttention] = {}  # layers sharing a module keep sharing it
+        for b in trained:
+            if id(b.ours) not in fresh:
+                fresh[id(b.ours)] = b.ours.fresh_copy().eval().requires_grad_(False)
+    return [b.with_module(fresh[id(b.ours)]) for b in trained]
 
 
 _MAX_SEEDS_CACHED = 4
@@ -435,8 +471,17 @@ def through_our_module(
     swapped: list[OurBlock] = []
     replaced: list[tuple[nn.Module, str, nn.Module]] = []
     handles: list[Any] = []
+    calls: dict[int, list[OurBlock]] = {}  # the model's block -> ours, in the order it is called
+    for block in blocks:
+        calls.setdefault(id(block.original), []).append(block)
     try:
         for block in blocks:
+            turns = calls[id(block.original)]
+            if len(turns) > 1:  # one block of the model called in several layers (ALBERT)
+                if block is turns[0]:
+                    swapped.extend(turns)
+                    replaced.append(_take_turns(turns, our_pass))
+                continue
             parent, attr = block.place
             block.our_pass = our_pass
             setattr(parent, attr, block)
@@ -461,6 +506,43 @@ def through_our_module(
             parent, attr = block.place
             setattr(parent, attr, block.original)
             block.our_pass = None
+
+
+class _InTurn(nn.Module):
+    """Stands in for a layer the model calls several times (ALBERT's shared layers): its k-th
+    call is layer ``turns[k]``, with that block of ours in the attention block's place, and
+    does what ``OurPass`` asks of that layer (replay, fan-out, record)."""
+
+    def __init__(self, layer: nn.Module, turns: list[OurBlock], our_pass: OurPass) -> None:
+        super().__init__()
+        self._parts = (layer, turns, our_pass)  # a tuple: not registered as submodules
+        self.calls = 0
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        layer, turns, our_pass = self._parts
+        block = turns[self.calls % len(turns)]
+        self.calls += 1
+        if block.layer in our_pass.replay:
+            return our_pass.replay[block.layer]
+        if our_pass.fan_out is not None and our_pass.fan_out[0] == block.layer:
+            args, kwargs = _repeat_hidden(our_pass.fan_out[1])(layer, args, kwargs)
+        parent, attr = block.place
+        setattr(parent, attr, block)
+        out = layer(*args, **kwargs)
+        if our_pass.record is not None:
+            our_pass.record[block.layer] = out
+        return out
+
+
+def _take_turns(turns: list[OurBlock], our_pass: OurPass) -> tuple[nn.Module, str, nn.Module]:
+    """Put an ``_InTurn`` in the place of the layer ``turns`` share; ``(outer, name, layer)``
+    to put the layer back."""
+    for block in turns:
+        block.our_pass = our_pass
+    outer, name = turns[0].layer_place
+    layer = getattr(outer, name)
+    setattr(outer, name, _InTurn(layer, turns, our_pass))
+    return outer, name, layer
 
 
 def run_with_our_blocks(

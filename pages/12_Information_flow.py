@@ -28,8 +28,10 @@ layer, the residual stream after attention is a sum of parts, one per (earlier t
 and the residual entering the layer; a part's contribution is how much closer to the whole it
 is than the whole minus it, in the L1 norm: max(‖whole‖₁ − ‖whole − part‖₁, 10⁻⁵), normalised
 over the parts. The same for the MLP against the residual. Contributions under the threshold
-are dropped (and, by default, the rest renormalised); the graph keeps what is reachable from
-the last token. Hover an edge for its heads, a node for the tokens it promotes (its residual
+are dropped (and, by default, the rest renormalised, each token's MLP edges against that
+token's own whole: the tool's code sums them over all tokens); the graph keeps what is reachable
+from the last token. In a parallel layer (GPT-NeoX, GPT-J, Phi, Falcon) the MLP reads the
+layer's input. Hover an edge for its heads, a node for the tokens it promotes (its residual
 through the final norm and the unembedding).
 
 **Direct logit attribution**: the last residual is the sum of the embeddings, every head's
@@ -52,7 +54,8 @@ def _not_a_decoder(model: str) -> None:
     """Which models the page reads, and the switch to one that works offline."""
     st.info(
         f"This page reads the residual stream of a causal language model with pre-norm "
-        f"layers: GPT-2, the Llama family (Llama, Qwen2, Mistral) or a toy model "
+        f"layers: GPT-2, the Llama family (Llama, Qwen2, Mistral), GPT-NeoX (Pythia), GPT-J, "
+        f"Phi, OPT, Falcon or a toy model "
         f"({TOY_MODEL}, ...). The sidebar's model ({md_escape(model)}) has no next-token head, "
         "or its norms sit after each residual sum (BERT, the embedded MiniLM).",
         icon="ℹ️",

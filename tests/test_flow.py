@@ -189,3 +189,57 @@ def test_flow_graph_rejects_bad_arguments(toy: mhsa.LoadedModel):
         flow_graph(flow, threshold=1.5)
     with pytest.raises(mhsa.InputError, match="Output positions"):
         flow_graph(flow, outputs=[7])
+
+
+def _tool_threshold_and_renormalize(
+    threshold: float, c_blocks: torch.Tensor, c_residual: torch.Tensor, *, per_token: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The LLM Transparency Tool's ``apply_threshold_and_renormalize``
+    (llm_transparency_tool/routes/contributions.py) written again from its source;
+    ``per_token`` is the fix: with one block per whole (an MLP) there are no block dimensions
+    to sum, where the tool's ``c_blocks.sum(dim=())`` sums every dimension (pytorch 29137)."""
+    resid_dims = c_residual.dim()
+    bound_dims = c_blocks.dim() - resid_dims
+    c_blocks = c_blocks * (c_blocks > threshold)
+    c_residual = c_residual * (c_residual > threshold)
+    dims = tuple(range(resid_dims, c_blocks.dim()))
+    summed = c_blocks if per_token and not dims else c_blocks.sum(dim=dims)
+    denom = c_residual + summed
+    return c_blocks / denom.reshape(denom.shape + (1,) * bound_dims), c_residual / denom
+
+
+def test_the_tools_function_with_the_per_token_fix_gives_our_edges(tmp_path_factory):
+    """Our MLP and attention edges are the tool's, once its MLP sum is per token; without the
+    fix its MLP edges differ on a model whose MLPs write something (the toy models' do not)."""
+    from tests.tiny_families import loaded_tiny
+
+    lm = loaded_tiny("GPT-NeoX sequential", tmp_path_factory.mktemp)
+    flow = flow_contributions("The quick brown fox jumps over the lazy dog", model=lm)
+    as_torch = {k: torch.from_numpy(v) for k, v in vars(flow).items() if isinstance(v, np.ndarray)}
+    for threshold in (0.0, 0.04):
+        mlp, mlp_res = threshold_and_renormalize(threshold, flow.mlp, flow.mlp_residual)
+        attn, attn_res = threshold_and_renormalize(
+            threshold, flow.attention, flow.attention_residual
+        )
+        for per_token in (True, False):
+            t_mlp, t_mlp_res = _tool_threshold_and_renormalize(
+                threshold, as_torch["mlp"], as_torch["mlp_residual"], per_token=per_token
+            )
+            t_attn, t_attn_res = _tool_threshold_and_renormalize(
+                threshold,
+                as_torch["attention"],
+                as_torch["attention_residual"],
+                per_token=per_token,
+            )
+            np.testing.assert_allclose(t_attn.numpy(), attn, atol=1e-6)  # no difference there
+            np.testing.assert_allclose(t_attn_res.numpy(), attn_res, atol=1e-6)
+            if per_token:
+                np.testing.assert_allclose(t_mlp.numpy(), mlp, atol=1e-6)
+                np.testing.assert_allclose(t_mlp_res.numpy(), mlp_res, atol=1e-6)
+            elif threshold == 0.0:  # every MLP contribution kept: the sum over tokens shows
+                assert np.abs(t_mlp.numpy() - mlp).max() > 0.3
+    # a graph's MLP edges carry these per-token weights
+    graph = flow_graph(flow, threshold=threshold)
+    for edge in graph.edges:
+        if edge.kind == "mlp" and edge.target.kind == "M":
+            assert edge.weight == pytest.approx(float(mlp[edge.target.layer, edge.target.token]))

@@ -1,0 +1,275 @@
+"""A tiny random model of every family our module stands in for (``mhsa.adapters.FAMILIES``),
+and of some variants, built from a config, seeded, with random non-zero biases and norm weights
+(fresh models start them at 0 and 1, where a bias left out would go unnoticed). Each comes with
+its head, as checkpoints do (a causal LM, a masked LM, a seq2seq LM); ``save_tiny`` writes one
+to a folder, opened by path. A variant is named ``<family> <variant>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tests.tiny import DECODER_SIZES
+
+#: the weights' spread: wide enough that heads attend far from uniformly (transformers' 0.02
+#: gives near-uniform attention in a tiny model, where a wrong weight hardly shows)
+_INIT = 0.2
+
+
+def _biased(model):
+    """``model`` with every bias and norm weight moved off its initial value, in place."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name.lower() or ".ln" in name:
+                p.add_(0.3 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def _neox(parallel: bool):
+    import transformers as tf
+
+    config = tf.GPTNeoXConfig(
+        **DECODER_SIZES,
+        rotary_pct=0.5,
+        use_parallel_residual=parallel,
+        attention_bias=True,
+        initializer_range=_INIT,
+    )
+    return tf.GPTNeoXForCausalLM(config)
+
+
+def _gptj():
+    import transformers as tf
+
+    config = tf.GPTJConfig(
+        vocab_size=30522,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_inner=64,
+        rotary_dim=4,
+        n_positions=128,
+        bos_token_id=101,
+        eos_token_id=102,
+        initializer_range=_INIT,
+    )
+    return tf.GPTJForCausalLM(config)
+
+
+def _phi():
+    import transformers as tf
+
+    return tf.PhiForCausalLM(
+        tf.PhiConfig(**DECODER_SIZES, partial_rotary_factor=0.5, initializer_range=_INIT)
+    )
+
+
+def _opt():
+    import transformers as tf
+
+    config = tf.OPTConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        ffn_dim=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        word_embed_proj_dim=32,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        init_std=_INIT,
+    )
+    return tf.OPTForCausalLM(config)
+
+
+def _falcon(layout: str):
+    import transformers as tf
+
+    flags = {
+        "multi-query": {"multi_query": True, "new_decoder_architecture": False},
+        "grouped": {"new_decoder_architecture": True, "num_kv_heads": 2},
+        "per-head": {"multi_query": False, "new_decoder_architecture": False},
+    }[layout]
+    config = tf.FalconConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        alibi=False,
+        bias=True,
+        parallel_attn=True,
+        max_position_embeddings=128,
+        initializer_range=_INIT,
+        **flags,
+    )
+    return tf.FalconForCausalLM(config)
+
+
+def _albert():
+    import transformers as tf
+
+    config = tf.AlbertConfig(
+        vocab_size=30522,
+        embedding_size=16,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_hidden_groups=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        initializer_range=_INIT,
+    )
+    return tf.AlbertForMaskedLM(config)
+
+
+def _bert():
+    import transformers as tf
+
+    config = tf.BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    return tf.BertForMaskedLM(config)
+
+
+def _distilbert():
+    import transformers as tf
+
+    config = tf.DistilBertConfig(
+        vocab_size=30522, max_position_embeddings=64, dim=32, n_layers=2, n_heads=4, hidden_dim=64
+    )
+    return tf.DistilBertForMaskedLM(config)
+
+
+def _gpt2():
+    import transformers as tf
+
+    config = tf.GPT2Config(vocab_size=30522, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+    return tf.GPT2LMHeadModel(config)
+
+
+def _llama():
+    import transformers as tf
+
+    return tf.LlamaForCausalLM(tf.LlamaConfig(**DECODER_SIZES, num_key_value_heads=2))
+
+
+def _seq2seq(family: str):
+    from tests.tiny import tiny_seq2seq
+
+    return tiny_seq2seq(family)
+
+
+#: family name (as ``Family.name``) and variant -> a builder of a tiny random model
+TINY_FAMILIES: dict[str, Callable[[], object]] = {
+    "BERT family": _bert,
+    "DistilBERT": _distilbert,
+    "GPT-2 family": _gpt2,
+    "Llama-style": _llama,
+    "BART family": lambda: _seq2seq("bart"),
+    "T5 family": lambda: _seq2seq("t5"),
+    "GPT-NeoX": lambda: _neox(parallel=True),
+    "GPT-NeoX sequential": lambda: _neox(parallel=False),
+    "GPT-J": _gptj,
+    "Phi": _phi,
+    "OPT": _opt,
+    "Falcon": lambda: _falcon("multi-query"),
+    "Falcon grouped": lambda: _falcon("grouped"),
+    "Falcon per-head": lambda: _falcon("per-head"),
+    "ALBERT": _albert,
+}
+
+
+#: issue 39 part A's families (another branch): their tiny models are ``tests.tiny.tiny_family``
+PART_A = {
+    "Qwen3": "qwen3",
+    "Gemma": "gemma",
+    "Gemma 2": "gemma2",
+    "Gemma 3 (text)": "gemma3",
+    "OLMo 2": "olmo2",
+    "Phi-3": "phi3",
+    "ModernBERT": "modernbert",
+}
+
+
+def _part_a(name: str):
+    import tests.tiny
+
+    return tests.tiny.tiny_family(PART_A[name])  # its own seed and perturbed norms and biases
+
+
+TINY_FAMILIES.update({name: (lambda n=name: _part_a(n)) for name in PART_A})
+
+
+def tiny_family_model(name: str):
+    """A tiny random model of ``name`` (a key of ``TINY_FAMILIES``), seeded, biases perturbed."""
+    import torch
+
+    torch.manual_seed(0)
+    return _biased(TINY_FAMILIES[name]())
+
+
+_LOADED: dict[str, object] = {}
+
+
+def loaded_tiny(name: str, folder_factory) -> object:
+    """``name``'s tiny model saved to a fresh folder (``folder_factory(name)``: pytest's
+    ``tmp_path_factory.mktemp``) and loaded by path on the CPU, once per test process (tests
+    that change weights load their own copy with ``mhsa.load_model(lm.name)``)."""
+    import mhsa
+    from tests.tiny import save_tiny
+
+    if name not in _LOADED:
+        folder = folder_factory(name.replace(" ", "-"))
+        _LOADED[name] = mhsa.load_model(save_tiny(folder, tiny_family_model(name)), device="cpu")
+    return _LOADED[name]
+
+
+def check_engine(
+    lm, monkeypatch, text: str = "The quick brown fox jumps over the lazy dog."
+) -> None:
+    """Engine ``mhsa`` equals the model's eager run in every layer's attention (<= 1e-4) and in
+    the final hidden state (a padded batch of two; ``verify`` for encoder-decoders) while the
+    model's own attention blocks' ``forward`` raises if called."""
+    import numpy as np
+    import torch
+
+    import mhsa
+    from mhsa.swap import OurPass, forward_through_ours, our_blocks
+
+    tol = 1e-4
+    with lm.lock:
+        blocks = our_blocks(lm)
+    shared = len({id(b.original) for b in blocks}) < len(blocks)
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the model's own attention forward ran")
+
+    inputs = dict(lm.tokenizer([text, "A short one."], return_tensors="pt", padding=True))
+    with monkeypatch.context() as patched:
+        for cls in {type(b.original) for b in blocks}:
+            patched.setattr(cls, "forward", refuse)
+        ours = mhsa.attend(text, model=lm, engine="mhsa")
+        if not lm.is_encoder_decoder:
+            with torch.inference_mode():
+                mine = forward_through_ours(lm, inputs, OurPass(need_weights=False))
+    theirs = mhsa.attend(text, model=lm, engine="transformers")
+    assert ours.attention.shape == theirs.attention.shape
+    per_layer = np.abs(ours.attention - theirs.attention).max(axis=(1, 2, 3))
+    assert per_layer.max() <= tol, per_layer
+    if shared:  # layers sharing a block (ALBERT) still attend differently: not one result
+        assert np.abs(theirs.attention[0] - theirs.attention[-1]).max() > 1e-3
+    if not lm.is_encoder_decoder:
+        with torch.inference_mode(), lm.lock:
+            own = lm.model(**inputs).last_hidden_state
+        real = inputs["attention_mask"].bool()
+        assert float((mine.last_hidden_state - own)[real].abs().max()) <= tol
+        assert float(own.abs().max()) > 0.1
+    verified = mhsa.attend(text, model=lm, engine="mhsa", verify=True)
+    assert verified.max_abs_diff <= tol and verified.hidden_max_abs_diff <= tol
