@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from mhsa.errors import InputError
+from mhsa.errors import InputError, UnsupportedModelError
 from mhsa.heads import head_label
 from mhsa.metrics import PATCH_TARGETS
 from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
@@ -271,10 +271,18 @@ def generic_activation_patch(
 
     Raises:
         InputError: see ``patch_heads``; a layer the model does not have.
+        UnsupportedModelError: an encoder-decoder (not patched yet), or a model our module
+            cannot run.
     """
     check_batch_size(batch_size)
     layout = index if isinstance(index, PatchIndex) else lookup(PATCH_INDEXES, index, "index")
     lm = resolve_model(model)
+    if lm.is_encoder_decoder:
+        raise UnsupportedModelError(
+            f"Activation patching does not run on encoder-decoders such as {lm.display_name!r} "
+            "yet: their encoder, decoder and cross attention would each need a patching "
+            "convention. Attribution patching, knock-outs and head importance run on them."
+        )
     with lm.lock:
         point = lookup(PATCH_POINTS, what, "activation")
         setup = setup_patch(

@@ -34,6 +34,33 @@ def tiny_gpt2_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_bert_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The embedded model's architecture and tokenizer (a BertModel, WordPiece, 512 positions)
+    at 2 layers of 4 heads, width 32: its tokens are the default model's, its runs a fraction
+    of the cost. The page tests' model wherever the model is not what is tested
+    (``tests/app/conftest.py``'s ``tiny_bert`` allows it in links)."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=512,
+    )
+    return _save_tiny(tmp_path_factory, "bert", BertModel(config))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_model(tiny_bert_path: str) -> mhsa.LoadedModel:
+    """``tiny_bert_path`` loaded once: the library's side of a page test on the tiny BERT."""
+    return mhsa.load_model(tiny_bert_path, device="cpu")
+
+
+@pytest.fixture(scope="session")
 def tiny_bert_mlm_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A BERT with its masked-LM head (bert-base-uncased's layout, tiny)."""
     import torch

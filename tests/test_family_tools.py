@@ -182,10 +182,6 @@ def test_patching(family) -> None:
     def run(what: str):
         return mhsa.patch_heads(TEXT, CORRUPTED, model=lm, what=what, **_answers(lm))
 
-    if lm.is_encoder_decoder:  # held like xfail(strict=True): fails once the bug is fixed
-        with pytest.raises(IndexError):
-            run("z")
-        pytest.xfail("patch_heads on encoder-decoders raises IndexError (a bug left to patching)")
     if _refused("patching", name, lambda: run("z")):
         return
     with lm.lock:

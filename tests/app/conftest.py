@@ -28,3 +28,11 @@ def one_slot(monkeypatch):
     release.set()
     holder.wait(10)
     core.heavy_queue.cache_clear()
+
+
+@pytest.fixture
+def tiny_bert(tiny_bert_path: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The tiny BERT (the default model's tokens, 2 layers of 4 heads), allowed in links: pass
+    it as ``model=`` where the model is not what a page test tests."""
+    monkeypatch.setenv("MHSA_ALLOWED_MODELS", tiny_bert_path)
+    return tiny_bert_path

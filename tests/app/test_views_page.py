@@ -249,14 +249,16 @@ def test_compare_finds_the_token_in_the_first_sentence_only() -> None:
     "page",
     [p.file for p in navigation.PAGES if p.figures],
 )
-def test_every_figure_carries_the_apps_colours_not_placeholders(page: str) -> None:
+def test_every_figure_carries_the_apps_colours_not_placeholders(page: str, tiny_bert) -> None:
     """Figures hold Streamlit's light-theme colours themselves (``plots.TEMPLATE``), so a figure
     saved as HTML looks as in the app; Streamlit's own template left "#000001".. placeholders
     (near-black) that only its browser code replaces."""
     from mhsa import plots
     from tests.hostile import PLACEHOLDER
 
-    at = run(page)  # Head importance draws its pruning curve in the colorway
+    # the colours are tested, not the model: the tiny BERT (Head importance draws its pruning
+    # curve in the colorway)
+    at = run(page, model=tiny_bert)
     assert not at.exception and at.get("plotly_chart")
     for chart in at.get("plotly_chart"):
         assert not PLACEHOLDER.search(chart.proto.spec)

@@ -9,8 +9,10 @@ from bench.browser import chromium, streamlit_server
 
 
 @pytest.fixture(scope="module")
-def app_url():
-    with streamlit_server() as url:
+def app_url(tiny_bert_path):
+    """The server; it also allows the tiny BERT (``tiny_bert_path``: the default model's tokens
+    at 2 layers of 4 heads) in links, for the tests where the model is not what is tested."""
+    with streamlit_server(env={"MHSA_ALLOWED_MODELS": tiny_bert_path}) as url:
         yield url
 
 

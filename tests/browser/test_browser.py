@@ -123,8 +123,11 @@ def test_hostile_link_shows_no_error_screen_and_no_markup_from_the_url(app_url, 
     ("method", "target"),
     [("ablation", "auto"), ("ablation", "similarity"), ("gradient", "similarity")],
 )
-def test_importance_page_for_each_method_and_target(app_url, page, method, target) -> None:
-    page.goto(f"{app_url}/Head_importance?method={method}&target={target}")
+def test_importance_page_for_each_method_and_target(
+    app_url, page, method, target, tiny_bert_path
+) -> None:
+    model = quote(tiny_bert_path, safe="")  # the page is tested, not the model: the tiny BERT
+    page.goto(f"{app_url}/Head_importance?model={model}&method={method}&target={target}")
     wait_for_app(page, plots=PAGE_PLOTS["Head importance"])
     assert page.locator("[data-testid='stAlertContentError']").count() == 0
     titles = page.locator(".js-plotly-plot .gtitle").all_text_contents()

@@ -1,5 +1,10 @@
-"""Many users at once on the real server: 8 concurrent browser sessions, each seeing only its
-own tokens; then 200 distinct sentences in a row with the server's memory bounded.
+"""Many users at once on the real server: 4 concurrent browser sessions, each seeing only its
+own tokens; then 80 distinct sentences in a row with the server's memory bounded; then sessions
+coming and going over 20 rounds with the server's memory level.
+
+Each property has one representative test, sized to leave room in the suite (issue 37.7: the
+three took 3.7 minutes at 8 sessions, 200 sentences and 5 sessions x 20 rounds); the bounds are
+the same. ``bench/bench_load.py`` measures the server under a whole class.
 
 Marked `load`: the default suite skips nothing, but `-m "not load"` leaves these out locally.
 """
@@ -11,11 +16,12 @@ import pytest
 from bench.browser import chromium, streamlit_server, tick_labels, wait_for_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.load, pytest.mark.slow]
-WORDS = ["apple", "river", "castle", "violin", "planet", "garden", "rocket", "pencil"]
+WORDS = ["apple", "river", "castle", "violin"]  # one session each, all at once
+SESSIONS, ROUNDS = 3, 20  # the sessions coming and going, and their rounds
 RSS_BOUND_MB = 1500  # stated in RELIABILITY.md; results are bounded by MHSA_RESULT_CACHE_MB
 
 
-def test_eight_concurrent_sessions_see_only_their_own_tokens() -> None:
+def test_concurrent_sessions_see_only_their_own_tokens() -> None:
     errors: list[str] = []
     seen: dict[int, list[str]] = {}
     with streamlit_server() as url, chromium() as browser:
@@ -23,7 +29,7 @@ def test_eight_concurrent_sessions_see_only_their_own_tokens() -> None:
         pages = [c.new_page() for c in contexts]
         for i, page in enumerate(pages):
             page.on("pageerror", lambda e, i=i: errors.append(f"{i}: {e}"))
-        # Load all eight pages at once: the server runs the sessions concurrently.
+        # Load all the pages at once: the server runs the sessions concurrently.
         for i, page in enumerate(pages):
             page.goto(f"{url}/Heads?text=The+{WORDS[i]}+is+number+{i}.", wait_until="commit")
         for i, page in enumerate(pages):
@@ -38,15 +44,18 @@ def test_eight_concurrent_sessions_see_only_their_own_tokens() -> None:
         assert not others & set(labels)
 
 
-def test_two_hundred_sentences_keep_memory_bounded() -> None:
+def test_many_sentences_keep_memory_bounded() -> None:
+    """80 distinct sentences in a row in one session; a 64 MB result cache, which the first
+    half fills: the second half adds less than 150 MB."""
     readings: list[float] = []
     with streamlit_server(env={"MHSA_RESULT_CACHE_MB": "64"}) as url, chromium() as browser:
         page = browser.new_page(viewport={"width": 1300, "height": 900})
         page.goto(f"{url}/Heads")
-        wait_for_app(page, plots=3)
+        # a fresh server's first page (the model loads) took over 60 s on a busy machine
+        wait_for_app(page, plots=3, timeout_ms=180_000)
         box = page.get_by_role("textbox", name="Sentence")
-        for i in range(200):
-            marker = str(i)  # 0..199 are single tokens of the embedded model
+        for i in range(80):
+            marker = str(i)  # 0..79 are single tokens of the embedded model
             box.fill(f"Request {marker} of the series, with a distinct sentence each time.")
             box.press("Control+Enter")
             page.wait_for_function(
@@ -57,24 +66,25 @@ def test_two_hundred_sentences_keep_memory_bounded() -> None:
                         && !document.querySelector('[data-testid=stStatusWidget]');
                 }""",
                 arg=marker,
-                timeout=60_000,
+                timeout=120_000,
             )
-            if i % 20 == 19:
+            if i % 10 == 9:
                 readings.append(url.rss_mb())
-    print("server RSS (MB) every 20 requests:", [round(r) for r in readings])
+    print("server RSS (MB) every 10 requests:", [round(r) for r in readings])
     assert max(readings) < RSS_BOUND_MB
     # bounded caches: no steady growth over the second half
     assert readings[-1] - readings[len(readings) // 2] < 150
 
 
 def test_many_sessions_over_many_rounds_keep_memory_flat() -> None:
-    """Production settings (no garbage collection after each run): 5 sessions type a new
+    """Production settings (no garbage collection after each run): 3 sessions type a new
     sentence every round for 20 rounds, and one of them is replaced by a new visitor each round.
-    Small caches fill in the first rounds; over the second half the server's memory stays level:
-    a least-squares slope under 2.5 MB per round, half a megabyte per rerun. Streamlit keeps a
-    closed tab's session for reconnecting (``server.disconnectedSessionTTL``, 120 s by default):
-    5 s here, so that the sessions that left are gone within the test's minutes rather than
-    counted as growth."""
+    Small caches (8 results) fill in the first rounds; over the second half the server's memory
+    stays level: a least-squares slope under 2.5 MB per round (3 reruns and a new visitor; 10
+    readings, as many as with 5 sessions, so that the slope's noise is no larger).
+    Streamlit keeps a closed tab's session for reconnecting (``server.disconnectedSessionTTL``,
+    120 s by default): 5 s here, so that the sessions that left are gone within the test's
+    minutes rather than counted as growth."""
     import numpy as np
 
     from bench.bench_load import WATCH, sentence
@@ -94,20 +104,20 @@ def test_many_sessions_over_many_rounds_keep_memory_flat() -> None:
         def wait_drawn(page) -> None:
             page.wait_for_function("() => window.__done !== null", timeout=180_000)
 
-        sessions = [visitor(i) for i in range(5)]
+        sessions = [visitor(i) for i in range(SESSIONS)]
         for _, page in sessions:
             wait_drawn(page)
-        for r in range(20):
-            sessions[r % 5][0].close()  # one visitor leaves, a new one arrives
-            sessions[r % 5] = visitor(100 + r)
+        for r in range(ROUNDS):
+            sessions[r % SESSIONS][0].close()  # one visitor leaves, a new one arrives
+            sessions[r % SESSIONS] = visitor(100 + r)
             for i, (_, page) in enumerate(sessions):
-                marker = 100 + (r * 5 + i) % 100
+                marker = 100 + (r * SESSIONS + i) % 100
                 wait_drawn(page)
                 page.evaluate(
                     "(m) => { window.__marker = String(m); window.__done = null; }", marker
                 )
                 box = page.get_by_role("textbox", name="Sentence")
-                box.fill(sentence(marker, 10_000 + r * 5 + i))
+                box.fill(sentence(marker, 10_000 + r * SESSIONS + i))
                 box.press("Control+Enter")
             for _, page in sessions:
                 wait_drawn(page)
