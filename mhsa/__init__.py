@@ -37,6 +37,7 @@ from mhsa.extract import (
     Generation,
     attend,
     attend_generated,
+    attend_layers,
     generate,
     generate_ids,
 )
@@ -72,8 +73,10 @@ from mhsa.roles import (
     sink_value_norms,
     strongest_inputs,
 )
+from mhsa.selection import ATTENTION_DTYPES, Selection
 from mhsa.similarity import HeadClusters, head_clusters, head_map, head_similarity
 from mhsa.stats import attention_rollout, head_stats, top_attended
+from mhsa.stream import streamed_head_similarity, streamed_head_stats
 from mhsa.tokens import find_tokens
 from mhsa.training import (
     TASKS,
@@ -86,6 +89,7 @@ from mhsa.training import (
 )
 
 __all__ = [
+    "ATTENTION_DTYPES",
     "ATTENTION_KINDS",
     "DEFAULT_MODEL",
     "DEVICES",
@@ -118,6 +122,7 @@ __all__ = [
     "MultiHeadSelfAttention",
     "PathPatch",
     "RotaryEmbedding",
+    "Selection",
     "TraceStep",
     "TrainConfig",
     "TrainResult",
@@ -126,6 +131,7 @@ __all__ = [
     "ablate",
     "attend",
     "attend_generated",
+    "attend_layers",
     "attention_core",
     "attention_rollout",
     "attention_sinks",
@@ -163,6 +169,8 @@ __all__ = [
     "save_model",
     "scaled_dot_product_attention",
     "sink_value_norms",
+    "streamed_head_similarity",
+    "streamed_head_stats",
     "strongest_inputs",
     "top_attended",
     "top_edges",

@@ -10,7 +10,7 @@ D = d_model, Dh = d_head.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Self
 
 import torch
@@ -455,6 +455,38 @@ class MultiHeadSelfAttention(nn.Module):
         )
         assert weights is not None
         return weights
+
+    @torch.no_grad()
+    def head_weights(
+        self,
+        query: torch.Tensor,
+        chunks: Sequence[Sequence[int]],
+        take: Callable[[Sequence[int], torch.Tensor], None],
+        *,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        positions: torch.Tensor | None = None,
+    ) -> None:
+        """``attention_weights(query, ...)[:, chunk]`` for each chunk of query heads, handed
+        to ``take(chunk, weights)`` before the next is computed (Q and K projected once): one
+        layer's weights of every head never exist at once (long inputs, ``mhsa.partial``)."""
+        q, k, _ = self._heads(
+            query, None, None, positions=positions, observe=nobody, weights_only=True
+        )
+        full = self._mask(mask, None, q, k)
+        per_head = full is not None and full.dim() == 4 and full.shape[1] > 1
+        for chunk in chunks:
+            heads = torch.as_tensor(list(chunk), device=q.device)
+            _, weights = attention_core(
+                q.index_select(1, heads),
+                k.index_select(1, heads // self.groups),  # each query head's key head
+                None,
+                full.index_select(1, heads) if per_head else full,
+                is_causal=is_causal,
+                scale=self.scale,
+            )
+            assert weights is not None
+            take(chunk, weights)
 
     @torch.no_grad()
     def forward_with_trace(

@@ -26,7 +26,14 @@ import torch.nn.functional as F
 from mhsa.encoding import Encoded, encode_many
 from mhsa.errors import InputError, UnsupportedModelError
 from mhsa.extract import EngineSpec, engine_spec
-from mhsa.forward import StopPass, is_causal, make_result, our_attention, require_attentions
+from mhsa.forward import (
+    StopPass,
+    attention_modules,
+    is_causal,
+    make_result,
+    our_attention,
+    require_attentions,
+)
 from mhsa.generation import Generation
 from mhsa.models import LoadedModel, get_model
 from mhsa.result import AttentionResult
@@ -271,27 +278,6 @@ def pad_inputs(
     return out
 
 
-def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules whose outputs transformers records as ``attentions`` (its own
-    ``_can_record_outputs``), in the order they run; [] when the model does not say."""
-    from transformers.utils.output_capturing import OutputRecorder
-
-    specs = getattr(model, "_can_record_outputs", None) or {}
-    spec = specs.get("attentions")
-    if spec is None or isinstance(spec, list | str):
-        return []
-    if not isinstance(spec, OutputRecorder):
-        spec = OutputRecorder(target_class=spec, index=1)
-    if spec.index != 1 or spec.target_class is None:
-        return []
-    layer = f".{spec.layer_name.strip('.')}." if spec.layer_name else None
-    return [
-        m
-        for name, m in model.named_modules()
-        if isinstance(m, spec.target_class) and (layer is None or layer in f".{name}.")
-    ]
-
-
 def _attentions_until_the_last(
     lm: LoadedModel, inputs: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, ...] | None:
@@ -300,7 +286,7 @@ def _attentions_until_the_last(
     top change no weight, so the statistics pass skips their work. Hooks read the same
     outputs transformers records as ``attentions``; None when the model does not name its
     attention modules (the caller then runs all of it)."""
-    modules = _attention_modules(lm.model)
+    modules = attention_modules(lm.model)
     layers = lm.facts()["layers"]
     if not modules or (layers and len(modules) != layers):
         return None

@@ -124,8 +124,8 @@ def head_table(result: AttentionResult, columns: Mapping[str, np.ndarray]) -> pd
     layers, heads = result.num_layers, result.num_heads
     frame = pd.DataFrame(
         {
-            "layer": np.repeat(np.arange(layers), heads),
-            "head": np.tile(np.arange(heads), layers),
+            "layer": np.repeat(np.asarray(result.layers, dtype=int), heads),  # the model's
+            "head": np.tile(np.asarray(result.heads, dtype=int), layers),
             **{name: np.asarray(s, dtype=np.float64).reshape(-1) for name, s in columns.items()},
         },
         index=result.head_labels(),

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from mhsa.encoding import Encoded, check_text, encode
@@ -16,8 +17,10 @@ from mhsa.forward import ForwardPass, eager_forward, make_result, our_forward
 from mhsa.generation import MAX_NEW_TOKENS, Generation, generate, generate_ids, generation_encoded
 from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.norms import weighted_by_norm
+from mhsa.partial import LayerSink, selected_forward
 from mhsa.registry import lookup
 from mhsa.result import AttentionResult
+from mhsa.selection import Selection, check_attention_budget, select
 from mhsa.swap import our_blocks
 
 __all__ = [
@@ -30,9 +33,11 @@ __all__ = [
     "Generation",
     "attend",
     "attend_generated",
+    "attend_layers",
     "engine_spec",
     "generate",
     "generate_ids",
+    "model_selection",
 ]
 
 
@@ -193,6 +198,10 @@ def attend(
     seed: int = 0,
     verify: bool = False,
     norms: bool = False,
+    layers: str | int | Sequence[int] | None = None,
+    heads: str | int | Sequence[int] | None = None,
+    attention_dtype: str = "float32",
+    max_attention_mb: float | None = None,
 ) -> AttentionResult:
     """Per-head attention of a text.
 
@@ -219,20 +228,139 @@ def attend(
             from the V each of the model's blocks computes (a forward hook on its value
             projection); ``W_O`` from our module of each block (``mhsa.swap.our_blocks``: the
             model's weights), so norms need a model our module can load (``mhsa.norms``).
+        layers: materialise these layers only (``2``, ``[0, 5]``, ``"0-3,8"``; None: all).
+            Every other block runs a fused kernel and keeps nothing (``mhsa.partial``); the
+            result's ``layer_ids`` say which were kept and its labels stay ``L{l}H{h}`` of the
+            model's layers. Encoders and decoders (not encoder-decoders).
+        heads: keep these heads of each selected layer (as ``layers``; None: all).
+        attention_dtype: ``float32``, ``float16`` or ``bfloat16`` (rounded to bfloat16, held
+            in a float16 array: numpy has none): the dtype the weights are stored in.
+            Statistics sum them in float64 whatever it is (README: the error measured).
+        max_attention_mb: refuse, before the forward pass, a selection that would keep more
+            megabytes of attention (``MHSA_MAX_ATTENTION_MB`` on a server); None: no budget.
 
     Raises:
-        InputError, ModelLoadError, UnsupportedModelError: with a message saying what to do.
+        InputError, ModelLoadError, UnsupportedModelError: with a message saying what to do
+            (a selection out of range names the model's layers and heads).
     """
     spec = _checked_spec(engine, verify)
     text = check_text(text)
     if text_pair is not None:
         text_pair = check_text(text_pair, "second text")
     lm = resolve_model(model, device)
+    selection = model_selection(lm, layers, heads, attention_dtype)
     with lm.lock:
         encoded = encode(lm, text, text_pair, max_tokens)
+    if max_attention_mb is not None:
+        n = len(encoded.tokens.strings)
+        check_attention_budget(selection or _whole(lm, attention_dtype), n, n, max_attention_mb)
     return _attend_encoded(
-        lm, spec, encoded, text, seed=seed, verify=verify, norms=norms, text_pair=text_pair
+        lm,
+        spec,
+        encoded,
+        text,
+        seed=seed,
+        verify=verify,
+        norms=norms,
+        text_pair=text_pair,
+        selection=selection,
     )
+
+
+def model_selection(
+    lm: LoadedModel,
+    layers: str | int | Sequence[int] | None,
+    heads: str | int | Sequence[int] | None,
+    attention_dtype: str = "float32",
+) -> Selection | None:
+    """The checked selection of ``lm``'s layers and heads, or None for the whole float32
+    attention (the ordinary path, unchanged).
+
+    Raises:
+        InputError: out of range or empty (naming the model's sizes), or an unknown dtype.
+    """
+    if layers is None and heads is None and attention_dtype == "float32":
+        return None
+    facts = lm.facts()
+    if not facts["layers"] or not facts["heads"]:
+        raise InputError(f"{lm.display_name!r} does not say how many layers and heads it has.")
+    selection = select(facts["layers"], facts["heads"], layers, heads, attention_dtype)
+    return None if selection.everything and attention_dtype == "float32" else selection
+
+
+def _whole(lm: LoadedModel, attention_dtype: str) -> Selection:
+    """Every layer and head of ``lm`` (for the budget of a whole result)."""
+    facts = lm.facts()
+    return select(facts["layers"] or 0, facts["heads"] or 0, None, None, attention_dtype)
+
+
+def attend_layers(
+    text: str,
+    sink: Callable[[AttentionResult], None],
+    *,
+    model: str | LoadedModel = DEFAULT_MODEL,
+    engine: str = "transformers",
+    device: str = "auto",
+    max_tokens: int | None = None,
+    layers: str | int | Sequence[int] | None = None,
+    heads: str | int | Sequence[int] | None = None,
+    attention_dtype: str = "float32",
+    seed: int = 0,
+) -> AttentionResult:
+    """``attend`` streamed layer by layer: each selected layer goes to ``sink`` as a result of
+    its own (one layer, ``layer_ids == [layer]``, the selected heads) as soon as it is
+    computed, and nothing is kept, so that the peak is one layer's attention (``mhsa.stream``
+    computes statistics this way; the command line writes ``.npz`` files layer by layer).
+
+    Returns:
+        The result's every field but the attention: ``attention`` is ``[0, heads, n, n]``
+        (``layer_ids`` empty: the sink received the layers), ``head_ids`` the heads.
+
+    Raises:
+        InputError, ModelLoadError, UnsupportedModelError: as ``attend``.
+    """
+    spec = _checked_spec(engine, False)
+    text = check_text(text)
+    lm = resolve_model(model, device)
+    facts = lm.facts()
+    selection = select(facts["layers"] or 0, facts["heads"] or 0, layers, heads, attention_dtype)
+    with lm.lock:
+        encoded = encode(lm, text, None, max_tokens)
+    n = len(encoded.tokens.strings)
+    empty = np.empty((0, len(selection.heads), n, n), dtype=np.float32)
+    header = make_result(
+        lm,
+        encoded,
+        text,
+        empty,
+        engine=spec.name,
+        timings={},
+        causal=False,
+        layer_ids=[],
+        head_ids=selection.head_ids,
+        attention_dtype=selection.dtype,
+    )
+
+    def one_layer(layer: int, heads_of_layer: np.ndarray) -> None:
+        causal = n > 1 and not np.triu(heads_of_layer[0], 1).any()  # nothing on later keys
+        sink(
+            dataclasses.replace(
+                header, attention=heads_of_layer[None], layer_ids=[layer], causal=causal
+            )
+        )
+
+    done = _attend_encoded(
+        lm,
+        spec,
+        encoded,
+        text,
+        seed=seed,
+        verify=False,
+        norms=False,
+        selection=selection,
+        sink=one_layer,
+    )
+    return dataclasses.replace(header, timings=done.timings, causal=done.causal)
 
 
 def attend_generated(
@@ -293,8 +421,14 @@ def _attend_encoded(
     verify: bool,
     norms: bool,
     text_pair: str | None = None,
+    selection: Selection | None = None,
+    sink: LayerSink | None = None,
 ) -> AttentionResult:
     """``attend`` of a text already encoded."""
+    if selection is not None:
+        return _attend_selected(
+            lm, spec, encoded, text, selection, seed=seed, verify=verify, norms=norms, sink=sink
+        )
     timings = {"load": lm.load_seconds}
     with lm.lock, torch.inference_mode():
         forward, agreement = _run_engine(
@@ -321,6 +455,59 @@ def _attend_encoded(
         norms=None if per_key is None else weighted_by_norm(array, per_key.numpy()),
         **agreement,
         **_extra_fields(lm, encoded, forward),
+    )
+
+
+def _attend_selected(
+    lm: LoadedModel,
+    spec: EngineSpec,
+    encoded: Encoded,
+    text: str,
+    selection: Selection,
+    *,
+    seed: int,
+    verify: bool,
+    norms: bool,
+    sink: LayerSink | None,
+) -> AttentionResult:
+    """``attend`` of the selected layers and heads only (``mhsa.partial``)."""
+    timings = {"load": lm.load_seconds}
+    agreement: dict[str, Any] = {}
+    with lm.lock, torch.inference_mode():
+        inputs = encoded.inputs_on(lm.device)
+        start = time.perf_counter()
+        forward = selected_forward(
+            lm,
+            inputs,
+            selection,
+            our_module=spec.our_module,
+            seed=seed if spec.seeded else None,
+            norms=norms,
+            sink=sink,
+        )
+        timings["forward"] = time.perf_counter() - start
+        if verify:
+            start = time.perf_counter()
+            reference = dataclasses.replace(selection, dtype="float32")
+            theirs = selected_forward(lm, inputs, reference, our_module=False, eager=True)
+            per_layer = _max_abs_diffs(forward.attention.astype(np.float32), theirs.attention)
+            agreement = {"max_abs_diff": max(per_layer), "layer_max_abs_diff": per_layer}
+            timings["verify"] = time.perf_counter() - start
+    array = forward.attention
+    return make_result(
+        lm,
+        encoded,
+        text,
+        array,
+        engine=spec.name,
+        timings=timings,
+        causal=forward.causal,
+        seed=seed if spec.seeded else None,
+        norms=None if forward.value_norms is None else weighted_by_norm(array, forward.value_norms),
+        layer_ids=[] if sink is not None else selection.layer_ids,
+        head_ids=selection.head_ids,
+        attention_dtype=selection.dtype,
+        **agreement,
     )
 
 

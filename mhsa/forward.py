@@ -31,6 +31,7 @@ from mhsa.swap import OurBlock, OurPass, run_with_our_blocks
 __all__ = [
     "ForwardPass",
     "StopPass",
+    "attention_modules",
     "blocks_of_kind",
     "eager_forward",
     "is_causal",
@@ -130,6 +131,27 @@ def eager_forward(
     per_key = stacked_norms(value_norms, len(theirs)) if norms else None
     encoder_hidden = getattr(outputs, "encoder_last_hidden_state", None)
     return ForwardPass(weights, is_causal(theirs), extra, hidden, per_key, encoder_hidden)
+
+
+def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules whose outputs transformers records as ``attentions`` (its own
+    ``_can_record_outputs``), in the order they run; [] when the model does not say."""
+    from transformers.utils.output_capturing import OutputRecorder
+
+    specs = getattr(model, "_can_record_outputs", None) or {}
+    spec = specs.get("attentions")
+    if spec is None or isinstance(spec, list | str):
+        return []
+    if not isinstance(spec, OutputRecorder):
+        spec = OutputRecorder(target_class=spec, index=1)
+    if spec.index != 1 or spec.target_class is None:
+        return []
+    layer = f".{spec.layer_name.strip('.')}." if spec.layer_name else None
+    return [
+        m
+        for name, m in model.named_modules()
+        if isinstance(m, spec.target_class) and (layer is None or layer in f".{name}.")
+    ]
 
 
 class StopPass(Exception):
@@ -270,7 +292,10 @@ def make_result(
     return AttentionResult(
         text=text,
         tokens=list(tokens.strings),
-        attention=np.ascontiguousarray(attention, dtype=np.float32),
+        # float32, or the 16 bits a selection asked for (``attend(attention_dtype=...)``)
+        attention=np.ascontiguousarray(
+            attention, dtype=np.float16 if attention.dtype == np.float16 else np.float32
+        ),
         offsets=list(tokens.offsets),
         special=list(tokens.special),
         punctuation=list(tokens.punctuation),

@@ -12,13 +12,21 @@ step; a job that raises anything frees its slot all the same.
 
 The limit is ``MHSA_MAX_HEAVY`` (``max_heavy_from_env``): by default the number of cores this
 process may use, at least 1.
+
+Estimates: a running job's time left comes from its own measured rate (``Job.seconds_left``),
+and a waiting job's expected wait from the time left of the jobs running and the expected
+length (``Job.expected_seconds``, given when it was submitted) of those ahead of it
+(``JobQueue.expected_wait``).
 """
 
 from __future__ import annotations
 
 import enum
+import heapq
+import itertools
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -29,6 +37,7 @@ __all__ = [
     "JobQueue",
     "JobState",
     "max_heavy_from_env",
+    "seconds_left",
 ]
 
 #: the environment variable that sets how many heavy jobs run at once per process
@@ -70,16 +79,35 @@ def max_heavy_from_env(environ: dict[str, str] | None = None) -> int:
     return int(raw)
 
 
-class Job:
-    """One heavy computation: its state, progress, and result or error once finished."""
+def seconds_left(done: int, total: int, elapsed: float) -> float | None:
+    """Seconds until ``total`` steps are done at the rate measured so far (``done`` steps in
+    ``elapsed`` seconds); None before the first step (no rate yet) or without a total."""
+    if done <= 0 or total <= 0 or elapsed <= 0:
+        return None
+    return max(0, total - done) * elapsed / done
 
-    def __init__(self, key: Hashable, fn: Callable[[Progress], Any], label: str) -> None:
+
+class Job:
+    """One heavy computation: its state, progress, and result or error once finished.
+
+    ``expected_seconds``: how long the job is expected to run (None: unknown), for the expected
+    wait of the jobs behind it before it has started."""
+
+    def __init__(
+        self,
+        key: Hashable,
+        fn: Callable[[Progress], Any],
+        label: str,
+        expected_seconds: float | None = None,
+    ) -> None:
         self.key = key
         self.label = label
         self._fn = fn
         self.state = JobState.WAITING
         self.done_steps = 0
         self.total_steps = 0
+        self.expected_seconds = expected_seconds
+        self.started: float | None = None  # time.monotonic() when it began to run
         self.result: Any = None
         self.error: BaseException | None = None
         self._claims = 0
@@ -102,7 +130,19 @@ class Job:
             raise JobCancelled(self.label)
         self.done_steps, self.total_steps = done, total
 
+    def seconds_left(self, now: float | None = None) -> float | None:
+        """A running job's seconds left at its rate so far (``seconds_left``; ``now``: a
+        ``time.monotonic()`` reading), its ``expected_seconds`` while it waits, 0 once
+        finished, None while unknown."""
+        if self.finished:
+            return 0.0
+        if self.started is None:
+            return self.expected_seconds
+        now = time.monotonic() if now is None else now
+        return seconds_left(self.done_steps, self.total_steps, now - self.started)
+
     def _run(self) -> None:
+        self.started = time.monotonic()
         try:
             self._progress(0, 0)  # cancelled before it started: nothing runs
             self.result = self._fn(self._progress)
@@ -126,13 +166,21 @@ class JobQueue:
         self._running: set[Job] = set()
         self._live: dict[Hashable, Job] = {}  # waiting or running, by key
 
-    def submit(self, key: Hashable, fn: Callable[[Progress], Any], label: str = "") -> Job:
-        """The live job for ``key``, or a new one queued to run ``fn(progress)``; either way
-        the caller holds one claim on it (``cancel`` withdraws it)."""
+    def submit(
+        self,
+        key: Hashable,
+        fn: Callable[[Progress], Any],
+        label: str = "",
+        *,
+        expected_seconds: float | None = None,
+    ) -> Job:
+        """The live job for ``key``, or a new one queued to run ``fn(progress)`` (expected to
+        take ``expected_seconds``, if known); either way the caller holds one claim on it
+        (``cancel`` withdraws it)."""
         with self._lock:
             job = self._live.get(key)
             if job is None:
-                job = Job(key, fn, label or str(key))
+                job = Job(key, fn, label or str(key), expected_seconds)
                 self._live[key] = job
                 self._waiting.append(job)
             job._claims += 1
@@ -146,6 +194,30 @@ class JobQueue:
             if job.state is not JobState.WAITING or job not in self._waiting:
                 return 0
             return len(self._running) + self._waiting.index(job)
+
+    def expected_wait(self, job: Job, now: float | None = None) -> float | None:
+        """Seconds until a waiting job starts, if every job before it keeps its pace: each of
+        the ``limit`` slots frees when its running job's time left is over, and the jobs
+        ahead take the first free slot in turn for their ``expected_seconds``. 0 once it runs
+        or has finished; None when a job before it has no estimate (no rate yet, no expected
+        length)."""
+        with self._lock:
+            if job.state is not JobState.WAITING or job not in self._waiting:
+                return 0.0
+            running = list(self._running)
+            ahead = list(itertools.islice(self._waiting, self._waiting.index(job)))
+        slots = [0.0] * (self.limit - len(running))
+        for other in running:
+            left = other.seconds_left(now)
+            if left is None:
+                return None
+            slots.append(left)
+        heapq.heapify(slots)
+        for other in ahead:
+            if other.expected_seconds is None:
+                return None
+            heapq.heappush(slots, heapq.heappop(slots) + other.expected_seconds)
+        return slots[0]
 
     def counts(self) -> tuple[int, int]:
         """(running, waiting)."""

@@ -8,6 +8,11 @@
   machine of one's own: on a shared server "*" lets anyone who sends a link make the server read
   any local folder or download any model).
 - MHSA_MAX_PARAMETERS (400000000): larger models are refused, from their config, before loading.
+- MHSA_MAX_ATTENTION_MB (256): megabytes of attention one request may keep, over its selected
+  layers and heads in their storage dtype (``attend(max_attention_mb=...)``); a request over
+  it is refused before the model runs, naming the numbers and the ways out (fewer layers or
+  heads, float16). Pages over MHSA_MAX_TOKENS tokens or over this budget ask for a layer and
+  a range of heads.
 - MHSA_MODEL_CACHE (2): models kept loaded per process.
 - MHSA_RESULT_CACHE_MB (512): megabytes of attention results kept per process, shared
   read-only by every session (least recently used dropped; one MiniLM result at the token
@@ -45,6 +50,7 @@ class Limits:
     max_chars: int = 100_000
     allowed_models: tuple[str, ...] | None = ()  # None: any model; (): the embedded one only
     max_parameters: int = 400_000_000
+    max_attention_mb: int = 256
     model_cache: int = 2
     result_cache: int = 32
     result_cache_mb: int = 512

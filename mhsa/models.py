@@ -169,8 +169,9 @@ def _lm_head_kind(config: Any) -> str | None:
     return None
 
 
-def _load_weights(path: str, kind: str | None) -> tuple[Any, Any]:
-    """``(base model, model with its LM head or None)``, eager attention, never remote code."""
+def _load_weights(path: str, kind: str | None, options: dict[str, Any]) -> tuple[Any, Any]:
+    """``(base model, model with its LM head or None)``, eager attention, never remote code;
+    ``options`` go to ``from_pretrained`` as they are (``device_map``, ``dtype``, ...)."""
     from transformers import (
         AutoModel,
         AutoModelForCausalLM,
@@ -179,10 +180,10 @@ def _load_weights(path: str, kind: str | None) -> tuple[Any, Any]:
     )
 
     if kind is None:
-        return AutoModel.from_pretrained(path, attn_implementation="eager"), None
+        return AutoModel.from_pretrained(path, attn_implementation="eager", **options), None
     autos = {"causal": AutoModelForCausalLM, "seq2seq": AutoModelForSeq2SeqLM}
     auto = autos.get(kind, AutoModelForMaskedLM)
-    full = auto.from_pretrained(path, attn_implementation="eager")
+    full = auto.from_pretrained(path, attn_implementation="eager", **options)
     base = full.base_model
     return (_shared_base(full) if base is full else base), full
 
@@ -247,6 +248,9 @@ def load_model(
     *,
     device: str | torch.device = "auto",
     max_parameters: int | None = None,
+    device_map: str | dict[str, Any] | None = None,
+    torch_dtype: str | torch.dtype | None = None,
+    low_cpu_mem_usage: bool = False,
 ) -> LoadedModel:
     """Load a model with eager attention (the only kind that returns attention weights).
 
@@ -256,9 +260,19 @@ def load_model(
             (``mhsa.trained``), a transformers model id, or a folder.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"mps"``.
         max_parameters: refuse, before loading any weights, a model with more parameters.
+        device_map: passed to ``from_pretrained``: ``"auto"`` spreads the layers over the GPUs
+            and the CPU (accelerate's placement; needs the ``accelerate`` package), or a map
+            of module names to devices. ``device`` is then where the input embeddings sit, and
+            our modules (the ``mhsa`` engine, selected layers) are built on their block's
+            device. Tested here on a CPU map only; the multi-GPU path is untested.
+        torch_dtype: the weights' dtype (``"float16"``, ``"bfloat16"``, ``"float32"``,
+            ``"auto"`` or a ``torch.dtype``), passed as ``from_pretrained(dtype=...)``.
+        low_cpu_mem_usage: passed to ``from_pretrained`` (transformers 5 always loads this
+            way: weights are read straight into place, never initialised first).
 
     Raises:
-        ModelLoadError: the model cannot be found, is too large, or cannot return attentions.
+        ModelLoadError: the model cannot be found, is too large, or cannot return attentions
+            (an unknown dtype, or ``device_map`` without ``accelerate``: the message says so).
     """
     from transformers.utils import logging as hf_logging
 
@@ -272,11 +286,16 @@ def load_model(
     start = time.perf_counter()
     config = _load_config(name, path)
     n_params = _checked_size(display, config, max_parameters)
-    tokenizer, model, head_model, kind = _load_parts(display, path, config)
+    options = _pretrained_options(device_map, torch_dtype, low_cpu_mem_usage)
+    tokenizer, model, head_model, kind = _load_parts(display, path, config, options)
     top = head_model if head_model is not None else model
     # never trained here: no parameter gradients, so that gradients with respect to head gates
     # (head importance) cost a backward pass through the activations only
-    top.eval().requires_grad_(False).to(dev)
+    top.eval().requires_grad_(False)
+    if device_map is None:
+        top.to(dev)
+    else:  # placed by the map: inputs go where the embeddings are
+        dev = model.get_input_embeddings().weight.device
     return LoadedModel(
         name=name,
         display_name=display,
@@ -305,7 +324,36 @@ def _checked_size(display: str, config: Any, max_parameters: int | None) -> int:
     return n_params
 
 
-def _load_parts(display: str, path: str, config: Any) -> tuple[Any, Any, Any, str | None]:
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def _pretrained_options(
+    device_map: str | dict[str, Any] | None,
+    torch_dtype: str | torch.dtype | None,
+    low_cpu_mem_usage: bool,
+) -> dict[str, Any]:
+    """``from_pretrained``'s keyword arguments for the big-model options (none by default).
+
+    Raises:
+        ModelLoadError: an unknown dtype.
+    """
+    options: dict[str, Any] = {}
+    if device_map is not None:
+        options["device_map"] = device_map
+    if torch_dtype is not None:
+        if isinstance(torch_dtype, str) and torch_dtype not in (*_DTYPES, "auto"):
+            raise ModelLoadError(
+                f"Unknown torch_dtype {torch_dtype[:40]!r}: one of {', '.join(_DTYPES)} or auto."
+            )
+        options["dtype"] = _DTYPES.get(torch_dtype, torch_dtype)  # type: ignore[arg-type]
+    if low_cpu_mem_usage:
+        options["low_cpu_mem_usage"] = True
+    return options
+
+
+def _load_parts(
+    display: str, path: str, config: Any, options: dict[str, Any] | None = None
+) -> tuple[Any, Any, Any, str | None]:
     """``(tokenizer, base model, model with its LM head or None, LM head kind)``.
 
     Raises:
@@ -316,7 +364,7 @@ def _load_parts(display: str, path: str, config: Any) -> tuple[Any, Any, Any, st
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         kind = _lm_head_kind(config)
-        model, head_model = _load_weights(path, kind)
+        model, head_model = _load_weights(path, kind, options or {})
     except (OSError, ValueError, KeyError) as e:
         raise ModelLoadError(f"Model {display!r} could not be loaded: {e}") from e
     return tokenizer, model, head_model, kind

@@ -33,7 +33,9 @@ class AttentionResult:
     Attributes:
         text: the input text (after truncation, the text is still the full input).
         tokens: token strings as the model sees them.
-        attention: float32 ``[layers, heads, n, n]`` (encoder/decoder self-attention).
+        attention: ``[layers, heads, n, n]`` (encoder/decoder self-attention), float32, or
+            float16 when ``attend(attention_dtype=...)`` asked for 16 bits; only the selected
+            layers and heads when ``layer_ids`` / ``head_ids`` say so.
         offsets: character span of each token in ``text``; ``(0, 0)`` for special tokens.
         special: special-token flags ([CLS], [SEP], BOS/EOS).
         punctuation: punctuation flags.
@@ -76,6 +78,12 @@ class AttentionResult:
             decoder's, while ``tokens`` are the encoder's, the keys); ``attention`` is then
             ``[layers, heads, len(query_tokens), len(tokens)]``. None: the queries are
             ``tokens``.
+        layer_ids: the model's layer each of ``attention``'s layers is, when only some were
+            selected (``attend(layers=...)``); None: every layer, in order.
+        head_ids: the model's head each of ``attention``'s heads is (the same heads in every
+            selected layer), when only some were selected; None: every head.
+        attention_dtype: the dtype the weights were stored in (``mhsa.selection``:
+            ``float32``, ``float16``, or ``bfloat16`` held in a float16 array).
     """
 
     text: str
@@ -110,11 +118,20 @@ class AttentionResult:
     decoder_layer_max_abs_diff: list[float] | None = None
     cross_layer_max_abs_diff: list[float] | None = None
     encoder_hidden_max_abs_diff: float | None = None
+    layer_ids: list[int] | None = None
+    head_ids: list[int] | None = None
+    attention_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         a, m, n = self.attention, self.num_queries, len(self.tokens)
         if a.ndim != 4 or a.shape[2] != m or a.shape[3] != n:
             raise ValueError(f"attention must be [layers, heads, {m}, {n}], got {list(a.shape)}")
+        for ids, size, what in (
+            (self.layer_ids, a.shape[0], "layer"),
+            (self.head_ids, a.shape[1], "head"),
+        ):
+            if ids is not None and len(ids) != size:
+                raise ValueError(f"{what}_ids must name {size} {what}s, got {len(ids)}")
         if self.norms is not None and self.norms.shape != a.shape:
             raise ValueError(
                 f"norms must have attention's shape {list(a.shape)}, got {list(self.norms.shape)}"
@@ -218,9 +235,70 @@ class AttentionResult:
         """The first generated token, or None."""
         return next((i for i, g in enumerate(self.generated) if g), None)
 
+    @property
+    def layers(self) -> list[int]:
+        """The model's layer each of ``attention``'s layers is (``layer_ids``, else 0..L-1)."""
+        return list(range(self.num_layers)) if self.layer_ids is None else list(self.layer_ids)
+
+    @property
+    def heads(self) -> list[int]:
+        """The model's head each of ``attention``'s heads is (``head_ids``, else 0..H-1)."""
+        return list(range(self.num_heads)) if self.head_ids is None else list(self.head_ids)
+
+    @property
+    def is_partial(self) -> bool:
+        """Only some layers or heads were materialised (``attend(layers=..., heads=...)``)."""
+        return self.layer_ids is not None or self.head_ids is not None
+
     def head_labels(self) -> list[str]:
-        """``L{layer}H{head}`` for every head, layer-major."""
-        return [head_label(li, h) for li in range(self.num_layers) for h in range(self.num_heads)]
+        """``L{layer}H{head}`` for every head held, layer-major, with the model's own layer
+        and head numbers (a partial result's too)."""
+        return [head_label(li, h) for li in self.layers for h in self.heads]
+
+    def label(self, layer: int, head: int) -> str:
+        """The label of ``attention[layer, head]`` (positions in the array): the model's own
+        numbers."""
+        return head_label(self.layers[layer], self.heads[head])
+
+    def index_of(self, layer: int, head: int) -> tuple[int, int]:
+        """Where the model's ``layer`` and ``head`` sit in ``attention``.
+
+        Raises:
+            InputError: that layer or head was not materialised (the message says which were).
+        """
+        layers, heads = self.layers, self.heads
+        if layer not in layers or head not in heads:
+            raise InputError(
+                f"L{layer}H{head} was not materialised: this result holds {self.materialised}."
+            )
+        return layers.index(layer), heads.index(head)
+
+    @property
+    def materialised(self) -> str:
+        """What ``attention`` holds, for people: ``"layers 2 x heads 0-7 of 4 x 32, float16,
+        12.0 MB"``."""
+        facts = self.facts or {}
+        of = ""
+        if facts.get("layers") and facts.get("heads"):
+            of = f" of {facts['layers']} x {facts['heads']}"
+        size = self.attention.nbytes / 2**20
+        return (
+            f"layers {_ranges(self.layers)} x heads {_ranges(self.heads)}{of}, "
+            f"{self.attention_dtype}, {size:,.1f} MB"
+        )
+
+    def require_layers_from_zero(self, what: str) -> None:
+        """Refuse an analysis that composes layers from the input up (rollout) on a result
+        whose layers are not 0, 1, ... with every head.
+
+        Raises:
+            InputError: naming ``what`` and what it needs.
+        """
+        if self.layers != list(range(self.num_layers)) or self.head_ids is not None:
+            raise InputError(
+                f"{what} needs consecutive layers from 0 with every head; this result holds "
+                f"{self.materialised}. Select layers 0-{max(self.layers)} and all heads."
+            )
 
     # --- word level ---------------------------------------------------------------------------
     def to_words(self) -> AttentionResult:
@@ -262,7 +340,7 @@ class AttentionResult:
         return dataclasses.replace(
             self,
             tokens=strings,
-            attention=words.astype(np.float32),
+            attention=words.astype(self.attention.dtype),  # float16 stays 16 bits
             offsets=offsets,
             special=special,
             punctuation=[
@@ -314,3 +392,17 @@ class AttentionResult:
         meta.pop("version", None)
         meta["offsets"] = [tuple(o) for o in meta["offsets"]]
         return cls(**meta, **arrays)
+
+
+def _ranges(values: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    parts: list[str] = []
+    start = prev = None
+    for v in [*values, None]:
+        if start is not None and (v is None or v != prev + 1):
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            start = None
+        if v is not None and start is None:
+            start = v
+        prev = v
+    return ",".join(parts)

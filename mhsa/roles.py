@@ -210,9 +210,15 @@ def detection_scores(
     return np.vectorize(lambda x: 1 - round(float(x), 3), otypes=[np.float64])(mean_times_n)
 
 
-def _score_frame(scores: np.ndarray) -> pd.DataFrame:
+def _score_frame(scores: np.ndarray, result: AttentionResult | None = None) -> pd.DataFrame:
+    """Scores ``[layers, heads]`` indexed ``L{l}H{h}`` (``result``'s own labels: a partial
+    result's are the model's layers and heads)."""
     layers, heads = scores.shape
-    labels = [head_label(layer, head) for layer in range(layers) for head in range(heads)]
+    labels = (
+        result.head_labels()
+        if result is not None
+        else [head_label(layer, head) for layer in range(layers) for head in range(heads)]
+    )
     return pd.DataFrame({"score": scores.reshape(-1)}, index=pd.Index(labels, name="head"))
 
 
@@ -383,7 +389,7 @@ def _detect_in(
         raise InputError(f"The text gives {len(ids)} token; head detection needs two or more.")
     p = detection_pattern(pattern, ids) if isinstance(pattern, str) else np.asarray(pattern)
     scores = detection_scores(result.attention, p, error_measure=error_measure, **exclusions)
-    return _score_frame(scores)
+    return _score_frame(scores, result)
 
 
 def _random_repeats(lm: LoadedModel, length: int, count: int, seed: int) -> torch.Tensor:
@@ -477,11 +483,14 @@ def attention_sinks(result: AttentionResult, threshold: float = SINK_THRESHOLD) 
     layer, head, position = np.meshgrid(
         np.arange(layers), np.arange(heads), np.arange(n), indexing="ij"
     )
+    # the model's own layer and head numbers (a partial result holds some of them)
+    layer_id = np.asarray(result.layers, dtype=int)[layer.ravel()]
+    head_id = np.asarray(result.heads, dtype=int)[head.ravel()]
     table = pd.DataFrame(
         {
-            "head": [head_label(li, h) for li, h in zip(layer.ravel(), head.ravel(), strict=True)],
-            "layer": layer.ravel(),
-            "head_index": head.ravel(),
+            "head": [head_label(li, h) for li, h in zip(layer_id, head_id, strict=True)],
+            "layer": layer_id,
+            "head_index": head_id,
             "position": position.ravel(),
             "token": np.asarray(result.tokens, dtype=object)[position.ravel()],
             "received": received.ravel().astype(np.float64),

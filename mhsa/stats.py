@@ -226,12 +226,15 @@ def _entropy_and_distance(
     f64 = torch.float64
     rows = n if rows is None else rows
     idx = torch.arange(n)
-    distance = (torch.arange(rows)[:, None] - idx[None, :]).abs().reshape(-1).to(flat.dtype)
+    # 16-bit attention (``attend(attention_dtype=...)``): each block upcast to float32, the
+    # elementwise work as for float32 attention
+    work = torch.float32 if flat.dtype in (torch.float16, torch.bfloat16) else flat.dtype
+    distance = (torch.arange(rows)[:, None] - idx[None, :]).abs().reshape(-1).to(work)
     entropy = torch.empty(len(flat), dtype=f64)
     mean_distance = torch.empty(len(flat), dtype=f64)
     step = rows_per_block(rows * n)
     for i in range(0, len(flat), step):
-        heads = flat[i : i + step]  # (step, rows * n)
+        heads = flat[i : i + step].to(work)  # (step, rows * n)
         smoothed = heads * (1 - _ENTROPY_SMOOTHING)
         smoothed += _ENTROPY_SMOOTHING / n
         entropy[i : i + step] = -smoothed.log().mul_(smoothed).sum(-1, dtype=f64) / rows
@@ -318,6 +321,7 @@ class HeadStatsAccumulator:
         self._sum: np.ndarray | None = None
         self._defined: np.ndarray | None = None  # per entry: sentences where it is defined
         self._shape: tuple[int, int] | None = None
+        self._ids: tuple[list[int], list[int]] | None = None  # the model's layers and heads
 
     def add(self, result: AttentionResult) -> None:
         self.add_many([result])
@@ -336,6 +340,7 @@ class HeadStatsAccumulator:
                     f"Result has {shape[:2]} layers x heads, earlier ones {self._shape}"
                 )
             self._shape = shape[:2]
+            self._check_ids((group[0].layers, group[0].heads))
             stacked = (
                 group[0].attention[None]  # a view: no copy of one sentence
                 if len(group) == 1
@@ -349,6 +354,18 @@ class HeadStatsAccumulator:
                     positional=positional,
                 )
             )
+
+    def _check_ids(self, ids: tuple[list[int], list[int]] | None) -> None:
+        """Every result holds the same layers and heads of the model (a partial result's are
+        ``layer_ids``/``head_ids``)."""
+        if ids is None:
+            return
+        if self._ids is not None and ids != self._ids:
+            raise ValueError(
+                f"Result holds layers {ids[0]} x heads {ids[1]}, earlier ones "
+                f"{self._ids[0]} x {self._ids[1]}"
+            )
+        self._ids = ids
 
     def _add_stats(self, stats: np.ndarray) -> None:
         """Sentences' statistics ``[k, L * H, columns]`` into the running sums."""
@@ -377,6 +394,7 @@ class HeadStatsAccumulator:
         else:
             self._sum = self._sum + other._sum
             self._defined = self._defined + other._defined
+        self._check_ids(other._ids)
         self._shape = other._shape
         self.count += other.count
         return self
@@ -387,10 +405,11 @@ class HeadStatsAccumulator:
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(self._defined > 0, self._sum / self._defined, np.nan)
         layers, heads = self._shape
+        layer_ids, head_ids = self._ids or (list(range(layers)), list(range(heads)))
         k = len(STAT_COLUMNS)
         frame = pd.DataFrame(mean[:, :k], columns=list(STAT_COLUMNS))
-        frame.insert(0, "head", np.tile(np.arange(heads), layers))
-        frame.insert(0, "layer", np.repeat(np.arange(layers), heads))
+        frame.insert(0, "head", np.tile(np.asarray(head_ids, dtype=int), layers))
+        frame.insert(0, "layer", np.repeat(np.asarray(layer_ids, dtype=int), heads))
         frame["role"] = _roles(frame, mean[:, k])
         shares = mean[:, k + 1 :]  # (L * H, offsets)
         defined = ~np.isnan(shares).all(1)
@@ -473,7 +492,12 @@ def attention_rollout(result: AttentionResult) -> np.ndarray:
     Per layer: average the heads, add the identity (the residual path), renormalise the rows,
     and multiply through the layers: ``R_l = A'_l R_{l-1}``. Row i of ``R_l`` is how much each
     input token flows into position i after layer l. Rows sum to 1.
+
+    Raises:
+        InputError: a partial result (``attend(layers=..., heads=...)``) whose layers are not
+            0, 1, ... with every head: rollout composes every layer from the input up.
     """
+    result.require_layers_from_zero("Attention rollout")
     # summed in float64 without a float64 copy of every head (large for long sentences)
     a = result.attention.mean(axis=1, dtype=np.float64)  # (L, n, n)
     n = a.shape[-1]
@@ -488,7 +512,9 @@ def attention_rollout(result: AttentionResult) -> np.ndarray:
 
 
 def top_attended(result: AttentionResult, layer: int, head: int, k: int = 5) -> pd.DataFrame:
-    """Where each token attends most in one head, for inputs too long for a heatmap: one row
+    """Where each token attends most in one head (``layer``, ``head``: positions in
+    ``result.attention``; ``result.index_of`` finds a model's head in a partial result), for
+    inputs too long for a heatmap: one row
     per query token (index ``#i token``), columns ``1``..``k`` naming the key token and its
     weight (``"mat #6 0.412"``), strongest first."""
     a = result.attention[layer, head]

@@ -32,6 +32,7 @@ __all__ = [
     "OurPass",
     "forward_through_ours",
     "our_blocks",
+    "our_blocks_of",
     "run_with_our_blocks",
     "store_our_weights",
     "through_our_module",
@@ -60,6 +61,17 @@ class OurPass:
         replay: per layer, an output of that whole layer recorded earlier (``record``) for the
             same input, returned without computing the layer (the layers below a knock-out).
         record: when a dict, receives every layer's output.
+        sinks: per layer, a callable that receives the layer's weights ``[B, H, T, S]`` as
+            soon as they are computed (those layers compute weights, the others run the fused
+            kernel unless ``need_weights``); its weights are then not kept in ``weights``
+            (long inputs: ``mhsa.partial`` keeps the selected heads of the selected layers
+            only).
+        buffers: per layer, a preallocated ``[B, H, T, S]`` tensor the weights are computed
+            into (beside ``weights_out``, for a few layers).
+        head_chunks: per layer, ``(chunks, take)``: the layer's output comes from the fused
+            kernel, and its weights a chunk of query heads at a time
+            (``MultiHeadSelfAttention.head_weights``), each handed to ``take(chunk,
+            weights)``: one layer's weights of every head never exist at once.
     """
 
     gates: Mapping[int, torch.Tensor] = field(default_factory=dict)
@@ -70,6 +82,17 @@ class OurPass:
     fan_out: tuple[int, int] | None = None
     replay: Mapping[int, Any] = field(default_factory=dict)
     record: dict[int, Any] | None = None
+    sinks: Mapping[int, Callable[[torch.Tensor], None]] = field(default_factory=dict)
+    head_chunks: Mapping[int, tuple[list[list[int]], Callable[..., None]]] = field(
+        default_factory=dict
+    )
+    buffers: Mapping[int, torch.Tensor] = field(default_factory=dict)
+
+    def buffer_for(self, layer: int) -> torch.Tensor | None:
+        """The preallocated weights buffer of ``layer``, if any."""
+        if self.weights_out is not None:
+            return self.weights_out[layer]
+        return self.buffers.get(layer)
 
 
 class _Replay(nn.Module):
@@ -197,19 +220,32 @@ class OurBlock(nn.Module):
         mask = attention_mask if isinstance(attention_mask, torch.Tensor) else None
         mask = _rows_like(mask, rows)
         bias = self._score_bias(kwargs.get("position_bias"), hidden_states, memory)
-        buffer = None if our_pass.weights_out is None else our_pass.weights_out[self.layer]
+        buffer = our_pass.buffer_for(self.layer)
+        sink = our_pass.sinks.get(self.layer)
+        chunked = our_pass.head_chunks.get(self.layer)
         out, weights = self.ours(
             hidden_states,
             mask=_added(mask, bias),  # the model's mask: padding, causal, sliding window
             is_causal=self.causal and mask is None,
             positions=_rows_like(kwargs.get("position_ids"), rows),
             head_gates=our_pass.gates.get(self.layer),
-            need_weights=our_pass.need_weights or buffer is not None,
+            need_weights=our_pass.need_weights or buffer is not None or sink is not None,
             observe=our_pass.observers.get(self.layer),
             weights_out=buffer,
             memory=memory,
         )
-        our_pass.weights[self.layer] = weights
+        if chunked is not None:  # the output above came from the fused kernel
+            self.ours.head_weights(
+                hidden_states,
+                *chunked,
+                mask=_added(mask, bias),
+                is_causal=self.causal and mask is None,
+                positions=_rows_like(kwargs.get("position_ids"), rows),
+            )
+        if sink is not None and weights is not None:
+            sink(weights)
+        else:
+            our_pass.weights[self.layer] = weights
         if self.family.finish is not None:
             out = self.family.finish(self.original, out, hidden_states)
         if self.family.returns is not None:
@@ -351,7 +387,8 @@ def _layer_counts(lm: LoadedModel) -> dict[str, int | None]:
     return {"encoder": encoder, "decoder": decoder or encoder, "cross": decoder or encoder}
 
 
-def _build_blocks(lm: LoadedModel) -> list[OurBlock]:
+def _build_blocks(lm: LoadedModel, only: frozenset[int] | None = None) -> list[OurBlock]:
+    """Our block for every attention block (``only``: for those layers, ``OurBlock.layer``)."""
     _check_model(lm)
     try:
         found = _in_call_order(lm.model, _find_blocks(lm.model))
@@ -370,8 +407,10 @@ def _build_blocks(lm: LoadedModel) -> list[OurBlock]:
     places = {id(child): (m, a) for m in lm.model.modules() for a, child in m.named_children()}
     blocks: list[OurBlock] = []
     loaded: dict[int, MultiHeadSelfAttention] = {}  # a block called in several layers: one module
-    for i in order:
+    for number, i in enumerate(order):
         family, block, parent, attr = found[i]
+        if only is not None and number not in only:
+            continue
         try:
             # gradients flow through our modules (to head gates), never into their weights
             if id(block) not in loaded:
@@ -384,11 +423,11 @@ def _build_blocks(lm: LoadedModel) -> list[OurBlock]:
                 family,
                 block,
                 ours,
-                layer=len(blocks),
+                layer=number,
                 place=(parent, attr),
                 layer_place=places[id(parent)],
                 kind=kinds[i],
-                index=sum(b.kind == kinds[i] for b in blocks),
+                index=sum(kinds[j] == kinds[i] for j in order[:number]),
             )
         )
     return blocks
@@ -410,6 +449,22 @@ def our_blocks(lm: LoadedModel, seed: int | None = None) -> list[OurBlock]:
         with torch.inference_mode(False), torch.no_grad():
             lm.cache[key] = _build_our_blocks(lm, seed)
     return lm.cache[key]
+
+
+def our_blocks_of(lm: LoadedModel, layers: frozenset[int]) -> list[OurBlock]:
+    """Our module (the model's weights) for the attention blocks of ``layers`` alone: the
+    blocks ``our_blocks`` keeps when it has built them, else built for these layers only (not
+    kept: a large model's long input needs a copy of a few layers' weights, not of all).
+    Callers hold ``lm.lock``.
+
+    Raises:
+        UnsupportedModelError: naming the supported families.
+    """
+    kept = lm.cache.get(("our-blocks", None))
+    if kept is not None:
+        return [b for b in kept if b.layer in layers]
+    with torch.inference_mode(False), torch.no_grad():
+        return _build_blocks(lm, layers)
 
 
 def trainable_our_blocks(lm: LoadedModel) -> list[OurBlock]:

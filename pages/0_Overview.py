@@ -8,6 +8,7 @@ import streamlit as st
 import mhsa
 from mhsa.tables import agreement_table, token_table
 from ui import exports, page
+from ui.views import long_inputs
 
 with page.run("MHSA Explorer") as query:
     st.caption(
@@ -19,6 +20,9 @@ with page.run("MHSA Explorer") as query:
     if result is None:
         page.stop()
     facts = result.facts
+    note = long_inputs.materialised_note(result)
+    if note:
+        st.info(note)
     st.subheader("Tokens as the model sees them")
     st.dataframe(token_table(result), width="stretch")
     if result.is_encoder_decoder:

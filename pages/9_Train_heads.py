@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import streamlit as st
 
-from mhsa import plots
 from mhsa.jobs import JobState
 from mhsa.training import MODEL_FAMILIES, PHASE_CHANGE_SCORE, TASKS, TOY_PREFIX, TrainConfig
 from ui import page, training
@@ -154,51 +153,37 @@ with st.expander("What this page shows, and the reference"):
     st.markdown(EXPLANATION)
 
 
-def _figures(run: TrainingRun, *, step_index: int = -1, final: bool = False) -> None:
-    """Loss and accuracy, the probe mosaic at one snapshot, the head scores over the steps (in
-    the page's zip once the run has finished; while it trains they change every second)."""
-    snapshots = run.snapshots
-    if not snapshots:
-        return
-    steps, phase = run.config.steps, run.phase_change_step if final else None
-    shown = snapshots[step_index]
-    figures = {
-        "training-curves": plots.training_curves(
-            plots.snapshot_history(snapshots), steps=steps, phase_change_step=phase
-        ),
-        f"probe-step-{shown.step}": plots.probe_mosaic(
-            shown.probe_tokens,
-            shown.probe_attention,
-            step=shown.step,
-            key_tokens=shown.probe_source_tokens,
-        ),
-        "head-scores": plots.head_scores_figure(
-            plots.snapshot_scores(snapshots),
-            steps=steps,
-            phase_change_step=phase,
-            threshold=PHASE_CHANGE_SCORE,
-        ),
-    }
+def _draw(figures: dict, *, final: bool = False) -> None:
+    """Loss and accuracy, the probe mosaic, the head scores (in the page's zip once the run has
+    finished; while it trains they change every few seconds)."""
     for i, (name, fig) in enumerate(figures.items()):
         page.figure(fig, name, key=f"train-figure-{i}", decorate=False, download=final)
 
 
 @st.fragment(run_every=1.0)
-def _live(run: TrainingRun) -> None:
-    """The run while it waits or trains, redrawn every second; the whole page runs again once
-    it has finished."""
+def _progress(run: TrainingRun) -> None:
+    """The run while it waits (its place, the expected wait) or trains (steps, rate, time left,
+    the phase change once seen), every second; the whole page runs again once it has
+    finished."""
     if not run.live:
         st.rerun()
     st.button("Cancel", key="train-cancel", on_click=run.cancel)
     if run.state is JobState.WAITING:
         page.queue_place(run.job)
+        st.caption(training.wait_text(run))
         return
-    stopping = " (stopping after this step)" if run.stop.is_set() else ""
-    st.progress(
-        min(1.0, run.steps_done / run.config.steps),
-        text=f"Training: step {run.steps_done} of {run.config.steps}{stopping}",
-    )
-    _figures(run)
+    st.progress(min(1.0, run.steps_done / run.config.steps), text=training.progress_text(run))
+    phase = training.phase_change_text(run)
+    if phase is not None:
+        st.success(phase, icon="⚡")
+
+
+@st.fragment(run_every=training.REDRAW_SECONDS)
+def _live_figures(run: TrainingRun) -> None:
+    """The figures while it trains, redrawn every few seconds (drawing takes CPU from the
+    trainer: ``training.LiveFigures``)."""
+    if run.state is JobState.RUNNING:
+        _draw(run.live_figures())
 
 
 def _finished(run: TrainingRun) -> None:
@@ -243,12 +228,13 @@ def _finished(run: TrainingRun) -> None:
             format_func=lambda i: str(run.snapshots[i].step),
             key=f"train-shown-{run.model.id}",  # a new run starts at its last step
         )
-    _figures(run, step_index=index, final=True)
+    _draw(training.figures(run, step_index=index, final=True), final=True)
 
 
 if run is not None:
     if busy:
-        _live(run)
+        _progress(run)
+        _live_figures(run)
     else:
         _finished(run)
 page.finish()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mhsa.jobs import JobCancelled, JobQueue, JobState, max_heavy_from_env
+from mhsa.jobs import JobCancelled, JobQueue, JobState, max_heavy_from_env, seconds_left
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -171,3 +171,66 @@ def test_the_server_refuses_to_start_with_a_bad_limit(raw: str) -> None:
     assert done.returncode == 2
     assert "MHSA Explorer cannot start" in done.stderr and "MHSA_MAX_HEAVY" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+# --- estimates: time left and expected wait ---------------------------------------------------
+def test_seconds_left_is_the_steps_to_go_at_the_rate_so_far() -> None:
+    assert seconds_left(25, 100, 10.0) == pytest.approx(30.0)  # 2.5 steps/s, 75 to go
+    assert seconds_left(100, 100, 40.0) == 0.0
+    assert seconds_left(0, 100, 3.0) is None  # no step yet: no rate
+    assert seconds_left(5, 0, 3.0) is None  # no total
+
+
+def paced(release: threading.Event, done: int, total: int, started: threading.Event):
+    """A job that reports ``done`` of ``total`` steps, then holds its slot until released."""
+
+    def run(progress):
+        progress(done, total)
+        started.set()
+        release.wait(10)
+        return done
+
+    return run
+
+
+def test_the_expected_wait_fills_the_first_free_slot_in_turn() -> None:
+    queue = JobQueue(2)
+    release = threading.Event()
+    started = [threading.Event(), threading.Event()]
+    a = queue.submit("a", paced(release, 2, 10, started[0]))  # 8 steps to go
+    b = queue.submit("b", paced(release, 5, 10, started[1]))  # 5 steps to go
+    assert all(s.wait(5) for s in started)
+    c = queue.submit("c", lambda progress: 0, expected_seconds=30.0)
+    d = queue.submit("d", lambda progress: 0, expected_seconds=10.0)
+    mine = queue.submit("mine", lambda progress: 0)
+    try:
+        now = max(a.started, b.started) + 1.0
+        a.started, b.started = now - 4.0, now - 2.0  # a: 2 steps in 4 s; b: 5 steps in 2 s
+        assert a.seconds_left(now) == pytest.approx(16.0)
+        assert b.seconds_left(now) == pytest.approx(2.0)
+        # slots free at 2 (b) and 16 (a); c takes b's slot until 32, d a's until 26
+        assert queue.expected_wait(c, now) == pytest.approx(2.0)
+        assert queue.expected_wait(d, now) == pytest.approx(16.0)
+        assert queue.expected_wait(mine, now) == pytest.approx(26.0)
+        assert queue.expected_wait(a, now) == 0.0  # running
+        later = queue.submit("later", lambda progress: 0)
+        assert queue.expected_wait(later, now) is None  # "mine" has no expected length
+    finally:
+        release.set()
+    assert all(j.wait(5) for j in (a, b, c, d, mine, later))
+    assert (a.seconds_left(), c.seconds_left()) == (0.0, 0.0)
+
+
+def test_a_running_job_without_a_rate_leaves_the_wait_unknown() -> None:
+    queue = JobQueue(1)
+    release, started = threading.Event(), threading.Event()
+    first = queue.submit("a", blocker(release, started))  # reports 0 of 1: no rate
+    assert started.wait(5)
+    second = queue.submit("b", lambda progress: 0, expected_seconds=5.0)
+    try:
+        assert first.seconds_left() is None
+        assert second.seconds_left() == 5.0  # waiting: its expected length
+        assert queue.expected_wait(second) is None
+    finally:
+        release.set()
+    assert first.wait(5) and second.wait(5)

@@ -69,6 +69,8 @@ class Query(NamedTuple):
     norms: bool = False  # also the weights weighted by value norm (``attend(norms=True)``)
     target: str = ""  # an encoder-decoder's decoder text ("": the text itself)
     kind: str = "encoder"  # which attention of an encoder-decoder (``mhsa.ATTENTION_KINDS``)
+    layers: str = ""  # long inputs: only these layers ("2", "0-3"; "": all)
+    heads: str = ""  # and these heads of each ("0-7"; "": all)
 
 
 #: what the Heads, Line view and Head statistics pages show (their link key ``values``)
@@ -144,8 +146,9 @@ def computed_attention(query: Query) -> mhsa.AttentionResult:
             f"The text has {len(query.text):,} characters; this server accepts at most "
             f"{LIMITS.max_chars:,}. Shorten it."
         )
+    lm = loaded_model(query.model, query.device)
     how: dict[str, Any] = {
-        "model": loaded_model(query.model, query.device),
+        "model": lm,
         "engine": query.engine,
         "max_tokens": LIMITS.max_tokens,
         "seed": query.seed,
@@ -154,8 +157,23 @@ def computed_attention(query: Query) -> mhsa.AttentionResult:
     }
     if query.generate:  # over the ids the model chose, not its text tokenized again
         result = mhsa.attend_generated(generation(query), **how)
+    elif query.layers or query.heads:  # long inputs: the selection, up to the model's limit
+        how["max_tokens"] = lm.max_positions
+        result = mhsa.attend(
+            query.text,
+            text_pair=query.target or None,
+            layers=query.layers or None,
+            heads=query.heads or None,
+            max_attention_mb=LIMITS.max_attention_mb,
+            **how,
+        )
     else:
-        result = mhsa.attend(query.text, text_pair=query.target or None, **how)
+        result = mhsa.attend(
+            query.text,
+            text_pair=query.target or None,
+            max_attention_mb=LIMITS.max_attention_mb,
+            **how,
+        )
     result = result.to_words() if query.words else result
     return result.of_kind(query.kind)
 

@@ -42,7 +42,7 @@ from ui.state import (
     sync_url,
     use_params,
 )
-from ui.views import importance
+from ui.views import importance, long_inputs
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -257,11 +257,19 @@ def load(query: Query, *, primary: bool = True) -> mhsa.AttentionResult | None:
         result = core.attention(query)
     except mhsa.MHSAError as e:
         error(e)
+        long_inputs.ask_when_over_budget(e)
         return None
-    if result.truncated_tokens:
+    if result.truncated_tokens and result.is_partial:
         st.warning(
             f"The text was cut to {result.num_tokens} tokens: {result.truncated_tokens} tokens "
-            f"were dropped (this server's limit is {LIMITS.max_tokens} tokens).",
+            "were dropped (the model's own limit).",
+            icon="✂️",
+        )
+    elif result.truncated_tokens:
+        st.warning(
+            f"The text was cut to {result.num_tokens} tokens: {result.truncated_tokens} tokens "
+            f"were dropped (this server's limit is {LIMITS.max_tokens} tokens). "
+            + long_inputs.HINT,
             icon="✂️",
         )
     if primary:

@@ -8,6 +8,7 @@ import streamlit as st
 import mhsa
 from ui import core
 from ui.core import LIMITS, Query
+from ui.views import long_inputs
 
 __all__ = ["EXPORT_FORMATS", "KIND_LABELS", "attention_kind", "sidebar"]
 
@@ -36,6 +37,7 @@ def sidebar() -> Query:
         _what_to_compute()
         _generation()
         _encoder_decoder()
+        long_inputs.selection_inputs()
         _how_to_show()
     return _sidebar_query()
 
@@ -167,5 +169,7 @@ def _sidebar_query() -> Query:
         bool(state["sample"]),
         target=state["target_text"] if seq2seq and not generate else "",
         kind=state["kind"] if seq2seq and not state["words"] else "encoder",
+        layers=state["long_layers"],
+        heads=state["long_heads"],
     )
     return query

@@ -18,6 +18,7 @@ from mhsa.heads import head_label, parse_head_label, parse_layer_head_label
 from mhsa.limits import Limits
 from mhsa.models import DEVICES
 from mhsa.result import ATTENTION_KINDS
+from mhsa.selection import parse_indices
 from mhsa.trained import is_trained_name, trained_store
 
 DEFAULT_TEXT = "The cat sat on the mat."
@@ -178,6 +179,19 @@ def model_param(raw: str) -> str:
     return raw
 
 
+def indices_param(raw: str) -> str:
+    """Layers or heads as a link gives them (``2``, ``0-7``, ``0-3,8``; empty: all): the form
+    is checked here, the range against the model when the result is computed (an error there
+    names the model's sizes)."""
+    raw = raw.strip()
+    if not raw:
+        return ""
+    if len(raw) > 200:
+        raise ValueError("must be a short list of numbers or ranges, as 0-7")
+    values = parse_indices(raw, "the value")  # InputError (a ValueError) if no such list
+    return ",".join(map(str, values)) if values is not None and len(values) == 1 else raw
+
+
 GLOBAL_PARAMS: dict[str, Param] = {
     "model": Param("default", model_param),
     "engine": Param("transformers", choice(*ENGINES)),
@@ -192,6 +206,9 @@ GLOBAL_PARAMS: dict[str, Param] = {
     "sample": Param(False, flag),
     "find": Param("", search_param),
     "presentation": Param(False, flag, old_keys=("present",)),
+    # long inputs: only these layers and heads are computed and kept (empty: all)
+    "long_layers": Param("", indices_param),
+    "long_heads": Param("", indices_param),
 }
 
 

@@ -2,10 +2,20 @@
 session through the server's heavy-job queue, its snapshots for the page to draw while it trains,
 and the trained model held in the process's store (``mhsa.trained``) under ``trained:<id>``.
 
-A run waits in the heavy queue like any heavy job (its place shown); once it runs, the trainer
-appends a snapshot every few steps, which the page's fragment reads every second. Cancel takes a
-waiting run out of the queue, and stops a running one after its current step: what was trained
-so far is saved and held like a finished model.
+A run waits in the heavy queue like any heavy job (its place and expected wait shown); once it
+runs, the trainer appends a snapshot every few steps. Cancel takes a waiting run out of the
+queue, and stops a running one after its current step: what was trained so far is saved and held
+like a finished model.
+
+Drawing must not slow the trainer (issue 38: the page took 3x the command line's time). The
+page's progress line (steps, rate, time left) is redrawn every second, but the live figures
+only every ``REDRAW_SECONDS`` and only when new snapshots have come (``LiveFigures``), from at
+most ``LIVE_POINTS`` snapshots per curve (``thin``), built in the page's thread with nothing
+held that the trainer waits for. The trainer computes with one core fewer than the machine has
+(``runtime.page_work``, as a page's own work): on a small machine the browser and Streamlit keep
+one, and a team of threads whose last member is pre-empted waits at every barrier (a 2-thread
+team on 2 busy cores spun 5 to 10x the CPU of one thread). The measurements:
+BENCHMARKS.md, "Training in the browser" (``bench/bench_train_page.py``).
 """
 
 from __future__ import annotations
@@ -13,13 +23,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import plotly.graph_objects as go
+
+from mhsa import plots
 from mhsa.jobs import Job, JobState
 from mhsa.trained import TrainedModel, trained_store
 from mhsa.training import (
+    PHASE_CHANGE_SCORE,
     RECIPES,
     TASKS,
     TOY_PREFIX,
@@ -29,24 +44,34 @@ from mhsa.training import (
     save_model,
     train,
 )
+from mhsa.training.results import phase_change_step
 from mhsa.training.tasks import BOS, VOCAB
-from ui import core
+from ui import core, runtime
 
 __all__ = [
     "DEFAULTS",
+    "LIVE_POINTS",
+    "REDRAW_SECONDS",
     "SETTINGS",
+    "LiveFigures",
     "TrainingRun",
     "bad_settings",
     "check_setting",
     "config_from",
+    "duration_text",
     "explore_state",
+    "figures",
+    "phase_change_text",
     "probe_text",
+    "progress_text",
     "rate",
     "recipe_state",
     "setting",
     "start",
     "task_alone_in_link",
+    "thin",
     "toy_state",
+    "wait_text",
     "whole",
 ]
 
@@ -67,6 +92,14 @@ SETTINGS = {
 SNAPSHOTS_PER_RUN = 40
 MIN_SNAPSHOT_EVERY = 5
 DEFAULTS = TrainConfig()
+#: seconds between redraws of the live figures (the progress line: every second)
+REDRAW_SECONDS = 2.0
+#: snapshots per curve in the live figures (the finished run's figures: every snapshot)
+LIVE_POINTS = 25
+
+#: seconds per step of the last finished run of each model shape in this process (and under
+#: None, of any shape): a queued run's expected length
+_PACE: dict[tuple | None, float] = {}
 
 
 def check_setting(name: str, value: Any) -> Any:
@@ -162,11 +195,11 @@ class TrainingRun:
     snapshots: list[TrainSnapshot] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     steps_done: int = 0
-    phase_change_step: int | None = None
     accuracy: float | None = None
     seconds: float | None = None
     stopped_early: bool = False
     model: TrainedModel | None = None
+    drawn: LiveFigures | None = field(default=None, repr=False)
 
     @property
     def state(self) -> JobState:
@@ -184,25 +217,44 @@ class TrainingRun:
             core.heavy_queue().cancel(self.job)
         self.stop.set()
 
+    @property
+    def phase_change_step(self) -> int | None:
+        """The step of the phase change among the snapshots so far (the finished run's:
+        the trainer's ``TrainResult.phase_change_step``, the same definition)."""
+        return phase_change_step(self.snapshots)
+
+    def seconds_left(self) -> float | None:
+        """Seconds until the last step at the rate measured so far (None: no step yet)."""
+        return None if self.job is None else self.job.seconds_left()
+
+    def live_figures(self) -> dict[str, go.Figure]:
+        """The figures to draw while it trains (``LiveFigures``: throttled, thinned)."""
+        if self.drawn is None:
+            self.drawn = LiveFigures(self)
+        return self.drawn.get()
+
     def _body(self, progress: Callable[[int, int], None]) -> str:
         """The job: train, save into the store, keep the outcome (not the model object: the
-        store's folder is the model, loaded by name like any other)."""
+        store's folder is the model, loaded by name like any other). Nothing per step beyond
+        a count and the queue's progress report: the page reads, the trainer only writes."""
 
         def after_step() -> bool:  # the trainer asks after every step
             self.steps_done += 1
             progress(self.steps_done, self.config.steps)
             return self.stop.is_set()
 
-        result = train(
-            self.config,
-            on_snapshot=self.snapshots.append,
-            snapshot_every=self.snapshot_every,
-            should_stop=after_step,
-        )
+        with runtime.page_work():  # one core fewer than the machine has
+            result = train(
+                self.config,
+                on_snapshot=self.snapshots.append,
+                snapshot_every=self.snapshot_every,
+                should_stop=after_step,
+            )
+        if result.steps_done:
+            _PACE[_shape(self.config)] = _PACE[None] = result.seconds / result.steps_done
         info = {key: getattr(self.config, name) for key, name in SETTINGS.items()}
         info["steps_done"] = result.steps_done
         self.model = trained_store().add(lambda folder: save_model(result, folder), info)
-        self.phase_change_step = result.phase_change_step
         self.accuracy = float(result.accuracy)
         self.seconds = float(result.seconds)
         self.stopped_early = bool(result.stopped_early)
@@ -214,8 +266,154 @@ def start(config: TrainConfig) -> TrainingRun:
     students training the same settings each get their own run, which each may cancel)."""
     every = max(MIN_SNAPSHOT_EVERY, -(-config.steps // SNAPSHOTS_PER_RUN))
     run = TrainingRun(config, every)
-    run.job = core.heavy_queue().submit(("train", id(run)), run._body, "Training")
+    pace = _PACE.get(_shape(config), _PACE.get(None))
+    run.job = core.heavy_queue().submit(
+        ("train", id(run)),
+        run._body,
+        "Training",
+        expected_seconds=None if pace is None else pace * config.steps,
+    )
     return run
+
+
+def _shape(config: TrainConfig) -> tuple:
+    """What a step's cost depends on."""
+    return (config.task, config.family, config.layers, config.heads, config.width, config.mlp)
+
+
+def thin(n: int, keep: int) -> list[int]:
+    """Indices of at most ``keep`` of ``n`` items in order, evenly spread, the first and the
+    last always among them (all of them when ``n <= keep``)."""
+    if keep < 2:
+        raise ValueError(f"thin keeps at least 2 items, not {keep}")
+    if n <= keep:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (keep - 1)) for i in range(keep)})
+
+
+def figures(
+    run: TrainingRun,
+    snapshots: Sequence[TrainSnapshot] | None = None,
+    *,
+    step_index: int = -1,
+    final: bool = False,
+) -> dict[str, go.Figure]:
+    """The run's figures by file name: loss and accuracy, every head on the probe at one
+    snapshot (``step_index``), the head scores over the steps; the phase change marked once
+    the run has finished (``final``).
+
+    Args:
+        run: the run.
+        snapshots: the snapshots to draw (default: all of the run's so far).
+        step_index: which snapshot the mosaic shows.
+        final: the finished run's figures.
+    """
+    snapshots = list(run.snapshots if snapshots is None else snapshots)
+    steps, phase = run.config.steps, run.phase_change_step if final else None
+    shown = snapshots[step_index]
+    return {
+        "training-curves": plots.training_curves(
+            plots.snapshot_history(snapshots), steps=steps, phase_change_step=phase
+        ),
+        f"probe-step-{shown.step}": plots.probe_mosaic(
+            shown.probe_tokens,
+            shown.probe_attention,
+            step=shown.step,
+            key_tokens=shown.probe_source_tokens,
+        ),
+        "head-scores": plots.head_scores_figure(
+            plots.snapshot_scores(snapshots),
+            steps=steps,
+            phase_change_step=phase,
+            threshold=PHASE_CHANGE_SCORE,
+        ),
+    }
+
+
+class LiveFigures:
+    """A running run's figures, rebuilt only when new snapshots have come and at least
+    ``interval`` seconds after the last build (between, the last build is drawn again), from
+    at most ``points`` snapshots per curve (``thin``), the last one always among them.
+
+    Args:
+        run: the run whose snapshots are drawn.
+        interval: the least seconds between two builds.
+        points: snapshots per curve.
+        clock: seconds, monotonic (``time.monotonic``).
+    """
+
+    def __init__(
+        self,
+        run: TrainingRun,
+        *,
+        interval: float = REDRAW_SECONDS,
+        points: int = LIVE_POINTS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.run, self.interval, self.points, self.clock = run, interval, points, clock
+        self.builds = 0
+        self._count = 0
+        self._built_at = -math.inf
+        self._figures: dict[str, go.Figure] = {}
+
+    def get(self) -> dict[str, go.Figure]:
+        """The figures to draw now (none before the first snapshot)."""
+        snapshots = list(self.run.snapshots)  # the trainer appends: read once
+        now = self.clock()
+        if len(snapshots) > self._count and now - self._built_at >= self.interval:
+            shown = [snapshots[i] for i in thin(len(snapshots), self.points)]
+            self._figures = figures(self.run, shown)
+            self._count, self._built_at = len(snapshots), now
+            self.builds += 1
+        return self._figures
+
+
+def duration_text(seconds: float) -> str:
+    """``seconds`` in words for a person waiting: "about 40 s", "about 2 min 10 s"."""
+    seconds = max(0, round(seconds))
+    if seconds < 1:
+        return "under a second"
+    minutes, rest = divmod(seconds, 60)
+    if not minutes:
+        return f"about {rest} s"
+    return f"about {minutes} min {rest} s" if rest else f"about {minutes} min"
+
+
+def progress_text(run: TrainingRun) -> str:
+    """The progress line of a running run: steps, rate and the time left at that rate."""
+    done, steps = run.steps_done, run.config.steps
+    text = f"Training: step {done} of {steps}"
+    if run.stop.is_set():
+        return f"{text} (stopping after this step)"
+    left, started = run.seconds_left(), run.job.started if run.job else None
+    if left is None or started is None:
+        return text
+    rate = done / max(time.monotonic() - started, 1e-9)
+    return f"{text} · {rate:.1f} steps/s · {duration_text(left)} left"
+
+
+def phase_change_text(run: TrainingRun) -> str | None:
+    """The phase change among the snapshots so far, in words (None: not seen yet)."""
+    step = run.phase_change_step
+    if step is None:
+        return None
+    elapsed = next(s.elapsed for s in run.snapshots if s.step == step)
+    return (
+        f"Phase change at step {step}, {elapsed:.1f} s into training: a head above layer 0 "
+        f"reached an induction score of {PHASE_CHANGE_SCORE:g} on the probe."
+    )
+
+
+def wait_text(run: TrainingRun) -> str:
+    """A waiting run's expected wait, from the time left of the jobs running and the expected
+    length of those ahead (``JobQueue.expected_wait``)."""
+    wait = core.heavy_queue().expected_wait(run.job) if run.job is not None else None
+    if wait is None:
+        return (
+            "Expected wait: not known yet (a job ahead has not measured its pace); it shows "
+            "once it has."
+        )
+    return f"Expected wait: {duration_text(wait)}, if the jobs ahead keep their pace."
 
 
 def probe_text(tokens: Sequence[str]) -> str:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from mhsa.cli.common import add_command, add_model_options
 
-EXAMPLES = ('python -m mhsa attend "The cat sat on the mat." --engine mhsa --out cat.npz',)
+EXAMPLES = (
+    'python -m mhsa attend "The cat sat on the mat." --engine mhsa --out cat.npz',
+    'python -m mhsa attend "$(cat long.txt)" --model MODEL --layers 2 --heads 0-7 '
+    "--dtype float16 --out long.npz",
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -33,12 +38,62 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="also compute attention weighted by value norm (Kobayashi et al. 2020), saved "
         "with --out as the result's norms",
     )
-    attend.add_argument("--out", type=Path, default=None, help="write the result (.npz)")
+    attend.add_argument(
+        "--layers",
+        default=None,
+        help="long inputs: only these layers (2, 0-3,8); the others run a fused kernel",
+    )
+    attend.add_argument("--heads", default=None, help="only these heads of each layer (0-7)")
+    attend.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "float16", "bfloat16"),
+        help="the weights' storage dtype",
+    )
+    attend.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write the result (.npz; with --layers, --heads or --dtype written layer by layer)",
+    )
+
+
+def _streamed(args: argparse.Namespace) -> bool:
+    """A selection written to ``--out``: layer by layer (``mhsa.layer_files``), never held."""
+    selected = args.layers is not None or args.heads is not None or args.dtype != "float32"
+    return bool(args.out) and selected and not (args.verify or args.norms or args.pair)
+
+
+def _run_streamed(args: argparse.Namespace) -> None:
+    from mhsa.layer_files import save_layers
+
+    start = time.perf_counter()
+    header = save_layers(
+        args.out,
+        args.text,
+        model=args.model,
+        engine=args.engine,
+        device=args.device,
+        max_tokens=args.max_tokens,
+        layers=args.layers,
+        heads=args.heads,
+        attention_dtype=args.dtype,
+        seed=args.seed,
+    )
+    print(f"model    {header.model} ({header.num_parameters:,} parameters) on {header.device}")
+    print(f"tokens   {len(header.tokens)}")
+    if header.truncated_tokens:
+        print(f"         ({header.truncated_tokens} tokens dropped by truncation)")
+    print(f"time     {time.perf_counter() - start:.2f} s, the file written layer by layer")
+    print(f"wrote    {args.out}")
 
 
 def run(args: argparse.Namespace) -> None:
     import mhsa
 
+    if _streamed(args):
+        _run_streamed(args)
+        return
     r = mhsa.attend(
         args.text,
         model=args.model,
@@ -49,12 +104,17 @@ def run(args: argparse.Namespace) -> None:
         seed=args.seed,
         verify=args.verify,
         norms=args.norms,
+        layers=args.layers,
+        heads=args.heads,
+        attention_dtype=args.dtype,
     )
     print(f"model    {r.model} ({r.num_parameters:,} parameters) on {r.device}, engine {r.engine}")
     print(f"tokens   {len(r.tokens)}: {' '.join(r.tokens)}")
     if r.truncated_tokens:
         print(f"         ({r.truncated_tokens} tokens dropped by truncation)")
     print(f"shape    {list(r.attention.shape)} [layers, heads, query, key]")
+    if r.is_partial or r.attention_dtype != "float32":
+        print(f"kept     {r.materialised}")
     print(f"time     load {r.timings['load']:.2f} s, forward {r.timings['forward'] * 1e3:.1f} ms")
     if r.max_abs_diff is not None:
         layers = ", ".join(f"{d:.1e}" for d in r.layer_max_abs_diff or [])

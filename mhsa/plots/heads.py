@@ -3,6 +3,8 @@ in every head, and the mean over a layer's heads or over a head's layers."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import plotly.graph_objects as go
 
@@ -36,20 +38,46 @@ def head_heatmap(
     *,
     values: tuple[str, float | None] = WEIGHTS,
 ) -> go.Figure:
-    """One head at full resolution, tokens on both axes (cross-attention: the decoder's
-    tokens, the queries, down the side; the encoder's, the keys, across the top);
-    ``values``: what the cells hold (``WEIGHTS`` or ``WEIGHTED_BY_NORM``)."""
+    """One head, tokens on both axes (cross-attention: the decoder's tokens, the queries,
+    down the side; the encoder's, the keys, across the top); ``values``: what the cells hold
+    (``WEIGHTS`` or ``WEIGHTED_BY_NORM``). ``layer`` and ``head`` are positions in
+    ``result.attention``; the title names the model's own (a partial result's ``layer_ids``).
+
+    At full resolution up to ``FULL_SIDE`` tokens a side; a longer input is block-averaged to
+    ``FULL_SIDE`` cells (as ``downsample``), each row and column labelled with the token span it
+    averages, so that the browser is never sent millions of cells.
+    """
+    matrix = result.attention[layer, head]
+    rows, cols = result.queries, result.tokens
+    note = ""
+    if max(matrix.shape) > FULL_SIDE:
+        matrix = downsample(matrix.astype(np.float32), FULL_SIDE)
+        rows, cols = _spans(rows, matrix.shape[0]), _spans(cols, matrix.shape[1])
+        shown = f"{matrix.shape[0]}x{matrix.shape[1]}"
+        note = f" ({len(result.queries)}x{len(result.tokens)} shown at {shown})"
+    real_layer, real_head = result.layers[layer], result.heads[head]
     fig = matrix_heatmap(
-        result.attention[layer, head],
-        result.queries,
-        result.tokens,
-        title=f"Layer {layer}, head {head}{_kind_note(result)}",
+        matrix,
+        rows,
+        cols,
+        title=f"Layer {real_layer}, head {real_head}{_kind_note(result)}{note}",
         value_name=values[0],
         zmax=values[1],
         height=square_height(max(result.num_queries, result.num_tokens)),
         **_axis_titles(result),
     )
     return mark_token_axes(fig)
+
+
+#: tokens a side up to which ``head_heatmap`` draws every cell
+FULL_SIDE = 512
+
+
+def _spans(tokens: list[str], size: int) -> list[str]:
+    """Labels of ``size`` blocks of ``tokens`` (as ``downsample`` cuts them): each block's
+    first token and its positions, ``"the #0-7"``."""
+    edges = np.linspace(0, len(tokens), size + 1).round().astype(int)
+    return [f"{tokens[a]} #{a}-{b - 1}" for a, b in itertools.pairwise(edges)]
 
 
 def _kind_note(result: AttentionResult) -> str:
@@ -89,7 +117,7 @@ def head_grid(
     layers x heads x thumb^2 numbers whatever the sentence length. An invisible marker on each
     thumbnail carries the head's name, for hovering and for selecting by click.
     """
-    layers, heads, m, n = result.attention.shape
+    layers, _, m, n = result.attention.shape
     small = downsample(result.attention, thumb)  # (L, H, r, c)
     r, c = small.shape[-2:]
     s = max(r, c)
@@ -103,10 +131,10 @@ def head_grid(
             z=mosaic, colorscale=COLORSCALE, zmin=0, zmax=vmax, showscale=False, hoverinfo="skip"
         )
     )
-    fig.add_trace(_head_markers(layers, heads, s, cell))
+    fig.add_trace(_head_markers(result, s, cell))
     if selected is not None:
         _outline_head(fig, selected, s, cell)
-    _label_layers_and_heads(fig, layers, heads, s, cell)
+    _label_layers_and_heads(fig, result.layers, result.heads, s, cell)
     fig.update_layout(clickmode="event+select", dragmode=False)
     note = f" (each {m}x{n} head shown at {r}x{c})" if (r, c) != (m, n) else ""
     what = "All heads" if result.kind is None else f"All heads, {result.kind} attention"
@@ -124,17 +152,21 @@ def _mosaic(small: np.ndarray, cell: int) -> np.ndarray:
     return mosaic
 
 
-def _head_markers(layers: int, heads: int, s: int, cell: int) -> go.Scatter:
-    """An invisible marker on the centre of each thumbnail carrying ``[layer, head]``, for
-    hovering and for selecting a head by click."""
+def _head_markers(result: AttentionResult, s: int, cell: int) -> go.Scatter:
+    """An invisible marker on the centre of each thumbnail carrying ``[layer, head]``
+    (positions in ``result.attention``, for selecting a head by click) and the model's own
+    layer and head (for hovering: a partial result's ``layer_ids``/``head_ids``)."""
+    layers, heads = result.num_layers, result.num_heads
     centres = np.arange(layers * heads)
+    real_layers = np.asarray(result.layers)[centres // heads]
+    real_heads = np.asarray(result.heads)[centres % heads]
     return go.Scatter(
         x=(centres % heads) * cell + (s - 1) / 2,
         y=(centres // heads) * cell + (s - 1) / 2,
         mode="markers",
         marker={"symbol": "square", "size": 28, "color": "rgba(0,0,0,0)"},
-        customdata=np.stack([centres // heads, centres % heads], axis=1),
-        hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<extra></extra>",
+        customdata=np.stack([centres // heads, centres % heads, real_layers, real_heads], axis=1),
+        hovertemplate="layer %{customdata[2]}, head %{customdata[3]}<extra></extra>",
         name="heads",
         showlegend=False,
     )
@@ -153,21 +185,24 @@ def _outline_head(fig: go.Figure, selected: tuple[int, int], s: int, cell: int) 
     )
 
 
-def _label_layers_and_heads(fig: go.Figure, layers: int, heads: int, s: int, cell: int) -> None:
-    """Ticks ``H0``.. above the thumbnails' columns and ``L0``.. beside their rows, layer 0 on
-    top, square cells."""
+def _label_layers_and_heads(
+    fig: go.Figure, layers: list[int], heads: list[int], s: int, cell: int
+) -> None:
+    """Ticks ``H0``.. above the thumbnails' columns and ``L0``.. beside their rows (the
+    model's own numbers of the layers and heads shown), the first layer on top, square
+    cells."""
     fig.update_xaxes(
         tickmode="array",
-        tickvals=[h * cell + (s - 1) / 2 for h in range(heads)],
-        ticktext=[f"H{h}" for h in range(heads)],
+        tickvals=[i * cell + (s - 1) / 2 for i in range(len(heads))],
+        ticktext=[f"H{h}" for h in heads],
         side="top",
         showgrid=False,
         zeroline=False,
     )
     fig.update_yaxes(
         tickmode="array",
-        tickvals=[li * cell + (s - 1) / 2 for li in range(layers)],
-        ticktext=[f"L{li}" for li in range(layers)],
+        tickvals=[i * cell + (s - 1) / 2 for i in range(len(layers))],
+        ticktext=[f"L{li}" for li in layers],
         autorange="reversed",
         scaleanchor="x",
         showgrid=False,

@@ -1,0 +1,111 @@
+"""Statistics and similarity of long inputs layer by layer: the peak is one layer's attention.
+
+Each selected layer of each text goes, as soon as the pass has computed it, into the corpus
+accumulators (``HeadStatsAccumulator``, ``HeadSimilarityAccumulator``) of its layer, and is
+dropped (``mhsa.extract.attend_layers``). The numbers equal ``head_stats`` and
+``head_similarity`` of the whole result's same heads (``tests/test_stream.py``).
+
+Similarity is computed within each layer: comparing heads of two layers would hold both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from mhsa.extract import attend_layers
+from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.result import AttentionResult
+from mhsa.similarity import HeadSimilarityAccumulator
+from mhsa.stats import HeadStatsAccumulator
+
+__all__ = ["streamed_head_similarity", "streamed_head_stats"]
+
+
+def _texts(texts: str | Sequence[str]) -> list[str]:
+    return [texts] if isinstance(texts, str) else list(texts)
+
+
+def streamed_head_stats(
+    texts: str | Sequence[str],
+    *,
+    model: str | LoadedModel = DEFAULT_MODEL,
+    engine: str = "transformers",
+    layers: str | int | Sequence[int] | None = None,
+    heads: str | int | Sequence[int] | None = None,
+    attention_dtype: str = "float32",
+    max_tokens: int | None = None,
+    word_level: bool = False,
+) -> pd.DataFrame:
+    """``head_stats`` of the selected layers and heads over one text or several, computed one
+    layer at a time (``attend_layers``): the same table, rows ``L{layer}H{head}`` of the
+    model's layers, layer-major.
+
+    Args:
+        texts: a text or texts.
+        model, engine, layers, heads, attention_dtype, max_tokens: as for ``attend``.
+        word_level: merge sub-word tokens into words first (``AttentionResult.to_words``).
+
+    Raises:
+        InputError, ModelLoadError, UnsupportedModelError: as ``attend``.
+    """
+    lm = resolve_model(model)
+    per_layer: dict[int, HeadStatsAccumulator] = {}
+
+    def add(layer: AttentionResult) -> None:
+        acc = per_layer.setdefault(layer.layers[0], HeadStatsAccumulator(word_level=word_level))
+        acc.add(layer)
+
+    for text in _texts(texts):
+        attend_layers(
+            text,
+            add,
+            model=lm,
+            engine=engine,
+            layers=layers,
+            heads=heads,
+            attention_dtype=attention_dtype,
+            max_tokens=max_tokens,
+        )
+    return pd.concat([per_layer[layer].frame() for layer in sorted(per_layer)])
+
+
+def streamed_head_similarity(
+    texts: str | Sequence[str],
+    *,
+    model: str | LoadedModel = DEFAULT_MODEL,
+    engine: str = "transformers",
+    layers: str | int | Sequence[int] | None = None,
+    heads: str | int | Sequence[int] | None = None,
+    attention_dtype: str = "float32",
+    max_tokens: int | None = None,
+    metric: str = "js",
+) -> dict[int, pd.DataFrame]:
+    """``head_similarity`` of each selected layer's heads, averaged over the texts, computed one
+    layer at a time: per layer (the model's number), its heads x heads frame labelled
+    ``L{layer}H{head}``.
+
+    Raises:
+        InputError, ModelLoadError, UnsupportedModelError: as ``attend``; ValueError: an
+            unknown metric.
+    """
+    lm = resolve_model(model)
+    HeadSimilarityAccumulator(metric)  # an unknown metric fails before any model runs
+    per_layer: dict[int, HeadSimilarityAccumulator] = {}
+
+    def add(layer: AttentionResult) -> None:
+        per_layer.setdefault(layer.layers[0], HeadSimilarityAccumulator(metric)).add(layer)
+
+    for text in _texts(texts):
+        attend_layers(
+            text,
+            add,
+            model=lm,
+            engine=engine,
+            layers=layers,
+            heads=heads,
+            attention_dtype=attention_dtype,
+            max_tokens=max_tokens,
+        )
+    return {layer: per_layer[layer].frame() for layer in sorted(per_layer)}
