@@ -553,3 +553,20 @@ def test_k_edge_scores_during_training_are_the_libraries_and_the_series_follows_
     assert values == pytest.approx([0.0, k[0, 3, 1, 3]])
     fig = plots.k_composition_figure(sender, receiver, steps, values, phase_change_step=25)
     assert list(fig.data[0].y) == pytest.approx(values)
+
+
+def test_an_induction_training_run_records_k_edges_and_another_task_none():
+    run = mhsa.train(mhsa.TrainConfig(task="induction", steps=4, seed=0), snapshot_every=2)
+    scores = [s.k_edge_scores for s in run.snapshots]
+    assert [s.shape for s in scores] == [(2, 4, 2, 4)] * 3
+    assert np.isnan(scores[-1][1, :, 0, :]).all() and np.isfinite(scores[-1][0, :, 1, :]).all()
+    series = circuits_series(run.snapshots)
+    assert series is not None and len(series[2]) == 3
+    other = mhsa.train(mhsa.TrainConfig(task="copy", steps=2, seed=0), snapshot_every=2)
+    assert all(s.k_edge_scores is None for s in other.snapshots)
+
+
+def circuits_series(snapshots):
+    from mhsa.training.circuit_probe import k_composition_series
+
+    return k_composition_series(snapshots)
