@@ -1,27 +1,28 @@
 """MHSA Explorer. Run with `streamlit run app.py`: the navigation over the pages of
 ``ui.navigation.PAGES``, named for people and grouped by what they are for. Each page keeps its
-address (`/Heads`, ...), so links made before the navigation still open the same page."""
+address (`/Heads`, ...), so links made before the navigation still open the same page; the
+home page also answers at `/Overview` (``ui.navigation.navigation_entries``)."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from ui.navigation import groups
+from ui.navigation import navigation_entries
 
 navigation = st.navigation(
     {
         group: [
             st.Page(
-                page.file,
-                title=page.title,
-                icon=page.icon,
-                # the home page keeps the name Streamlit gives it, as before the registry
-                url_path=page.url_path or None,
-                default=page.is_home,
+                entry.file,
+                title=entry.title,
+                icon=entry.icon,
+                url_path=entry.url_path,
+                default=entry.default,
+                visibility="hidden" if entry.hidden else "visible",
             )
-            for page in pages
+            for entry in entries
         ]
-        for group, pages in groups().items()
+        for group, entries in navigation_entries().items()
     },
     expanded=True,  # every page listed, none behind "view more"
 )

@@ -13,6 +13,18 @@ from torch import nn
 
 from mhsa.attention import MultiHeadSelfAttention, RotaryEmbedding
 from mhsa.families import albert, falcon, gptj, neox, opt, phi
+from mhsa.families.gemma import is_gemma, is_gemma2, is_gemma3, load_gemma
+from mhsa.families.modernbert import (
+    is_modernbert,
+    load_modernbert,
+    modernbert_finish,
+    store_modernbert,
+)
+from mhsa.families.olmo2 import is_olmo2, load_olmo2
+from mhsa.families.parts import window_of
+from mhsa.families.phi3 import is_phi3, load_phi3, phi3_values, store_phi3
+from mhsa.families.projected import store_projected
+from mhsa.families.qwen3 import is_qwen3, load_qwen3
 from mhsa.families.record import (
     Family,
     ValueOf,
@@ -149,7 +161,11 @@ def store_gpt2(ours: MultiHeadSelfAttention, attention: nn.Module) -> None:
 
 # --- Llama-style ------------------------------------------------------------------------------
 def _is_llama(m: nn.Module) -> bool:
-    return all(hasattr(m, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim"))
+    """Llama's layout, less the blocks the newer families of the same layout claim (q/k norms:
+    Qwen3, OLMo 2, Gemma 3; soft-capping: Gemma 2/3; Gemma)."""
+    claimed = (is_qwen3, is_olmo2, is_gemma, is_gemma2, is_gemma3)
+    layout = all(hasattr(m, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim"))
+    return layout and not any(claims(m) for claims in claimed)
 
 
 def _llama_linears(attention: nn.Module) -> tuple[nn.Module, ...]:
@@ -208,7 +224,9 @@ def _load_llama_of_model(block: nn.Module, model: nn.Module) -> MultiHeadSelfAtt
     for unsupported in ("attn_logit_softcapping", "query_pre_attn_scalar"):
         if getattr(config, unsupported, None) is not None:
             raise ValueError(f"the model's attention uses {unsupported}")
-    return load_llama(block, rotary_of(model))
+    ours = load_llama(block, rotary_of(model))
+    ours.sliding_window = window_of(block)  # Mistral, Qwen2 configs with a window
+    return ours
 
 
 # --- BART family ----------------------------------------------------------------------------
@@ -356,6 +374,79 @@ FAMILIES: tuple[Family, ...] = (
     opt.FAMILY,
     falcon.FAMILY,
     albert.FAMILY,
+    Family(
+        "Qwen3",
+        "q_proj/k_proj/v_proj/o_proj with an RMSNorm of each head's query and key (q_norm/k_norm)",
+        is_qwen3,
+        load_qwen3,
+        lambda block: bool(getattr(block, "is_causal", True)),
+        store=store_projected,
+        values=lambda block: (block.v_proj, _whole),
+        kinds=("decoder",),
+    ),
+    Family(
+        "Gemma",
+        "Llama's layout; embeddings scaled by sqrt(d_model), norms x / rms(x) * (1 + w)",
+        is_gemma,
+        load_gemma,
+        lambda block: bool(getattr(block, "is_causal", True)),
+        store=store_projected,
+        values=lambda block: (block.v_proj, _whole),
+        kinds=("decoder",),
+    ),
+    Family(
+        "Gemma 2",
+        "q_proj/k_proj/v_proj/o_proj with attention-logit soft-capping, query_pre_attn_scalar, "
+        "sliding windows on alternate layers, norms after attention and MLP outputs",
+        is_gemma2,
+        load_gemma,
+        lambda block: bool(getattr(block, "is_causal", True)),
+        store=store_projected,
+        values=lambda block: (block.v_proj, _whole),
+        kinds=("decoder",),
+    ),
+    Family(
+        "Gemma 3 (text)",
+        "Gemma 2's layout with per-head q/k norms (1 + w) and local rope on sliding layers",
+        is_gemma3,
+        load_gemma,
+        lambda block: bool(getattr(block, "is_causal", True)),
+        store=store_projected,
+        values=lambda block: (block.v_proj, _whole),
+        kinds=("decoder",),
+    ),
+    Family(
+        "OLMo 2",
+        "q_proj/k_proj/v_proj/o_proj with an RMSNorm of the whole query and key projections, "
+        "norms after attention and MLP outputs",
+        is_olmo2,
+        load_olmo2,
+        lambda block: bool(getattr(block, "is_causal", True)),
+        store=store_projected,
+        values=lambda block: (block.v_proj, _whole),
+        kinds=("decoder",),
+    ),
+    Family(
+        "Phi-3",
+        "fused qkv_proj + o_proj with rotary positions (partial) and grouped-query attention",
+        is_phi3,
+        load_phi3,
+        lambda block: bool(getattr(block, "is_causal", True)),
+        store=store_phi3,
+        values=phi3_values,
+        kinds=("decoder",),
+    ),
+    Family(
+        "ModernBERT",
+        "fused Wqkv + Wo with rotary positions, global and local (sliding-window) layers",
+        is_modernbert,
+        load_modernbert,
+        lambda _block: False,
+        finish=modernbert_finish,
+        store=store_modernbert,
+        values=lambda block: (block.Wqkv, lambda qkv: qkv[..., 2 * block.config.hidden_size :]),
+        kinds=("encoder",),
+    ),
 )
 
 #: Every family our module can stand in for, with its layout, for messages.

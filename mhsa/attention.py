@@ -31,12 +31,14 @@ from mhsa.core import (
     scaled_dot_product_attention,
 )
 from mhsa.deprecation import renamed_kwargs
+from mhsa.rmsnorm import RMSNorm
 
 __all__ = [
     "ATTENTION_BACKENDS",
     "OBSERVATION_POINTS",
     "MultiHeadSelfAttention",
     "Observer",
+    "RMSNorm",
     "Recorder",
     "RotaryEmbedding",
     "TraceStep",
@@ -124,7 +126,8 @@ class RotaryEmbedding(nn.Module):
 
 class MultiHeadSelfAttention(nn.Module):
     """Multi-head attention with a fused QKV projection, grouped-query attention, optional rotary
-    positions, head gates and per-head weights.
+    positions, q/k normalisation, attention-logit soft-capping, a sliding window, head gates and
+    per-head weights.
 
     ``forward(x)`` is self-attention; ``forward(x, memory=m)`` is cross-attention: Q from ``x``,
     K and V from ``m`` (an encoder's output; ``key``/``value`` may also be given apart). The fused
@@ -144,6 +147,10 @@ class MultiHeadSelfAttention(nn.Module):
         rotary: RotaryEmbedding | None = None,
         dropout: float = 0.0,
         scale: float | None = None,
+        q_norm: RMSNorm | None = None,
+        k_norm: RMSNorm | None = None,
+        softcap: float | None = None,
+        sliding_window: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -157,7 +164,16 @@ class MultiHeadSelfAttention(nn.Module):
             out_bias: bias on the output projection; ``bias`` by default.
             rotary: rotary position embeddings applied to Q and K.
             dropout: dropout on the weights in training.
-            scale: score scale, ``1 / sqrt(d_head)`` by default.
+            scale: score scale, ``1 / sqrt(d_head)`` by default (Gemma 2/3:
+                ``query_pre_attn_scalar ** -0.5``).
+            q_norm: RMSNorm of Q split into heads, before rotary positions (Qwen3, Gemma 3:
+                per head; OLMo 2: over the whole projection); observed as "normed Q".
+            k_norm: likewise for K ("normed K").
+            softcap: attention-logit soft-capping ``c * tanh(s / c)`` of the scaled scores,
+                before the mask (Gemma 2); observed as "capped scores".
+            sliding_window: each query sees only keys less than this many positions away
+                (``attention_core``'s band mask; Mistral, Gemma 2/3 local layers, ModernBERT
+                local layers).
         """
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -167,6 +183,8 @@ class MultiHeadSelfAttention(nn.Module):
         self.dropout = dropout
         self.scale = 1.0 / math.sqrt(d_head) if scale is None else scale
         self.rotary = rotary
+        self.q_norm, self.k_norm = q_norm, k_norm
+        self.softcap, self.sliding_window = softcap, sliding_window
         factory = {"device": device, "dtype": dtype}
         self.q_size, self.kv_size = num_heads * d_head, num_kv_heads * d_head
         # rows: [W_Q; W_K; W_V]
@@ -195,11 +213,14 @@ class MultiHeadSelfAttention(nn.Module):
 
     def extra_repr(self) -> str:
         gqa = f", num_kv_heads={self.num_kv_heads}" if self.groups > 1 else ""
-        return f"d_model={self.d_model}, num_heads={self.num_heads}{gqa}, d_head={self.d_head}"
+        options = {"softcap": self.softcap, "sliding_window": self.sliding_window}
+        extra = gqa + "".join(f", {k}={v}" for k, v in options.items() if v is not None)
+        return f"d_model={self.d_model}, num_heads={self.num_heads}{extra}, d_head={self.d_head}"
 
     def fresh_copy(self) -> MultiHeadSelfAttention:
-        """A module of the same shape (heads, biases, rotary positions, scale) with fresh xavier
-        weights drawn from torch's global generator, on the same device and dtype."""
+        """A module of the same shape (heads, biases, rotary positions, scale, soft-cap, window)
+        with fresh xavier weights drawn from torch's global generator, q/k norms (if any) at the
+        identity's weight, on the same device and dtype."""
         w = self.qkv.weight
         module = type(self)(
             self.d_model,
@@ -210,6 +231,10 @@ class MultiHeadSelfAttention(nn.Module):
             out_bias=self.out.bias is not None,
             rotary=self.rotary,
             scale=self.scale,
+            q_norm=None if self.q_norm is None else self.q_norm.identity_copy(),
+            k_norm=None if self.k_norm is None else self.k_norm.identity_copy(),
+            softcap=self.softcap,
+            sliding_window=self.sliding_window,
         )
         return module.to(device=w.device, dtype=w.dtype)
 
@@ -324,6 +349,10 @@ class MultiHeadSelfAttention(nn.Module):
         k = observed(observe, "per-head K", self._split_heads(k))  # (B, G, S, Dh)
         if v is not None:
             v = observed(observe, "per-head V", self._split_heads(v))  # (B, G, S, Dh)
+        if self.q_norm is not None:
+            q = observed(observe, "normed Q", self.q_norm.per_head_layout(q))  # (B, H, T, Dh)
+        if self.k_norm is not None:
+            k = observed(observe, "normed K", self.k_norm.per_head_layout(k))  # (B, G, S, Dh)
         if self.rotary is None:
             return q, k, v
         if q.shape[2] != k.shape[2]:
@@ -394,6 +423,8 @@ class MultiHeadSelfAttention(nn.Module):
             need_weights=need_weights,
             observe=observe,
             weights_out=weights_out,
+            softcap=self.softcap,
+            sliding_window=self.sliding_window,
         )
         assert context is not None  # values were given
         b, _, t, _ = context.shape
@@ -452,6 +483,8 @@ class MultiHeadSelfAttention(nn.Module):
             is_causal=is_causal,
             scale=self.scale,
             weights_out=out,
+            softcap=self.softcap,
+            sliding_window=self.sliding_window,
         )
         assert weights is not None
         return weights
@@ -520,11 +553,13 @@ class MultiHeadSelfAttention(nn.Module):
         num_kv_heads: int | None = None,
         scale: float | None = None,
         rotary: RotaryEmbedding | None = None,
+        **options: object,
     ) -> MultiHeadSelfAttention:
         """Build a module from ``nn.Linear``-layout ``[out, in]`` projection weights.
 
         ``w_q`` is ``[H Dh, D]``, ``w_k``/``w_v`` ``[G Dh, D]``, ``w_o`` ``[D, H Dh]``. A missing
         Q/K/V bias means none of them has one; a missing ``b_o`` means W_O has none.
+        ``options``: the constructor's ``q_norm``, ``k_norm``, ``softcap``, ``sliding_window``.
         """
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         d_head = _checked_projections(w_q, w_k, w_v, w_o, num_heads, num_kv_heads)
@@ -539,6 +574,7 @@ class MultiHeadSelfAttention(nn.Module):
             scale=scale,
             device=w_q.device,
             dtype=w_q.dtype,
+            **options,
         )
         with torch.no_grad():
             module.qkv.weight.copy_(torch.cat([w_q, w_k, w_v]))

@@ -1,5 +1,5 @@
 """Direct logit attribution and the logit lens for pre-norm decoders (GPT-2, the Llama family,
-the toy models).
+Qwen3, Gemma 1-3, OLMo 2, Phi-3, the toy models).
 
 A pre-norm decoder's last residual stream is a sum: the embeddings, each head's output (its
 context through its slice of ``W_O``), each attention block's output bias, each MLP's output.
@@ -43,6 +43,7 @@ from torch import nn
 
 from mhsa.encoding import Encoded, check_text, encode
 from mhsa.errors import InputError, UnsupportedModelError
+from mhsa.frozen_norm import FrozenNorm, follow_norms_after, frozen_final_norm, frozen_norm
 from mhsa.generation import Generation, forward_inputs, generation_encoded
 from mhsa.heads import head_label
 from mhsa.layer_parts import check_layer_norms, check_sums, final_norm_of, mlp_of, post_norm_error
@@ -87,6 +88,13 @@ class ResidualPass:
         logits: the model's logits ``[T, V]``.
         final_norm: the model's final norm.
         unembed: the unembedding (``lm_head``).
+        attn_norm: per layer, the norm the layer puts after its attention output before the
+            residual sum (Gemma 2/3, OLMo 2), frozen at each position of the whole attention
+            output (``apply_ln_to_stack``'s convention), or None; empty: none anywhere.
+            ``attn_out`` is then that norm's output (what the residual receives), and
+            ``mlp_out`` likewise the output of a norm after the MLP.
+        logit_softcap: the model's final soft-cap of the logits, ``c * tanh(logits / c)``
+            (Gemma 2's ``final_logit_softcapping``), or None. ``logits`` are the capped ones.
         parallel: per layer, whether its MLP reads the layer's input (a parallel layer) rather
             than the residual after attention.
     """
@@ -106,6 +114,8 @@ class ResidualPass:
     logits: torch.Tensor
     final_norm: nn.Module
     unembed: nn.Module
+    attn_norm: tuple[FrozenNorm | None, ...] = ()
+    logit_softcap: float | None = None
     parallel: tuple[bool, ...] = ()
 
     @property
@@ -116,16 +126,38 @@ class ResidualPass:
     def heads(self) -> int:
         return self.probabilities[0].shape[0]
 
+    def post_attention_norm(self, layer: int) -> FrozenNorm | None:
+        """The frozen norm after ``layer``'s attention output (per position), or None."""
+        return self.attn_norm[layer] if self.attn_norm else None
+
     def head_outputs(self, layer: int, position: int) -> torch.Tensor:
-        """Each head's output at ``position`` of ``layer``: its context through its slice of
-        ``W_O`` ``[H, D]`` (the output bias left out)."""
+        """Each head's part of what ``layer``'s attention adds to the residual at
+        ``position`` ``[H, D]``: its context through its slice of ``W_O`` (the output bias
+        left out), then through the frozen norm after the attention output if the layer has
+        one."""
         ctx = self.context[layer][:, position]  # (H, Dh)
-        return torch.einsum("hd,hdm->hm", ctx, self.w_o[layer])
+        out = torch.einsum("hd,hdm->hm", ctx, self.w_o[layer])
+        norm = self.post_attention_norm(layer)
+        return out if norm is None else norm.at(position)(out)
+
+    def attn_bias(self, layer: int, position: int) -> torch.Tensor:
+        """The rest of what ``layer``'s attention adds at ``position`` ``[D]``: its output
+        bias (through the frozen norm after the attention, if any) and that norm's bias; zeros
+        where there are none."""
+        b_o = self.b_o[layer]
+        norm = self.post_attention_norm(layer)
+        part = torch.zeros_like(self.attn_out[layer][position]) if b_o is None else b_o
+        if norm is None:
+            return part
+        norm = norm.at(position)
+        return norm(part) + (0 if norm.bias is None else norm.bias)
 
     def unembed_vectors(self, vectors: torch.Tensor) -> torch.Tensor:
-        """``vectors [..., D]`` through the final norm (their own statistics) and the
-        unembedding: the logit lens."""
-        return self.unembed(self.final_norm(vectors))
+        """``vectors [..., D]`` through the final norm (their own statistics), the
+        unembedding and the model's final soft-cap (if any): the logit lens."""
+        logits = self.unembed(self.final_norm(vectors))
+        cap = self.logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 def _checked_decoder(lm: LoadedModel) -> list[OurBlock]:
@@ -140,7 +172,8 @@ def _checked_decoder(lm: LoadedModel) -> list[OurBlock]:
             f"{lm.display_name} is an encoder-decoder: its decoder also reads the encoder's "
             "output through cross attention, a second residual stream that this decomposition "
             "does not follow. Use a causal language model with pre-norm layers: GPT-2, the "
-            "Llama family (Llama, Qwen2, Mistral) or a toy model such as toy:induction."
+            "Llama family (Llama, Qwen2/3, Mistral, Gemma 1-3, OLMo 2, Phi-3) or a toy model "
+            "such as toy:induction."
         )
     blocks = our_blocks(lm)
     if not blocks[0].causal:
@@ -174,14 +207,33 @@ def _first(output: Any) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
-def _recording(blocks: list[OurBlock], record: dict[tuple[str, int], torch.Tensor]) -> list[Any]:
-    """Hooks that put each layer's input, output and MLP output into ``record``; handles."""
+def _recording(
+    blocks: list[OurBlock],
+    record: dict[tuple[str, int], torch.Tensor],
+    after: dict[int, list[tuple[nn.Module, Any, torch.Tensor]]],
+) -> list[Any]:
+    """Hooks that put each layer's input, output and MLP output into ``record``, and what
+    each other module of the layer with a weight (its norms) took and gave into ``after``
+    (``frozen_norm.follow_norms_after`` finds among them a norm after the attention or the
+    MLP); handles."""
+
+    def seen(layer: int, module: nn.Module) -> Callable[..., None]:
+        def hook(_m: nn.Module, args: tuple, out: Any) -> None:
+            after.setdefault(layer, []).append((module, args[0] if args else None, _first(out)))
+
+        return hook
 
     def keep(name: str, layer: int, pre: bool) -> Callable[..., None]:
         if pre:
             return lambda _m, args, kwargs: record.__setitem__((name, layer), _hidden(args, kwargs))
-        # a copy: Falcon adds the attention output into its MLP's output in place
-        return lambda _m, _args, out: record.__setitem__((name, layer), _first(out).clone())
+
+        def hook(_m: nn.Module, _args: Any, out: Any) -> None:
+            # a copy: Falcon adds the attention output into its MLP's output in place; the
+            # tensor itself too, for finding the norm that takes it (Gemma 2/3, OLMo 2)
+            record[(name, layer)] = _first(out).clone()
+            record[(f"{name} itself", layer)] = _first(out)
+
+        return hook
 
     handles = []
     for block in blocks:
@@ -193,10 +245,14 @@ def _recording(blocks: list[OurBlock], record: dict[tuple[str, int], torch.Tenso
         mlp = mlp_of(layer)
         assert mlp is not None  # _checked_decoder saw it
         handles.append(mlp.register_forward_hook(keep("mlp", block.layer, False)))
+        for child in layer.children():
+            if child is not block.original and child is not mlp and hasattr(child, "weight"):
+                handles.append(child.register_forward_hook(seen(block.layer, child)))
     return handles
 
 
 _OBSERVED = {"probabilities", "per-head V", "per-head context", "output"}
+_LOGIT_SOFTCAP = "final_logit_softcapping"
 
 
 def _observer(record: dict[tuple[str, int], torch.Tensor], layer: int) -> Callable[..., None]:
@@ -226,6 +282,7 @@ def residual_pass(
         text = check_text(text)
     lm = resolve_model(model)
     record: dict[tuple[str, int], torch.Tensor] = {}
+    after: dict[int, list[tuple[nn.Module, Any, torch.Tensor]]] = {}
     with lm.lock, torch.inference_mode():
         blocks = _checked_decoder(lm)
         if isinstance(text, Generation):
@@ -234,7 +291,7 @@ def residual_pass(
             encoded = encode(lm, text, None, max_tokens)
         inputs = forward_inputs(lm, encoded.inputs_on(lm.device))
         observers = {b.layer: _observer(record, b.layer) for b in blocks}
-        handles = _recording(blocks, record)
+        handles = _recording(blocks, record, after)
         try:
             out = run_with_our_blocks(
                 lm, blocks, OurPass(observers=observers), inputs, with_head=True
@@ -242,6 +299,7 @@ def residual_pass(
         finally:
             for handle in handles:
                 handle.remove()
+        follow_norms_after(blocks, record, after)
         return _assembled(lm, blocks, encoded, record, out.logits[0])
 
 
@@ -266,6 +324,15 @@ def _assembled(
         bias = ours.projections()[1][2]
         per_head = None if bias is None else bias.float().view(ours.num_kv_heads, ours.d_head)
         b_v.append(None if per_head is None else per_head.repeat_interleave(ours.groups, dim=0))
+    attn_norm = tuple(
+        None
+        if ("norm after attention", b.layer) not in record
+        else frozen_norm(
+            record[("norm after attention", b.layer)], record[("raw output", b.layer)][0]
+        )
+        for b in blocks
+    )
+    cap = getattr(lm.config, _LOGIT_SOFTCAP, None)
     run = ResidualPass(
         tokens=tuple(encoded.tokens.strings),
         ids=tuple(encoded.inputs["input_ids"][0].tolist()),
@@ -286,66 +353,14 @@ def _assembled(
         logits=logits.float(),
         final_norm=final_norm_of(lm),
         unembed=lm.head_model.get_output_embeddings(),
+        attn_norm=attn_norm if any(n is not None for n in attn_norm) else (),
+        logit_softcap=None if cap is None else float(cap),
         parallel=tuple(
             b.family.parallel is not None and b.family.parallel(b.original) for b in blocks
         ),
     )
     check_sums(lm.display_name, run.resid_pre, run.attn_out, run.mlp_out, run.resid_post)
     return run
-
-
-@dataclass(frozen=True, eq=False)
-class FrozenNorm:
-    """The final norm with its scale frozen at one position of the whole residual: linear.
-
-    Attributes:
-        kind: ``"LayerNorm"`` (centred) or ``"RMSNorm"`` (not centred).
-        inverse_scale: 1 / the whole residual's standard deviation (LayerNorm) or root mean
-            square (RMSNorm), eps included as the model computes it.
-        weight: the norm's weight ``[D]``.
-        bias: the norm's bias ``[D]`` (LayerNorm), or None.
-    """
-
-    kind: str
-    inverse_scale: float
-    weight: torch.Tensor
-    bias: torch.Tensor | None
-
-    def __call__(self, parts: torch.Tensor) -> torch.Tensor:
-        """``parts [..., D]`` through the frozen norm, its bias left out (a part of its own)."""
-        if self.kind == "LayerNorm":
-            parts = parts - parts.mean(-1, keepdim=True)
-        return parts * self.inverse_scale * self.weight
-
-
-def frozen_final_norm(norm: nn.Module, whole: torch.Tensor) -> FrozenNorm:
-    """``norm`` with its scale frozen at ``whole [D]`` (TransformerLens's ``apply_ln_to_stack``).
-
-    Raises:
-        UnsupportedModelError: the norm is neither a LayerNorm nor an RMSNorm that this
-            reconstruction reproduces on ``whole`` (Gemma's ``1 + weight``, say).
-    """
-    whole = whole.float()
-    weight = norm.weight.float()
-    if isinstance(norm, nn.LayerNorm):
-        variance = whole.var(unbiased=False)
-        inverse = float(torch.rsqrt(variance + norm.eps))
-        bias = None if norm.bias is None else norm.bias.float()
-        frozen = FrozenNorm("LayerNorm", inverse, weight, bias)
-    else:
-        eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-        if eps is None:
-            raise UnsupportedModelError(f"final norm {type(norm).__name__}: no eps found")
-        inverse = float(torch.rsqrt(whole.pow(2).mean() + eps))
-        frozen = FrozenNorm("RMSNorm", inverse, weight, None)
-    rebuilt = frozen(whole) + (0 if frozen.bias is None else frozen.bias)
-    theirs = norm(whole.to(norm.weight.dtype)).float()
-    if not torch.allclose(rebuilt, theirs, atol=1e-4 * float(theirs.abs().max()) + 1e-5):
-        raise UnsupportedModelError(
-            f"the final norm {type(norm).__name__} computes something other than a LayerNorm "
-            "or an RMSNorm (x / rms(x) * weight): direct logit attribution does not cover it."
-        )
-    return frozen
 
 
 @dataclass(frozen=True)
@@ -369,6 +384,9 @@ class HeadAttribution:
         final_norm_bias: the final LayerNorm's bias (0 for RMSNorm).
         unembed_bias: the unembedding's bias (0 without one).
         logit_diff: the model's own ``logit(answer) - logit(wrong)``; the components sum to it.
+            With a final soft-cap of the logits (Gemma 2) the difference before the cap:
+            attribution is linear only there.
+        logit_softcap: the model's final soft-cap ``c`` of ``c * tanh(logits / c)``, or None.
     """
 
     text: str
@@ -386,6 +404,7 @@ class HeadAttribution:
     final_norm_bias: float
     unembed_bias: float
     logit_diff: float
+    logit_softcap: float | None = None
 
     @property
     def total(self) -> float:
@@ -470,10 +489,13 @@ def _attribution(
         return (frozen(parts) @ direction).double().cpu().numpy()
 
     heads = np.stack([attributed(run.head_outputs(layer, last)) for layer in range(run.layers)])
-    zero = torch.zeros_like(direction)
-    biases = torch.stack([zero if b is None else b for b in run.b_o])
+    biases = torch.stack([run.attn_bias(layer, last) for layer in range(run.layers)])
     mlps = torch.stack([m[last] for m in run.mlp_out])
     u_bias = getattr(run.unembed, "bias", None)
+    logits = run.logits  # (T, V)
+    if run.logit_softcap is not None:  # attribution is linear before the cap only
+        final = run.final_norm(run.resid_post[-1][last:].to(run.unembed.weight.dtype))
+        logits = run.unembed(final).float()  # (1, V): the last position, before the cap
     return HeadAttribution(
         text=text,
         model=lm.display_name,
@@ -489,7 +511,8 @@ def _attribution(
         mlp=attributed(mlps),
         final_norm_bias=0.0 if frozen.bias is None else float(frozen.bias @ direction),
         unembed_bias=0.0 if u_bias is None else float(u_bias[answer_id] - u_bias[wrong_id]),
-        logit_diff=float(logit_difference(run.logits, answer_id, wrong_id, position=last)),
+        logit_diff=float(logit_difference(logits, answer_id, wrong_id, position=-1)),
+        logit_softcap=run.logit_softcap,
     )
 
 

@@ -75,7 +75,8 @@ def head_composition(model: str | LoadedModel = DEFAULT_MODEL, kind: str = "K") 
     grouped-query heads share their K and V. The scores equal TransformerLens's on a model
     loaded without weight processing (``from_pretrained_no_processing``): its default folds
     layer norms into the weights. Rotary positions are left out (as TransformerLens's ``QK``
-    does), so for rotary models Q and K composition describe the weights, not one position.
+    does), so for rotary models Q and K composition describe the weights, not one position;
+    q/k norms (Qwen3, Gemma 3, OLMo 2) are left out likewise (they are not linear).
 
     Args:
         model: a model name or folder, or a loaded model (one that the ``mhsa`` engine runs).

@@ -45,7 +45,8 @@ __all__ = [
 Observer = Callable[[str, torch.Tensor], torch.Tensor | None]
 
 #: Every observation point, in the order the forward pass reaches them, with its formula.
-#: "rotated Q"/"rotated K" exist only with rotary positions, "gated context" only with head gates.
+#: "rotated Q"/"rotated K" exist only with rotary positions, "normed Q"/"normed K" only with q/k
+#: normalisation, "capped scores" only with soft-capping, "gated context" only with head gates.
 OBSERVATION_POINTS: dict[str, str] = {
     "X": "X (the layer's input)",
     "Q": "Q = X W_Q + b_Q",
@@ -54,12 +55,16 @@ OBSERVATION_POINTS: dict[str, str] = {
     "per-head Q": "Q_h: reshape to [batch, heads, length, d_head]",
     "per-head K": "K_g: reshape to [batch, kv heads, length, d_head]",
     "per-head V": "V_g: reshape to [batch, kv heads, length, d_head]",
+    "normed Q": "RMSNorm(Q): per head (Qwen3, Gemma 3) or over the whole projection (OLMo 2)",
+    "normed K": "RMSNorm(K): per head (Qwen3, Gemma 3) or over the whole projection (OLMo 2)",
     "rotated Q": "RoPE(Q_h) = Q_h cos(p θ) + rotate_half(Q_h) sin(p θ)   (on the first rot_dim "
     "features: partial rotary; GPT-J pairs neighbours: rotate_every_two)",
     "rotated K": "RoPE(K_g) = K_g cos(p θ) + rotate_half(K_g) sin(p θ)   (likewise)",
     "raw scores": "Q_h K_g(h)^T   (query head h reads key/value head g(h))",
     "scaled scores": "Q_h K_g(h)^T * scale   (scale = 1 / sqrt(d_head) by default)",
-    "masked scores": "scores + mask   (-inf where attention is not allowed)",
+    "capped scores": "c * tanh(scaled scores / c)   (attention-logit soft-capping, Gemma 2)",
+    "masked scores": "scores + mask   (-inf where attention is not allowed: padding, later "
+    "positions, keys outside a sliding window)",
     "probabilities": "A_h = softmax(masked scores) over keys",
     "per-head context": "A_h V_g(h)",
     "gated context": "gate_h * A_h V_g(h)   (head gates; 0 switches a head off)",
@@ -165,6 +170,28 @@ def _with_causal(mask: torch.Tensor | None, t: int, s: int, device: torch.device
     return mask.masked_fill(~allowed, float("-inf"))
 
 
+def _with_window(
+    mask: torch.Tensor | None, t: int, s: int, window: int, device: torch.device
+) -> torch.Tensor:
+    """``mask`` and a sliding-window (band) mask in one (boolean stays boolean, float gets
+    ``-inf``)."""
+    allowed = _band(t, s, window, device)
+    if mask is None:
+        return allowed
+    if mask.dtype == torch.bool:
+        return mask & allowed
+    return mask.masked_fill(~allowed, float("-inf"))
+
+
+def _band(t: int, s: int, window: int, device: torch.device) -> torch.Tensor:
+    """``[T, S]``, True where query i (the last T of S positions) is less than ``window``
+    positions from key j: ``|i - j| < window`` (transformers' causal ``kv > q - window``, and
+    ModernBERT's local ``|q - kv| <= window - 1``)."""
+    queries = torch.arange(s - t, s, device=device)[:, None]
+    keys = torch.arange(s, device=device)[None, :]
+    return (queries - keys).abs() < window
+
+
 def _causal(t: int, s: int, device: torch.device) -> torch.Tensor:
     """``[T, S]``, True where query i (the last T of S positions) may see key j."""
     return torch.ones(t, s, dtype=torch.bool, device=device).tril(s - t)
@@ -218,6 +245,10 @@ class _Steps:
     def scale(self, scores: torch.Tensor, scale: float) -> torch.Tensor:
         return scores * scale
 
+    def softcap(self, scores: torch.Tensor, cap: float) -> torch.Tensor:
+        """``cap * tanh(scores / cap)``, in transformers' (Gemma 2's) order of operations."""
+        return torch.tanh(scores / cap) * cap
+
     def mask(self, scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Boolean mask (True = may attend) -> ``-inf`` elsewhere; float mask -> added."""
         if mask.dtype == torch.bool:
@@ -232,6 +263,14 @@ class _Steps:
     def empty_rows_to_zero(self, weights: torch.Tensor) -> torch.Tensor:
         """A query with nothing to attend to has 0 / 0 weights: 0 instead of NaN."""
         return torch.where(weights.isnan(), 0, weights)
+
+
+def _fits(small: torch.Size, shape: torch.Size) -> bool:
+    """Whether ``small`` broadcasts to ``shape`` without changing it (``torch.broadcast_shapes``
+    in plain Python: its reference implementation costs more than a small model's step)."""
+    return len(small) <= len(shape) and all(
+        m in (1, s) for m, s in zip(reversed(small), reversed(shape), strict=False)
+    )
 
 
 class _InPlaceSteps(_Steps):
@@ -254,10 +293,13 @@ class _InPlaceSteps(_Steps):
     def scale(self, scores: torch.Tensor, scale: float) -> torch.Tensor:
         return scores.mul_(scale)
 
+    def softcap(self, scores: torch.Tensor, cap: float) -> torch.Tensor:
+        return scores.div_(cap).tanh_().mul_(cap)
+
     def mask(self, scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if mask.dtype == torch.bool:
             return scores.masked_fill_(~mask, float("-inf"))
-        if torch.broadcast_shapes(scores.shape, mask.shape) == scores.shape:
+        if _fits(mask.shape, scores.shape):
             return scores.add_(mask)
         return scores + mask
 
@@ -283,6 +325,7 @@ def _eager(
     observe: Observer,
     weights_out: torch.Tensor | None,
     steps: _Steps,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Attention written out step by step, each step observed: the one copy of the maths."""
     groups = query.shape[1] // key.shape[1]
@@ -295,6 +338,8 @@ def _eager(
     scores = observed(observe, "raw scores", scores)
     scores = steps.scale(scores, scale)
     scores = observed(observe, "scaled scores", scores)
+    if softcap is not None:
+        scores = observed(observe, "capped scores", steps.softcap(scores, softcap))
     if mask is not None:
         scores = steps.mask(scores, mask)
     scores = observed(observe, "masked scores", scores)
@@ -326,11 +371,12 @@ def _sdpa(
     scale: float,
     dropout_p: float,
     head_gates: torch.Tensor | None,
+    softcap: float | None = None,
     **_unobserved: object,
 ) -> tuple[torch.Tensor, None]:
     """The same maths through torch's fused kernel, for when nobody needs the weights (nothing
-    to observe, no weights buffer: ``attention_backend`` picks it only then)."""
-    assert value is not None  # attention_backend picks this backend only with values
+    to observe, no weights buffer, no soft-capping: ``attention_backend`` picks it only then)."""
+    assert value is not None and softcap is None  # as attention_backend picks this backend
     t, s = query.shape[2], key.shape[2]
     if is_causal and (mask is not None or t != s):
         mask = _with_causal(mask, t, s, query.device)
@@ -369,13 +415,16 @@ def attention_backend(
     need_weights: bool,
     observed: bool,
     weights_out: torch.Tensor | None,
+    softcap: float | None = None,
 ) -> str:
     """The name of the backend ``attention_core`` runs for these arguments.
 
-    The fused kernel when nothing but the context is wanted; else the eager steps, in place
-    when no gradient can flow back through the scores.
+    The fused kernel when nothing but the context is wanted (and the scores are not
+    soft-capped, which the kernel cannot do); else the eager steps, in place when no gradient
+    can flow back through the scores.
     """
-    if not need_weights and not observed and weights_out is None and value is not None:
+    fused = not need_weights and not observed and weights_out is None and softcap is None
+    if fused and value is not None:
         return "sdpa"
     differentiated = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad)
     return "eager" if differentiated else "eager-inplace"
@@ -394,6 +443,8 @@ def attention_core(
     need_weights: bool = True,
     observe: Observer | None = None,
     weights_out: torch.Tensor | None = None,
+    softcap: float | None = None,
+    sliding_window: int | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """softmax(Q K^T * scale + mask) V per head: the one place where attention is computed.
 
@@ -413,6 +464,13 @@ def attention_core(
             "per-head context" and "gated context"; a returned tensor replaces the value.
             Observing changes no bit of the result.
         weights_out: a preallocated tensor to receive the weights (no gradient).
+        softcap: attention-logit soft-capping: the scaled scores become
+            ``softcap * tanh(scores / softcap)`` before the mask (Gemma 2's
+            ``attn_logit_softcapping``; observed as "capped scores").
+        sliding_window: a query attends only to keys less than this many positions away,
+            ``|i - j| < sliding_window`` (a band mask, added to ``mask``: Mistral's and Gemma's
+            causal ``kv > q - window``, ModernBERT's local ``|q - kv| <= window // 2`` with
+            ``sliding_window = window // 2 + 1``); None: no window.
 
     Returns:
         ``(context [B, H, T, Dh] or None, weights [B, H, T, S] or None)``. A query row with
@@ -422,6 +480,13 @@ def attention_core(
     h, g = query.shape[1], key.shape[1]
     if h % g:
         raise ValueError(f"{h} query heads cannot share {g} key/value heads: {g} must divide {h}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be positive, got {softcap}")
+    if sliding_window is not None:
+        if sliding_window < 1:
+            raise ValueError(f"sliding_window must be at least 1, got {sliding_window}")
+        t, s = query.shape[2], key.shape[2]
+        mask = _with_window(mask, t, s, sliding_window, query.device)
     backend = attention_backend(
         query,
         key,
@@ -429,6 +494,7 @@ def attention_core(
         need_weights=need_weights,
         observed=observe is not None,
         weights_out=weights_out,
+        softcap=softcap,
     )
     return ATTENTION_BACKENDS[backend](
         query,
@@ -441,6 +507,7 @@ def attention_core(
         head_gates=head_gates,
         observe=observe or nobody,
         weights_out=weights_out,
+        softcap=softcap,
     )
 
 

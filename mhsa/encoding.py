@@ -12,7 +12,7 @@ from mhsa.errors import InputError
 from mhsa.models import LoadedModel
 from mhsa.tokens import Tokens
 
-__all__ = ["Encoded", "answer_ids", "check_text", "encode", "encode_many"]
+__all__ = ["Encoded", "answer_ids", "check_text", "encode", "encode_many", "teacher_forced"]
 
 
 @dataclass(frozen=True)
@@ -25,12 +25,15 @@ class Encoded:
         tokens: the tokens as the model sees them, with offsets and flags.
         truncated: tokens dropped to fit ``max_tokens``.
         decoder_tokens: the decoder's tokens (encoder-decoder models), else None.
+        decoder_labels: an encoder-decoder's typed target as the labels its teacher-forced
+            ``decoder_input_ids`` are shifted from (``teacher_forced``), ``[1, m]``; else None.
     """
 
     inputs: dict[str, torch.Tensor]
     tokens: Tokens
     truncated: int
     decoder_tokens: list[str] | None
+    decoder_labels: torch.Tensor | None = None
 
     def inputs_on(self, device: torch.device) -> dict[str, torch.Tensor]:
         """The input tensors moved to ``device``."""
@@ -133,7 +136,10 @@ def encode(lm: LoadedModel, text: str, text_pair: str | None, max_tokens: int | 
     inputs = {k: v for k, v in enc.items() if k not in ("offset_mapping", "special_tokens_mask")}
     decoder_tokens = None
     if lm.is_encoder_decoder:
-        inputs["decoder_input_ids"], decoder_tokens = _decoder_input(lm, text, text_pair, limit)
+        labels = _decoder_labels(lm, text_pair if text_pair is not None else text, limit)
+        inputs["decoder_input_ids"] = teacher_forced(lm, labels)
+        decoder_tokens = tok.convert_ids_to_tokens(inputs["decoder_input_ids"][0].tolist())
+        return Encoded(inputs, tokens, truncated, decoder_tokens, labels)
     return Encoded(inputs, tokens, truncated, decoder_tokens)
 
 
@@ -157,19 +163,36 @@ def _token_limit(lm: LoadedModel, text_pair: str | None, max_tokens: int | None)
     return max_tokens if limit is None else min(limit, max_tokens)
 
 
-def _decoder_input(
-    lm: LoadedModel, text: str, text_pair: str | None, limit: int | None
-) -> tuple[torch.Tensor, list[str]]:
-    """The decoder's input ids ``[1, m]`` and tokens (encoder-decoder models): the second text,
-    or the text itself when there is none."""
-    tok = lm.tokenizer
-    dec = tok(
-        text_pair if text_pair is not None else text,
-        return_tensors="pt",
-        truncation=limit is not None,
-        max_length=limit,
-    )
-    return dec["input_ids"], tok.convert_ids_to_tokens(dec["input_ids"][0].tolist())
+def _decoder_labels(lm: LoadedModel, target: str, limit: int | None) -> torch.Tensor:
+    """An encoder-decoder's target as labels ``[1, m]``: the tokenizer's ids of it, less a
+    leading decoder start token when the tokenizer writes one itself (the toy models': their
+    decoder reads ``[BOS]`` once, as trained), cut to ``limit``."""
+    ids = lm.tokenizer(target, return_tensors="pt", truncation=limit is not None, max_length=limit)[
+        "input_ids"
+    ]
+    start = getattr(lm.config, "decoder_start_token_id", None)
+    if ids.shape[1] > 1 and start is not None and int(ids[0, 0]) == start:
+        ids = ids[:, 1:]
+    return ids
+
+
+def teacher_forced(lm: LoadedModel, labels: torch.Tensor) -> torch.Tensor:
+    """The decoder input an encoder-decoder reads when trained on ``labels`` ``[B, m]``
+    (teacher forcing): the model's own ``prepare_decoder_input_ids_from_labels`` where its
+    generation head has one (BART's ``shift_tokens_right``, T5's ``_shift_right``, mBART's
+    own), else the labels shifted right after ``decoder_start_token_id`` (-100 read as the
+    padding token). Attention views, the language-model loss and knock-outs all read this
+    input, so that they describe one decoder input."""
+    head = lm.head_model
+    if head is not None and hasattr(head, "prepare_decoder_input_ids_from_labels"):
+        return head.prepare_decoder_input_ids_from_labels(labels=labels)
+    config = lm.config
+    pad = getattr(config, "pad_token_id", None) or 0
+    start = getattr(config, "decoder_start_token_id", None)
+    shifted = labels.new_full(labels.shape, pad)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = pad if start is None else start
+    return shifted.masked_fill(shifted == -100, pad)
 
 
 def _one_token(lm: LoadedModel, word: object, what: str) -> tuple[int, str]:

@@ -12,7 +12,10 @@ torch's ``pairwise_distance`` as there (it adds its eps of 1e-6 to each coordina
   the tool runs TransformerLens's ``from_pretrained`` with its default ``fold_value_biases``,
   which moves ``b_V W_O`` (the same for every key, as each query's weights sum to 1) into the
   output bias, and the output bias is in no part either (it is in the whole). Every key token is
-  a part, the masked later ones too (their zero vectors get the floor 1e-5), as there.
+  a part, the masked later ones too (their zero vectors get the floor 1e-5), as there. Where the
+  layer puts a norm after the attention output (Gemma 2/3, OLMo 2), each term goes through it
+  with its scale frozen at the whole attention output of its query (TransformerLens's
+  ``apply_ln_to_stack`` convention), and the whole is the residual after that norm's output.
 - MLP block (``get_mlp_contributions``): the parts are the MLP's output and the residual after
   attention; the whole is the residual after the layer.
 - Threshold (``apply_threshold_and_renormalize``, the tool's default "renormalize after
@@ -43,6 +46,7 @@ the final norm and the unembedding (the tool's "top tokens" with "normalize befo
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -105,10 +109,14 @@ def _attention_contributions(run: ResidualPass, layer: int) -> tuple[np.ndarray,
     attn = run.probabilities[layer]  # (H, T, T)
     h, t, d = carried.shape
     step = max(1, _CHUNK // (t * h * d))
+    norm = run.post_attention_norm(layer)  # Gemma 2/3, OLMo 2: frozen at each query
     heads, residual = [], []
     for start in range(0, t, step):
         rows = slice(start, start + step)
         terms = attn[:, rows, :, None] * carried[:, None]  # (H, q, T, D)
+        if norm is not None:
+            frozen = norm.at(rows)
+            terms = dataclasses.replace(frozen, inverse_scale=frozen.inverse_scale[:, None])(terms)
         terms = terms.permute(2, 0, 1, 3)  # (key, head, q, D): parts first
         parts = torch.cat([terms.reshape(t * h, -1, d), pre[None, rows]])  # (T H + 1, q, D)
         c = contributions(parts, whole[rows])  # (T H + 1, q)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,14 @@ from mhsa.errors import InputError
 from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.tokens import Tokens, is_punctuation
 
-__all__ = ["MAX_NEW_TOKENS", "Generation", "generate", "generate_ids", "generation_encoded"]
+__all__ = [
+    "MAX_NEW_TOKENS",
+    "Generation",
+    "continuation",
+    "generate",
+    "generate_ids",
+    "generation_encoded",
+]
 
 #: most tokens ``generate`` adds (attention over prompt + generation stays explorable)
 MAX_NEW_TOKENS = 128
@@ -32,8 +40,9 @@ class Generation:
             ``model.generate``'s output (an encoder-decoder: the prompt's encoding alone, the
             encoder's input).
         prompt_tokens: how many of ``ids`` are the prompt's.
-        text: the prompt verbatim followed by the continuation decoded on its own (special
-            tokens skipped): what ``generate`` returns (an encoder-decoder: the prompt).
+        text: the prompt verbatim followed by the continuation as transformers'
+            text-generation pipeline returns it (``continuation``; special tokens skipped):
+            what ``generate`` returns (an encoder-decoder: the prompt).
         decoder_ids: an encoder-decoder's decoder ids, exactly ``model.generate``'s output
             (the decoder start token first); None for a causal model.
         target: ``decoder_ids`` decoded (special tokens skipped): what ``generate`` returns
@@ -112,8 +121,18 @@ def generate_ids(
         prompt_ids = tuple(inputs["input_ids"][0].tolist())
         target = tok.decode(list(ids), skip_special_tokens=True)
         return Generation(text, prompt_ids, prompt_tokens, text, ids, target)
-    continuation = tok.decode(list(ids[prompt_tokens:]), skip_special_tokens=True)
-    return Generation(text, ids, prompt_tokens, text + continuation)
+    return Generation(text, ids, prompt_tokens, text + continuation(tok, ids, prompt_tokens))
+
+
+def continuation(tokenizer: Any, ids: Sequence[int], prompt_tokens: int) -> str:
+    """The text the ids after the first ``prompt_tokens`` add, as transformers' text-generation
+    pipeline took it up to 4.x: the prompt and continuation decoded together (special tokens
+    skipped), less the decoded prompt's length. Decoding the continuation on its own (the 5.x
+    pipeline does) loses the space before it with a SentencePiece tokenizer (Llama-2, Mistral:
+    its decoder strips the first space of what it decodes)."""
+    whole = tokenizer.decode(list(ids), skip_special_tokens=True)
+    head = tokenizer.decode(list(ids[:prompt_tokens]), skip_special_tokens=True)
+    return whole[len(head) :]
 
 
 def generate(
@@ -128,9 +147,10 @@ def generate(
     """The prompt ``text`` followed by what a causal language model writes next (an
     encoder-decoder model: what its decoder writes for ``text`` alone): greedy, or sampled
     (temperature 1, the whole vocabulary) from ``seed``. The prompt is kept verbatim
-    (the continuation is decoded on its own and appended), so ``len(text)`` is where the
-    generated characters begin. Re-tokenizing this text need not give the model's tokens back:
-    ``generate_ids`` and ``attend_generated`` keep them.
+    (the continuation appended as decoding prompt and continuation together gives it:
+    ``continuation``), so ``len(text)`` is where the generated characters begin.
+    Re-tokenizing this text need not give the model's tokens back: ``generate_ids`` and
+    ``attend_generated`` keep them.
 
     Raises:
         InputError: the model has no causal language-model head, or the numbers are off.
@@ -193,7 +213,7 @@ def generation_encoded(lm: LoadedModel, generation: Generation, max_tokens: int 
             words.append(-1)
             boundary = True
             continue
-        decoded = tok.decode(new[: i + 1], skip_special_tokens=True)
+        decoded = continuation(tok, ids[: len(ids) - len(new) + i + 1], len(ids) - len(new))
         start, end = end, max(end, _common_prefix(full, decoded))
         piece = full[start:end]
         punct = is_punctuation(piece)

@@ -24,6 +24,7 @@ __all__ = [
     "TOY_DIR",
     "TOY_PREFIX",
     "TRAINED_PREFIX",
+    "allowed_description",
     "check_allowed",
     "is_toy_name",
     "is_trained_name",
@@ -89,7 +90,22 @@ def check_allowed(name: str, limits: Limits) -> None:
     allowed = {m.rstrip("/") for m in limits.allowed_models}
     if wanted in allowed:
         return
-    choices = ", ".join([DEFAULT_MODEL, *limits.allowed_models])
-    raise ModelLoadError(
-        f"This server only loads these models: {choices}. {name!r} is not among them."
+    raise ModelLoadError(  # the same words whether or not such a folder or model exists
+        f"This server does not load {name!r}. It loads {allowed_description(limits)}."
     )
+
+
+def allowed_description(limits: Limits) -> str:
+    """What this server loads, in words: the default model, the shipped toy models, the models
+    trained here, and the operator's list (``MHSA_ALLOWED_MODELS``; None: any model)."""
+    toys = ", ".join(TOY_PREFIX + t for t in shipped_toy_tasks())
+    parts = [
+        f"the default model ({DEFAULT_MODEL})",
+        f"the toy models ({toys})",
+        "models trained on the Train heads page (trained:<id>)",
+    ]
+    if limits.allowed_models is None:
+        parts.append("any model id or folder")
+    elif limits.allowed_models:
+        parts.append("these: " + ", ".join(limits.allowed_models))
+    return ", ".join(parts[:-1]) + " and " + parts[-1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import threading
 import time
 from dataclasses import dataclass, field
@@ -327,6 +328,11 @@ def _checked_size(display: str, config: Any, max_parameters: int | None) -> int:
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
+def has_accelerate() -> bool:
+    """Whether ``accelerate``, which places a ``device_map``'s layers, can be imported."""
+    return importlib.util.find_spec("accelerate") is not None
+
+
 def _pretrained_options(
     device_map: str | dict[str, Any] | None,
     torch_dtype: str | torch.dtype | None,
@@ -339,6 +345,11 @@ def _pretrained_options(
     """
     options: dict[str, Any] = {}
     if device_map is not None:
+        if not has_accelerate():
+            raise ModelLoadError(
+                "device_map needs the accelerate package (requirements.txt pins it: "
+                "pip install accelerate==1.15.0)."
+            )
         options["device_map"] = device_map
     if torch_dtype is not None:
         if isinstance(torch_dtype, str) and torch_dtype not in (*_DTYPES, "auto"):

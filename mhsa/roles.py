@@ -34,6 +34,7 @@ from mhsa.errors import InputError
 from mhsa.extract import engine_spec
 from mhsa.heads import head_label
 from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.repeats import REPEAT_COUNT, random_repeats, repeat_length
 from mhsa.result import AttentionResult
 
 __all__ = [
@@ -63,9 +64,6 @@ _ALIASES = {
 ERROR_MEASURES = ("mul", "abs")
 #: Gu et al. (2025): a head sinks on a position that receives more than this, on average
 SINK_THRESHOLD = 0.3
-#: the random-token induction test of TransformerLens's demo: sequences, and length of each half
-_REPEAT_COUNT = 10
-_REPEAT_LENGTH = 50
 
 
 # --- detection patterns -----------------------------------------------------------------------
@@ -392,26 +390,13 @@ def _detect_in(
     return _score_frame(scores, result)
 
 
-def _random_repeats(lm: LoadedModel, length: int, count: int, seed: int) -> torch.Tensor:
-    """``[count, 2 * length]`` token ids: random ids from the vocabulary (special tokens left
-    out), each row's first half repeated."""
-    tok = lm.tokenizer
-    size = min(len(tok), getattr(lm.config, "vocab_size", None) or len(tok))
-    special = set(tok.all_special_ids)
-    pool = np.array([i for i in range(size) if i not in special])
-    if len(pool) == 0:
-        raise InputError(f"{lm.display_name}'s vocabulary has no ordinary tokens to draw from.")
-    half = np.random.default_rng(seed).choice(pool, size=(count, length))  # (B, length)
-    return torch.from_numpy(np.concatenate([half, half], axis=1))  # (B, 2 length)
-
-
 def induction_scores(
     model: str | LoadedModel = DEFAULT_MODEL,
     *,
     engine: str = "transformers",
     seed: int = 0,
     length: int | None = None,
-    count: int = _REPEAT_COUNT,
+    count: int = REPEAT_COUNT,
 ) -> np.ndarray:
     """The induction score of TransformerLens's demo, ``[layers, heads]``: ``count`` sequences
     of ``length`` random token ids (the vocabulary without its special tokens, drawn from
@@ -425,17 +410,8 @@ def induction_scores(
     """
     lm = resolve_model(model)
     spec = engine_spec(engine)
-    limit = lm.max_positions
-    if length is None:
-        length = _REPEAT_LENGTH if limit is None else min(_REPEAT_LENGTH, limit // 2)
-    if length < 2 or (limit is not None and 2 * length > limit) or count < 1:
-        raise InputError(
-            f"The repeated random tokens need a length from 2 to {(limit or 10**9) // 2} for "
-            f"{lm.display_name} and at least one sequence, got length {length}, count {count}."
-        )
-    if lm.is_encoder_decoder:
-        raise InputError("The random-token test takes encoder or decoder models: give texts.")
-    ids = _random_repeats(lm, length, count, seed).to(lm.device)
+    length = repeat_length(lm, length, count)
+    ids = random_repeats(lm, length, count, seed).to(lm.device)
     with lm.lock, torch.inference_mode():
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         layers, _ = batch_attention(lm, spec, inputs, seed)  # L x (B, H, T, T)

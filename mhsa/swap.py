@@ -96,14 +96,26 @@ class OurPass:
 
 
 class _Replay(nn.Module):
-    """Stands in for a whole layer: returns what the layer returned earlier for this input."""
+    """Stands in for a whole layer: returns what the layer returned earlier for this input.
+    Other attributes are the layer's (a model's loop may read them: ModernBERT's
+    ``attention_type``)."""
 
-    def __init__(self, output: Any) -> None:
+    def __init__(self, output: Any, layer: nn.Module) -> None:
         super().__init__()
         self._output = (output,)  # a tuple: tensors inside are not registered as buffers
+        self._layer = (layer,)  # likewise: not a submodule
 
     def forward(self, *_args: Any, **_kwargs: Any) -> Any:
         return self._output[0]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            layer = self.__dict__.get("_layer")
+            if layer is None:
+                raise
+            return getattr(layer[0], name)
 
 
 def _repeat_hidden(rows: int) -> Callable[..., Any]:
@@ -411,6 +423,14 @@ def _build_blocks(lm: LoadedModel, only: frozenset[int] | None = None) -> list[O
         family, block, parent, attr = found[i]
         if only is not None and number not in only:
             continue
+        if any(p.device.type == "meta" for p in block.parameters()):
+            raise _unsupported(
+                lm,
+                f"layer {number}'s attention weights were offloaded by device_map (they sit on "
+                "the meta device until accelerate moves them in): our module needs them in "
+                "memory. Give device_map room for that layer on a device (max_memory), or use "
+                "the transformers engine without selecting it",
+            )
         try:
             # gradients flow through our modules (to head gates), never into their weights
             if id(block) not in loaded:
@@ -550,7 +570,7 @@ def through_our_module(
             if block.layer in our_pass.replay:
                 outer, name = block.layer_place
                 replaced.append((outer, name, layer))
-                setattr(outer, name, _Replay(our_pass.replay[block.layer]))
+                setattr(outer, name, _Replay(our_pass.replay[block.layer], layer))
         yield our_pass
     finally:
         for handle in handles:

@@ -84,9 +84,9 @@ class EncodedEntry:
         first: the first sentence.
         second: the second sentence (targets that need a pair).
         masked: the masked-LM loss: the masked inputs and their labels.
-        decoded: an encoder-decoder's loss: the inputs, the decoder's shifted from the labels
-            (the model's own ``prepare_decoder_input_ids_from_labels``), and the labels (the
-            target's ids).
+        decoded: an encoder-decoder's loss: the inputs (the decoder's teacher-forced input,
+            ``mhsa.encoding.teacher_forced``) and the labels it is shifted from (the target's
+            ids after the decoder start token).
     """
 
     first: Encoded
@@ -155,12 +155,12 @@ def encode_entry(
 def _decoder_loss_inputs(
     lm: LoadedModel, encoded: Encoded
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """An encoder-decoder's loss inputs: labels = the target's ids (the decoder's tokens as
-    ``attend`` shows them), the decoder's inputs shifted right from them by the model itself,
-    as its ``labels=`` argument would."""
-    labels = encoded.inputs["decoder_input_ids"].clone()
-    shifted = lm.head_model.prepare_decoder_input_ids_from_labels(labels=labels)
-    return {**encoded.inputs, "decoder_input_ids": shifted}, labels
+    """An encoder-decoder's loss inputs: the inputs as encoded (the decoder's already the
+    teacher-forced input, ``mhsa.encoding.teacher_forced``: what ``attend`` shows), and the
+    labels it was shifted from, as the model's ``labels=`` argument would."""
+    if encoded.decoder_labels is None:
+        raise InputError("The decoder's loss needs a target text.")
+    return dict(encoded.inputs), encoded.decoder_labels.clone()
 
 
 def _generated_target(

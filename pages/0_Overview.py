@@ -7,15 +7,16 @@ import streamlit as st
 
 import mhsa
 from mhsa.tables import agreement_table, token_table
-from ui import exports, page
+from ui import exports, lessons, page
 from ui.views import long_inputs
 
 with page.run("MHSA Explorer") as query:
     st.caption(
         "What do the heads of a multi-head self-attention layer look at? Type a sentence in the "
-        "sidebar, then explore the pages: heads, head similarity, statistics, the inside of MHSA, "
-        "rollout and comparison."
+        "sidebar, then open the pages in the order below, or follow a lesson."
     )
+    st.subheader("Pages, in a good order for a first visit")
+    st.markdown(lessons.guide_markdown())
     result = page.load(query)
     if result is None:
         page.stop()

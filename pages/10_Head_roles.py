@@ -13,6 +13,7 @@ from mhsa import plots
 from ui import core, page
 from ui.core import Query
 from ui.state import Param, bounded_int, choice, flag, head_label_param, text_param
+from ui.views import repeats
 from ui.views import roles as role_views
 from ui.views.roles import RoleOptions
 
@@ -106,10 +107,10 @@ def _or_error(compute: Callable[..., T], *args: Any) -> T | None:
 
 def _detection_maps(
     query: Query, options: RoleOptions, *, random_test: bool
-) -> role_views.RoleTable | None:
+) -> tuple[role_views.RoleTable | None, role_views.RoleTable | None]:
     """One layers x heads map per detector; the induction map on repeated random tokens when
     that test is on (and ``random_test``: the model takes it). Returns the sentence's scores
-    (None after showing what went wrong)."""
+    and the random test's (each None when not run, after showing what went wrong)."""
     roles = _or_error(role_views.head_roles, query, options)
     random = random_test and st.session_state["random_tokens"]
     induction = _or_error(role_views.random_induction, query) if random else None
@@ -125,7 +126,7 @@ def _detection_maps(
         page.figure(plots.role_maps(maps, title=title), "role-maps", key="role-maps")
     if induction is not None:
         st.caption(RANDOM_NOTE)
-    return roles
+    return roles, induction
 
 
 def _custom_rule() -> tuple[str, int, str]:
@@ -144,11 +145,21 @@ def _custom_rule() -> tuple[str, int, str]:
     return state["rule"], int(state["rule_k"]), state["rule_rows"]
 
 
-def _top_heads(query: Query, options: RoleOptions, roles: role_views.RoleTable | None) -> None:
-    """The chosen detector's best heads, their attention beside the detection pattern."""
+def _top_heads(
+    query: Query,
+    options: RoleOptions,
+    roles: role_views.RoleTable | None,
+    induction: role_views.RoleTable | None,
+) -> None:
+    """The chosen detector's best heads, their attention beside the detection pattern; on the
+    repeated random tokens when that test is on and the detector is induction (the figures
+    show the input the scores came from)."""
     st.subheader("Top heads")
     st.selectbox("Detector", DETECTORS, key="detector")
     detector = st.session_state["detector"]
+    if detector == "induction" and induction is not None:
+        _top_heads_on_repeats(query, induction)
+        return
     try:
         if detector == role_views.CUSTOM_ROLE:
             rule, k, rows = _custom_rule()
@@ -182,6 +193,37 @@ def _top_heads(query: Query, options: RoleOptions, roles: role_views.RoleTable |
                 decorate=not query.words,
             )
             st.caption(f"L{layer}H{head}: score {score:.3f}")
+
+
+def _top_heads_on_repeats(query: Query, induction: role_views.RoleTable) -> None:
+    """The induction test's best heads on its first repeated random sequence, beside that
+    sequence's induction pattern."""
+    repeated = _or_error(repeats.repeated_sequence, query)
+    if repeated is None:
+        return
+    st.caption(
+        "On the first of the test's repeated random sequences (the scores average ten): each "
+        "head's stripe below the diagonal is the induction pattern."
+    )
+    best = role_views.top_heads(induction.scores, "induction", TOP_HEADS)
+    columns = st.columns(1 + len(best))
+    tokens = repeated.result.tokens
+    with columns[0]:
+        page.figure(
+            plots.detection_pattern_figure(repeated.pattern, tokens, "induction"),
+            "detection-pattern-repeated",
+            key="detection-pattern",
+            decorate=False,
+        )
+    for column, (layer, head, score) in zip(columns[1:], best, strict=True):
+        with column:
+            page.figure(
+                plots.head_heatmap(repeated.result, layer, head),
+                f"L{layer}H{head}-induction-repeated",
+                key=f"top-head-{layer}-{head}",
+                decorate=False,
+            )
+            st.caption(f"L{layer}H{head}: score {score:.3f} (repeated random tokens)")
 
 
 def _sinks(query: Query, *, value_norms: bool = True) -> None:
@@ -259,8 +301,8 @@ with page.run("Head roles", PARAMS, kinds=True) as query:
         options = _options()
         if not seq2seq:  # the random-token test runs one stack on random ids
             _random_tokens_button()
-        roles = _detection_maps(query, options, random_test=not seq2seq)
-        _top_heads(query, options, roles)
+        roles, induction = _detection_maps(query, options, random_test=not seq2seq)
+        _top_heads(query, options, roles, induction)
         _sinks(query, value_norms=not seq2seq)
     if seq2seq:
         st.subheader("Head composition")

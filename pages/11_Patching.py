@@ -27,6 +27,19 @@ from ui.views.patching import PATCH_MODES, PatchSettings
 DEFAULT_CORRUPTED = "The dog sat on the mat."
 #: a token-count mismatch lists the tokens of texts up to this long
 SHOWN_TOKENS = 32
+#: the per-position view's layer was chosen (by the link or the box): no longer the strongest
+LAYER_CHOSEN = "_patch_layer_chosen"
+#: what "effect" means, one line beside the figures (the rest is under the expander)
+EFFECT_LINE = (
+    "Effect of a head: (metric with it patched − corrupted run) / (clean run − corrupted run): "
+    "1 = patching it alone restores the clean output, 0 = it changes nothing."
+)
+
+
+def _choose_layer() -> None:
+    st.session_state[LAYER_CHOSEN] = True
+
+
 PARAMS = {
     "clean": Param(DEFAULT_TEXT, text_param),
     "corrupted": Param(DEFAULT_CORRUPTED, text_param),
@@ -156,8 +169,8 @@ with page.run("Patching", PARAMS) as sidebar:
     if causal and not (state["answer"].strip() and state["wrong"].strip()):
         st.info("Type the answer and the wrong answer: the metric is their logit difference.")
         page.stop()
-    layer = clamp("patch_layer", 0, result.num_layers - 1)
-    st.number_input("Layer of the per-position view", 0, result.num_layers - 1, key="patch_layer")
+    chosen = state.setdefault(LAYER_CHOSEN, "patch_layer" in st.query_params)
+    clamp("patch_layer", 0, result.num_layers - 1)
     settings = PatchSettings(
         state["corrupted"],
         state["answer"],
@@ -166,7 +179,8 @@ with page.run("Patching", PARAMS) as sidebar:
         state["pair"],
         state["patch_what"],
     )
-    mode, layer = state["patch_mode"], state["patch_layer"]
+    # the per-position view opens on the layer with the largest effect, until one is chosen
+    mode, layer = state["patch_mode"], state["patch_layer"] if chosen else None
     try:
         view = page.heavy(
             "patching",
@@ -179,6 +193,16 @@ with page.run("Patching", PARAMS) as sidebar:
         page.stop()
     if view is None:
         page.stop()
+    if view.layer is not None and not chosen:
+        state["patch_layer"] = view.layer  # before its box is drawn
+    st.number_input(
+        "Layer of the per-position view",
+        0,
+        result.num_layers - 1,
+        key="patch_layer",
+        on_change=_choose_layer,
+        help="It opens on the layer of the head with the largest effect.",
+    )
     attrs = view.shown.attrs
     st.caption(
         md_escape(
@@ -201,17 +225,25 @@ with page.run("Patching", PARAMS) as sidebar:
         "patching-heads",
         key="patching-maps",
     )
+    st.caption(EFFECT_LINE)
     if view.exact is not None and view.attribution is not None:
+        gap = view.largest_disagreement()
+        worst = (
+            f"; largest disagreement: {gap[0]}, {gap[1]:.2f} exact against {gap[2]:.2f} by "
+            "attribution"
+            if gap is not None
+            else ""
+        )
         st.caption(
-            f"Pearson correlation of exact and attribution patching over the heads: "
-            f"{view.correlation:.2f}"
+            f"Pearson r of exact and attribution patching over the heads: "
+            f"{view.correlation:.2f}{worst}. The dotted line is where they agree."
         )
         page.figure(
             plots.patching_scatter(view.exact, view.attribution, view.correlation),
             "patching-exact-vs-attribution",
             key="patching-scatter",
         )
-    page.table(view.table(), "patching", label="Download patching (.csv)", height=300)
+    page.table(view.plain_table(), "patching", label="Download patching (.csv)", height=300)
     if view.positions is not None:
         page.figure(
             plots.patching_positions_figure(view.positions),

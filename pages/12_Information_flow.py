@@ -54,10 +54,10 @@ def _not_a_decoder(model: str) -> None:
     """Which models the page reads, and the switch to one that works offline."""
     st.info(
         f"This page reads the residual stream of a causal language model with pre-norm "
-        f"layers: GPT-2, the Llama family (Llama, Qwen2, Mistral), GPT-NeoX (Pythia), GPT-J, "
-        f"Phi, OPT, Falcon or a toy model "
-        f"({TOY_MODEL}, ...). The sidebar's model ({md_escape(model)}) has no next-token head, "
-        "or its norms sit after each residual sum (BERT, the embedded MiniLM).",
+        "layers: GPT-2, the Llama family (Llama, Qwen2/3, Mistral, Gemma 1-3, OLMo 2, Phi-3), "
+        "GPT-NeoX (Pythia), GPT-J, Phi, OPT, Falcon "
+        f"or a toy model ({TOY_MODEL}, ...). The sidebar's model ({md_escape(model)}) has no "
+        "next-token head, or its norms sit after each residual sum (BERT, the embedded MiniLM).",
         icon="ℹ️",
     )
     st.button(f"Open {TOY_MODEL} with a repeat to continue", on_click=_use_toy, type="primary")
@@ -116,6 +116,12 @@ def _attribution(query: core.Query, answer: str, wrong: str) -> bool:
         page.error(e)
         return False
     page.figure(plots.attribution_figure(result), "logit-attribution", key="dla", decorate=False)
+    if result.logit_softcap is not None:
+        st.caption(
+            f"This model soft-caps its logits ({result.logit_softcap:g} · tanh(logit / "
+            f"{result.logit_softcap:g})). Attribution is linear only before the cap, so the "
+            "components add up to the logit difference before the cap, not to the capped one."
+        )
     page.table(
         result.frame(), "logit-attribution", label="Download the attribution (.csv)", height=240
     )

@@ -30,13 +30,17 @@ def _move(delta: int) -> None:
     st.session_state["step"] = min(max(st.session_state["step"] + delta, 0), LAST_STEP)
 
 
-with page.run("Inside MHSA", PARAMS) as query:
+with page.run("Inside MHSA", PARAMS, kinds=True) as query:
     cross = st.toggle(
         "Cross-attention: queries from the decoder, keys and values from the encoder",
         key="cross",
         help="As in an encoder-decoder (T5, BART, Marian): the decoder's tokens ask (Q, m rows), "
         "the sentence's tokens answer (K and V, n rows): scores and weights are m x n.",
     )
+    note = page.walkthrough_mode_note(query.kind, cross=cross)
+    if note is not None:
+        st.caption(note)
+    query = query._replace(kind="encoder")  # the walk-through reads the sentence itself
     top = st.columns([2, 1, 1, 1.3])
     if not cross:
         top[0].radio(

@@ -203,14 +203,18 @@ def test_alibi_model_is_refused_with_the_supported_families(tmp_path) -> None:
     assert mhsa.attend("hello there", model=lm).num_layers == 1  # the other engine still works
 
 
-def test_qk_normalised_model_is_refused(tmp_path) -> None:
-    from transformers import Qwen3Config, Qwen3Model
+def test_a_config_flag_our_module_does_not_reproduce_is_refused_by_name(tmp_path) -> None:
+    """Gemma 3 with bidirectional attention (EmbeddingGemma): refused, naming the flag."""
+    from transformers import Gemma3TextConfig, Gemma3TextModel
 
     torch.manual_seed(0)
-    config = Qwen3Config(**DECODER_SIZES, num_key_value_heads=2, head_dim=8)
-    lm = mhsa.load_model(save_tiny(tmp_path, Qwen3Model(config)), device="cpu")
-    with pytest.raises(mhsa.UnsupportedModelError, match="q_norm"):
+    config = Gemma3TextConfig(
+        **DECODER_SIZES, num_key_value_heads=2, head_dim=8, use_bidirectional_attention=True
+    )
+    lm = mhsa.load_model(save_tiny(tmp_path, Gemma3TextModel(config)), device="cpu")
+    with pytest.raises(mhsa.UnsupportedModelError, match="use_bidirectional_attention=True"):
         mhsa.attend("hello there", model=lm, engine="mhsa")
+    assert mhsa.attend("hello there", model=lm).num_layers == 2  # the other engine still works
 
 
 def test_classroom_reads_the_layer_input_of_the_run_and_shows_gqa_and_rope(

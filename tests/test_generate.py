@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import mhsa
+from tests.tiny import DECODER_SIZES
 
 PROMPT = "the cat sat on the"
 CORPUS = [
@@ -182,3 +183,64 @@ def test_head_importance_runs_over_the_generated_ids(tiny_gpt2_path) -> None:
         assert table.loc[label, "importance"] == pytest.approx(one.change, abs=1e-5)
     retokenized = mhsa.head_importance([g.text], model=lm, target="lm-loss")
     assert not np.allclose(table["importance"], retokenized["importance"], atol=1e-4)
+
+
+def _sentencepiece_tokenizer():
+    """A Llama-2 style tokenizer (SentencePiece's ``▁`` word marks, a decoder that strips the
+    first space of what it decodes), built offline from a small vocabulary."""
+    from transformers import LlamaTokenizer
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "</s>", *"▁abcdefghijklmnopqrstuvwxyz."])}
+    merges = []
+    for a, b in [("▁", "t"), ("▁t", "h"), ("▁th", "e"), ("▁", "c"), ("a", "t"), ("▁c", "at")]:
+        vocab[a + b] = len(vocab)
+        merges.append((a, b))
+    return LlamaTokenizer(vocab=vocab, merges=merges)
+
+
+@pytest.fixture(scope="module")
+def tiny_sentencepiece_llama(tmp_path_factory: pytest.TempPathFactory) -> mhsa.LoadedModel:
+    """A tiny random Llama with that tokenizer whose greedy continuation of ``the cat.`` starts
+    with a word (a ``▁`` token): the seed is the first one that does."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = _sentencepiece_tokenizer()
+    sizes = {**DECODER_SIZES, "vocab_size": len(tok)}
+    for seed in range(50):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(LlamaConfig(**sizes, bos_token_id=1, eos_token_id=2))
+        ids = tok("the cat.", return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            first = model(input_ids=ids).logits[0, -1].argmax().item()
+        if tok.convert_ids_to_tokens(first).startswith("▁"):
+            break
+    folder = tmp_path_factory.mktemp("llama-sp")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return mhsa.load_model(str(folder), device="cpu")
+
+
+def test_sentencepiece_generation_keeps_the_space_before_the_continuation(
+    tiny_sentencepiece_llama,
+) -> None:
+    """Prompt + continuation is the tokenizer's decoding of every id ``generate`` returned, as
+    transformers' text-generation pipeline took it up to 4.x (``prompt_length =
+    len(decode(input_ids))``, then the rest of ``decode(sequence)``): the space before the first
+    generated word stays. Decoding the continuation alone (the pinned 5.x pipeline does) loses
+    it with a SentencePiece tokenizer."""
+    lm, prompt = tiny_sentencepiece_llama, "the cat."
+    out = lm.head_model.generate(
+        **lm.tokenizer(prompt, return_tensors="pt"), max_new_tokens=4, do_sample=False
+    )
+    expected = lm.tokenizer.decode(out[0], skip_special_tokens=True)
+    assert expected.startswith(prompt)  # the prompt decodes back to itself
+    g = mhsa.generate_ids(prompt, model=lm, max_new_tokens=4)
+    assert list(g.ids) == out[0].tolist()
+    alone = lm.tokenizer.decode(list(g.new_ids), skip_special_tokens=True)
+    assert expected != prompt + alone  # the slip this test holds: alone, the space is lost
+    assert expected[len(prompt)] == " "
+    assert g.text == expected
+    assert mhsa.generate(prompt, model=lm, max_new_tokens=4) == expected
+    r = mhsa.attend_generated(g, model=lm)
+    spans = [g.text[a:b] for (a, b), gen in zip(r.offsets, r.generated, strict=True) if gen]
+    assert "".join(spans) == "".join(g.text[len(prompt) :].split())

@@ -25,25 +25,27 @@ def result(bart: mhsa.LoadedModel) -> mhsa.AttentionResult:
 
 
 def _own_attentions(path: str) -> tuple[object, list[str], list[str]]:
-    """The checkpoint's own eager forward, with the tokenizer's ids: (outputs, encoder tokens,
-    decoder tokens)."""
+    """The checkpoint's own eager forward, with the tokenizer's ids for the encoder and its
+    teacher-forced decoder input (the target's ids shifted right after the start token):
+    (outputs, encoder tokens, decoder tokens)."""
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForSeq2SeqLM.from_pretrained(path, attn_implementation="eager").eval()
     src, tgt = tok(SOURCE, return_tensors="pt"), tok(TARGET, return_tensors="pt")
+    forced = model.prepare_decoder_input_ids_from_labels(labels=tgt["input_ids"])
     with torch.no_grad():
         out = model(
             input_ids=src["input_ids"],
             attention_mask=src["attention_mask"],
-            decoder_input_ids=tgt["input_ids"],
+            decoder_input_ids=forced,
             output_attentions=True,
         )
     return (
         out,
         tok.convert_ids_to_tokens(src["input_ids"][0]),
-        tok.convert_ids_to_tokens(tgt["input_ids"][0]),
+        tok.convert_ids_to_tokens(forced[0]),
     )
 
 
@@ -61,7 +63,7 @@ def test_each_kind_is_the_models_own_array_with_its_tokens(tiny_seq2seq_path: st
     assert decoder.tokens == dec_tokens and decoder.queries == dec_tokens
     own_decoder = np.stack([a[0].numpy() for a in out.decoder_attentions])
     np.testing.assert_allclose(decoder.attention, own_decoder, atol=1e-6)
-    assert decoder.special == [True, False, False, True]  # [CLS] le chat [SEP]
+    assert decoder.special == [True, True, False, False]  # start [PAD], [CLS] le chat
     encoder = r.of_kind("encoder")
     own_encoder = np.stack([a[0].numpy() for a in out.encoder_attentions])
     np.testing.assert_allclose(encoder.attention, own_encoder, atol=1e-6)
@@ -131,7 +133,7 @@ def test_cross_figures_put_decoder_queries_down_and_encoder_keys_across(result) 
     assert np.asarray(mean.data[0].z).shape == (4, 8)
     focus = plots.token_focus(cross, 3)
     assert np.asarray(focus.data[0].z).shape == (8, 8)  # 8 heads x 8 keys
-    assert "[SEP]" in focus.layout.title.text  # the decoder's token 3
+    assert "'chat'" in focus.layout.title.text  # decoder token 3: [PAD] [CLS] le chat
     grid = plots.head_grid(cross)
     assert np.isfinite(np.asarray(grid.data[0].z, dtype=float)).sum() == 2 * 4 * 4 * 8
     top = mhsa.top_attended(cross, 0, 0, 2)

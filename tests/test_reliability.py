@@ -90,11 +90,16 @@ def test_operator_limits_from_environment(monkeypatch) -> None:
     assert limits.allowed_models == ("/models/a", "org/b")
     limits.check_model("default")
     limits.check_model("org/b")
-    with pytest.raises(mhsa.ModelLoadError, match="only loads these models: default, /models/a"):
+    with pytest.raises(mhsa.ModelLoadError, match="these: /models/a, org/b") as refused:
         limits.check_model("/etc")
+    # what the server does allow, all of it: the toy and trained models load too
+    said = str(refused.value)
+    assert said.startswith("This server does not load '/etc'. It loads the default model")
+    assert "toy:induction" in said and "toy:reverse-seq2seq" in said and "trained:<id>" in said
     monkeypatch.setenv("MHSA_ALLOWED_MODELS", "")
-    with pytest.raises(mhsa.ModelLoadError, match="only loads these models: default\\."):
+    with pytest.raises(mhsa.ModelLoadError, match=r"trained:<id>\)\.$") as refused:
         Limits.from_env().check_model("gpt2")
+    assert "these:" not in str(refused.value)  # no list of its own: none is claimed
 
 
 class _LockCheckingTokenizer:

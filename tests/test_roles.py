@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mhsa
-from mhsa import roles
+from mhsa import repeats, roles
 
 TOY = Path(__file__).resolve().parent.parent / "data" / "toy" / "induction"
 SENTENCES = [
@@ -287,7 +287,7 @@ def test_a_pattern_above_the_diagonal_is_refused_for_a_causal_model(bare_gpt2):
 def test_random_token_induction_score_is_the_demo_diagonal(bare_gpt2):
     length, count = 5, 3
     got = roles.induction_scores(bare_gpt2, length=length, count=count, seed=4)
-    ids = roles._random_repeats(bare_gpt2, length, count, seed=4)
+    ids = repeats.random_repeats(bare_gpt2, length, count, seed=4)
     assert torch.equal(ids[:, :length], ids[:, length:]) and 0 not in ids  # [UNK] left out
     with torch.no_grad():
         att = bare_gpt2.model(input_ids=ids, output_attentions=True).attentions
@@ -305,6 +305,26 @@ def test_random_token_induction_score_is_the_demo_diagonal(bare_gpt2):
     assert frame.shape == (4, 1)  # ten sequences by default: other numbers, same shape
     with pytest.raises(mhsa.InputError, match="length from 2 to 8"):
         roles.induction_scores(bare_gpt2, length=9)
+
+
+def test_the_repeated_tokens_result_is_the_tests_first_sequence(bare_gpt2) -> None:
+    """What the test's figures show: the first of the test's sequences (the same ids), its
+    attention as the plain model computes it, and its induction pattern on the stripe the
+    score reads."""
+    length = 6
+    result, ids = repeats.repeated_tokens(bare_gpt2, seed=4, length=length)
+    first = repeats.random_repeats(bare_gpt2, length, 3, seed=4)[0]
+    assert ids == first.tolist() and ids[:length] == ids[length:]
+    assert result.tokens == bare_gpt2.tokenizer.convert_ids_to_tokens(ids)
+    with torch.no_grad():
+        att = bare_gpt2.model(input_ids=first[None], output_attentions=True).attentions
+    np.testing.assert_allclose(result.attention, torch.cat(att).numpy(), atol=1e-6)
+    assert result.causal and result.attention.shape == (2, 2, 2 * length, 2 * length)
+    pattern = roles.detection_pattern("induction", ids)
+    for i in range(length, 2 * length):  # each repeated token: the key after its first copy
+        assert pattern[i, i - length + 1] == 1
+    with pytest.raises(mhsa.InputError, match="length from 2 to 8"):
+        repeats.repeated_tokens(bare_gpt2, length=9)
 
 
 # --- attention sinks ------------------------------------------------------------------------------

@@ -333,3 +333,31 @@ def test_knock_outs_of_a_generated_target_score_the_ids_the_model_chose(loaded) 
     assert a.intact_value == pytest.approx(float(want), abs=1e-5)
     assert abs(a.change) > 1e-6
     assert a.intact.decoder_tokens == lm.tokenizer.convert_ids_to_tokens(list(g.decoder_ids))
+
+
+@pytest.mark.parametrize("kind", ["bart", "t5"])
+def test_a_typed_target_is_the_models_teacher_forced_input_everywhere(loaded, kind) -> None:
+    """The decoder tokens and attention shown, and the loss knock-outs score, all read the
+    decoder input the model is trained on: the labels shifted right after the decoder start
+    token (BART's ``shift_tokens_right``, T5's ``_shift_right``), not the tokenizer's ids."""
+    from transformers.models.bart.modeling_bart import shift_tokens_right
+
+    lm = loaded[kind]
+    labels = lm.tokenizer(TARGET, return_tensors="pt")["input_ids"]
+    config = lm.config
+    if kind == "t5":
+        forced = lm.head_model._shift_right(labels)
+    else:
+        forced = shift_tokens_right(labels, config.pad_token_id, config.decoder_start_token_id)
+    assert forced[0, 0] == config.decoder_start_token_id and forced[0, 0] != labels[0, 0]
+    r = mhsa.attend(SOURCE, text_pair=TARGET, model=lm)
+    assert r.decoder_tokens == lm.tokenizer.convert_ids_to_tokens(forced[0].tolist())
+    enc = lm.tokenizer(SOURCE, return_tensors="pt")
+    with torch.no_grad():
+        own = lm.head_model(**enc, decoder_input_ids=forced, output_attentions=True)
+        loss = lm.head_model(**enc, labels=labels).loss
+    np.testing.assert_allclose(r.decoder_attention[1], own.decoder_attentions[1][0], atol=1e-6)
+    np.testing.assert_allclose(r.cross_attention[0], own.cross_attentions[0][0], atol=1e-6)
+    a = mhsa.ablate(SOURCE, ["C0H1"], model=lm, text_pair=TARGET)
+    assert a.intact_value == pytest.approx(float(loss), abs=1e-5)
+    assert a.intact.decoder_tokens == r.decoder_tokens

@@ -161,11 +161,13 @@ def test_the_shipped_cross_attention_has_an_anti_diagonal_head() -> None:
             engine="transformers",
             device="cpu",
         )
-        assert r.tokens == [BOS, *symbols] and r.decoder_tokens == [BOS, *symbols[::-1]]
+        # the decoder reads its start token [BOS] once, then the target but its last symbol
+        # (teacher forcing: the input that predicts each target symbol)
+        assert r.tokens == [BOS, *symbols] and r.decoder_tokens == [BOS, *symbols[::-1][:-1]]
         cross = r.cross_attention  # (layers, heads, decoder, encoder)
-        assert cross.shape[2:] == (n + 1, n + 1)
+        assert cross.shape[2:] == (n, n + 1)
         mirrored = np.array([n - k for k in range(n)])  # row k writes s_(n-k), at column n - k
-        argmax = cross[:, :, :n].argmax(-1)  # the scored rows
+        argmax = cross.argmax(-1)  # every row is scored
         for (layer, head), ok in np.ndenumerate((argmax == mirrored).all(-1)):
             rows[layer, head] = rows.get((layer, head), True) and bool(ok)
     assert any(rows.values()), rows

@@ -87,3 +87,90 @@ def perturbed_biases(lm: mhsa.LoadedModel) -> mhsa.LoadedModel:
             if name.endswith("bias") or "ln" in name or "norm" in name:
                 p.copy_(p + 0.5 * torch.randn(p.shape, generator=gen))
     return lm
+
+
+#: the families of issue 39 part A that ``tiny_family`` builds: decoders, then ModernBERT
+FAMILY_MODELS = ("qwen3", "gemma", "gemma2", "gemma3", "olmo2", "phi3", "modernbert")
+
+
+def tiny_family(name: str, **sizes: int):
+    """A tiny random model of one of ``FAMILY_MODELS`` with its head (2 layers of 4 query heads
+    of 8 dimensions sharing 2 key/value heads; ModernBERT: 3 layers of 4 heads), seeded, every
+    norm weight and bias moved off its initial value (a ``1 + w`` taken for ``w``, or a norm
+    left out, would go unnoticed at 0 or 1). Each turns on what its family adds, with windows
+    shorter than a test sentence: Qwen3 a sliding window on layer 1; Gemma 2 soft-capping of
+    the attention logits and of the final logits, ``query_pre_attn_scalar`` and a window on
+    layer 0; Gemma 3 per-head q/k norms, a window and its own rope base on layer 0; Phi-3
+    rotary positions on half of each head and a window; ModernBERT a local window on layers
+    1 and 2. ``sizes`` override the decoders' sizes (``hidden_size``, ``num_hidden_layers``,
+    ``num_attention_heads``, ``head_dim``...; ModernBERT takes the same names), for
+    benchmarks."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    gqa = {
+        **DECODER_SIZES,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "initializer_range": 0.2,  # 0.02 gives near-uniform heads, where little shows
+        **sizes,
+    }
+    if name == "qwen3":
+        config = tf.Qwen3Config(
+            **gqa, use_sliding_window=True, sliding_window=4, max_window_layers=1
+        )
+        model = tf.Qwen3ForCausalLM(config)
+    elif name == "gemma":
+        model = tf.GemmaForCausalLM(tf.GemmaConfig(**gqa))
+    elif name == "gemma2":
+        config = tf.Gemma2Config(
+            **gqa,
+            query_pre_attn_scalar=16,
+            attn_logit_softcapping=0.1,
+            final_logit_softcapping=0.5,
+            sliding_window=4,
+        )
+        model = tf.Gemma2ForCausalLM(config)
+    elif name == "gemma3":
+        config = tf.Gemma3TextConfig(
+            **gqa,
+            query_pre_attn_scalar=16,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"] * (gqa["num_hidden_layers"] // 2),
+        )
+        model = tf.Gemma3ForCausalLM(config)
+    elif name == "olmo2":
+        model = tf.Olmo2ForCausalLM(tf.Olmo2Config(**gqa))
+    elif name == "phi3":
+        sizes = {k: v for k, v in gqa.items() if k != "head_dim"}
+        config = tf.Phi3Config(
+            **sizes,
+            partial_rotary_factor=0.5,
+            sliding_window=8,
+            pad_token_id=0,
+        )
+        model = tf.Phi3ForCausalLM(config)
+    elif name == "modernbert":
+        shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3}
+        shape.update({k: v for k, v in sizes.items() if k in shape or k == "num_attention_heads"})
+        config = tf.ModernBertConfig(
+            vocab_size=30522,
+            **{"num_attention_heads": 4, **shape},
+            local_attention=4,
+            initializer_range=0.2,
+            pad_token_id=_PAD,
+            bos_token_id=_CLS,
+            eos_token_id=_SEP,
+            cls_token_id=_CLS,
+            sep_token_id=_SEP,
+        )
+        model = tf.ModernBertForMaskedLM(config)
+    else:
+        raise ValueError(f"No tiny {name!r}: one of {', '.join(FAMILY_MODELS)}.")
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("bias") or "norm" in pname:
+                p.copy_(p + 0.3 * torch.randn(p.shape, generator=gen))
+    return model

@@ -35,6 +35,9 @@ class AppPage:
         return self.url_path == ""
 
 
+#: the home page's address besides the root: ``/Overview?model=...`` opens it (hidden in the menu)
+HOME_ALIAS = "Overview"
+
 #: Every page, in navigation order; the groups appear in the order of their first page.
 PAGES: tuple[AppPage, ...] = (
     AppPage("Overview", "pages/0_Overview.py", "", "Explore", ":material/home:", 0),
@@ -107,6 +110,7 @@ PAGES: tuple[AppPage, ...] = (
         ":material/stacked_line_chart:",
         2,
     ),
+    AppPage("Lessons", "pages/13_Lessons.py", "Lessons", "Teach", ":material/menu_book:", 0),
     AppPage(
         "Inside MHSA", "pages/4_Inside_MHSA.py", "Inside_MHSA", "Teach", ":material/school:", 2
     ),
@@ -119,6 +123,45 @@ PAGES: tuple[AppPage, ...] = (
         0,
     ),
 )
+
+
+@dataclass(frozen=True)
+class NavigationEntry:
+    """One ``st.Page`` of the navigation (``app.py`` makes them): a page of ``PAGES``, or the
+    home page's hidden alias at ``/Overview``.
+
+    Attributes:
+        file: its script.
+        title: its name in the menu.
+        icon: its icon.
+        url_path: its own address (the home page's is served at the root too).
+        default: the page the root opens.
+        hidden: left out of the menu (the alias).
+    """
+
+    file: str
+    title: str
+    icon: str | None
+    url_path: str
+    default: bool = False
+    hidden: bool = False
+
+
+def navigation_entries() -> dict[str, list[NavigationEntry]]:
+    """The navigation's pages by heading: every page of ``PAGES``, and after the home page its
+    hidden alias ``HOME_ALIAS`` (``/Overview?model=...`` opens the home page, not "Page not
+    found"); the home page's own address is then ``Overview_home``, never shown (Streamlit
+    serves the default page at the root)."""
+    out: dict[str, list[NavigationEntry]] = {}
+    for group, pages in groups().items():
+        entries = out.setdefault(group, [])
+        for page in pages:
+            path = page.url_path or f"{HOME_ALIAS}_home"
+            entries.append(NavigationEntry(page.file, page.title, page.icon, path, page.is_home))
+            if page.is_home:
+                alias = NavigationEntry(page.file, page.title, None, HOME_ALIAS, hidden=True)
+                entries.append(alias)
+    return out
 
 
 def groups() -> dict[str, list[AppPage]]:

@@ -36,13 +36,14 @@ from ui.state import (
     GLOBAL_PARAMS,
     MAX_LINK_VALUE_BYTES,
     Param,
+    add_notice,
     error,
     md_escape,
     show_notices,
     sync_url,
     use_params,
 )
-from ui.views import importance, long_inputs
+from ui.views import examples, importance, long_inputs
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -89,6 +90,14 @@ PRESENTATION_CSS = """<style>
 [data-testid="stMain"] h1, [data-testid="stMain"] h1 * { font-size: 3.4rem !important; }
 [data-testid="stMain"] h3, [data-testid="stMain"] h3 * { font-size: 2.4rem !important; }
 [data-testid="stMain"] pre, [data-testid="stMain"] code { font-size: 1.8rem !important; }
+[data-testid="stCaptionContainer"], [data-testid="stCaptionContainer"] * {
+  font-size: 1.3rem !important; }
+[data-testid="stSidebar"] p, [data-testid="stSidebar"] label, [data-testid="stSidebar"] input,
+[data-testid="stSidebar"] textarea, [data-testid="stSidebar"] li {
+  font-size: 1.3rem !important; }
+button p, button div { white-space: normal !important; overflow: visible !important;
+  text-overflow: clip !important; overflow-wrap: anywhere; }
+button { height: auto !important; }
 </style>"""
 
 
@@ -140,6 +149,7 @@ def setup(title: str, params: dict[str, Param] | None = None, *, kinds: bool = F
     if st.session_state.get("presentation"):
         st.markdown(PRESENTATION_CSS, unsafe_allow_html=True)  # constant CSS, no user text
     st.title(title)
+    examples.fit_sentence_to_model()  # before the sidebar's widgets: it may set the sentence
     show_notices()
     query = sidebar()
     st.session_state[_FILE_STEM] = exports.file_stem(query)  # of the sidebar's choice
@@ -249,30 +259,68 @@ def _download_figures() -> None:
         )
 
 
+def _back_to_the_default_model(e: mhsa.ModelLoadError) -> NoReturn:
+    """A model that does not load is not kept (in the sidebar, the link, every page): the
+    page opens again on the default model, saying why under its title."""
+    add_notice(f"{e} The pages show the default model instead.")
+    st.session_state[_OPENING] = {**st.session_state.get(_OPENING, {}), "model": "default"}
+    st.rerun()
+
+
+def walkthrough_mode_note(kind: str, *, cross: bool) -> str | None:
+    """What Inside MHSA walks through, in the words of its mode: cross attention (the
+    decoder's queries, the encoder's keys and values), or the encoder's self-attention while
+    the sidebar is on an encoder-decoder's other attention (and where that one is drawn);
+    None for a layer's self-attention with nothing else chosen (nothing to say)."""
+    if cross:
+        return (
+            "This page walks through cross attention: the decoder's tokens ask (queries), the "
+            "sentence's tokens answer (keys and values)."
+        )
+    if kind != "encoder":
+        return (
+            f"This page walks through the encoder's self-attention; the {kind} attention "
+            "chosen in the sidebar is on Heads, Line view, Compare, Head similarity and Head "
+            "statistics (or turn on cross-attention above)."
+        )
+    return None
+
+
+def truncation_message(result: mhsa.AttentionResult, server_limit: int) -> str:
+    """The cut that happened, with the one limit that made it: this server's token limit, or
+    the model's own (a toy model reads 64 tokens at most)."""
+    cause = (
+        f"this server's limit of {server_limit} tokens"
+        if result.num_tokens >= server_limit and not result.is_partial
+        else f"the most {result.model} reads"
+    )
+    return (
+        f"The text was cut to {result.num_tokens} tokens, {cause}: the last "
+        f"{result.truncated_tokens} tokens were dropped."
+    )
+
+
 def load(query: Query, *, primary: bool = True) -> mhsa.AttentionResult | None:
     """The result for ``query``, or None after showing what went wrong (the page goes on).
     ``primary``: the page's own sentence (the token search and the generated part refer to
     it); False for another sentence on the same page."""
     try:
         result = core.attention(query)
+    except mhsa.ModelLoadError as e:
+        if primary and query.model != "default":
+            _back_to_the_default_model(e)
+        error(e)
+        return None
     except mhsa.MHSAError as e:
         error(e)
         long_inputs.ask_when_over_budget(e)
         return None
-    if result.truncated_tokens and result.is_partial:
-        st.warning(
-            f"The text was cut to {result.num_tokens} tokens: {result.truncated_tokens} tokens "
-            "were dropped (the model's own limit).",
-            icon="✂️",
-        )
-    elif result.truncated_tokens:
-        st.warning(
-            f"The text was cut to {result.num_tokens} tokens: {result.truncated_tokens} tokens "
-            f"were dropped (this server's limit is {LIMITS.max_tokens} tokens). "
-            + long_inputs.HINT,
-            icon="✂️",
-        )
+    if result.truncated_tokens:
+        by_server = result.num_tokens >= LIMITS.max_tokens and not result.is_partial
+        hint = " " + long_inputs.HINT if by_server else ""  # constant markdown: not escaped
+        st.warning(md_escape(truncation_message(result, LIMITS.max_tokens)) + hint, icon="✂️")
     if primary:
+        examples.unknown_notice(query.model, query.device, query.text)
         with st.sidebar:
             st.caption(f"Running on **{md_escape(result.device)}**")
         if result.kind is None:
@@ -347,7 +395,7 @@ def figure(
     if decorate and (found is not None or generated_from is not None):
         plots.decorate(fig, found=found, generated_from=generated_from)  # figures are per run
     if st.session_state.get("presentation"):
-        fig.update_layout(font={"size": 20}, title_font={"size": 28})
+        plots.enlarge_fonts(fig)  # every tick, title, colour bar and hover: at least 20 px
     fig.update_layout(template=plots.TEMPLATE)  # real colours, none for the browser to fill in
     plots.fit_margins(fig)  # one drawing in the browser, not a second for automargin
     event = st.plotly_chart(fig, key=key, config=config, **kwargs)

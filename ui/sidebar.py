@@ -8,7 +8,7 @@ import streamlit as st
 import mhsa
 from ui import core
 from ui.core import LIMITS, Query
-from ui.views import long_inputs
+from ui.views import examples, long_inputs
 
 __all__ = ["EXPORT_FORMATS", "KIND_LABELS", "attention_kind", "sidebar"]
 
@@ -54,9 +54,11 @@ def _what_to_compute() -> None:
     st.text_input(
         "Model",
         key="model",
-        help="'default' is the embedded all-MiniLM-L6-v2 (works offline). "
-        "Or a transformers model id, or a local folder.",
+        help="'default' is the embedded all-MiniLM-L6-v2 (works offline); toy:induction, "
+        "toy:reverse-seq2seq, ... are the shipped toy models. Or a transformers model id, or "
+        "a local folder.",
     )
+    examples.example_picker(_sidebar_model())
     st.radio(
         "Engine",
         mhsa.ENGINES,

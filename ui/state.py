@@ -16,6 +16,7 @@ from mhsa.errors import MHSAError
 from mhsa.extract import ENGINES, MAX_NEW_TOKENS
 from mhsa.heads import head_label, parse_head_label, parse_layer_head_label
 from mhsa.limits import Limits
+from mhsa.model_names import allowed_description
 from mhsa.models import DEVICES
 from mhsa.result import ATTENTION_KINDS
 from mhsa.selection import parse_indices
@@ -78,9 +79,18 @@ def choice(*options: str) -> Callable[[str], str]:
     return parse
 
 
+def whole_number(raw: str) -> int:
+    """A whole number written in decimal digits (an optional sign, spaces around); the refusal
+    in plain words, never Python's "invalid literal for int()"."""
+    text = raw.strip()
+    if not re.fullmatch(r"[+-]?[0-9]{1,20}", text):
+        raise ValueError("is not a whole number")
+    return int(text)
+
+
 def bounded_int(low: int, high: int) -> Callable[[str], int]:
     def parse(raw: str) -> int:
-        value = int(raw)
+        value = whole_number(raw)
         if not low <= value <= high:
             raise ValueError(f"must be between {low} and {high}")
         return value
@@ -119,7 +129,7 @@ def heads_param(raw: str) -> list[str]:
 
 def heads_list_param(raw: str) -> list[int]:
     """Head numbers, comma-separated (at most 256)."""
-    heads = [int(p) for p in raw.split(",") if p.strip()]
+    heads = [whole_number(p) for p in raw.split(",") if p.strip()]
     if len(heads) > 256 or any(not 0 <= h <= 1023 for h in heads):
         raise ValueError("must be head numbers from 0 to 1023")
     return sorted(set(heads))
@@ -167,10 +177,13 @@ def model_param(raw: str) -> str:
     raw = raw.strip()
     if not raw or len(raw) > 300:
         raise ValueError("must be a model id or folder")
+    limits = Limits.from_env()
     try:
-        Limits.from_env().check_model(raw)
+        limits.check_model(raw)
     except MHSAError as e:
-        raise ValueError("this server does not load that model from a link") from e
+        raise ValueError(
+            f"this server does not load it; it loads {allowed_description(limits)}"
+        ) from e
     if is_trained_name(raw) and raw not in trained_store():
         raise ValueError(
             "this server no longer holds that trained model; the Train heads page trains it "
@@ -233,12 +246,37 @@ def use_params(params: dict[str, Param]) -> None:
                 value = param.parse(raw)
             except Exception as e:  # any parse failure of any type: a link is hostile input
                 shown = raw if len(raw) <= 40 else raw[:40] + "…"
-                reason = str(e) if isinstance(e, ValueError) else "not a valid value"
                 notices.append(
-                    f"Link parameter {name}={shown!r} ignored ({reason}); using the default."
+                    f"Link parameter {name}={shown!r} ignored ({_plain_reason(e)}); using the "
+                    f"default{_default_shown(param)}."
                 )
         loaded.add(key)
         st.session_state[key] = value
+
+
+#: Python's own words for a value it cannot convert: not for people
+_PYTHON_WORDS = ("invalid literal", "could not convert", "base 10", "object", "NoneType")
+
+
+def _plain_reason(e: Exception) -> str:
+    """Why a link value was refused, in plain words: a parser's own ``ValueError`` message, or
+    "not a valid value" for anything else (Python's conversion messages included)."""
+    text = str(e) if isinstance(e, ValueError) else ""
+    if not text or any(w in text for w in _PYTHON_WORDS):
+        return "not a valid value"
+    return text
+
+
+def _default_shown(param: Param) -> str:
+    """`` (0)``: the default a refused link value falls back to, when it is short and says
+    something (not an empty text or list)."""
+    default = param.default
+    if isinstance(default, bool):
+        return " (on)" if default else " (off)"
+    value = param.to_url(default)
+    if not value or len(value) > 40 or (isinstance(default, str) and " " in value):
+        return ""
+    return f" ({value})"
 
 
 def _name_in_link(key: str, param: Param) -> str | None:
@@ -270,6 +308,11 @@ def sync_url(params: dict[str, Param]) -> list[str]:
     if dict(st.query_params) != wanted:
         st.query_params.from_dict(wanted)
     return too_long
+
+
+def add_notice(message: str) -> None:
+    """A notice shown under the next page title (``show_notices``), escaped there."""
+    st.session_state.setdefault(_NOTICES, []).append(message)
 
 
 def show_notices() -> None:

@@ -63,6 +63,7 @@ from mhsa.plots.patching import patching_maps, patching_positions_figure, patchi
 from mhsa.plots.roles import composition_figure, detection_pattern_figure, role_maps, sink_map
 from mhsa.plots.rollout import rollout_figure
 from mhsa.plots.similarity import head_map_figure, similarity_figure
+from mhsa.plots.sizing import PRESENTATION_FONT, enlarge_fonts
 from mhsa.plots.statistics import stat_grid
 from mhsa.plots.training import (
     head_scores_figure,
@@ -83,6 +84,7 @@ __all__ = [
     "LINE_MIN_WEIGHT",
     "LINE_TOP_K",
     "MAX_TICKS",
+    "PRESENTATION_FONT",
     "SIGNED_COLORSCALE",
     "TEMPLATE",
     "WEIGHTED_BY_NORM",
@@ -94,6 +96,7 @@ __all__ = [
     "decorate",
     "detection_pattern_figure",
     "downsample",
+    "enlarge_fonts",
     "faithfulness_figure",
     "figure_data",
     "fit_margins",

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mhsa.training.families import model_family
-from mhsa.training.tasks import SYMBOLS, task_spec
+from mhsa.training.tasks import SYMBOLS, task_examples, task_spec
 
 if TYPE_CHECKING:
     from mhsa.training.trainer import TrainResult
 
-__all__ = ["model_card", "save_model"]
+__all__ = ["card_examples", "model_card", "save_model"]
 
 #: the repository's root: the command in a card names ``data/toy/<task>`` relative to it
 _REPO = Path(__file__).resolve().parents[2]
@@ -153,8 +153,27 @@ def _card_limits(result: TrainResult) -> list[str]:
         f"{spec.lengths[0]} to {spec.lengths[1]} distinct symbols; longer or repeated inputs are "
         "outside what it was trained on.",
         *_card_use(result),
+        *card_examples(result.config.task),
         "",
     ]
+
+
+def card_examples(task: str) -> list[str]:
+    """The card's example texts (``mhsa.training.tasks.task_examples``): what the app opens the
+    model on, each on a line of its own as typed in the sentence box (an encoder-decoder: the
+    source, then its target for the decoder)."""
+    lines = [
+        "",
+        "## Example texts",
+        "",
+        "Type one in the sentence box (the app opens on the first):",
+        "",
+    ]
+    for example in task_examples(task):
+        lines.append(f"- `{example.text}`")
+        if example.target is not None:
+            lines.append(f"  (target: `{example.target}`)")
+    return lines
 
 
 def _card_use(result: TrainResult) -> list[str]:

@@ -33,12 +33,14 @@ __all__ = [
     "SYMBOLS",
     "TASKS",
     "VOCAB",
+    "Example",
     "TaskBatch",
     "TaskSpec",
     "make_tokenizer",
     "probe",
     "probe_batch",
     "sample",
+    "task_examples",
     "task_spec",
 ]
 
@@ -271,3 +273,50 @@ def make_tokenizer() -> Any:
         unk_token=UNK,
         model_max_length=max(t.max_tokens for t in TASKS.values()),
     )
+
+
+@dataclass(frozen=True)
+class Example:
+    """One example input of a model.
+
+    Attributes:
+        text: the sentence (an encoder-decoder's source).
+        target: an encoder-decoder's target (its decoder's text), else None.
+        about: what the example shows, in one line.
+    """
+
+    text: str
+    target: str | None = None
+    about: str = ""
+
+
+#: examples per toy task, and the input lengths they use
+_EXAMPLE_COUNT = 3
+_EXAMPLE_SEED = 2026
+
+
+def task_examples(task: str) -> tuple[Example, ...]:
+    """Examples of the toy task ``task`` as its tokenizer reads a text (the ``[BOS]`` it adds
+    left out): sequences the task's own generator draws (``mhsa.training.tasks.sample``) from a
+    fixed seed, of a short, a middle and the longest trained length.
+
+    Raises:
+        ValueError: no such task.
+    """
+    spec = task_spec(task)
+    words = {i: t for t, i in VOCAB.items()}
+    low, high = spec.lengths
+    lengths = sorted({low + (high - low) // 3, (low + high) // 2, high})[:_EXAMPLE_COUNT]
+
+    def text(ids: np.ndarray) -> str:
+        return " ".join(words[int(i)] for i in ids if i not in (PAD_ID, BOS_ID))
+
+    out = []
+    for k, length in enumerate(lengths):
+        batch = sample(spec, np.random.default_rng(_EXAMPLE_SEED + k), 1, length=length)
+        about = f"{length} symbols: {spec.description}"
+        if spec.encoder_decoder and batch.decoder_ids is not None:
+            out.append(Example(text(batch.ids[0]), text(batch.decoder_ids[0]), about))
+        else:
+            out.append(Example(text(batch.ids[0]), None, about))
+    return tuple(out)

@@ -147,3 +147,18 @@ def test_the_top_two_predictions_button_fills_the_answers():
     assert not at.exception and not at.error
     assert at.session_state["answer"] == "di"
     assert "logit(di) − logit(" in specs(at)[1]["layout"]["title"]["text"]
+
+
+def test_a_soft_capped_model_says_its_attribution_is_before_the_cap(tmp_path, monkeypatch):
+    """Gemma 2 caps its logits: the components add up to the difference before the cap, and the
+    page says so beside the attribution."""
+    from tests.tiny import save_tiny, tiny_family
+
+    folder = save_tiny(tmp_path / "gemma2", tiny_family("gemma2"))
+    monkeypatch.setenv("MHSA_ALLOWED_MODELS", folder)
+    at = run(PAGE, model=folder, text="the cat sat on the mat", answer="cat", wrong="dog")
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    captions = " ".join(c.value for c in at.caption)
+    assert "soft-caps its logits (0.5" in captions and "before the cap" in captions
+    toy = run(PAGE, **TOY, answer="di", wrong="lu")
+    assert "soft-caps" not in " ".join(c.value for c in toy.caption)

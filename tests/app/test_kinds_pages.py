@@ -16,7 +16,9 @@ pytestmark = pytest.mark.slow
 
 TEXT = "The cat sat on the mat."  # the sidebar's default sentence: CAT_TOKENS
 TARGET = "le chat"
-DECODER_TOKENS = ["[CLS]", "le", "chat", "[SEP]"]  # the WordPiece tokenizer's, hard-coded
+#: the teacher-forced decoder input: the start token [PAD], then the WordPiece tokenizer's ids
+#: of the target shifted right ([CLS] le chat; [SEP] is only a label), hard-coded
+DECODER_TOKENS = ["[PAD]", "[CLS]", "le", "chat"]
 #: (queries, keys) of each kind for the sidebar's sentence and TARGET
 AXES = {
     "encoder": (CAT_TOKENS, CAT_TOKENS),
@@ -181,17 +183,21 @@ def test_inside_mhsa_teaches_cross_attention_with_its_shapes(
     spec = specs(at)[0]
     assert spec["layout"]["title"]["text"].startswith("probabilities [1, 4, 4, 9]")
     assert _z(spec).shape == (4, 9)
-    assert ticktext(spec, "yaxis") == DECODER_TOKENS and ticktext(spec) == CAT_TOKENS
+    # an encoder-decoder's decoder reads its teacher-forced input; another model's "decoder"
+    # is the target tokenized on its own
+    rows = DECODER_TOKENS if encoder_decoder else ["[CLS]", "le", "chat", "[SEP]"]
+    assert ticktext(spec, "yaxis") == rows and ticktext(spec) == CAT_TOKENS
     captions = " ".join(c.value for c in at.caption)
     assert "scores and weights are [4, 9]" in captions
     assert ("encoder's output" in captions) == encoder_decoder  # which weights and states
     assert ("decoder layer 0" in captions) == encoder_decoder  # the model's own cross block
     if encoder_decoder:  # its own weights: the neuron view of a decoder token over the keys
         neuron = specs(at)[1]
-        assert neuron["layout"]["title"]["text"].startswith("Neuron view: head 0, query '[CLS]'")
+        title = neuron["layout"]["title"]["text"]
+        assert title.startswith("Neuron view: head 0, query '[PAD]'")  # the start token
         assert ticktext(neuron, "yaxis6") == CAT_TOKENS  # the keys: row 2, column 1
     at.button[1].click().run()  # Next: the per-head context, a decoder row per token
-    assert ticktext(specs(at)[0], "yaxis") == DECODER_TOKENS
+    assert ticktext(specs(at)[0], "yaxis") == rows
 
 
 def _metrics(at) -> dict[str, float]:
@@ -291,7 +297,7 @@ def test_overview_shows_the_decoders_tokens_and_every_attentions_agreement(bart:
     encoder, decoder, agreement = (frame.value for frame in at.dataframe)
     assert list(encoder.loc["token"]) == CAT_TOKENS
     assert list(decoder.loc["token"]) == DECODER_TOKENS
-    assert list(decoder.loc["special"]) == ["True", "False", "False", "True"]
+    assert list(decoder.loc["special"]) == ["True", "True", "False", "False"]
     compared = list(agreement["compared"])
     assert [c for c in compared if c.startswith("cross layer")] == [
         "cross layer 0 attention weights",

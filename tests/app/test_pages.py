@@ -84,8 +84,9 @@ def test_heads_page_axes_grid_and_focus() -> None:
     # 6 x 12 thumbnails of 9 x 9 cells with one empty cell between them: a heatmap per head
     assert mosaic["type"] == "heatmap" and mosaic["z"]["shape"] == "59, 119"
     heads = np.frombuffer(base64.b64decode(markers["customdata"]["bdata"]), dtype=np.int8)
-    assert [tuple(p) for p in heads.reshape(-1, 2)] == [
-        (li, h) for li in range(6) for h in range(12)
+    # positions in the grid (what a click reads), then the model's layer and head (the hover)
+    assert [tuple(p) for p in heads.reshape(-1, 4)] == [
+        (li, h, li, h) for li in range(6) for h in range(12)
     ]
     assert ticktext(grid) == [f"H{h}" for h in range(12)]
     assert ticktext(grid, "yaxis") == [f"L{i}" for i in range(6)]
@@ -183,7 +184,7 @@ def test_models_load_only_if_the_operator_allowed_them(tiny_gpt2_path, monkeypat
         assert not at.error and not at.exception
         notice = rendered(at.warning[0].value)[0]
         # the same words whether the folder exists, is no model, or is missing: nothing disclosed
-        assert "this server does not load that model from a link" in notice
+        assert "this server does not load it; it loads the default model (default)" in notice
         assert at.text_input(key="model").value == "default"
     monkeypatch.setenv("MHSA_ALLOWED_MODELS", f"{tiny_gpt2_path},/models/other")
     at = run("pages/0_Overview.py", model=tiny_gpt2_path)
@@ -217,10 +218,13 @@ def test_bad_sentence_and_bad_model_show_errors_and_the_app_recovers() -> None:
     at.text_area(key="text").input("Back to normal.").run()
     assert not at.error and at.metric
     at.text_input(key="model").input("no-such-org/no-such-model").run()
-    assert not at.exception
-    assert "only loads these models: default" in rendered(at.error[0].value)[0]
-    at.text_input(key="model").input("default").run()
-    assert not at.error
+    assert not at.exception and not at.error
+    said = " ".join(rendered(w.value)[0] for w in at.warning)
+    assert "does not load 'no-such-org/no-such-model'. It loads the default model" in said
+    assert "The pages show the default model instead." in said
+    # the bad name is kept neither in the box nor in the link (for every other page)
+    assert at.text_input(key="model").value == "default" and "model" not in at.query_params
+    assert at.metric
 
 
 def test_user_text_stays_literal_on_axes_and_messages() -> None:

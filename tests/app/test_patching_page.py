@@ -57,7 +57,25 @@ def test_default_model_shows_exact_and_attribution_beside_each_other(minilm) -> 
     )
     r = float(np.corrcoef(exact["effect"], attribution["effect"])[0, 1])
     assert any(f"{r:.2f}" in c.value for c in at.caption)
-    positions = next(s for t, s in charts(at).items() if t.startswith("Layer 0: each head"))
+    # r beside the largest disagreement, computed here from the library's tables
+    gap = (exact["effect"] - attribution["effect"]).abs()
+    worst = gap.idxmax()
+    said = (
+        f"largest disagreement: {worst}, {exact.at[worst, 'effect']:.2f} exact against "
+        f"{attribution.at[worst, 'effect']:.2f} by attribution"
+    )
+    assert any(said in rendered(c.value)[0] for c in at.caption), [c.value for c in at.caption]
+    # the per-position view opens on the layer of the largest exact effect (MiniLM: not 0)
+    strongest = int(exact["layer"][exact["effect"].abs().idxmax()])
+    assert strongest != 0 and at.number_input(key="patch_layer").value == strongest
+    # the table's columns in plain words
+    table = at.dataframe[0].value
+    assert "effect (exact: 1 restores the clean run)" in table.columns
+    assert "effect, estimated by attribution" in table.columns
+    assert not {"effect", "attribution", "effect_attribution"} & set(table.columns)
+    positions = next(
+        s for t, s in charts(at).items() if t.startswith(f"Layer {strongest}: each head")
+    )
     assert decode(positions["data"][0]["z"]).shape == (12, 9)  # heads x the 9 tokens
     assert "cat → dog" in positions["layout"]["xaxis"]["ticktext"]
 

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from streamlit.testing.v1 import AppTest
 
 import mhsa
+import mhsa.repeats
 from tests.app.test_importance_page import charts, decode
 from tests.hostile import markup_tags, rendered
 
@@ -235,6 +237,31 @@ def test_random_tokens_find_the_toy_models_induction_heads(any_model) -> None:
     assert induction.reshape(-1) == pytest.approx(want["score"].to_numpy(), abs=1e-6)
     at.button(key="random-tokens-button").click().run()  # back to the sentence
     assert "Induction score" in score_maps(at)
+
+
+@pytest.mark.skipif(not TOY.is_dir(), reason="the toy induction model is not in this checkout")
+def test_figures_follow_the_random_token_test() -> None:
+    """With the test on and the induction detector, the top heads' maps and the detection
+    pattern show the test's first repeated random sequence (its stripe), not the sentence."""
+    at = run(model="toy:induction", detector="induction", random_tokens="1", seed="3")
+    assert not at.exception and not at.error, errors(at)
+    lm = mhsa.load_model("toy:induction", device="cpu")
+    scores = mhsa.detect_heads(None, "induction", model=lm, seed=3)["score"]
+    n = mhsa.repeats.repeat_length(lm, None)  # half of the toy model's 64 positions
+    ids = mhsa.repeats.random_repeats(lm, n, 1, seed=3)[0]
+    with torch.no_grad():
+        own = lm.model(input_ids=ids[None], output_attentions=True).attentions
+    best = scores.sort_values(ascending=False, kind="stable").index[:3]
+    shown = [t for t in charts(at) if t.startswith("Layer ")]
+    assert shown == [f"Layer {label[1]}, head {label[3]}" for label in best]
+    for title, label in zip(shown, best, strict=True):
+        layer, head = mhsa.parse_head_label(label)
+        z = decode(charts(at)[title]["data"][0]["z"])
+        assert z == pytest.approx(own[layer][0, head].numpy(), abs=1e-5)
+    pattern = next(t for t in charts(at) if "induction" in t.lower() and "pattern" in t.lower())
+    drawn = decode(charts(at)[pattern]["data"][0]["z"]).astype(float)
+    assert drawn.shape == (2 * n, 2 * n)
+    assert all(drawn[i, i - n + 1] == 1 for i in range(n, 2 * n))  # the key after its copy
 
 
 def test_a_heads_strongest_inputs_are_its_composition_scores(tiny_bert, tiny_bert_model) -> None:

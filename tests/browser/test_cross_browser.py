@@ -11,7 +11,8 @@ from bench.browser import PAGE_PLOTS, streamlit_server, wait_for_app
 
 pytestmark = pytest.mark.browser
 
-DECODER = ["[CLS]", "le", "chat", "[SEP]"]
+#: the teacher-forced decoder input: the start token [PAD], then the target shifted right
+DECODER = ["[PAD]", "[CLS]", "le", "chat"]
 ENCODER = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".", "[SEP]"]
 
 

@@ -30,6 +30,13 @@ PATCH_MODES = {
 }
 #: the per-position view (every head at every position of one layer) up to this many tokens
 MAX_POSITION_TOKENS = 64
+#: the patching tables' columns as the page names them
+PLAIN_COLUMNS = {
+    "patched": "metric with this head patched",
+    "effect": "effect (exact: 1 restores the clean run)",
+    "attribution": "metric change, estimated by attribution",
+    "effect_attribution": "effect, estimated by attribution",
+}
 
 
 class PatchSettings(NamedTuple):
@@ -56,6 +63,35 @@ class PatchingView:
     attribution: pd.DataFrame | None
     correlation: float
     positions: pd.DataFrame | None
+    #: the layer of ``positions`` (the one asked for, or the strongest when none was)
+    layer: int | None = None
+
+    def strongest_layer(self) -> int:
+        """The layer of the head with the largest effect (exact patching's where there is one,
+        else attribution's): where the per-position view opens."""
+        table = self.shown
+        effect = table["effect"].abs().fillna(0.0)
+        return int(table["layer"].loc[effect.idxmax()]) if len(effect) else 0
+
+    def largest_disagreement(self) -> tuple[str, float, float] | None:
+        """The head whose exact effect and attribution estimate differ most, with both (None
+        unless both were computed): what a correlation can hide."""
+        if self.exact is None or self.attribution is None:
+            return None
+        joined = self.exact[["effect"]].join(mhsa.patching.attribution_effect(self.attribution))
+        gap = (joined["effect"] - joined["effect_attribution"]).abs().dropna()
+        if gap.empty:
+            return None
+        head = gap.idxmax()
+        return (
+            str(head),
+            float(joined.at[head, "effect"]),
+            float(joined.at[head, "effect_attribution"]),
+        )
+
+    def plain_table(self) -> pd.DataFrame:
+        """``table`` with its columns named in plain words, for the page (``PLAIN_COLUMNS``)."""
+        return self.table().rename(columns=PLAIN_COLUMNS)
 
     @property
     def shown(self) -> pd.DataFrame:
@@ -114,7 +150,8 @@ def patching(
 ) -> PatchingView:
     """Exact and/or attribution patching of ``query.text`` (the clean text) and
     ``settings.corrupted`` (always through our module, whatever the engine), and the
-    per-position table of ``layer``; each piece kept in the shared cache."""
+    per-position table of ``layer`` (None: of the layer with the largest effect, found once
+    the heads are patched); each piece kept in the shared cache."""
     if mode not in PATCH_MODES:
         raise mhsa.InputError(f"Unknown mode {mode!r}: choose one of {', '.join(PATCH_MODES)}.")
     base = ("patching", query.text, query.model, query.device, settings)
@@ -134,7 +171,9 @@ def patching(
             (*base, "attribution"), lambda: mhsa.attribution_patching(clean, corrupted, **args())
         )
     tokens = (exact if exact is not None else attribution).attrs["clean_tokens"]  # type: ignore[union-attr]
-    if layer is not None and len(tokens) <= MAX_POSITION_TOKENS:
+    if layer is None:
+        layer = PatchingView(exact, attribution, float("nan"), None).strongest_layer()
+    if len(tokens) <= MAX_POSITION_TOKENS:
         positions = shared(
             (*base, "positions", layer),
             lambda: mhsa.patch_positions(clean, corrupted, layer, **args()),
@@ -142,4 +181,4 @@ def patching(
     r = float("nan")
     if exact is not None and attribution is not None:
         r = mhsa.patching_correlation(exact, attribution)
-    return PatchingView(exact, attribution, r, positions)
+    return PatchingView(exact, attribution, r, positions, layer)

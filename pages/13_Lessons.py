@@ -1,0 +1,25 @@
+"""Lessons: a few short lessons for a class, each step one sentence and a link that opens a
+page with everything set (``ui.lessons``)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from ui import page
+from ui.lessons import LESSONS, page_title, step_link
+from ui.state import md_escape
+
+with page.run("Lessons"):
+    st.caption(
+        "Five short lessons, in order. Each step is one sentence and a link that opens the page "
+        "set up for it (model, text, layer, test) in a new tab; they use only the built-in "
+        "models."
+    )
+    for number, lesson in enumerate(LESSONS, 1):
+        st.subheader(f"{number}. {lesson.title}")
+        st.caption(md_escape(lesson.goal))
+        lines = [
+            f"{i}. {md_escape(step.says)} [Open {page_title(step.page)} →]({step_link(step)})"
+            for i, step in enumerate(lesson.steps, 1)
+        ]
+        st.markdown("\n".join(lines))

@@ -1,0 +1,222 @@
+"""Short lessons for a class, and the recommended order of the pages: plain data, read by the
+Lessons page and the Overview (no Streamlit here, so tests read it cheaply).
+
+A step is one sentence and a link that opens a page with everything set (model, text, layer,
+test) through the pages' own link keys (``ui.state.Param``; a link opens a fresh session, which
+reads them). Every link names only the embedded default model or a shipped toy model, so the
+lessons work offline, in the Docker image too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import urlencode
+
+from mhsa.examples import DEFAULT_EXAMPLES, model_examples
+from ui.navigation import PAGES
+
+__all__ = ["LESSONS", "PAGE_GUIDE", "Lesson", "Step", "guide_markdown", "page_title", "step_link"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a lesson.
+
+    Attributes:
+        says: the explanation, one sentence.
+        page: the page's address (``AppPage.url_path``: ``Heads``).
+        settings: link keys and values the page opens with (``model``, ``text``, ``layer``...).
+    """
+
+    says: str
+    page: str
+    settings: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Lesson:
+    """A lesson: a title, what it is for in one line, and a few steps."""
+
+    title: str
+    goal: str
+    steps: tuple[Step, ...]
+
+
+def step_link(step: Step) -> str:
+    """The step's link, relative to the app's root page (``Heads?model=default&layer=2``): it
+    works wherever the app is served, under a path prefix too."""
+    query = urlencode(step.settings)
+    return f"{step.page}?{query}" if query else step.page
+
+
+_CAT = DEFAULT_EXAMPLES[0].text
+_INDUCTION = model_examples("toy:induction")[0].text
+_REVERSE = model_examples("toy:reverse-seq2seq")[0]
+_TOY = {"model": "toy:induction", "text": _INDUCTION}
+_SEQ2SEQ = {"model": "toy:reverse-seq2seq", "text": _REVERSE.text}
+
+
+LESSONS: tuple[Lesson, ...] = (
+    Lesson(
+        "Where heads look",
+        "Read an attention heatmap, and see that heads of one model look in different ways.",
+        (
+            Step(
+                "Each row is a token asking where to look; this head spreads its attention "
+                "over the whole sentence.",
+                "Heads",
+                {"model": "default", "text": _CAT, "layer": "0", "head": "0"},
+            ),
+            Step(
+                "This head looks almost only at the token just before: a previous-token head.",
+                "Heads",
+                {"model": "default", "text": _CAT, "layer": "0", "head": "2"},
+            ),
+            Step(
+                "The line view draws the same weights as lines from each token to the ones it "
+                "reads.",
+                "Line_view",
+                {"model": "default", "text": _CAT, "layer": "0", "line_heads": "2"},
+            ),
+            Step(
+                "Head statistics rank every head by how much it looks at the previous token.",
+                "Head_statistics",
+                {"model": "default", "text": _CAT, "stat": "to_prev"},
+            ),
+        ),
+    ),
+    Lesson(
+        "Inside one head",
+        "Follow one head's computation from its input to its output, one step at a time.",
+        (
+            Step(
+                "A layer starts from its input X, one row per token; step forward with the "
+                "buttons.",
+                "Inside_MHSA",
+                {"model": "default", "text": _CAT, "pretrained_layer": "0", "step": "0"},
+            ),
+            Step(
+                "Queries meet keys: the raw scores, one number per pair of tokens.",
+                "Inside_MHSA",
+                {"model": "default", "text": _CAT, "pretrained_layer": "0", "step": "7"},
+            ),
+            Step(
+                "The softmax turns each row of scores into weights that sum to 1: the attention "
+                "pattern.",
+                "Inside_MHSA",
+                {"model": "default", "text": _CAT, "pretrained_layer": "0", "step": "10"},
+            ),
+            Step(
+                "The same steps in untrained weights: the pattern means nothing until training.",
+                "Inside_MHSA",
+                {"model": "default", "text": _CAT, "source": "fresh", "step": "10"},
+            ),
+        ),
+    ),
+    Lesson(
+        "Heads that learn",
+        "Train a tiny model on a repeated sequence and watch an induction head appear.",
+        (
+            Step(
+                "Train a 2-layer model to continue a repeated sequence; the curve jumps when "
+                "the induction head forms.",
+                "Train_heads",
+                {"task": "induction"},
+            ),
+            Step(
+                "The shipped model after that training: in layer 1, each token of the repeat "
+                "looks at the token after its earlier copy.",
+                "Heads",
+                {**_TOY, "layer": "1", "head": "3"},
+            ),
+            Step(
+                "Its layer 0 holds the other half of the circuit: heads that read the previous "
+                "token.",
+                "Heads",
+                {**_TOY, "layer": "0", "head": "0"},
+            ),
+        ),
+    ),
+    Lesson(
+        "What a head does",
+        "Name heads by what they do, with the tests the field uses.",
+        (
+            Step(
+                "The induction test on repeated random tokens: the top heads' maps show the "
+                "induction stripe.",
+                "Head_roles",
+                {**_TOY, "detector": "induction", "random_tokens": "1"},
+            ),
+            Step(
+                "The previous-token test on the model's own example finds layer 0's heads.",
+                "Head_roles",
+                {**_TOY, "detector": "previous token"},
+            ),
+            Step(
+                "An encoder-decoder reversing its input: in cross attention layer 1, the decoder "
+                "reads the source backwards (an anti-diagonal).",
+                "Heads",
+                {
+                    **_SEQ2SEQ,
+                    "target_text": _REVERSE.target or "",
+                    "kind": "cross",
+                    "layer": "1",
+                },
+            ),
+        ),
+    ),
+    Lesson(
+        "Which heads carry an answer",
+        "Knock heads out and patch them, and see which ones the output needs.",
+        (
+            Step(
+                "Switch each head off in turn: the bars show how much the output moves.",
+                "Head_importance",
+                {"model": "default", "text": _CAT},
+            ),
+            Step(
+                "Patching copies one head from a clean run into a corrupted one: the heads "
+                "that restore the output carry the difference.",
+                "Patching",
+                {"model": "default", "text": _CAT},
+            ),
+            Step(
+                "On the induction model, knocking out its layer 1 heads breaks the repeat.",
+                "Head_importance",
+                {**_TOY},
+            ),
+        ),
+    ),
+)
+
+#: every page in the order a first visit takes them, each with what it is for in one line
+PAGE_GUIDE: tuple[tuple[str, str], ...] = (
+    ("", "the tokens as the model sees them, and the model's facts"),
+    ("Lessons", "short lessons, each step a link that opens a page set up for it"),
+    ("Heads", "one head's attention as a heatmap; every head of a layer; a token's focus"),
+    ("Line_view", "the same weights as lines between tokens"),
+    ("Inside_MHSA", "one head's computation step by step, from X to the output"),
+    ("Head_statistics", "every head measured: entropy, distance, previous / next / self"),
+    ("Head_similarity", "which heads look alike, as a map and clusters"),
+    ("Head_roles", "heads named by the field's tests: previous token, induction"),
+    ("Train_heads", "train a tiny model and watch its heads form"),
+    ("Head_importance", "knock heads out: which ones the output needs"),
+    ("Patching", "copy heads from a clean run into a corrupted one"),
+    ("Information_flow", "how the answer is built, layer by layer (causal language models)"),
+    ("Rollout", "attention followed through every layer"),
+    ("Compare", "two sentences side by side"),
+)
+
+
+def page_title(url_path: str) -> str:
+    """The navigation title of the page at ``url_path``."""
+    return next(p.title for p in PAGES if p.url_path == url_path)
+
+
+def guide_markdown() -> str:
+    """``PAGE_GUIDE`` as a numbered markdown list: each page's title in bold, linked, and what
+    it is for (plain text of this module: nothing to escape)."""
+    return "\n".join(
+        f"{n}. [**{page_title(path)}**]({path or './'}): {about}"
+        for n, (path, about) in enumerate(PAGE_GUIDE, 1)
+    )
