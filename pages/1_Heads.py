@@ -131,10 +131,7 @@ def _knock_out_figures(
 
 
 with page.run("Heads", PARAMS, kinds=True) as query:
-    query = page.values_switch(query)
-    result = page.load(query)
-    if result is None:
-        page.stop()
+    query, result = page.switched_result(query)
     result = core.shown(result)
     values = plots.WEIGHTED_BY_NORM if query.norms else plots.WEIGHTS
     layer = clamp("layer", 0, result.num_layers - 1)
