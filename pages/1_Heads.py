@@ -132,10 +132,7 @@ def _knock_out_figures(
 
 
 with page.run("Heads", PARAMS, kinds=True) as query:
-    query = page.values_switch(query)
-    result = page.load(query)
-    if result is None:
-        page.stop()
+    query, result = page.switched_result(query)
     result = core.shown(result)
     values = plots.WEIGHTED_BY_NORM if query.norms else plots.WEIGHTS
     layer, head = long_inputs.focused_head(result)  # positions; the link holds the model's

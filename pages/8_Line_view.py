@@ -30,10 +30,7 @@ def _select_token() -> None:
 
 
 with page.run("Line view", PARAMS, kinds=True) as query:
-    query = page.values_switch(query)
-    result = page.load(query)
-    if result is None:
-        page.stop()
+    query, result = page.switched_result(query)
     result = core.shown_rows(query)
     long_inputs.focused_layer(result)  # the link's layer: the model's own number
     clamp("line_token", -1, result.num_queries - 1)
