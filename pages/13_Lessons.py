@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from ui import page
-from ui.lessons import LESSONS, page_title, step_link
+from ui.lessons import LESSONS, steps_markdown
 from ui.state import md_escape
 
 with page.run("Lessons"):
@@ -18,8 +18,4 @@ with page.run("Lessons"):
     for number, lesson in enumerate(LESSONS, 1):
         st.subheader(f"{number}. {lesson.title}")
         st.caption(md_escape(lesson.goal))
-        lines = [
-            f"{i}. {md_escape(step.says)} [Open {page_title(step.page)} →]({step_link(step)})"
-            for i, step in enumerate(lesson.steps, 1)
-        ]
-        st.markdown("\n".join(lines))
+        st.markdown(steps_markdown(lesson, md_escape))

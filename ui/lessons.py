@@ -9,6 +9,7 @@ lessons work offline, in the Docker image too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
@@ -203,6 +204,7 @@ PAGE_GUIDE: tuple[tuple[str, str], ...] = (
     ("Head_importance", "knock heads out: which ones the output needs"),
     ("Patching", "copy heads from a clean run into a corrupted one"),
     ("Information_flow", "how the answer is built, layer by layer (causal language models)"),
+    ("Circuits", "which edges between heads carry an answer, and how faithful a circuit is"),
     ("Rollout", "attention followed through every layer"),
     ("Compare", "two sentences side by side"),
 )
@@ -219,4 +221,13 @@ def guide_markdown() -> str:
     return "\n".join(
         f"{n}. [**{page_title(path)}**]({path or './'}): {about}"
         for n, (path, about) in enumerate(PAGE_GUIDE, 1)
+    )
+
+
+def steps_markdown(lesson: Lesson, escape: Callable[[str], str]) -> str:
+    """A lesson's steps as a numbered markdown list: each sentence (through ``escape``, the
+    UI's markdown escaping) and a link that opens its page set up for it."""
+    return "\n".join(
+        f"{i}. {escape(step.says)} [Open {page_title(step.page)} →]({step_link(step)})"
+        for i, step in enumerate(lesson.steps, 1)
     )
