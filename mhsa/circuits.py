@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from mhsa.circuit_graph import CircuitGraph
+from mhsa.circuit_graph import CircuitGraph, graph_of
 from mhsa.circuit_runs import CircuitModel, CircuitRun, circuit_model, run_circuit
 from mhsa.encoding import answer_ids, check_text, encode
 from mhsa.errors import InputError
@@ -93,7 +93,7 @@ def circuit_graph(model: str | LoadedModel = DEFAULT_MODEL) -> CircuitGraph:
     lm = resolve_model(model)
     with lm.lock:
         wired = circuit_model(lm)
-    return CircuitGraph(wired.num_layers, wired.num_heads)
+    return graph_of(wired.num_layers, wired.num_heads)
 
 
 # --- the clean / corrupted pair -----------------------------------------------------------------
@@ -114,6 +114,8 @@ class _Pair:
     acts_corrupted: torch.Tensor  # (sources, T, D)
     m_clean: float
     m_corrupted: float
+    #: ``[targets, T, D]`` dm/d(each target input) at the clean run, when the pair's run kept it
+    grads: torch.Tensor | None = None
 
     def ids(self, rows: int) -> dict[str, torch.Tensor]:
         """The clean text's inputs, ``rows`` times."""
@@ -149,9 +151,16 @@ class _Pair:
 
 
 def _pair(
-    lm: LoadedModel, clean: object, corrupted: object, answer: object, wrong: object, max_tokens
+    lm: LoadedModel,
+    clean: object,
+    corrupted: object,
+    answer: object,
+    wrong: object,
+    max_tokens,
+    gradient: bool = False,
 ) -> _Pair:
-    """The pair checked, encoded and run once (clean and corrupted side by side); lock held.
+    """The pair checked, encoded and run once (clean and corrupted side by side; ``gradient``:
+    with the clean run's gradients at every target input, see ``_run_pair``); lock held.
 
     Raises:
         UnsupportedModelError: see ``circuit_model``.
@@ -177,7 +186,7 @@ def _pair(
         )
     metric = f"logit({a_text!r}) − logit({w_text!r}) at the last position"
     tokens = (list(clean_enc.tokens.strings), list(corrupted_enc.tokens.strings))
-    return _run_pair(wired, clean_enc.inputs, corrupted_enc.inputs, a, w, metric, tokens)
+    return _run_pair(wired, clean_enc.inputs, corrupted_enc.inputs, a, w, metric, tokens, gradient)
 
 
 def _run_pair(
@@ -188,28 +197,42 @@ def _run_pair(
     wrong: int,
     metric: str,
     tokens: tuple[list[str], list[str]],
+    gradient: bool = False,
 ) -> _Pair:
     """Both inputs run side by side once (every source's activation, m of each); lock held.
+
+    ``gradient``: the same pass also carries EAP's probe (a zero added to every target input)
+    and one backward gives dm_clean/d(each target input), so EAP costs one forward of two rows
+    and one backward instead of a forward of two rows, one of one row and a backward. The rows
+    do not mix (same length, no padding), so the corrupted row adds nothing to the clean row's
+    gradient.
 
     Raises:
         InputError: the two give the same metric.
     """
-    graph = CircuitGraph(wired.num_layers, wired.num_heads)
+    graph = graph_of(wired.num_layers, wired.num_heads)
     both = {k: torch.cat([clean[k], corrupted[k]]) for k in clean.keys() & corrupted.keys()}
-    run = CircuitRun(graph.upstream)
-    with torch.inference_mode():
-        logits = run_circuit(wired, run, both)
-    acts = torch.stack(run.acts, dim=1)  # (2, sources, T, D)
-    m_clean, m_corrupted = (float(v) for v in logit_difference(logits, answer, wrong))
+    run = CircuitRun(graph.upstream, probe=gradient)
+    if gradient:
+        with torch.inference_mode(False), torch.enable_grad():
+            logits = run_circuit(wired, run, both)
+            values = logit_difference(logits, answer, wrong)
+            clean_value = values[0]
+    else:
+        with torch.inference_mode():
+            logits = run_circuit(wired, run, both)
+        values = logit_difference(logits, answer, wrong)
+    m_clean, m_corrupted = (float(v) for v in values.detach())
     if abs(m_clean - m_corrupted) <= 1e-6 * max(1.0, abs(m_clean)):
         raise InputError(
             f"The clean and the corrupted text give the same metric ({m_clean:.6g}), so no "
             "edge carries a difference: change the corrupted text where it matters for the "
             "answer."
         )
-    return _Pair(
-        wired, graph, clean, tokens, answer, wrong, metric, acts[0], acts[1], m_clean, m_corrupted
-    )
+    grads = _probe_gradients(clean_value, run.zeros, 0) if gradient else None
+    acts = torch.stack([a.detach() for a in run.acts], dim=1)  # (2, sources, T, D)
+    ms = (m_clean, m_corrupted)
+    return _Pair(wired, graph, clean, tokens, answer, wrong, metric, acts[0], acts[1], *ms, grads)
 
 
 def _check_whole(value: object, what: str, low: int = 1) -> int:
@@ -227,16 +250,26 @@ def _gradients(pair: _Pair, embeddings: torch.Tensor | None, rows: int) -> torch
     run = CircuitRun(pair.graph.upstream, probe=True, embeddings=embeddings)
     with torch.inference_mode(False), torch.enable_grad():
         value = pair.measure(run_circuit(pair.wired, run, pair.ids(rows))).sum()
+        return _probe_gradients(value, run.zeros, None)
+
+
+def _probe_gradients(
+    value: torch.Tensor, zeros: Sequence[torch.Tensor], row: int | None
+) -> torch.Tensor:
+    """``[targets, T, D]``: d value / d(each probe zero), of batch row ``row`` (None: summed
+    over the rows)."""
+    with torch.inference_mode(False), torch.enable_grad():
         # an input nothing reads (an MLP frozen at zero output) has no gradient: zero
-        grads = torch.autograd.grad(value, run.zeros, allow_unused=True)
-    grads = [torch.zeros_like(z) if g is None else g for g, z in zip(grads, run.zeros, strict=True)]
-    return torch.cat(grads, dim=1).sum(0).detach()  # (targets, T, D)
+        grads = torch.autograd.grad(value, zeros, allow_unused=True)
+    grads = [torch.zeros_like(z) if g is None else g for g, z in zip(grads, zeros, strict=True)]
+    whole = torch.cat(grads, dim=1)  # (B, targets, T, D)
+    return (whole.sum(0) if row is None else whole[row]).detach()
 
 
 def _attribution(pair: _Pair, method: str, steps: int, batch: int, progress) -> np.ndarray:
     """``[sources, targets]`` EAP or EAP-IG scores."""
     if method == "eap":
-        grads = _gradients(pair, None, 1)
+        grads = pair.grads if pair.grads is not None else _gradients(pair, None, 1)
         done = 1
         if progress is not None:
             progress(1, 1)
@@ -275,10 +308,7 @@ def _exact(pair: _Pair, batch: int, progress) -> np.ndarray:
 
 
 def _frame(graph: CircuitGraph, scores: np.ndarray) -> pd.DataFrame:
-    frame = graph.edges()
-    s, t = graph.edge_index
-    frame["score"] = scores[s, t]
-    return frame
+    return graph.edges(scores)
 
 
 def edge_attribution(
@@ -333,7 +363,7 @@ def edge_attribution(
     batch_size = _check_whole(batch_size, "batch_size")
     lm = resolve_model(model)
     with lm.lock:
-        pair = _pair(lm, clean, corrupted, answer, wrong, max_tokens)
+        pair = _pair(lm, clean, corrupted, answer, wrong, max_tokens, method == "eap")
         if method == "exact":
             scores = _exact(pair, batch_size, progress)
         else:
@@ -386,6 +416,7 @@ def edge_attribution_ids(
             int(wrong_id),
             metric,
             (strings(clean_ids), strings(corrupted_ids)),
+            method == "eap",
         )
         if method == "exact":
             with torch.inference_mode():
