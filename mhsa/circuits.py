@@ -45,10 +45,16 @@ import pandas as pd
 import torch
 
 from mhsa.circuit_graph import CircuitGraph, graph_of
-from mhsa.circuit_runs import CircuitModel, CircuitRun, circuit_model, run_circuit
+from mhsa.circuit_runs import (
+    CircuitPair,
+    CircuitRun,
+    circuit_model,
+    probe_gradients,
+    run_circuit,
+    run_pair,
+)
 from mhsa.encoding import answer_ids, check_text, encode
 from mhsa.errors import InputError
-from mhsa.metrics import logit_difference
 from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.registry import lookup
 from mhsa.swap import OurBlock, OurPass
@@ -99,57 +105,6 @@ def circuit_graph(model: str | LoadedModel = DEFAULT_MODEL) -> CircuitGraph:
 # --- the clean / corrupted pair -----------------------------------------------------------------
 
 
-@dataclass(frozen=True, eq=False)
-class _Pair:
-    """Both texts encoded for a wired model, the metric's tokens, and both runs' activations."""
-
-    wired: CircuitModel
-    graph: CircuitGraph
-    clean: dict[str, torch.Tensor]  # the clean text's inputs (batch 1)
-    tokens: tuple[list[str], list[str]]  # the two texts' tokens
-    answer: int
-    wrong: int
-    metric: str
-    acts_clean: torch.Tensor  # (sources, T, D)
-    acts_corrupted: torch.Tensor  # (sources, T, D)
-    m_clean: float
-    m_corrupted: float
-    #: ``[targets, T, D]`` dm/d(each target input) at the clean run, when the pair's run kept it
-    grads: torch.Tensor | None = None
-
-    def ids(self, rows: int) -> dict[str, torch.Tensor]:
-        """The clean text's inputs, ``rows`` times."""
-        return {k: v.expand(rows, -1) for k, v in self.clean.items()}
-
-    def measure(self, logits: torch.Tensor) -> torch.Tensor:
-        """``[rows]``: logit(answer) - logit(wrong) at the last position (the metric module's
-        ``logit_difference``, patching's metric)."""
-        return logit_difference(logits, self.answer, self.wrong)
-
-    def attrs(self) -> dict[str, Any]:
-        return {
-            "metric": self.metric,
-            "clean": self.m_clean,
-            "corrupted": self.m_corrupted,
-            "clean_tokens": self.tokens[0],
-            "corrupted_tokens": self.tokens[1],
-            "model": self.wired.lm.display_name,
-            "layers": self.graph.layers,
-            "heads": self.graph.heads,
-        }
-
-    def corrupted_runs(self, corrupt: np.ndarray) -> np.ndarray:
-        """``[rows]`` m of the clean text with each row's edges (``corrupt [rows, sources,
-        targets]``) carrying the corrupted activations. Inference mode, lock held."""
-        run = CircuitRun(
-            self.graph.upstream,
-            corrupt=torch.as_tensor(corrupt, device=self.acts_clean.device),
-            corrupted=self.acts_corrupted,
-        )
-        logits = run_circuit(self.wired, run, self.ids(len(corrupt)))
-        return self.measure(logits).double().cpu().numpy()
-
-
 def _pair(
     lm: LoadedModel,
     clean: object,
@@ -158,7 +113,7 @@ def _pair(
     wrong: object,
     max_tokens,
     gradient: bool = False,
-) -> _Pair:
+) -> CircuitPair:
     """The pair checked, encoded and run once (clean and corrupted side by side; ``gradient``:
     with the clean run's gradients at every target input, see ``_run_pair``); lock held.
 
@@ -186,53 +141,7 @@ def _pair(
         )
     metric = f"logit({a_text!r}) − logit({w_text!r}) at the last position"
     tokens = (list(clean_enc.tokens.strings), list(corrupted_enc.tokens.strings))
-    return _run_pair(wired, clean_enc.inputs, corrupted_enc.inputs, a, w, metric, tokens, gradient)
-
-
-def _run_pair(
-    wired: CircuitModel,
-    clean: dict[str, torch.Tensor],
-    corrupted: dict[str, torch.Tensor],
-    answer: int,
-    wrong: int,
-    metric: str,
-    tokens: tuple[list[str], list[str]],
-    gradient: bool = False,
-) -> _Pair:
-    """Both inputs run side by side once (every source's activation, m of each); lock held.
-
-    ``gradient``: the same pass also carries EAP's probe (a zero added to every target input)
-    and one backward gives dm_clean/d(each target input), so EAP costs one forward of two rows
-    and one backward instead of a forward of two rows, one of one row and a backward. The rows
-    do not mix (same length, no padding), so the corrupted row adds nothing to the clean row's
-    gradient.
-
-    Raises:
-        InputError: the two give the same metric.
-    """
-    graph = graph_of(wired.num_layers, wired.num_heads)
-    both = {k: torch.cat([clean[k], corrupted[k]]) for k in clean.keys() & corrupted.keys()}
-    run = CircuitRun(graph.upstream, probe=gradient)
-    if gradient:
-        with torch.inference_mode(False), torch.enable_grad():
-            logits = run_circuit(wired, run, both)
-            values = logit_difference(logits, answer, wrong)
-            clean_value = values[0]
-    else:
-        with torch.inference_mode():
-            logits = run_circuit(wired, run, both)
-        values = logit_difference(logits, answer, wrong)
-    m_clean, m_corrupted = (float(v) for v in values.detach())
-    if abs(m_clean - m_corrupted) <= 1e-6 * max(1.0, abs(m_clean)):
-        raise InputError(
-            f"The clean and the corrupted text give the same metric ({m_clean:.6g}), so no "
-            "edge carries a difference: change the corrupted text where it matters for the "
-            "answer."
-        )
-    grads = _probe_gradients(clean_value, run.zeros, 0) if gradient else None
-    acts = torch.stack([a.detach() for a in run.acts], dim=1)  # (2, sources, T, D)
-    ms = (m_clean, m_corrupted)
-    return _Pair(wired, graph, clean, tokens, answer, wrong, metric, acts[0], acts[1], *ms, grads)
+    return run_pair(wired, clean_enc.inputs, corrupted_enc.inputs, a, w, metric, tokens, gradient)
 
 
 def _check_whole(value: object, what: str, low: int = 1) -> int:
@@ -244,29 +153,16 @@ def _check_whole(value: object, what: str, low: int = 1) -> int:
 # --- scores ------------------------------------------------------------------------------------
 
 
-def _gradients(pair: _Pair, embeddings: torch.Tensor | None, rows: int) -> torch.Tensor:
+def _gradients(pair: CircuitPair, embeddings: torch.Tensor | None, rows: int) -> torch.Tensor:
     """``[targets, T, D]``: dm/d(each target input), summed over ``rows`` runs of the clean
     text (with ``embeddings`` in place of its own, when given). One forward and one backward."""
     run = CircuitRun(pair.graph.upstream, probe=True, embeddings=embeddings)
     with torch.inference_mode(False), torch.enable_grad():
         value = pair.measure(run_circuit(pair.wired, run, pair.ids(rows))).sum()
-        return _probe_gradients(value, run.zeros, None)
+        return probe_gradients(value, run.zeros, None)
 
 
-def _probe_gradients(
-    value: torch.Tensor, zeros: Sequence[torch.Tensor], row: int | None
-) -> torch.Tensor:
-    """``[targets, T, D]``: d value / d(each probe zero), of batch row ``row`` (None: summed
-    over the rows)."""
-    with torch.inference_mode(False), torch.enable_grad():
-        # an input nothing reads (an MLP frozen at zero output) has no gradient: zero
-        grads = torch.autograd.grad(value, zeros, allow_unused=True)
-    grads = [torch.zeros_like(z) if g is None else g for g, z in zip(grads, zeros, strict=True)]
-    whole = torch.cat(grads, dim=1)  # (B, targets, T, D)
-    return (whole.sum(0) if row is None else whole[row]).detach()
-
-
-def _attribution(pair: _Pair, method: str, steps: int, batch: int, progress) -> np.ndarray:
+def _attribution(pair: CircuitPair, method: str, steps: int, batch: int, progress) -> np.ndarray:
     """``[sources, targets]`` EAP or EAP-IG scores."""
     if method == "eap":
         grads = pair.grads if pair.grads is not None else _gradients(pair, None, 1)
@@ -290,7 +186,7 @@ def _attribution(pair: _Pair, method: str, steps: int, batch: int, progress) -> 
     return np.where(pair.graph.mask, scores.cpu().numpy(), 0.0)
 
 
-def _exact(pair: _Pair, batch: int, progress) -> np.ndarray:
+def _exact(pair: CircuitPair, batch: int, progress) -> np.ndarray:
     """``[sources, targets]``: m with each edge alone corrupted, minus m_clean."""
     graph = pair.graph
     s, t = np.nonzero(graph.mask)
@@ -408,7 +304,7 @@ def edge_attribution_ids(
             return list(names(ids[0].tolist())) if names else [str(i) for i in ids[0].tolist()]
 
         metric = f"logit(#{answer_id}) − logit(#{wrong_id}) at the last position"
-        pair = _run_pair(
+        pair = run_pair(
             wired,
             {"input_ids": clean_ids},
             {"input_ids": corrupted_ids},
@@ -439,7 +335,7 @@ def top_edges(scores: pd.DataFrame, n: int) -> pd.DataFrame:
     return scores.iloc[order[:n]]
 
 
-def _faithfulness(pair: _Pair, chosen: Sequence[np.ndarray], batch: int) -> np.ndarray:
+def _faithfulness(pair: CircuitPair, chosen: Sequence[np.ndarray], batch: int) -> np.ndarray:
     """f of each circuit (``[sources, targets]`` masks), ``batch`` circuits per pass."""
     mask = pair.graph.mask
     values = []
