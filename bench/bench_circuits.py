@@ -2,7 +2,7 @@
 the model itself, interleaved in one run.
 
     python -m bench.bench_circuits [--model toy:induction] [--device cpu|cuda] [--threads N]
-                                   [--no-gpt2]
+                                   [--no-gpt2] [--cpu-time]
 
 Models: ``--model`` (the shipped toy:induction by default, 110 edges) with a repeat and the
 repeat broken, then a random GPT-2 of GPT-2 small's shape (12 layers of 12 heads, width 768;
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -67,11 +68,12 @@ def _gpt2_small_shape(folder: str, device: str) -> mhsa.LoadedModel:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=30522, n_positions=128, n_embd=768, n_layer=12, n_head=12)
+    sizes = {"n_positions": 128, "n_embd": 768, "n_layer": 12, "n_head": 12}
+    config = GPT2Config(vocab_size=30522, bos_token_id=101, eos_token_id=102, **sizes)
     return mhsa.load_model(save_tiny(folder, GPT2LMHeadModel(config)), device=device)
 
 
-def _big(device: str) -> None:
+def _big(device: str, clock) -> None:
     """EAP over GPT-2 small's 32,491 edges at 64 tokens against one forward+backward."""
     words = ("the cat sat on the mat and " * 9).split()[:62]  # [CLS] + 62 + [SEP]: 64 tokens
     clean = " ".join(words)
@@ -89,6 +91,7 @@ def _big(device: str) -> None:
             repeat=7,
             warmup=1,
             budget_s=90,
+            clock=clock,
         )
     one, eap = times["forward+backward"], times["eap"]
     print(
@@ -105,9 +108,13 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--no-gpt2", action="store_true", help="skip GPT-2 small's shape")
+    parser.add_argument(
+        "--cpu-time", action="store_true", help="time this process's CPU (steadier under load)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    clock = time.process_time if args.cpu_time else time.perf_counter
     lm = mhsa.load_model(args.model, device=args.device)
     clean, corrupted, answer, wrong = TOY
     kw = {"model": lm, "answer": answer, "wrong": wrong}
@@ -126,6 +133,7 @@ def main() -> None:
         },
         repeat=11,
         budget_s=60,
+        clock=clock,
     )
     one, ten = times["forward+backward"], times["10 forwards"]
     rows = [
@@ -143,7 +151,7 @@ def main() -> None:
     )
     print_table(rows, ["what", "ms", "baseline", "ratio", "target"])
     if not args.no_gpt2:
-        _big(args.device)
+        _big(args.device, clock)
 
 
 if __name__ == "__main__":
