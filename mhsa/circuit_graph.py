@@ -150,7 +150,8 @@ class CircuitGraph:
             missing = {"source", "target", "input"} - set(edges.columns)
             if missing:
                 raise InputError(f"The edge table lacks the columns {sorted(missing)}.")
-            found = self._indices(edges)
+            # column-wise costs ~2 ms whatever the size; row by row ~0.6 us a row
+            found = self._indices(edges) if len(edges) > 4096 else None
             if found is not None:
                 chosen = np.zeros(self.mask.shape, dtype=bool)
                 chosen[found] = True

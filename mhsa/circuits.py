@@ -182,7 +182,17 @@ def _attribution(pair: CircuitPair, method: str, steps: int, batch: int, progres
                 progress(done, len(chunks))
         grads = grads / steps
     diff = (pair.acts_corrupted - pair.acts_clean).flatten(1).double()  # (sources, T D)
-    scores = diff @ grads.flatten(1).double().T  # (sources, targets)
+    grads = grads.flatten(1).double()  # (targets, T D)
+    # only the edges: each run of targets with the same upstream sources is one product (about
+    # half the work of all sources x all targets)
+    upstream = pair.graph.upstream
+    scores = torch.zeros(diff.shape[0], grads.shape[0], dtype=torch.float64, device=diff.device)
+    start = 0
+    for end in range(1, len(upstream) + 1):
+        if end == len(upstream) or upstream[end] != upstream[start]:
+            p = upstream[start]
+            scores[:p, start:end] = diff[:p] @ grads[start:end].T
+            start = end
     return np.where(pair.graph.mask, scores.cpu().numpy(), 0.0)
 
 
