@@ -149,8 +149,8 @@ def _pair(
 
 #: EAP takes its gradient from the pair's own pass (two rows forward and backward) when the
 #: model's parameters times the tokens are at most this; above, the fixed per-call costs no
-#: longer dominate and a separate forward and backward of the clean row alone is cheaper (bench:
-#: 1.8x against 4x a forward+backward on toy:induction; 2.4x against 3.4x at GPT-2 small's size)
+#: longer dominate and a separate forward and backward of the clean row alone is cheaper
+#: (BENCHMARKS.md §17: 3.2x against 3.4x a forward+backward at GPT-2 small's size)
 EAP_ONE_PASS_MAX = 10**8
 
 
