@@ -2,6 +2,12 @@
 the model itself, interleaved in one run.
 
     python -m bench.bench_circuits [--model toy:induction] [--device cpu|cuda] [--threads N]
+                                   [--no-gpt2] [--cpu-time]
+
+Models: ``--model`` (the shipped toy:induction by default, 110 edges) with a repeat and the
+repeat broken, then a random GPT-2 of GPT-2 small's shape (12 layers of 12 heads, width 768;
+32,491 edges; random weights time as trained ones do) at 64 tokens, EAP only (``--no-gpt2``
+skips it).
 
 Targets (issue 40):
 
@@ -21,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
+import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -28,6 +36,7 @@ import torch
 
 import mhsa
 from bench.common import median_times, print_table
+from tests.tiny import save_tiny
 
 #: a repeat of 10 symbols up to its 5th, and the same with that symbol's first occurrence
 #: replaced (the test's pair: the induction head's key no longer matches)
@@ -54,14 +63,58 @@ def _plain(lm: mhsa.LoadedModel, text: str, answer: str, wrong: str, backward: b
     return float(value.detach())
 
 
+def _gpt2_small_shape(folder: str, device: str) -> mhsa.LoadedModel:
+    """A random GPT-2 of GPT-2 small's shape, saved with the embedded model's tokenizer."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    sizes = {"n_positions": 128, "n_embd": 768, "n_layer": 12, "n_head": 12}
+    config = GPT2Config(vocab_size=30522, bos_token_id=101, eos_token_id=102, **sizes)
+    return mhsa.load_model(save_tiny(folder, GPT2LMHeadModel(config)), device=device)
+
+
+def _big(device: str, clock) -> None:
+    """EAP over GPT-2 small's 32,491 edges at 64 tokens against one forward+backward."""
+    words = ("the cat sat on the mat and " * 9).split()[:62]  # [CLS] + 62 + [SEP]: 64 tokens
+    clean = " ".join(words)
+    corrupted = " ".join(["dog" if w == "cat" else w for w in words[:-4]] + words[-4:])
+    with tempfile.TemporaryDirectory() as folder:
+        lm = _gpt2_small_shape(folder, device)
+        kw = {"model": lm, "answer": "cat", "wrong": "dog"}
+        edges = len(mhsa.edge_attribution(clean, corrupted, **kw))
+        tokens = len(lm.tokenizer(clean)["input_ids"])
+        times = median_times(
+            {
+                "forward+backward": lambda: _plain(lm, clean, "cat", "dog", True),
+                "eap": lambda: mhsa.edge_attribution(clean, corrupted, **kw),
+            },
+            repeat=7,
+            warmup=1,
+            budget_s=90,
+            clock=clock,
+        )
+    one, eap = times["forward+backward"], times["eap"]
+    print(
+        f"\nrandom GPT-2 small shape (12 x 12, width 768), {tokens} tokens: {edges} edges; "
+        f"forward+backward {1000 * one:.1f} ms"
+    )
+    rows = [{"what": "eap", "ms": 1000 * eap, "baseline": "forward+backward", "ratio": eap / one}]
+    print_table(rows, ["what", "ms", "baseline", "ratio"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="toy:induction")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--no-gpt2", action="store_true", help="skip GPT-2 small's shape")
+    parser.add_argument(
+        "--cpu-time", action="store_true", help="time this process's CPU (steadier under load)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    clock = time.process_time if args.cpu_time else time.perf_counter
     lm = mhsa.load_model(args.model, device=args.device)
     clean, corrupted, answer, wrong = TOY
     kw = {"model": lm, "answer": answer, "wrong": wrong}
@@ -80,6 +133,7 @@ def main() -> None:
         },
         repeat=11,
         budget_s=60,
+        clock=clock,
     )
     one, ten = times["forward+backward"], times["10 forwards"]
     rows = [
@@ -96,6 +150,8 @@ def main() -> None:
         f"{1000 * ten:.1f} ms"
     )
     print_table(rows, ["what", "ms", "baseline", "ratio", "target"])
+    if not args.no_gpt2:
+        _big(args.device, clock)
 
 
 if __name__ == "__main__":

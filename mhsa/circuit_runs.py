@@ -16,6 +16,10 @@ A run may corrupt edges (``evaluate_graph``'s input construction in ``src/eap/ev
 target v's input is ``x_v + sum over the corrupted edges (u, v) of (a_u(corrupted) - a_u(this
 run))``, so such an edge carries the source's activation from the corrupted text while every
 other edge carries this run's. Each row of a batch has its own set of corrupted edges.
+
+``run_pair`` runs a clean and a corrupted text once, side by side (``CircuitPair``: every
+source's activation on each, the metric of each and, for EAP, the clean run's gradient at every
+target input from the same pass); ``mhsa.circuits`` scores edges and circuits from it.
 """
 
 from __future__ import annotations
@@ -24,20 +28,26 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from mhsa.attention import MultiHeadSelfAttention
-from mhsa.errors import UnsupportedModelError
+from mhsa.circuit_graph import CircuitGraph, graph_of
+from mhsa.errors import InputError, UnsupportedModelError
+from mhsa.metrics import logit_difference
 from mhsa.models import LoadedModel
 from mhsa.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
 
 __all__ = [
     "TOOLS_NEEDING_PRE_NORM",
     "CircuitModel",
+    "CircuitPair",
     "CircuitRun",
     "circuit_model",
+    "probe_gradients",
     "run_circuit",
+    "run_pair",
 ]
 
 #: the norm a pre-norm layer applies before its attention, and before its MLP, by attribute
@@ -364,3 +374,118 @@ def run_circuit(
         for handle in handles:
             handle.remove()
     return out.logits
+
+
+# --- a clean / corrupted pair, run once --------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class CircuitPair:
+    """Both texts encoded for a wired model, the metric's tokens, and both runs' activations."""
+
+    wired: CircuitModel
+    graph: CircuitGraph
+    clean: dict[str, torch.Tensor]  # the clean text's inputs (batch 1)
+    tokens: tuple[list[str], list[str]]  # the two texts' tokens
+    answer: int
+    wrong: int
+    metric: str
+    acts_clean: torch.Tensor  # (sources, T, D)
+    acts_corrupted: torch.Tensor  # (sources, T, D)
+    m_clean: float
+    m_corrupted: float
+    #: ``[targets, T, D]`` dm/d(each target input) at the clean run, when the pair's run kept it
+    grads: torch.Tensor | None = None
+
+    def ids(self, rows: int) -> dict[str, torch.Tensor]:
+        """The clean text's inputs, ``rows`` times."""
+        return {k: v.expand(rows, -1) for k, v in self.clean.items()}
+
+    def measure(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[rows]``: logit(answer) - logit(wrong) at the last position (the metric module's
+        ``logit_difference``, patching's metric)."""
+        return logit_difference(logits, self.answer, self.wrong)
+
+    def attrs(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "clean": self.m_clean,
+            "corrupted": self.m_corrupted,
+            "clean_tokens": self.tokens[0],
+            "corrupted_tokens": self.tokens[1],
+            "model": self.wired.lm.display_name,
+            "layers": self.graph.layers,
+            "heads": self.graph.heads,
+        }
+
+    def corrupted_runs(self, corrupt: np.ndarray) -> np.ndarray:
+        """``[rows]`` m of the clean text with each row's edges (``corrupt [rows, sources,
+        targets]``) carrying the corrupted activations. Inference mode, lock held."""
+        run = CircuitRun(
+            self.graph.upstream,
+            corrupt=torch.as_tensor(corrupt, device=self.acts_clean.device),
+            corrupted=self.acts_corrupted,
+        )
+        logits = run_circuit(self.wired, run, self.ids(len(corrupt)))
+        return self.measure(logits).double().cpu().numpy()
+
+
+def run_pair(
+    wired: CircuitModel,
+    clean: dict[str, torch.Tensor],
+    corrupted: dict[str, torch.Tensor],
+    answer: int,
+    wrong: int,
+    metric: str,
+    tokens: tuple[list[str], list[str]],
+    gradient: bool = False,
+) -> CircuitPair:
+    """Both inputs run side by side once (every source's activation, m of each); lock held.
+
+    ``gradient``: the same pass also carries EAP's probe (a zero added to every target input)
+    and one backward gives dm_clean/d(each target input), so EAP costs one forward of two rows
+    and one backward instead of a forward of two rows, one of one row and a backward. The rows
+    do not mix (same length, no padding), so the corrupted row adds nothing to the clean row's
+    gradient.
+
+    Raises:
+        InputError: the two give the same metric.
+    """
+    graph = graph_of(wired.num_layers, wired.num_heads)
+    both = {k: torch.cat([clean[k], corrupted[k]]) for k in clean.keys() & corrupted.keys()}
+    run = CircuitRun(graph.upstream, probe=gradient)
+    if gradient:
+        with torch.inference_mode(False), torch.enable_grad():
+            logits = run_circuit(wired, run, both)
+            values = logit_difference(logits, answer, wrong)
+            clean_value = values[0]
+    else:
+        with torch.inference_mode():
+            logits = run_circuit(wired, run, both)
+        values = logit_difference(logits, answer, wrong)
+    m_clean, m_corrupted = (float(v) for v in values.detach())
+    if abs(m_clean - m_corrupted) <= 1e-6 * max(1.0, abs(m_clean)):
+        raise InputError(
+            f"The clean and the corrupted text give the same metric ({m_clean:.6g}), so no "
+            "edge carries a difference: change the corrupted text where it matters for the "
+            "answer."
+        )
+    grads = probe_gradients(clean_value, run.zeros, 0) if gradient else None
+    acts = torch.stack([a.detach() for a in run.acts], dim=1)  # (2, sources, T, D)
+    ms = (m_clean, m_corrupted)
+    return CircuitPair(
+        wired, graph, clean, tokens, answer, wrong, metric, acts[0], acts[1], *ms, grads
+    )
+
+
+def probe_gradients(
+    value: torch.Tensor, zeros: Sequence[torch.Tensor], row: int | None
+) -> torch.Tensor:
+    """``[targets, T, D]``: d value / d(each probe zero), of batch row ``row`` (None: summed
+    over the rows)."""
+    with torch.inference_mode(False), torch.enable_grad():
+        # an input nothing reads (an MLP frozen at zero output) has no gradient: zero
+        grads = torch.autograd.grad(value, zeros, allow_unused=True)
+    grads = [torch.zeros_like(z) if g is None else g for g, z in zip(grads, zeros, strict=True)]
+    whole = torch.cat(grads, dim=1)  # (B, targets, T, D)
+    return (whole.sum(0) if row is None else whole[row]).detach()

@@ -44,16 +44,23 @@ import numpy as np
 import pandas as pd
 import torch
 
-from mhsa.circuit_graph import CircuitGraph
-from mhsa.circuit_runs import CircuitModel, CircuitRun, circuit_model, run_circuit
+from mhsa.circuit_graph import CircuitGraph, graph_of
+from mhsa.circuit_runs import (
+    CircuitPair,
+    CircuitRun,
+    circuit_model,
+    probe_gradients,
+    run_circuit,
+    run_pair,
+)
 from mhsa.encoding import answer_ids, check_text, encode
 from mhsa.errors import InputError
-from mhsa.metrics import logit_difference
 from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.registry import lookup
 from mhsa.swap import OurBlock, OurPass
 
 __all__ = [
+    "EAP_ONE_PASS_MAX",
     "EDGE_METHODS",
     "MIB_PERCENTAGES",
     "CircuitGraph",
@@ -93,65 +100,24 @@ def circuit_graph(model: str | LoadedModel = DEFAULT_MODEL) -> CircuitGraph:
     lm = resolve_model(model)
     with lm.lock:
         wired = circuit_model(lm)
-    return CircuitGraph(wired.num_layers, wired.num_heads)
+    return graph_of(wired.num_layers, wired.num_heads)
 
 
 # --- the clean / corrupted pair -----------------------------------------------------------------
 
 
-@dataclass(frozen=True, eq=False)
-class _Pair:
-    """Both texts encoded for a wired model, the metric's tokens, and both runs' activations."""
-
-    wired: CircuitModel
-    graph: CircuitGraph
-    clean: dict[str, torch.Tensor]  # the clean text's inputs (batch 1)
-    tokens: tuple[list[str], list[str]]  # the two texts' tokens
-    answer: int
-    wrong: int
-    metric: str
-    acts_clean: torch.Tensor  # (sources, T, D)
-    acts_corrupted: torch.Tensor  # (sources, T, D)
-    m_clean: float
-    m_corrupted: float
-
-    def ids(self, rows: int) -> dict[str, torch.Tensor]:
-        """The clean text's inputs, ``rows`` times."""
-        return {k: v.expand(rows, -1) for k, v in self.clean.items()}
-
-    def measure(self, logits: torch.Tensor) -> torch.Tensor:
-        """``[rows]``: logit(answer) - logit(wrong) at the last position (the metric module's
-        ``logit_difference``, patching's metric)."""
-        return logit_difference(logits, self.answer, self.wrong)
-
-    def attrs(self) -> dict[str, Any]:
-        return {
-            "metric": self.metric,
-            "clean": self.m_clean,
-            "corrupted": self.m_corrupted,
-            "clean_tokens": self.tokens[0],
-            "corrupted_tokens": self.tokens[1],
-            "model": self.wired.lm.display_name,
-            "layers": self.graph.layers,
-            "heads": self.graph.heads,
-        }
-
-    def corrupted_runs(self, corrupt: np.ndarray) -> np.ndarray:
-        """``[rows]`` m of the clean text with each row's edges (``corrupt [rows, sources,
-        targets]``) carrying the corrupted activations. Inference mode, lock held."""
-        run = CircuitRun(
-            self.graph.upstream,
-            corrupt=torch.as_tensor(corrupt, device=self.acts_clean.device),
-            corrupted=self.acts_corrupted,
-        )
-        logits = run_circuit(self.wired, run, self.ids(len(corrupt)))
-        return self.measure(logits).double().cpu().numpy()
-
-
 def _pair(
-    lm: LoadedModel, clean: object, corrupted: object, answer: object, wrong: object, max_tokens
-) -> _Pair:
-    """The pair checked, encoded and run once (clean and corrupted side by side); lock held.
+    lm: LoadedModel,
+    clean: object,
+    corrupted: object,
+    answer: object,
+    wrong: object,
+    max_tokens,
+    gradient: bool = False,
+) -> CircuitPair:
+    """The pair checked, encoded and run once (clean and corrupted side by side; ``gradient``:
+    with the clean run's gradients at every target input, see ``run_pair``; only below
+    ``EAP_ONE_PASS_MAX``); lock held.
 
     Raises:
         UnsupportedModelError: see ``circuit_model``.
@@ -177,39 +143,21 @@ def _pair(
         )
     metric = f"logit({a_text!r}) − logit({w_text!r}) at the last position"
     tokens = (list(clean_enc.tokens.strings), list(corrupted_enc.tokens.strings))
-    return _run_pair(wired, clean_enc.inputs, corrupted_enc.inputs, a, w, metric, tokens)
+    gradient = gradient and n_clean * _parameters(lm) <= EAP_ONE_PASS_MAX
+    return run_pair(wired, clean_enc.inputs, corrupted_enc.inputs, a, w, metric, tokens, gradient)
 
 
-def _run_pair(
-    wired: CircuitModel,
-    clean: dict[str, torch.Tensor],
-    corrupted: dict[str, torch.Tensor],
-    answer: int,
-    wrong: int,
-    metric: str,
-    tokens: tuple[list[str], list[str]],
-) -> _Pair:
-    """Both inputs run side by side once (every source's activation, m of each); lock held.
+#: EAP takes its gradient from the pair's own pass (two rows forward and backward) when the
+#: model's parameters times the tokens are at most this; above, the fixed per-call costs no
+#: longer dominate and a separate forward and backward of the clean row alone is cheaper
+#: (BENCHMARKS.md §17: 3.2x against 3.4x a forward+backward at GPT-2 small's size)
+EAP_ONE_PASS_MAX = 10**8
 
-    Raises:
-        InputError: the two give the same metric.
-    """
-    graph = CircuitGraph(wired.num_layers, wired.num_heads)
-    both = {k: torch.cat([clean[k], corrupted[k]]) for k in clean.keys() & corrupted.keys()}
-    run = CircuitRun(graph.upstream)
-    with torch.inference_mode():
-        logits = run_circuit(wired, run, both)
-    acts = torch.stack(run.acts, dim=1)  # (2, sources, T, D)
-    m_clean, m_corrupted = (float(v) for v in logit_difference(logits, answer, wrong))
-    if abs(m_clean - m_corrupted) <= 1e-6 * max(1.0, abs(m_clean)):
-        raise InputError(
-            f"The clean and the corrupted text give the same metric ({m_clean:.6g}), so no "
-            "edge carries a difference: change the corrupted text where it matters for the "
-            "answer."
-        )
-    return _Pair(
-        wired, graph, clean, tokens, answer, wrong, metric, acts[0], acts[1], m_clean, m_corrupted
-    )
+
+def _parameters(lm: LoadedModel) -> int:
+    if "parameter-count" not in lm.cache:
+        lm.cache["parameter-count"] = sum(p.numel() for p in lm.model.parameters())
+    return lm.cache["parameter-count"]
 
 
 def _check_whole(value: object, what: str, low: int = 1) -> int:
@@ -221,22 +169,19 @@ def _check_whole(value: object, what: str, low: int = 1) -> int:
 # --- scores ------------------------------------------------------------------------------------
 
 
-def _gradients(pair: _Pair, embeddings: torch.Tensor | None, rows: int) -> torch.Tensor:
+def _gradients(pair: CircuitPair, embeddings: torch.Tensor | None, rows: int) -> torch.Tensor:
     """``[targets, T, D]``: dm/d(each target input), summed over ``rows`` runs of the clean
     text (with ``embeddings`` in place of its own, when given). One forward and one backward."""
     run = CircuitRun(pair.graph.upstream, probe=True, embeddings=embeddings)
     with torch.inference_mode(False), torch.enable_grad():
         value = pair.measure(run_circuit(pair.wired, run, pair.ids(rows))).sum()
-        # an input nothing reads (an MLP frozen at zero output) has no gradient: zero
-        grads = torch.autograd.grad(value, run.zeros, allow_unused=True)
-    grads = [torch.zeros_like(z) if g is None else g for g, z in zip(grads, run.zeros, strict=True)]
-    return torch.cat(grads, dim=1).sum(0).detach()  # (targets, T, D)
+        return probe_gradients(value, run.zeros, None)
 
 
-def _attribution(pair: _Pair, method: str, steps: int, batch: int, progress) -> np.ndarray:
+def _attribution(pair: CircuitPair, method: str, steps: int, batch: int, progress) -> np.ndarray:
     """``[sources, targets]`` EAP or EAP-IG scores."""
     if method == "eap":
-        grads = _gradients(pair, None, 1)
+        grads = pair.grads if pair.grads is not None else _gradients(pair, None, 1)
         done = 1
         if progress is not None:
             progress(1, 1)
@@ -253,11 +198,21 @@ def _attribution(pair: _Pair, method: str, steps: int, batch: int, progress) -> 
                 progress(done, len(chunks))
         grads = grads / steps
     diff = (pair.acts_corrupted - pair.acts_clean).flatten(1).double()  # (sources, T D)
-    scores = diff @ grads.flatten(1).double().T  # (sources, targets)
+    grads = grads.flatten(1).double()  # (targets, T D)
+    # only the edges: each run of targets with the same upstream sources is one product (about
+    # half the work of all sources x all targets)
+    upstream = pair.graph.upstream
+    scores = torch.zeros(diff.shape[0], grads.shape[0], dtype=torch.float64, device=diff.device)
+    start = 0
+    for end in range(1, len(upstream) + 1):
+        if end == len(upstream) or upstream[end] != upstream[start]:
+            p = upstream[start]
+            scores[:p, start:end] = diff[:p] @ grads[start:end].T
+            start = end
     return np.where(pair.graph.mask, scores.cpu().numpy(), 0.0)
 
 
-def _exact(pair: _Pair, batch: int, progress) -> np.ndarray:
+def _exact(pair: CircuitPair, batch: int, progress) -> np.ndarray:
     """``[sources, targets]``: m with each edge alone corrupted, minus m_clean."""
     graph = pair.graph
     s, t = np.nonzero(graph.mask)
@@ -275,10 +230,7 @@ def _exact(pair: _Pair, batch: int, progress) -> np.ndarray:
 
 
 def _frame(graph: CircuitGraph, scores: np.ndarray) -> pd.DataFrame:
-    frame = graph.edges()
-    s, t = graph.edge_index
-    frame["score"] = scores[s, t]
-    return frame
+    return graph.edges(scores)
 
 
 def edge_attribution(
@@ -333,7 +285,7 @@ def edge_attribution(
     batch_size = _check_whole(batch_size, "batch_size")
     lm = resolve_model(model)
     with lm.lock:
-        pair = _pair(lm, clean, corrupted, answer, wrong, max_tokens)
+        pair = _pair(lm, clean, corrupted, answer, wrong, max_tokens, method == "eap")
         if method == "exact":
             scores = _exact(pair, batch_size, progress)
         else:
@@ -378,7 +330,7 @@ def edge_attribution_ids(
             return list(names(ids[0].tolist())) if names else [str(i) for i in ids[0].tolist()]
 
         metric = f"logit(#{answer_id}) − logit(#{wrong_id}) at the last position"
-        pair = _run_pair(
+        pair = run_pair(
             wired,
             {"input_ids": clean_ids},
             {"input_ids": corrupted_ids},
@@ -386,6 +338,7 @@ def edge_attribution_ids(
             int(wrong_id),
             metric,
             (strings(clean_ids), strings(corrupted_ids)),
+            method == "eap",
         )
         if method == "exact":
             with torch.inference_mode():
@@ -408,7 +361,7 @@ def top_edges(scores: pd.DataFrame, n: int) -> pd.DataFrame:
     return scores.iloc[order[:n]]
 
 
-def _faithfulness(pair: _Pair, chosen: Sequence[np.ndarray], batch: int) -> np.ndarray:
+def _faithfulness(pair: CircuitPair, chosen: Sequence[np.ndarray], batch: int) -> np.ndarray:
     """f of each circuit (``[sources, targets]`` masks), ``batch`` circuits per pass."""
     mask = pair.graph.mask
     values = []
