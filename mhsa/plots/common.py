@@ -9,6 +9,7 @@ the token as tick text, so repeated tokens ("the" twice) keep their own rows and
 from __future__ import annotations
 
 import html
+import textwrap
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ __all__ = [
     "COLORSCALE",
     "COLORWAY",
     "MAX_TICKS",
+    "MIN_HEIGHT",
     "SIGNED_COLORSCALE",
     "TEMPLATE",
     "apply_layout",
@@ -26,6 +28,8 @@ __all__ = [
     "layout_props",
     "matrix_heatmap",
     "square_height",
+    "tick_room",
+    "title_text",
     "token_axis",
 ]
 
@@ -73,6 +77,9 @@ TEMPLATE = go.layout.Template(
 COLORSCALE = "Blues"  # every attention weight, on every page, 0 (white) to 1 (dark blue)
 SIGNED_COLORSCALE = "RdBu"  # signed values (vectors, scores): blue above 0, red below
 MAX_TICKS = 64  # beyond this, tick labels are thinned (hover still names every cell)
+TICK_PX = 13  # the least room a token tick label gets (px): closer ones are thinned
+MIN_HEIGHT = 360  # the least height of a figure given one (px): 2-layer maps were 60 px tall
+TITLE_WIDTH = 56  # characters of a title's line: longer titles wrap (plotly cuts, not wraps)
 
 
 def label(text: str, limit: int = 40) -> str:
@@ -86,11 +93,11 @@ def label(text: str, limit: int = 40) -> str:
     return html.escape(clean, quote=False).replace("#", "&#35;") or "\u2423"
 
 
-def token_axis(names: Sequence[str]) -> tuple[list[str], dict]:
+def token_axis(names: Sequence[str], max_ticks: int = MAX_TICKS) -> tuple[list[str], dict]:
     """Unique category per position ("cat #2": repeated tokens keep their own row) and tick
-    labels showing the tokens themselves, thinned beyond MAX_TICKS."""
+    labels showing the tokens themselves, thinned beyond ``max_ticks`` (every k-th shown)."""
     categories = [f"{label(t, 30)} #{i}" for i, t in enumerate(names)]
-    step = max(1, -(-len(names) // MAX_TICKS))
+    step = max(1, -(-len(names) // max(1, max_ticks)))
     idx = range(0, len(names), step)
     axis = {
         "type": "category",
@@ -102,12 +109,23 @@ def token_axis(names: Sequence[str]) -> tuple[list[str], dict]:
     return categories, axis
 
 
+def title_text(title: str, width: int = TITLE_WIDTH) -> str:
+    """``title`` escaped (``label``, at most 120 characters) and wrapped at word boundaries into
+    lines of at most ``width`` characters joined by ``<br>``: plotly draws a title on one line
+    and cuts it at the figure's edge ("Q-composition: what each later head reads from eac" in
+    a third of the page)."""
+    clean = html.unescape(label(title, 120))  # printable and short; escaped again per line
+    lines = textwrap.wrap(clean, width, break_long_words=True) or [clean]
+    return "<br>".join(label(line, width + 1) for line in lines)
+
+
 def layout_props(title: str, height: int | None = None) -> dict:
-    """The layout every figure starts from: its title (escaped), margins, height, background."""
+    """The layout every figure starts from: its title (escaped, wrapped: ``title_text``),
+    margins, height, background."""
     return {
-        "title": {"text": label(title, 120)},
+        "title": {"text": title_text(title)},
         "margin": {"l": 10, "r": 10, "t": 110, "b": 10},
-        "height": height,
+        "height": None if height is None else max(MIN_HEIGHT, height),
         "plot_bgcolor": "white",
     }
 
@@ -152,7 +170,8 @@ def fit_margins(fig: go.Figure) -> go.Figure:
     need = {"l": 10.0, "r": 10.0, "t": 10.0, "b": 10.0}
     title = layout.get("title", {})
     if title.get("text"):
-        need["t"] += 1.6 * (title.get("font", {}).get("size") or size + 5) + 10
+        lines = 1 + str(title["text"]).count("<br>")
+        need["t"] += 1.6 * lines * (title.get("font", {}).get("size") or size + 5) + 10
     for name in ("xaxis", "yaxis"):
         axis = layout.get(name, {})
         if axis.get("visible") is False:
@@ -197,8 +216,8 @@ def matrix_heatmap(
     The browser gets the matrix (float32, binary-encoded by plotly) and one label per row and
     column; hover text is assembled from those, not stored per cell.
     """
-    y, y_axis = token_axis(rows)
-    x, x_axis = token_axis(cols)
+    y, y_axis = token_axis(rows, tick_room(height))
+    x, x_axis = token_axis(cols, tick_room(height) if len(rows) == len(cols) else MAX_TICKS)
     heatmap = go.Heatmap(
         z=np.asarray(matrix, dtype=np.float32),
         x=x,
@@ -214,6 +233,13 @@ def matrix_heatmap(
         "yaxis": {"title": {"text": row_title}, "autorange": "reversed", **y_axis},
     }
     return go.Figure(heatmap, layout)
+
+
+def tick_room(height: int | None) -> int:
+    """How many token tick labels fit along a side of a figure ``height`` px tall (its plot
+    area: the height less the title's and labels' margins, ``TICK_PX`` a label), at most
+    ``MAX_TICKS``; a figure of unknown height (Streamlit's default, 450 px) as 450."""
+    return max(2, min(MAX_TICKS, ((height or 450) - 160) // TICK_PX))
 
 
 def square_height(n: int) -> int:
