@@ -10,8 +10,10 @@ import numpy as np
 import pandas as pd
 
 from mhsa.plots.common import (
+    COLUMN_TITLE_WIDTH,
     MAX_TICKS,
     MIN_HEIGHT,
+    PAGE_PX,
     TICK_PX,
     TITLE_WIDTH,
     matrix_heatmap,
@@ -36,11 +38,20 @@ def test_a_two_layer_map_gets_the_least_height_and_a_deep_one_its_own() -> None:
 
 def test_a_long_title_wraps_into_lines_that_keep_every_word() -> None:
     title = "Q-composition: what each later head reads from each earlier one"
-    text = composition_figure(pd.DataFrame(np.eye(3), index=list("abc"), columns=list("abc")), "Q")
+    scores = pd.DataFrame(np.eye(3), index=list("abc"), columns=list("abc"))
+    text = composition_figure(scores, "Q", columns=3)
+    assert composition_figure(scores, "Q").layout.title.text.count("<br>") == 1
     lines = text.layout.title.text.split("<br>")
-    assert len(lines) == 2
-    assert all(len(line) <= TITLE_WIDTH for line in lines)
+    assert len(lines) == 4  # drawn in a third of the page
+    assert all(len(line) <= COLUMN_TITLE_WIDTH for line in lines)
     assert " ".join(lines) == title
+
+
+def test_a_full_width_title_wraps_at_the_title_width() -> None:
+    title = "Attention received by each position (× = a sink, above 0.3) in every head"
+    lines = title_text(title).split("<br>")
+    assert len(lines) == 2 and all(len(line) <= TITLE_WIDTH for line in lines)
+    assert " ".join(lines) == html.escape(title, quote=False)
 
 
 def test_a_short_title_stays_one_line_and_user_text_stays_escaped() -> None:
@@ -68,3 +79,14 @@ def test_a_wide_strip_keeps_its_columns_labelled() -> None:
     heads = [f"L0H{h}" for h in range(4)]
     fig = matrix_heatmap(np.zeros((4, 30)), heads, tokens, title="x", height=200)
     assert list(fig.layout.xaxis.ticktext) == tokens
+
+
+def test_a_figure_in_a_column_has_fewer_upright_column_labels() -> None:
+    tokens = [f"t{i}" for i in range(25)]
+    whole = matrix_heatmap(np.zeros((25, 25)), tokens, tokens, title="x", height=600)
+    quarter = matrix_heatmap(np.zeros((25, 25)), tokens, tokens, title="x", height=600, columns=4)
+    assert list(whole.layout.xaxis.ticktext) == tokens  # 600 px: room for every token
+    room = tick_room(PAGE_PX // 4)
+    assert list(quarter.layout.xaxis.ticktext) == tokens[:: -(-25 // room)]
+    assert quarter.layout.xaxis.tickangle == -90 and whole.layout.xaxis.tickangle is None
+    assert list(quarter.layout.yaxis.ticktext) == tokens  # rows keep the figure's height

@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 __all__ = [
     "COLORSCALE",
     "COLORWAY",
+    "COLUMN_TITLE_WIDTH",
     "MAX_TICKS",
     "MIN_HEIGHT",
     "SIGNED_COLORSCALE",
@@ -80,6 +81,8 @@ MAX_TICKS = 64  # beyond this, tick labels are thinned (hover still names every 
 TICK_PX = 13  # the least room a token tick label gets (px): closer ones are thinned
 MIN_HEIGHT = 360  # the least height of a figure given one (px): 2-layer maps were 60 px tall
 TITLE_WIDTH = 56  # characters of a title's line: longer titles wrap (plotly cuts, not wraps)
+COLUMN_TITLE_WIDTH = 18  # the same for a figure drawn in a third or a quarter of the page
+PAGE_PX = 880  # the width a figure spanning the page's main column is drawn at (px), about
 
 
 def label(text: str, limit: int = 40) -> str:
@@ -119,20 +122,22 @@ def title_text(title: str, width: int = TITLE_WIDTH) -> str:
     return "<br>".join(label(line, width + 1) for line in lines)
 
 
-def layout_props(title: str, height: int | None = None) -> dict:
-    """The layout every figure starts from: its title (escaped, wrapped: ``title_text``),
-    margins, height, background."""
+def layout_props(title: str, height: int | None = None, *, title_width: int = TITLE_WIDTH) -> dict:
+    """The layout every figure starts from: its title (escaped, wrapped at ``title_width``
+    characters: ``title_text``), margins, height (at least ``MIN_HEIGHT``), background."""
     return {
-        "title": {"text": title_text(title)},
+        "title": {"text": title_text(title, title_width)},
         "margin": {"l": 10, "r": 10, "t": 110, "b": 10},
         "height": None if height is None else max(MIN_HEIGHT, height),
         "plot_bgcolor": "white",
     }
 
 
-def apply_layout(fig: go.Figure, title: str, *, height: int | None = None) -> go.Figure:
+def apply_layout(
+    fig: go.Figure, title: str, *, height: int | None = None, title_width: int = TITLE_WIDTH
+) -> go.Figure:
     """``fig`` with the layout every figure starts from (``layout_props``)."""
-    fig.update_layout(layout_props(title, height))
+    fig.update_layout(layout_props(title, height, title_width=title_width))
     return fig
 
 
@@ -210,14 +215,23 @@ def matrix_heatmap(
     colorscale: str = COLORSCALE,
     value_name: str = "weight",
     height: int | None = None,
+    columns: int = 1,
 ) -> go.Figure:
     """A labelled heatmap with exact values on hover; ``rows``/``cols`` are escaped here.
+    ``columns``: how many figures share the page's width with this one (1: the whole width);
+    in a column, the title wraps at ``COLUMN_TITLE_WIDTH`` characters and the column labels
+    are upright and thinned to the column's room (``tick_room``).
 
     The browser gets the matrix (float32, binary-encoded by plotly) and one label per row and
     column; hover text is assembled from those, not stored per cell.
     """
     y, y_axis = token_axis(rows, tick_room(height))
-    x, x_axis = token_axis(cols, tick_room(height) if len(rows) == len(cols) else MAX_TICKS)
+    across = tick_room(height) if len(rows) == len(cols) else MAX_TICKS
+    if columns > 1:
+        across = min(across, tick_room(PAGE_PX // columns))
+    x, x_axis = token_axis(cols, across)
+    if columns > 1:
+        x_axis["tickangle"] = -90  # turned labels' boxes overlap; upright ones a column apart
     heatmap = go.Heatmap(
         z=np.asarray(matrix, dtype=np.float32),
         x=x,
@@ -228,7 +242,10 @@ def matrix_heatmap(
         hovertemplate=f"%{{y}} → %{{x}}<br>{value_name} %{{z:.4f}}<extra></extra>",
         colorbar={"thickness": 12, "title": {"text": value_name}},  # the same legend everywhere
     )
-    layout = layout_props(title, height) | {  # one validated layout, not one update per part
+    title_width = TITLE_WIDTH if columns == 1 else COLUMN_TITLE_WIDTH
+    layout = layout_props(
+        title, height, title_width=title_width
+    ) | {  # one validated layout, not one update per part
         "xaxis": {"title": {"text": col_title}, "side": "top", **x_axis},
         "yaxis": {"title": {"text": row_title}, "autorange": "reversed", **y_axis},
     }
@@ -236,9 +253,10 @@ def matrix_heatmap(
 
 
 def tick_room(height: int | None) -> int:
-    """How many token tick labels fit along a side of a figure ``height`` px tall (its plot
-    area: the height less the title's and labels' margins, ``TICK_PX`` a label), at most
-    ``MAX_TICKS``; a figure of unknown height (Streamlit's default, 450 px) as 450."""
+    """How many token tick labels fit along a side of a figure ``height`` px tall, or wide
+    (its plot area: the side less the labels', title's or colour bar's margins, ``TICK_PX`` a
+    label), at most ``MAX_TICKS``; a figure of unknown height (Streamlit's default, 450 px) as
+    450."""
     return max(2, min(MAX_TICKS, ((height or 450) - 160) // TICK_PX))
 
 
