@@ -78,7 +78,7 @@ TEMPLATE = go.layout.Template(
 COLORSCALE = "Blues"  # every attention weight, on every page, 0 (white) to 1 (dark blue)
 SIGNED_COLORSCALE = "RdBu"  # signed values (vectors, scores): blue above 0, red below
 MAX_TICKS = 64  # beyond this, tick labels are thinned (hover still names every cell)
-TICK_PX = 13  # the least room a token tick label gets (px): closer ones are thinned
+TICK_PX = 16  # the least room a token tick label gets (px): closer ones are thinned
 MIN_HEIGHT = 360  # the least height of a figure given one (px): 2-layer maps were 60 px tall
 TITLE_WIDTH = 56  # characters of a title's line: longer titles wrap (plotly cuts, not wraps)
 COLUMN_TITLE_WIDTH = 18  # the same for a figure drawn in a third or a quarter of the page
@@ -186,10 +186,14 @@ def fit_margins(fig: go.Figure) -> go.Figure:
         turned = name == "yaxis" or side == "top" or chars > 8  # long labels turn
         ticks = 0 if not chars else chars * glyph + 8 if turned else line + 8
         need[side[0]] += ticks + (line + 4 if axis.get("title", {}).get("text") else 0)
-    if any(
-        getattr(t, "showscale", None) is not False and t.type in ("heatmap", "histogram2d")
+    bars = [
+        t
         for t in fig.data
-    ):
+        if getattr(t, "showscale", None) is not False and t.type in ("heatmap", "histogram2d")
+    ]
+    if any(t.colorbar.orientation == "h" for t in bars):  # a colour bar under the map
+        need["b"] += 30 + 2 * line
+    elif bars:
         need["r"] += 60 + glyph * 6
     margin = layout.get("margin", {})
     update: dict = {
@@ -240,9 +244,12 @@ def matrix_heatmap(
         zmin=zmin,
         zmax=zmax,
         hovertemplate=f"%{{y}} → %{{x}}<br>{value_name} %{{z:.4f}}<extra></extra>",
-        colorbar={"thickness": 12, "title": {"text": value_name}},  # the same legend everywhere
+        colorbar=_colorbar(value_name, columns),  # the same legend everywhere
     )
     title_width = TITLE_WIDTH if columns == 1 else COLUMN_TITLE_WIDTH
+    if columns > 1:  # the rows keep their room under a wrapped title, over the colour bar
+        lines = title_text(title, title_width).count("<br>")
+        height = (height or 450) + 28 * lines + 80
     layout = layout_props(
         title, height, title_width=title_width
     ) | {  # one validated layout, not one update per part
@@ -258,6 +265,16 @@ def tick_room(height: int | None) -> int:
     label), at most ``MAX_TICKS``; a figure of unknown height (Streamlit's default, 450 px) as
     450."""
     return max(2, min(MAX_TICKS, ((height or 450) - 160) // TICK_PX))
+
+
+def _colorbar(value_name: str, columns: int) -> dict:
+    """A heatmap's colour bar: upright on the right; in a column, lying under the map (beside
+    it, it took half of a quarter page's width)."""
+    bar = {"thickness": 12, "title": {"text": value_name}}
+    if columns > 1:
+        bar |= {"orientation": "h", "y": 0, "yref": "container", "yanchor": "bottom"}
+        bar |= {"title": {"text": value_name, "side": "top"}, "ypad": 10}
+    return bar
 
 
 def square_height(n: int) -> int:

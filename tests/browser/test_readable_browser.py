@@ -1,7 +1,7 @@
 """Figures readable on a small and a large model (issue 38, point 5), measured in Debian's
 Chromium: on the 2-layer ``toy:induction`` and on the 6-layer, 12-head default MiniLM, every
-figure is drawn at least ``MIN_FIGURE`` px tall, every colour bar at least ``MIN_BAR`` px, every
-title whole (the rendered text is the figure's full title, within the figure's width, over
+figure is drawn at least ``MIN_FIGURE`` px tall, every colour bar at least ``MIN_BAR`` px long,
+every title whole (the rendered text is the figure's full title, within the figure's width, over
 lines if need be) and no two tick labels of a figure overlap. A screenshot of each page is
 saved to a temporary folder (its path in the test's output)."""
 
@@ -39,7 +39,8 @@ MEASURE = """() => [...document.querySelectorAll('.js-plotly-plot')].map(div => 
     return {
         height: svg.height, width: svg.width,
         bars: [...div.querySelectorAll('.colorbar .cbbg')]
-            .map(e => e.getBoundingClientRect().height),
+            .map(e => e.getBoundingClientRect())
+            .map(r => Math.max(r.width, r.height)),  // its length, upright or lying
         title: title ? title.textContent : '',
         full: decode(layoutTitle.replaceAll('<br>', '')),
         inside: !box || (box.left >= svg.left - 1 && box.right <= svg.right + 1),
