@@ -35,6 +35,18 @@ SHOTS = [
         {"model": "toy:induction", "text": REPEAT, "answer": "di", "wrong": "lu"},
         2,
     ),
+    (
+        "Circuits",
+        "Circuits",
+        {
+            "model": "toy:induction",
+            "clean": "ba ke mo di fu lo ni pa su te ba ke mo di fu",
+            "corrupted": "ba ke mo di ra lo ni pa su te ba ke mo di fu",
+            "answer": "lo",
+            "wrong": "ba",
+        },
+        2,
+    ),
 ]
 
 

@@ -95,6 +95,14 @@ PAGES: tuple[AppPage, ...] = (
         0,  # on the default model (an encoder) it draws none: three on a causal LM
     ),
     AppPage(
+        "Circuits",
+        "pages/13_Circuits.py",
+        "Circuits",
+        "Analyse",
+        ":material/hub:",
+        0,  # on the default model (an encoder) it draws none: two on a causal LM
+    ),
+    AppPage(
         "Rollout",
         "pages/5_Rollout.py",
         "Rollout",

@@ -44,6 +44,7 @@ from mhsa.training import (
     save_model,
     train,
 )
+from mhsa.training.circuit_probe import k_composition_series
 from mhsa.training.results import phase_change_step
 from mhsa.training.tasks import BOS, VOCAB
 from ui import core, runtime
@@ -327,7 +328,23 @@ def figures(
             phase_change_step=phase,
             threshold=PHASE_CHANGE_SCORE,
         ),
+        **_k_composition(snapshots, steps, phase),
     }
+
+
+def _k_composition(
+    snapshots: Sequence[TrainSnapshot], steps: int, phase: int | None
+) -> dict[str, go.Figure]:
+    """The induction task's K-composition edge over the steps (beside the head scores), or
+    nothing for another task."""
+    series = k_composition_series(snapshots)
+    if series is None:
+        return {}
+    sender, receiver, at, scores = series
+    figure = plots.k_composition_figure(
+        sender, receiver, at, scores, total_steps=steps, phase_change_step=phase
+    )
+    return {"k-composition": figure}
 
 
 class LiveFigures:

@@ -40,6 +40,7 @@ OUTPUTS = (
     "positions",
     "attribution",
     "routes",
+    "curve",
 )
 
 

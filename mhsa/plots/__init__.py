@@ -8,11 +8,17 @@ streamlit; the only part of ``mhsa`` that imports plotly.
 - ``export``: the numbers a figure draws, as a table (``figure_data``);
 - one module per page: ``heads``, ``line_view``, ``similarity``, ``statistics``,
   ``importance``, ``roles``, ``patching``, ``rollout``, ``classroom`` (Inside MHSA),
-  ``training`` (Train heads), ``flow`` (Information flow).
+  ``training`` (Train heads), ``flow`` (Information flow), ``circuits`` (Circuits).
 
 Every public name is re-exported here: ``from mhsa.plots import head_heatmap``.
 """
 
+from mhsa.plots.circuits import (
+    circuit_figure,
+    circuit_node_xy,
+    faithfulness_figure,
+    k_composition_figure,
+)
 from mhsa.plots.classroom import neuron_figure, step_heatmap
 from mhsa.plots.common import (
     COLORSCALE,
@@ -84,11 +90,14 @@ __all__ = [
     "WEIGHTED_BY_NORM",
     "WEIGHTS",
     "attribution_figure",
+    "circuit_figure",
+    "circuit_node_xy",
     "composition_figure",
     "decorate",
     "detection_pattern_figure",
     "downsample",
     "enlarge_fonts",
+    "faithfulness_figure",
     "figure_data",
     "fit_margins",
     "flow_figure",
@@ -98,6 +107,7 @@ __all__ = [
     "head_scores_figure",
     "head_value_grid",
     "importance_scatter",
+    "k_composition_figure",
     "label",
     "layer_change_figure",
     "line_pairs",

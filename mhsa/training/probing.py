@@ -13,10 +13,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mhsa.errors import InputError
 from mhsa.swap import OurBlock, OurPass
+from mhsa.training.circuit_probe import induction_edge_probe, k_edge_scores
 from mhsa.training.results import Evaluation, TrainSnapshot
 from mhsa.training.scores import HeadScores, anti_diagonal_scores, head_scores
 from mhsa.training.tasks import (
+    SYMBOLS,
+    VOCAB,
     TaskBatch,
     TaskSpec,
     make_tokenizer,
@@ -179,6 +183,11 @@ class Probe:
         self.source_tokens = None if decoder is None else to_tokens(self.batch.ids[0].tolist())
         self.eval_batch = sample(spec, np.random.default_rng([config.seed, 1]), 128)
         self.device = device
+        # the induction task's fixed pair for its circuit's K-composition edges (issue 40.6)
+        self.edge_probe = None
+        if spec.name == "induction" and decoder is None:
+            symbols = [VOCAB[s] for s in SYMBOLS]
+            self.edge_probe = induction_edge_probe(self.batch.ids[0].tolist(), symbols)
 
     @torch.no_grad()
     def snapshot(
@@ -205,4 +214,14 @@ class Probe:
             induction_scores=scores.induction,
             anti_diagonal_scores=scores.anti_diagonal,
             probe_source_tokens=self.source_tokens,
+            k_edge_scores=self._k_edges(model, ours),
         )
+
+    def _k_edges(self, model: Any, ours: tuple[list[OurBlock], OurPass]) -> np.ndarray | None:
+        """The induction task's K-composition edge scores on its probe pair (issue 40.6)."""
+        if self.edge_probe is None:
+            return None
+        try:
+            return k_edge_scores(model, ours, self.edge_probe, self.device)
+        except InputError:  # the pair gives the same metric (an untrained model may)
+            return None

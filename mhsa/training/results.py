@@ -53,6 +53,9 @@ class TrainSnapshot:
             attention on the probe (``scores.anti_diagonal_scores``), else None.
         probe_source_tokens: an encoder-decoder task: the encoder's input, as tokens (the
             columns of ``probe_attention``), else None.
+        k_edge_scores: the induction task: ``[layers, heads, layers, heads]`` the EAP score of
+            each head's edge into each later head's key on a fixed probe pair
+            (``circuit_probe.k_edge_scores``; NaN where there is no edge), else None.
     """
 
     step: int
@@ -65,6 +68,7 @@ class TrainSnapshot:
     induction_scores: np.ndarray
     anti_diagonal_scores: np.ndarray | None = None
     probe_source_tokens: list[str] | None = None
+    k_edge_scores: np.ndarray | None = None
 
     @property
     def scores(self) -> HeadScores:

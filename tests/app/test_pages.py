@@ -257,8 +257,11 @@ def test_sidebar_state_round_trips_through_the_url() -> None:
 
 
 #: the pages that show the sidebar's sentence (Train heads shows a model it trains; Patching
-#: its own clean and corrupted texts, hostile-tested in test_patching_page.py)
-SENTENCE_PAGES = [p for p in PAGES if "Train_heads" not in p and "Patching" not in p]
+#: and Circuits their own clean and corrupted texts, hostile-tested in test_patching_page.py
+#: and test_circuits_page.py)
+SENTENCE_PAGES = [
+    p for p in PAGES if not any(n in p for n in ("Train_heads", "Patching", "Circuits"))
+]
 
 
 @pytest.mark.parametrize("page", SENTENCE_PAGES)

@@ -1,0 +1,366 @@
+"""Runs of a model wired as a circuit graph: every receiver input reads its own copy of the
+residual stream (TransformerLens's ``use_split_qkv_input``), so that one edge can carry another
+activation than the others, and a zero added to each copy gives the gradient at that input.
+
+The graph (``mhsa.circuits.CircuitGraph``) is EAP-IG's (hannamw/EAP-IG ``src/eap/graph.py``):
+sources ``input`` (the residual entering layer 0), each head's output ``z_h W_O^h`` (the output
+bias in no node) and each MLP's output; targets each head's query, key and value inputs, each
+MLP's input and the logits' input (the last residual, before the final norm). A pre-norm layer
+reads ``ln_1(x)`` for its attention and ``ln_2(x + attn)`` for its MLP; here each head's q, k
+and v input is ``ln_1`` of its own copy of ``x``, projected with that head's slice of W_Q, W_K,
+W_V, and put in place of our module's per-head Q, K, V (``mhsa.core`` observation points "per-head
+Q", "per-head K", "per-head V"; grouped-query attention runs ungrouped, each query head with its
+own copy of its key/value head's weights, as TransformerLens's ``ungroup_grouped_query_attention``).
+
+A run may corrupt edges (``evaluate_graph``'s input construction in ``src/eap/evaluate.py``):
+target v's input is ``x_v + sum over the corrupted edges (u, v) of (a_u(corrupted) - a_u(this
+run))``, so such an edge carries the source's activation from the corrupted text while every
+other edge carries this run's. Each row of a batch has its own set of corrupted edges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from mhsa.attention import MultiHeadSelfAttention
+from mhsa.errors import UnsupportedModelError
+from mhsa.models import LoadedModel
+from mhsa.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
+
+__all__ = [
+    "TOOLS_NEEDING_PRE_NORM",
+    "CircuitModel",
+    "CircuitRun",
+    "circuit_model",
+    "run_circuit",
+]
+
+#: the norm a pre-norm layer applies before its attention, and before its MLP, by attribute
+_LN1 = ("ln_1", "input_layernorm")
+_LN2 = ("ln_2", "post_attention_layernorm")
+_FINAL = ("ln_f", "norm")
+#: layers with these norms put a norm after attention or the MLP (Gemma 2, OLMo 2): the residual
+#: is then no sum of the nodes' outputs as written here
+_POST_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+TOOLS_NEEDING_PRE_NORM = (
+    "Circuits (edge attribution, faithfulness, path patching), direct logit attribution and "
+    "information flow need a causal language model with pre-norm layers, whose residual stream "
+    "is a sum of its parts: GPT-2, the Llama family (Llama, Qwen2, Mistral) or a toy model such "
+    "as toy:induction. Patching, head importance and every attention view run on it."
+)
+
+
+def _unsupported(lm: LoadedModel, why: str) -> UnsupportedModelError:
+    return UnsupportedModelError(f"{lm.display_name}: {why}. {TOOLS_NEEDING_PRE_NORM}")
+
+
+def _child(module: nn.Module, names: Sequence[str]) -> nn.Module | None:
+    for name in names:
+        found = getattr(module, name, None)
+        if isinstance(found, nn.Module):
+            return found
+    return None
+
+
+def _ungrouped(ours: MultiHeadSelfAttention) -> MultiHeadSelfAttention:
+    """``ours`` with one key/value head per query head (each a copy of its group's)."""
+    if ours.groups == 1:
+        return ours
+    (w_q, w_k, w_v, w_o), (b_q, b_k, b_v, b_o) = ours.projections()
+
+    def spread(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        per_head = t.reshape(ours.num_kv_heads, ours.d_head, *t.shape[1:])
+        return per_head.repeat_interleave(ours.groups, dim=0).reshape(-1, *t.shape[1:])
+
+    module = MultiHeadSelfAttention.from_projections(
+        w_q,
+        spread(w_k),  # type: ignore[arg-type]
+        spread(w_v),  # type: ignore[arg-type]
+        w_o,
+        b_q,
+        spread(b_k),
+        spread(b_v),
+        b_o,
+        num_heads=ours.num_heads,
+        scale=ours.scale,
+        rotary=ours.rotary,
+    )
+    return module.eval()
+
+
+def _per_head(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """``[H Dh, D]`` (``nn.Linear`` layout) -> ``[H, Dh, D]``."""
+    return weight.reshape(heads, -1, weight.shape[-1])
+
+
+@dataclass(frozen=True, eq=False)
+class CircuitModel:
+    """A pre-norm causal LM's parts that a circuit run touches (from ``circuit_model``).
+
+    Attributes:
+        lm: the model.
+        blocks: our module in every attention block (grouped-query attention ungrouped).
+        layers, ln1, ln2: per layer, the whole layer and its two norms.
+        final_norm: the norm before the unembedding.
+        w_qkv: per layer, ``(W_Q, W_K, W_V)`` per head ``[H, Dh, D]`` and their biases
+            ``[H, 1, Dh]`` (or None).
+        w_o: per layer, each head's slice of W_O ``[H, Dh, D]``.
+        running: the pass of ``blocks`` already standing in the model (a training run's):
+            runs put their observers into it instead of swapping blocks in.
+    """
+
+    lm: LoadedModel
+    blocks: list[OurBlock]
+    layers: list[nn.Module]
+    ln1: list[nn.Module]
+    ln2: list[nn.Module]
+    final_norm: nn.Module
+    w_qkv: list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor | None, ...]]]
+    w_o: list[torch.Tensor]
+    running: OurPass | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_heads(self) -> int:
+        return self.blocks[0].ours.num_heads
+
+
+#: config flags and model types of layers whose attention and MLP read the same residual
+_PARALLEL_FLAGS = ("use_parallel_residual", "parallel_attn")
+_PARALLEL_TYPES = ("gptj", "codegen", "phi")
+
+
+def _check(lm: LoadedModel) -> None:
+    config = lm.config
+    if any(getattr(config, f, False) is True for f in _PARALLEL_FLAGS) or (
+        getattr(config, "model_type", None) in _PARALLEL_TYPES
+    ):
+        raise _unsupported(
+            lm,
+            "attention and MLP side by side on the same residual (a parallel block), whose "
+            "wiring circuits do not follow yet",
+        )
+    if lm.is_encoder_decoder:
+        raise _unsupported(lm, "an encoder-decoder (its decoder also reads the encoder's output)")
+    if lm.lm_head != "causal" or lm.head_model is None:
+        raise _unsupported(lm, "no next-token (causal language-model) head")
+
+
+def circuit_model(
+    lm: LoadedModel, blocks: list[OurBlock] | None = None, running: OurPass | None = None
+) -> CircuitModel:
+    """``lm``'s parts for circuit runs, built once and kept in ``lm.cache``; caller holds
+    ``lm.lock``. With ``blocks`` (a training run's, standing in the model with the pass
+    ``running``): built from them afresh (their weights move), and run in place.
+
+    Raises:
+        UnsupportedModelError: a model our module cannot run (the swap's message), an
+            encoder-decoder, a model without a next-token head, a post-norm model or a layout
+            outside GPT-2 and the Llama family; the message says which tools need what.
+    """
+    key = "circuit-model"
+    if blocks is None and key in lm.cache:
+        return lm.cache[key]
+    _check(lm)
+    if blocks is None:
+        try:
+            blocks = our_blocks(lm)
+        except UnsupportedModelError as e:
+            raise UnsupportedModelError(f"Circuits run through our module: {e}") from e
+    if not blocks[0].causal:
+        raise _unsupported(lm, "a post-norm encoder")
+    if running is not None and blocks[0].ours.groups > 1:
+        raise _unsupported(lm, "grouped-query attention in a run that is already going")
+    model = _wired(lm, blocks, running)
+    if running is None:
+        lm.cache[key] = model
+    return model
+
+
+def _wired(lm: LoadedModel, plain: list[OurBlock], running: OurPass | None) -> CircuitModel:
+    layers, ln1, ln2, blocks, w_qkv, w_o = [], [], [], [], [], []
+    with torch.inference_mode(False), torch.no_grad():
+        for block in plain:
+            outer, name = block.layer_place
+            layer = getattr(outer, name)
+            norms = (_child(layer, _LN1), _child(layer, _LN2))
+            mlp = getattr(layer, "mlp", None)
+            if norms[0] is None or norms[1] is None or not isinstance(mlp, nn.Module):
+                raise _unsupported(lm, "a layer without ln_1/ln_2 (or their Llama names) and mlp")
+            if _child(layer, _POST_NORMS) is not None:
+                raise _unsupported(lm, "norms after attention or the MLP")
+            ours = _ungrouped(block.ours)
+            (q, k, v, o), (bq, bk, bv, _) = ours.projections()
+            h = ours.num_heads
+            biases = tuple(None if b is None else b.reshape(h, 1, -1) for b in (bq, bk, bv))
+            w_qkv.append((tuple(_per_head(w, h) for w in (q, k, v)), biases))
+            w_o.append(_per_head(o.T.contiguous(), h))  # (H, Dh, D)
+            layers.append(layer)
+            ln1.append(norms[0])
+            ln2.append(norms[1])
+            blocks.append(block if ours is block.ours else block.with_module(ours))
+    final = _child(lm.model, _FINAL)
+    if final is None:
+        raise _unsupported(lm, "no final norm (ln_f or norm)")
+    return CircuitModel(lm, blocks, layers, ln1, ln2, final, w_qkv, w_o, running)
+
+
+def _hidden(args: tuple, kwargs: dict) -> torch.Tensor:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def _with_hidden(args: tuple, kwargs: dict, x: torch.Tensor) -> tuple[tuple, dict]:
+    if args:
+        return (x, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": x}
+
+
+@dataclass
+class CircuitRun:
+    """One forward pass (B rows) of a ``CircuitModel``, and what it leaves.
+
+    Args (fields set by the caller):
+        corrupt: ``[B, sources, targets]``: 1 where the row's edge carries the corrupted
+            activation (None: no edge does).
+        corrupted: ``[sources, T, D]`` every source's activation on the corrupted text.
+        probe: add a zero to every target input and keep it, for gradients.
+        embeddings: ``[B, T, D]`` put in place of the residual entering layer 0 (IG steps).
+        upstream: per target, how many sources feed it (the graph's prefix lengths).
+
+    Filled by the pass: ``acts`` (each source's activation ``[B, T, D]``, in the graph's order)
+    and ``zeros`` (the added zeros, ``[B, n, T, D]`` per group of targets, in order).
+    """
+
+    upstream: Sequence[int]
+    corrupt: torch.Tensor | None = None
+    corrupted: torch.Tensor | None = None
+    probe: bool = False
+    embeddings: torch.Tensor | None = None
+    acts: list[torch.Tensor] = field(default_factory=list)
+    zeros: list[torch.Tensor] = field(default_factory=list)
+    _x: dict[int, torch.Tensor] = field(default_factory=dict)
+    _y: torch.Tensor | None = None
+    _next: int = 0
+
+    def extra(self, count: int, like: torch.Tensor) -> torch.Tensor | None:
+        """What the next ``count`` targets' inputs get added (``[B, count, T, D]``): the
+        corrupted edges' differences, and the probe's zero; None when nothing."""
+        cols = slice(self._next, self._next + count)
+        p = self.upstream[self._next]
+        self._next += count
+        added: torch.Tensor | None = None
+        if self.corrupt is not None and self.corrupted is not None:
+            mask = self.corrupt[:, :p, cols].to(like.dtype)
+            if bool(mask.any()):
+                diffs = self.corrupted[None, :p] - torch.stack(self.acts[:p], dim=1)  # (B,p,T,D)
+                added = torch.einsum("bptd,bpn->bntd", diffs, mask)
+        if self.probe:
+            b, t, d = like.shape
+            zero = torch.zeros(b, count, t, d, dtype=like.dtype, device=like.device)
+            zero.requires_grad_(True)
+            self.zeros.append(zero)
+            added = zero if added is None else added + zero
+        return added
+
+
+def _layer_pre_hook(run: CircuitRun, layer: int) -> Callable[..., Any]:
+    def hook(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        x = _hidden(args, kwargs)
+        changed = None
+        if layer == 0:
+            if run.embeddings is not None:
+                x = run.embeddings.to(x.dtype)
+                changed = _with_hidden(args, kwargs, x)
+            run.acts.append(x)  # the input node
+        run._x[layer] = x
+        return changed
+
+    return hook
+
+
+def _observer(model: CircuitModel, run: CircuitRun, layer: int) -> Callable[..., Any]:
+    (w_q, w_k, w_v), (b_q, b_k, b_v) = model.w_qkv[layer]
+    heads = model.num_heads
+    ln1, w_o = model.ln1[layer], model.w_o[layer]
+
+    def project(part: int, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor | None:
+        if run._y is None:
+            return None
+        y = run._y[:, part * heads : (part + 1) * heads]  # (B, H, T, D)
+        out = torch.einsum("bhtd,hkd->bhtk", y, w.to(y.dtype))  # (B, H, T, Dh)
+        return out if b is None else out + b.to(out.dtype)
+
+    def observe(name: str, tensor: torch.Tensor) -> torch.Tensor | None:
+        if name == "per-head Q":
+            x = run._x[layer]
+            extra = run.extra(3 * heads, x)  # q of every head, then k, then v
+            run._y = None if extra is None else ln1(x[:, None] + extra)  # (B, 3H, T, D)
+            return project(0, w_q, b_q)
+        if name == "per-head K":
+            return project(1, w_k, b_k)
+        if name == "per-head V":
+            return project(2, w_v, b_v)
+        if name == "per-head context":
+            outs = torch.einsum("bhtk,hkd->bhtd", tensor, w_o.to(tensor.dtype))
+            run.acts.extend(outs.unbind(1))
+        return None
+
+    return observe
+
+
+def _ln2_pre_hook(run: CircuitRun) -> Callable[..., Any]:
+    def hook(_module: nn.Module, args: tuple) -> tuple | None:
+        extra = run.extra(1, args[0])
+        return None if extra is None else (args[0] + extra[:, 0], *args[1:])
+
+    return hook
+
+
+def _mlp_hook(run: CircuitRun) -> Callable[..., None]:
+    def hook(_module: nn.Module, _args: tuple, output: Any) -> None:
+        run.acts.append(output[0] if isinstance(output, tuple) else output)
+
+    return hook
+
+
+def run_circuit(
+    model: CircuitModel, run: CircuitRun, inputs: Mapping[str, torch.Tensor]
+) -> torch.Tensor:
+    """``inputs`` through ``model`` wired as ``run`` asks; returns the logits ``[B, T, V]`` and
+    fills ``run``. Caller holds the lock (and picks the grad mode)."""
+    handles = []
+    try:
+        for i, layer in enumerate(model.layers):
+            handles.append(
+                layer.register_forward_pre_hook(_layer_pre_hook(run, i), with_kwargs=True)
+            )
+            handles.append(model.ln2[i].register_forward_pre_hook(_ln2_pre_hook(run)))
+            handles.append(layer.mlp.register_forward_hook(_mlp_hook(run)))
+        handles.append(model.final_norm.register_forward_pre_hook(_ln2_pre_hook(run)))
+        observers = {b.layer: _observer(model, run, i) for i, b in enumerate(model.blocks)}
+        if model.running is None:
+            our_pass = OurPass(need_weights=False, observers=observers)
+            out = run_with_our_blocks(model.lm, model.blocks, our_pass, inputs, with_head=True)
+        else:  # our blocks already stand in the model: observe through their pass
+            kept = model.running.observers
+            model.running.observers = observers
+            try:
+                device = model.lm.device
+                out = model.lm.head_model(**{k: v.to(device) for k, v in inputs.items()})
+            finally:
+                model.running.observers = kept
+    finally:
+        for handle in handles:
+            handle.remove()
+    return out.logits

@@ -1,0 +1,599 @@
+"""Circuits: which edges between heads carry the answer, and how faithful a small set of them is.
+
+Patching (``mhsa.patching``) scores nodes; this module scores *edges*, as edge attribution
+patching (Syed et al. 2023, "Attribution Patching Outperforms Automated Circuit Discovery"),
+EAP-IG (Hanna et al. 2024, "Have Faith in Faithfulness") and the MIB benchmark's circuit track
+(Mueller et al. 2025) do, following their code: hannamw/EAP-IG ``src/eap/graph.py`` (the graph),
+``src/eap/attribute.py`` (``get_scores_eap``, ``get_scores_eap_ig``, ``get_scores_exact``),
+``src/eap/evaluate.py`` (``evaluate_graph``) and MIB's ``evaluate_area_under_curve`` (the
+faithfulness curve, CPR and CMD).
+
+The graph: nodes ``input`` (the residual entering layer 0: the embeddings), each head
+``L{l}H{h}``, each MLP ``M{l}`` and ``logits``. An edge runs from every node into every node
+downstream of it: into a head's query, key or value input (each reads its own copy of the
+residual, TransformerLens's split q/k/v input), an MLP's input or the logits' input (the last
+residual, before the final norm). A head's output is ``z_h W_O^h`` (the output bias is in no
+node); a head feeds its own layer's MLP and everything above. GPT-2 small has 32,491 edges, as
+MIB counts them.
+
+Scores, with m the metric logit(answer) - logit(wrong) at the last position and ``a_u`` a
+source's output:
+
+- ``"eap"``: ``sum over positions of (a_u(corrupted) - a_u(clean)) . dm/d in_v`` at the clean
+  run (``get_scores_eap``): the first-order estimate of the exact score, for every edge from one
+  clean forward, one corrupted forward and one backward.
+- ``"eap-ig"``: the same with the gradient averaged over the runs whose embeddings are
+  ``corrupted + (k / steps) (clean - corrupted)`` for k = 0 .. steps - 1 (``get_scores_eap_ig``);
+  the steps run side by side as one batch.
+- ``"exact"``: m with that edge alone carrying the corrupted activation, minus m of the clean
+  run (``get_scores_exact``); ``path_patch`` of the edge.
+
+Everything runs through our module (``mhsa.swap``, wired by ``mhsa.circuit_runs``) with the
+model's own weights, on pre-norm causal language models (GPT-2, the Llama family, the toy
+models). Circuits evaluated together (a faithfulness curve, exact scores) run as the rows of one
+batch, each row with its own corrupted edges, as leave-one-out batches heads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from mhsa.circuit_graph import CircuitGraph
+from mhsa.circuit_runs import CircuitModel, CircuitRun, circuit_model, run_circuit
+from mhsa.encoding import answer_ids, check_text, encode
+from mhsa.errors import InputError
+from mhsa.metrics import logit_difference
+from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.registry import lookup
+from mhsa.swap import OurBlock, OurPass
+
+__all__ = [
+    "EDGE_METHODS",
+    "MIB_PERCENTAGES",
+    "CircuitGraph",
+    "FaithfulnessCurve",
+    "PathPatch",
+    "circuit_faithfulness",
+    "circuit_graph",
+    "edge_attribution",
+    "edge_attribution_ids",
+    "faithfulness_curve",
+    "path_patch",
+    "top_edges",
+]
+
+Progress = Callable[[int, int], None]
+
+#: the scoring methods of ``edge_attribution``, by name
+EDGE_METHODS: dict[str, str] = {
+    "eap": "edge attribution patching: (corrupted - clean source output) . gradient at the "
+    "target input, at the clean run (get_scores_eap)",
+    "eap-ig": "EAP with integrated gradients: the gradient averaged over embeddings interpolated "
+    "from the corrupted to the clean text (get_scores_eap_ig)",
+    "exact": "each edge patched alone: m with the edge carrying the corrupted activation minus "
+    "m of the clean run (get_scores_exact)",
+}
+#: the circuit sizes of MIB's faithfulness curve, as fractions of all edges
+MIB_PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def circuit_graph(model: str | LoadedModel = DEFAULT_MODEL) -> CircuitGraph:
+    """The circuit graph of ``model``.
+
+    Raises:
+        UnsupportedModelError: a model circuits cannot run on (the message says which tools
+            need what).
+    """
+    lm = resolve_model(model)
+    with lm.lock:
+        wired = circuit_model(lm)
+    return CircuitGraph(wired.num_layers, wired.num_heads)
+
+
+# --- the clean / corrupted pair -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class _Pair:
+    """Both texts encoded for a wired model, the metric's tokens, and both runs' activations."""
+
+    wired: CircuitModel
+    graph: CircuitGraph
+    clean: dict[str, torch.Tensor]  # the clean text's inputs (batch 1)
+    tokens: tuple[list[str], list[str]]  # the two texts' tokens
+    answer: int
+    wrong: int
+    metric: str
+    acts_clean: torch.Tensor  # (sources, T, D)
+    acts_corrupted: torch.Tensor  # (sources, T, D)
+    m_clean: float
+    m_corrupted: float
+
+    def ids(self, rows: int) -> dict[str, torch.Tensor]:
+        """The clean text's inputs, ``rows`` times."""
+        return {k: v.expand(rows, -1) for k, v in self.clean.items()}
+
+    def measure(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[rows]``: logit(answer) - logit(wrong) at the last position (the metric module's
+        ``logit_difference``, patching's metric)."""
+        return logit_difference(logits, self.answer, self.wrong)
+
+    def attrs(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "clean": self.m_clean,
+            "corrupted": self.m_corrupted,
+            "clean_tokens": self.tokens[0],
+            "corrupted_tokens": self.tokens[1],
+            "model": self.wired.lm.display_name,
+            "layers": self.graph.layers,
+            "heads": self.graph.heads,
+        }
+
+    def corrupted_runs(self, corrupt: np.ndarray) -> np.ndarray:
+        """``[rows]`` m of the clean text with each row's edges (``corrupt [rows, sources,
+        targets]``) carrying the corrupted activations. Inference mode, lock held."""
+        run = CircuitRun(
+            self.graph.upstream,
+            corrupt=torch.as_tensor(corrupt, device=self.acts_clean.device),
+            corrupted=self.acts_corrupted,
+        )
+        logits = run_circuit(self.wired, run, self.ids(len(corrupt)))
+        return self.measure(logits).double().cpu().numpy()
+
+
+def _pair(
+    lm: LoadedModel, clean: object, corrupted: object, answer: object, wrong: object, max_tokens
+) -> _Pair:
+    """The pair checked, encoded and run once (clean and corrupted side by side); lock held.
+
+    Raises:
+        UnsupportedModelError: see ``circuit_model``.
+        InputError: answer/wrong as for patching; texts of different token counts (both token
+            lists named); texts that give the same metric.
+    """
+    wired = circuit_model(lm)
+    if answer is None or wrong is None:
+        raise InputError(
+            f"{lm.display_name} is a causal language model: give both answer= and wrong= (the "
+            "metric is logit(answer) - logit(wrong) at the last position)."
+        )
+    a, w, a_text, w_text = answer_ids(lm, answer, wrong)
+    clean_enc = encode(lm, check_text(clean, "clean text"), None, max_tokens)
+    corrupted_enc = encode(lm, check_text(corrupted, "corrupted text"), None, max_tokens)
+    n_clean, n_corrupted = (e.inputs["input_ids"].shape[1] for e in (clean_enc, corrupted_enc))
+    if n_clean != n_corrupted:
+        raise InputError(
+            f"The clean text has {n_clean} tokens and the corrupted text {n_corrupted}: an "
+            "edge carries a source's activation position by position, so both need the same "
+            f"number of tokens (clean: {list(clean_enc.tokens.strings)!r}; corrupted: "
+            f"{list(corrupted_enc.tokens.strings)!r})."
+        )
+    metric = f"logit({a_text!r}) − logit({w_text!r}) at the last position"
+    tokens = (list(clean_enc.tokens.strings), list(corrupted_enc.tokens.strings))
+    return _run_pair(wired, clean_enc.inputs, corrupted_enc.inputs, a, w, metric, tokens)
+
+
+def _run_pair(
+    wired: CircuitModel,
+    clean: dict[str, torch.Tensor],
+    corrupted: dict[str, torch.Tensor],
+    answer: int,
+    wrong: int,
+    metric: str,
+    tokens: tuple[list[str], list[str]],
+) -> _Pair:
+    """Both inputs run side by side once (every source's activation, m of each); lock held.
+
+    Raises:
+        InputError: the two give the same metric.
+    """
+    graph = CircuitGraph(wired.num_layers, wired.num_heads)
+    both = {k: torch.cat([clean[k], corrupted[k]]) for k in clean.keys() & corrupted.keys()}
+    run = CircuitRun(graph.upstream)
+    with torch.inference_mode():
+        logits = run_circuit(wired, run, both)
+    acts = torch.stack(run.acts, dim=1)  # (2, sources, T, D)
+    m_clean, m_corrupted = (float(v) for v in logit_difference(logits, answer, wrong))
+    if abs(m_clean - m_corrupted) <= 1e-6 * max(1.0, abs(m_clean)):
+        raise InputError(
+            f"The clean and the corrupted text give the same metric ({m_clean:.6g}), so no "
+            "edge carries a difference: change the corrupted text where it matters for the "
+            "answer."
+        )
+    return _Pair(
+        wired, graph, clean, tokens, answer, wrong, metric, acts[0], acts[1], m_clean, m_corrupted
+    )
+
+
+def _check_whole(value: object, what: str, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+        raise InputError(f"{what} must be a whole number of at least {low}, got {value!r}.")
+    return int(value)
+
+
+# --- scores ------------------------------------------------------------------------------------
+
+
+def _gradients(pair: _Pair, embeddings: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """``[targets, T, D]``: dm/d(each target input), summed over ``rows`` runs of the clean
+    text (with ``embeddings`` in place of its own, when given). One forward and one backward."""
+    run = CircuitRun(pair.graph.upstream, probe=True, embeddings=embeddings)
+    with torch.inference_mode(False), torch.enable_grad():
+        value = pair.measure(run_circuit(pair.wired, run, pair.ids(rows))).sum()
+        # an input nothing reads (an MLP frozen at zero output) has no gradient: zero
+        grads = torch.autograd.grad(value, run.zeros, allow_unused=True)
+    grads = [torch.zeros_like(z) if g is None else g for g, z in zip(grads, run.zeros, strict=True)]
+    return torch.cat(grads, dim=1).sum(0).detach()  # (targets, T, D)
+
+
+def _attribution(pair: _Pair, method: str, steps: int, batch: int, progress) -> np.ndarray:
+    """``[sources, targets]`` EAP or EAP-IG scores."""
+    if method == "eap":
+        grads = _gradients(pair, None, 1)
+        done = 1
+        if progress is not None:
+            progress(1, 1)
+    else:
+        clean, corrupted = pair.acts_clean[0], pair.acts_corrupted[0]  # the input node
+        alphas = torch.arange(steps, dtype=clean.dtype, device=clean.device) / steps
+        grads = torch.zeros(0)
+        chunks = [alphas[i : i + batch] for i in range(0, steps, batch)]
+        for done, chunk in enumerate(chunks, start=1):
+            embeddings = corrupted + chunk[:, None, None] * (clean - corrupted)  # (k, T, D)
+            g = _gradients(pair, embeddings, len(chunk))
+            grads = g if done == 1 else grads + g
+            if progress is not None:
+                progress(done, len(chunks))
+        grads = grads / steps
+    diff = (pair.acts_corrupted - pair.acts_clean).flatten(1).double()  # (sources, T D)
+    scores = diff @ grads.flatten(1).double().T  # (sources, targets)
+    return np.where(pair.graph.mask, scores.cpu().numpy(), 0.0)
+
+
+def _exact(pair: _Pair, batch: int, progress) -> np.ndarray:
+    """``[sources, targets]``: m with each edge alone corrupted, minus m_clean."""
+    graph = pair.graph
+    s, t = np.nonzero(graph.mask)
+    scores = np.zeros(graph.mask.shape)
+    chunks = [range(i, min(i + batch, len(s))) for i in range(0, len(s), batch)]
+    for done, chunk in enumerate(chunks, start=1):
+        corrupt = np.zeros((len(chunk), *graph.mask.shape), dtype=np.float32)
+        corrupt[np.arange(len(chunk)), s[chunk.start : chunk.stop], t[chunk.start : chunk.stop]] = 1
+        with torch.inference_mode():
+            values = pair.corrupted_runs(corrupt)
+        scores[s[chunk.start : chunk.stop], t[chunk.start : chunk.stop]] = values - pair.m_clean
+        if progress is not None:
+            progress(done, len(chunks))
+    return scores
+
+
+def _frame(graph: CircuitGraph, scores: np.ndarray) -> pd.DataFrame:
+    frame = graph.edges()
+    s, t = graph.edge_index
+    frame["score"] = scores[s, t]
+    return frame
+
+
+def edge_attribution(
+    clean: str,
+    corrupted: str,
+    *,
+    model: str | LoadedModel = DEFAULT_MODEL,
+    answer: str | None = None,
+    wrong: str | None = None,
+    method: str = "eap",
+    steps: int = 5,
+    max_tokens: int | None = None,
+    batch_size: int = 32,
+    progress: Progress | None = None,
+) -> pd.DataFrame:
+    """A score for every edge of the circuit graph (see the module's docstring).
+
+    ``"eap"`` and ``"eap-ig"`` follow hannamw/EAP-IG's ``get_scores_eap`` and
+    ``get_scores_eap_ig`` (activation difference corrupted - clean, the gradient at the clean
+    text's run, or averaged over ``steps`` runs whose embeddings go from the corrupted text's
+    towards the clean text's); ``"exact"`` is ``get_scores_exact``: m with the edge carrying the
+    corrupted activation, minus m of the clean run (``path_patch`` of each edge). A negative
+    score is an edge whose corruption lowers logit(answer) - logit(wrong).
+
+    Args:
+        clean: the text the model runs.
+        corrupted: the text whose activations a corrupted edge carries; as many tokens.
+        model: a pre-norm causal LM: ``"toy:induction"``, a GPT-2 or Llama-family model id or
+            folder, or a ``LoadedModel``.
+        answer, wrong: words that are each exactly one token after a space.
+        method: ``"eap"``, ``"eap-ig"`` or ``"exact"`` (``EDGE_METHODS``).
+        steps: EAP-IG's steps.
+        max_tokens: truncate both texts to this many tokens.
+        batch_size: runs side by side in one forward pass (IG steps; exact edges).
+        progress: ``progress(done, total)`` after each pass; raising from it stops.
+
+    Returns:
+        One row per edge: ``source``, ``target``, ``input`` ("q"/"k"/"v" into a head, ""
+        otherwise) and ``score``. ``attrs``: ``method``, ``steps``, ``metric``, ``clean`` and
+        ``corrupted`` (m of the two runs), ``clean_tokens``, ``corrupted_tokens``, ``model``,
+        ``layers``, ``heads``.
+
+    Raises:
+        UnsupportedModelError: the model is not a pre-norm causal LM our module runs (the
+            message says which tools need what).
+        InputError: an unknown method, steps or batch size below 1, answer/wrong as for
+            patching, texts of different token counts (both token lists named), texts that
+            give the same metric.
+    """
+    lookup(EDGE_METHODS, method, "edge-scoring method")
+    steps = _check_whole(steps, "steps")
+    batch_size = _check_whole(batch_size, "batch_size")
+    lm = resolve_model(model)
+    with lm.lock:
+        pair = _pair(lm, clean, corrupted, answer, wrong, max_tokens)
+        if method == "exact":
+            scores = _exact(pair, batch_size, progress)
+        else:
+            scores = _attribution(pair, method, steps, batch_size, progress)
+    frame = _frame(pair.graph, scores)
+    frame.attrs.update(pair.attrs(), method=method, steps=steps if method == "eap-ig" else None)
+    return frame
+
+
+def edge_attribution_ids(
+    lm: LoadedModel,
+    clean_ids: torch.Tensor,
+    corrupted_ids: torch.Tensor,
+    answer_id: int,
+    wrong_id: int,
+    *,
+    method: str = "eap",
+    steps: int = 5,
+    blocks: list[OurBlock] | None = None,
+    running: OurPass | None = None,
+) -> pd.DataFrame:
+    """``edge_attribution`` on token ids ``[1, T]`` and answer ids: a training run's fixed
+    probe pair (``blocks``: the run's modules, already standing in the model with the pass
+    ``running``). Returns ``edge_attribution``'s table.
+
+    Raises:
+        InputError: ids of different shapes, an unknown method, or a pair giving the same
+            metric; UnsupportedModelError as ``edge_attribution``.
+    """
+    lookup(EDGE_METHODS, method, "edge-scoring method")
+    steps = _check_whole(steps, "steps")
+    if clean_ids.dim() != 2 or clean_ids.shape != corrupted_ids.shape or len(clean_ids) != 1:
+        raise InputError(
+            f"Give two id tensors of one row and the same length, got {list(clean_ids.shape)} "
+            f"and {list(corrupted_ids.shape)}."
+        )
+    with lm.lock:
+        wired = circuit_model(lm, blocks, running)
+        names = getattr(lm.tokenizer, "convert_ids_to_tokens", None)
+
+        def strings(ids: torch.Tensor) -> list[str]:
+            return list(names(ids[0].tolist())) if names else [str(i) for i in ids[0].tolist()]
+
+        metric = f"logit(#{answer_id}) − logit(#{wrong_id}) at the last position"
+        pair = _run_pair(
+            wired,
+            {"input_ids": clean_ids},
+            {"input_ids": corrupted_ids},
+            int(answer_id),
+            int(wrong_id),
+            metric,
+            (strings(clean_ids), strings(corrupted_ids)),
+        )
+        if method == "exact":
+            with torch.inference_mode():
+                scores = _exact(pair, 32, None)
+        else:
+            scores = _attribution(pair, method, steps, 32, None)
+    frame = _frame(pair.graph, scores)
+    frame.attrs.update(pair.attrs(), method=method, steps=steps if method == "eap-ig" else None)
+    return frame
+
+
+# --- circuits and their faithfulness -------------------------------------------------------------
+
+
+def top_edges(scores: pd.DataFrame, n: int) -> pd.DataFrame:
+    """The ``n`` edges of largest ``|score|`` (MIB's ``apply_topn`` with ``absolute=True``),
+    largest first; ties keep the table's order."""
+    n = _check_whole(n, "The number of edges", 0)
+    order = np.argsort(-scores["score"].abs().to_numpy(), kind="stable")
+    return scores.iloc[order[:n]]
+
+
+def _faithfulness(pair: _Pair, chosen: Sequence[np.ndarray], batch: int) -> np.ndarray:
+    """f of each circuit (``[sources, targets]`` masks), ``batch`` circuits per pass."""
+    mask = pair.graph.mask
+    values = []
+    for i in range(0, len(chosen), batch):
+        corrupt = np.stack([mask & ~c for c in chosen[i : i + batch]]).astype(np.float32)
+        with torch.inference_mode():
+            values.append(pair.corrupted_runs(corrupt))
+    m = np.concatenate(values)
+    return (m - pair.m_corrupted) / (pair.m_clean - pair.m_corrupted)
+
+
+def circuit_faithfulness(
+    clean: str,
+    corrupted: str,
+    edges: pd.DataFrame | Iterable[Sequence[Any]],
+    *,
+    model: str | LoadedModel = DEFAULT_MODEL,
+    answer: str | None = None,
+    wrong: str | None = None,
+    max_tokens: int | None = None,
+) -> float:
+    """How much of the clean behaviour a circuit keeps: ``f = (m_circuit - m_corrupted) /
+    (m_clean - m_corrupted)``, where m_circuit runs the clean text with every edge *not* in
+    ``edges`` carrying its source's activation from the corrupted text (EAP-IG's
+    ``evaluate_graph`` with ``intervention="patching"``). Every edge gives 1, no edge 0.
+
+    Args:
+        edges: rows ``(source, target, input)``, or a table with those columns (as
+            ``edge_attribution`` returns, or ``top_edges`` of it).
+        the rest: as ``edge_attribution``.
+
+    Raises:
+        InputError: an edge not in the graph; and as ``edge_attribution``.
+    """
+    lm = resolve_model(model)
+    with lm.lock:
+        pair = _pair(lm, clean, corrupted, answer, wrong, max_tokens)
+        return float(_faithfulness(pair, [pair.graph.selection(edges)], 1)[0])
+
+
+@dataclass(frozen=True)
+class FaithfulnessCurve:
+    """Faithfulness of the top-n edges at several n (MIB's ``evaluate_area_under_curve``).
+
+    Attributes:
+        points: one row per circuit: ``fraction`` (of all edges), ``edges`` (n), ``mib``
+            (one of MIB's sizes, else an extra n asked for) and ``faithfulness``.
+        cpr: MIB's CPR: the area under f over MIB's fractions (trapezoids, linear scale);
+            higher is better.
+        cmd: MIB's CMD: the area under |1 - f| there; lower is better.
+        clean, corrupted: m of the two runs.
+        total: the graph's number of edges.
+    """
+
+    points: pd.DataFrame
+    cpr: float
+    cmd: float
+    clean: float
+    corrupted: float
+    total: int
+
+
+def _areas(fractions: Sequence[float], f: Sequence[float]) -> tuple[float, float]:
+    """MIB's area under f and under |1 - f| (trapezoids over the fractions)."""
+    x, y = np.asarray(fractions, float), np.asarray(f, float)
+    widths = np.diff(x)
+    under = float(np.sum(widths * (y[:-1] + y[1:]) / 2))
+    from_one = float(np.sum(widths * (np.abs(1 - y[:-1]) + np.abs(1 - y[1:])) / 2))
+    return under, from_one
+
+
+def faithfulness_curve(
+    clean: str,
+    corrupted: str,
+    scores: pd.DataFrame,
+    *,
+    model: str | LoadedModel = DEFAULT_MODEL,
+    answer: str | None = None,
+    wrong: str | None = None,
+    extra: Sequence[int] = (),
+    max_tokens: int | None = None,
+    batch_size: int = 16,
+) -> FaithfulnessCurve:
+    """f of the top-n edges by ``|score|`` at MIB's sizes (``int(fraction * edges)`` for each
+    of ``MIB_PERCENTAGES``), with CPR and CMD as MIB computes them, and at the ``extra`` n
+    (the page's chosen n). All the circuits run as rows of one batch (``batch_size`` per pass).
+
+    MIB prunes each circuit (``Graph.prune``) before evaluating it; that removes edges from
+    nodes no input reaches or that reach no output, which carry the corrupted activation (or
+    none that matters) either way, so f is the same.
+
+    Args:
+        scores: ``edge_attribution``'s table (for this model).
+        extra: more n to evaluate (each clamped to 0 .. all edges).
+        the rest: as ``edge_attribution``.
+
+    Raises:
+        InputError: a scores table of another graph; and as ``edge_attribution``.
+    """
+    batch_size = _check_whole(batch_size, "batch_size")
+    lm = resolve_model(model)
+    with lm.lock:
+        pair = _pair(lm, clean, corrupted, answer, wrong, max_tokens)
+        total = pair.graph.n_edges
+        if len(scores) != total:
+            raise InputError(
+                f"The scores table has {len(scores)} edges; {pair.wired.lm.display_name}'s "
+                f"graph has {total}: score this model's edges first."
+            )
+        counts = [int(p * total) for p in MIB_PERCENTAGES]
+        counts += [min(max(int(n), 0), total) for n in extra]
+        chosen = [pair.graph.selection(top_edges(scores, n)) for n in counts]
+        f = _faithfulness(pair, chosen, batch_size)
+    mib = len(MIB_PERCENTAGES)
+    cpr, cmd = _areas(MIB_PERCENTAGES, f[:mib])
+    points = pd.DataFrame(
+        {
+            "fraction": [*MIB_PERCENTAGES, *(n / total for n in counts[mib:])],
+            "edges": counts,
+            "mib": [True] * mib + [False] * (len(counts) - mib),
+            "faithfulness": f,
+        }
+    )
+    return FaithfulnessCurve(points, cpr, cmd, pair.m_clean, pair.m_corrupted, total)
+
+
+# --- one edge -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PathPatch:
+    """One edge path-patched: the clean run with only ``sender -> receiver (input)`` carrying
+    the sender's output from the corrupted text.
+
+    Attributes:
+        sender, receiver, input: the edge.
+        patched: m of that run; clean, corrupted: m of the two plain runs.
+        score: ``patched - clean`` (the edge's ``"exact"`` score).
+        effect: ``score / (corrupted - clean)``: the share of the whole clean-to-corrupted
+            change this one edge makes (1: all of it).
+    """
+
+    sender: str
+    receiver: str
+    input: str
+    patched: float
+    clean: float
+    corrupted: float
+
+    @property
+    def score(self) -> float:
+        return self.patched - self.clean
+
+    @property
+    def effect(self) -> float:
+        return self.score / (self.corrupted - self.clean)
+
+
+def path_patch(
+    clean: str,
+    corrupted: str,
+    sender: str,
+    receiver: str,
+    input: str = "",
+    *,
+    model: str | LoadedModel = DEFAULT_MODEL,
+    answer: str | None = None,
+    wrong: str | None = None,
+    max_tokens: int | None = None,
+) -> PathPatch:
+    """Path patching of one edge, TransformerLens's convention (Wang et al. 2022, IOI; the
+    ARENA path-patching exercises): the clean run, with the receiver's ``input`` (q, k or v of
+    a head; "" for an MLP or the logits) reading the sender's output from the corrupted run
+    along this one path, and the sender's output on every other path, and every other node's
+    on every path, as the clean run has them; the nodes after the receiver are recomputed.
+
+    Raises:
+        InputError: no such edge (the message says what there is); and as ``edge_attribution``.
+    """
+    lm = resolve_model(model)
+    with lm.lock:
+        pair = _pair(lm, clean, corrupted, answer, wrong, max_tokens)
+        u, v = pair.graph.edge(sender, receiver, input)
+        corrupt = np.zeros((1, *pair.graph.mask.shape), dtype=np.float32)
+        corrupt[0, u, v] = 1
+        with torch.inference_mode():
+            patched = float(pair.corrupted_runs(corrupt)[0])
+    return PathPatch(sender, receiver, input or "", patched, pair.m_clean, pair.m_corrupted)

@@ -1,0 +1,211 @@
+"""The Circuits page: the top edges drawn across layers (placed as the Information flow graph
+places its nodes: the embeddings at the bottom, the residual rising through the layers), and the
+faithfulness curve with the chosen circuit size marked."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.colors import sample_colorscale
+
+from mhsa.circuits import FaithfulnessCurve
+from mhsa.heads import parse_head_label
+from mhsa.plots.common import SIGNED_COLORSCALE, apply_layout
+
+__all__ = [
+    "circuit_figure",
+    "circuit_node_xy",
+    "faithfulness_figure",
+    "k_composition_figure",
+]
+
+#: where a head's q, k and v inputs meet it, left to right
+_INPUT_DX = {"q": -0.18, "k": 0.0, "v": 0.18, "": 0.0}
+
+
+def circuit_node_xy(node: str, layers: int, heads: int) -> tuple[float, float]:
+    """A node's place: heads across (x), levels up (y): ``input`` at 0, layer l's heads at
+    2l + 1, its MLP at 2l + 2 (right of the heads), ``logits`` at the top."""
+    middle = (heads - 1) / 2
+    if node == "input":
+        return middle, 0.0
+    if node == "logits":
+        return middle, 2.0 * layers + 1
+    if node.startswith("M"):
+        return heads - 0.2, 2.0 * int(node[1:]) + 2
+    layer, head = parse_head_label(node)
+    return float(head), 2.0 * layer + 1
+
+
+def _color(score: float, bound: float) -> str:
+    """Blue above 0, red below (the app's signed scale), paler near 0."""
+    return sample_colorscale(SIGNED_COLORSCALE, [0.5 + 0.5 * score / bound])[0]
+
+
+def circuit_figure(
+    edges: pd.DataFrame, layers: int, heads: int, *, title: str | None = None
+) -> go.Figure:
+    """The edges (``source``, ``target``, ``input``, ``score``: the circuit's) drawn between the
+    model's nodes: each a line coloured by its signed score (width by |score|) ending at its
+    target's q, k or v input, its midpoint labelled q/k/v. Clickable markers carry
+    ``customdata``: nodes ``["node", name]``, edge midpoints ``["edge", source, target,
+    input]``."""
+    fig = go.Figure()
+    scores = edges["score"].to_numpy(float)
+    bound = float(np.abs(scores).max()) if len(scores) else 1.0
+    bound = bound or 1.0
+    mids_x, mids_y, mids_text, mids_data, mids_hover = [], [], [], [], []
+    order = np.argsort(np.abs(scores), kind="stable")  # the strongest drawn last (on top)
+    for i in order:
+        row = edges.iloc[int(i)]
+        x0, y0 = circuit_node_xy(row["source"], layers, heads)
+        x1, y1 = circuit_node_xy(row["target"], layers, heads)
+        x1 += _INPUT_DX[row["input"]]
+        y1 -= 0.22 if row["input"] else 0.0
+        fig.add_trace(
+            go.Scatter(
+                x=[x0, x1],
+                y=[y0, y1],
+                mode="lines",
+                line={"width": 1 + 6 * abs(scores[i]) / bound, "color": _color(scores[i], bound)},
+                hoverinfo="skip",
+                showlegend=False,
+            )
+        )
+        mids_x.append(x0 + 0.7 * (x1 - x0))
+        mids_y.append(y0 + 0.7 * (y1 - y0))
+        mids_text.append(row["input"])
+        mids_data.append(["edge", row["source"], row["target"], row["input"]])
+        into = f"{row['target']} ({row['input']})" if row["input"] else row["target"]
+        mids_hover.append(f"{row['source']} → {into}: {scores[i]:.4g}<br>click: path-patch it")
+    fig.add_trace(
+        go.Scatter(
+            x=mids_x,
+            y=mids_y,
+            mode="markers+text",
+            text=mids_text,
+            textposition="middle right",
+            marker={"size": 8, "color": "rgba(0,0,0,0.25)"},
+            customdata=mids_data,
+            hovertext=mids_hover,
+            hovertemplate="%{hovertext}<extra></extra>",
+            name="edges",
+            showlegend=False,
+        )
+    )
+    nodes = ["input"]
+    for layer in range(layers):
+        nodes += [f"L{layer}H{h}" for h in range(heads)] + [f"M{layer}"]
+    nodes.append("logits")
+    xy = [circuit_node_xy(n, layers, heads) for n in nodes]
+    used = set(edges["source"]) | set(edges["target"])
+    fig.add_trace(
+        go.Scatter(
+            x=[p[0] for p in xy],
+            y=[p[1] for p in xy],
+            mode="markers+text",
+            text=nodes,
+            textposition="top center",
+            marker={
+                "size": [13 if n in used else 8 for n in nodes],
+                "color": ["#ff8700" if n.startswith("M") else "#004280" for n in nodes],
+                "opacity": [1.0 if n in used else 0.3 for n in nodes],
+                "symbol": ["square" if n.startswith("M") else "circle" for n in nodes],
+            },
+            customdata=[["node", n] for n in nodes],
+            hovertemplate="%{text}<br>a head: click to open it on Heads<extra></extra>",
+            name="nodes",
+            showlegend=False,
+        )
+    )
+    levels = [0, *range(1, 2 * layers + 2)]
+    names = ["input", *(f"L{i // 2} {'heads' if i % 2 == 0 else 'MLP'}" for i in range(2 * layers))]
+    fig.update_layout(
+        xaxis={"visible": False, "range": [-0.8, heads + 0.4]},
+        yaxis={
+            "tickmode": "array",
+            "tickvals": levels,
+            "ticktext": [*names, "logits"],
+            "showgrid": True,
+            "zeroline": False,
+        },
+    )
+    shown = title or f"Circuit: the top {len(edges)} edges (blue: score above 0, red: below)"
+    return apply_layout(fig, shown, height=min(1000, 200 + 60 * (2 * layers + 2)))
+
+
+def faithfulness_figure(curve: FaithfulnessCurve, chosen: int | None = None) -> go.Figure:
+    """Faithfulness f of the top-n edges against n as a share of all edges (log scale), at
+    MIB's sizes, with the chosen n marked."""
+    points = curve.points
+    mib = points[points["mib"]]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=mib["fraction"],
+            y=mib["faithfulness"],
+            mode="lines+markers",
+            name="MIB sizes",
+            customdata=mib["edges"],
+            hovertemplate="%{customdata} edges (%{x:.1%}): f = %{y:.3f}<extra></extra>",
+        )
+    )
+    marked = points[~points["mib"] & (points["edges"] == chosen)]
+    if chosen is not None and len(marked):
+        x = max(float(marked["fraction"].iloc[0]), 1e-3)
+        fig.add_vline(x=x, line={"dash": "dot", "color": "#ff2b2b"})
+        fig.add_trace(
+            go.Scatter(
+                x=[x],
+                y=marked["faithfulness"].iloc[:1],
+                mode="markers",
+                marker={"size": 14, "symbol": "star", "color": "#ff2b2b"},
+                name=f"top {chosen}",
+                hovertemplate=f"top {chosen} edges: f = %{{y:.3f}}<extra></extra>",
+            )
+        )
+    fig.add_hline(y=1, line={"dash": "dash", "color": "#83c9ff"})
+    fig.update_xaxes(type="log", title="share of all edges in the circuit (log)", tickformat=".1%")
+    fig.update_yaxes(title="faithfulness f")
+    title = f"Faithfulness of the top-n edges (CPR {curve.cpr:.3f}, CMD {curve.cmd:.3f})"
+    return apply_layout(fig, title, height=380)
+
+
+def k_composition_figure(
+    sender: str,
+    receiver: str,
+    steps: Sequence[int],
+    scores: Sequence[float],
+    *,
+    total_steps: int | None = None,
+    phase_change_step: int | None = None,
+) -> go.Figure:
+    """The score of the K-composition edge ``sender -> receiver (k)`` at each training snapshot
+    (edge attribution patching on a fixed probe pair): the induction circuit forming. Below 0:
+    corrupting the edge lowers the right answer's logit, so the edge carries it."""
+    fig = go.Figure(
+        go.Scatter(
+            x=list(steps),
+            y=list(scores),
+            mode="lines+markers",
+            name=f"{sender} → {receiver} (k)",
+            hovertemplate="step %{x}: %{y:.4g}<extra></extra>",
+        )
+    )
+    fig.add_hline(y=0, line={"color": "#83c9ff"})
+    if phase_change_step is not None:
+        fig.add_vline(
+            x=phase_change_step,
+            line={"color": "#ff2b2b", "dash": "dash", "width": 2},
+            annotation={"text": f"phase change, step {phase_change_step}"},
+            annotation_position="top left",
+        )
+    if total_steps:
+        fig.update_xaxes(range=[0, total_steps])
+    fig.update_xaxes(title="step")
+    fig.update_yaxes(title="EAP score (logit difference)")
+    title = f"The K-composition edge {sender} → {receiver} (k) over the steps"
+    return apply_layout(fig, title, height=340)

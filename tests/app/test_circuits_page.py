@@ -1,0 +1,139 @@
+"""The Circuits page through AppTest: its figures against the library on the toy induction
+example, a clicked edge path-patched, the refusal on an encoder, n clamped, and its link values
+hostile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import mhsa
+from tests.app.test_hostile_links import FORBIDDEN, page_param_names, rendered_tags
+from tests.app.test_importance_page import charts, decode
+from tests.hostile import CASES, markup_tags, rendered
+from ui.state import GLOBAL_PARAMS
+from ui.views.circuits import CIRCUIT_EXAMPLES
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = "pages/13_Circuits.py"
+TOY = next(iter(CIRCUIT_EXAMPLES.values()))
+KW = {"model": "toy:induction", "answer": TOY["answer"], "wrong": TOY["wrong"]}
+#: link values each key must refuse (with a notice), not act on
+CIRCUIT_LINKS = {
+    "clean": ["x" * 100_001],
+    "corrupted": ["x" * 100_001],
+    "answer": ["a\nb", "x" * 101],
+    "wrong": ["\r"],
+    "circuit_method": ["acdc", "EAP", "<b>eap</b>", "[eap](https://e.org)"],
+    "circuit_steps": ["0", "51", "2.5", "nan"],
+    "circuit_n": ["0", "-3", "1e3", "99999999999999999999"],
+}
+
+pytestmark = pytest.mark.slow
+
+
+def run(**query: str) -> AppTest:
+    at = AppTest.from_file(str(ROOT / PAGE), default_timeout=180)
+    for key, value in query.items():
+        at.query_params[key] = value
+    return at.run()
+
+
+def toy(**more: str) -> AppTest:
+    link = {k: str(v) for k, v in TOY.items() if k != "engine"}
+    return run(**{**link, **more})
+
+
+def test_an_encoder_is_refused_naming_the_tools_and_the_examples_are_offered(minilm) -> None:
+    at = run()
+    assert not at.exception and not at.error
+    info = " ".join(rendered(i.value)[0] for i in at.info)
+    assert "Circuits" in info and "Patching" in info and "examples" in info
+    assert [b.label for b in at.button][: len(CIRCUIT_EXAMPLES)] == list(CIRCUIT_EXAMPLES)
+    assert not charts(at)
+
+
+def test_toy_example_draws_the_librarys_top_edges_and_curve() -> None:
+    at = run()
+    at.button[0].click().run()  # the toy induction example
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    assert at.session_state["model"] == "toy:induction"
+    scores = mhsa.edge_attribution(TOY["clean"], TOY["corrupted"], method="eap-ig", **KW)
+    top = mhsa.top_edges(scores, 20)
+    shown = charts(at)
+    graph = next(s for t, s in shown.items() if t.startswith("Circuit: the top 20 edges"))
+    mids = next(d for d in graph["data"] if d.get("name") == "edges")
+    drawn = {tuple(c[1:]) for c in mids["customdata"]}
+    assert drawn == set(top[["source", "target", "input"]].itertuples(index=False, name=None))
+    curve = mhsa.faithfulness_curve(TOY["clean"], TOY["corrupted"], scores, extra=(20,), **KW)
+    plotted = next(s for t, s in shown.items() if t.startswith("Faithfulness of the top-n"))
+    line = next(d for d in plotted["data"] if d.get("name") == "MIB sizes")
+    mib = curve.points[curve.points["mib"]]["faithfulness"]
+    np.testing.assert_allclose(decode(line["y"]).astype(float), mib, atol=1e-5)
+    f20 = float(curve.points["faithfulness"].iloc[-1])
+    assert any(f"keep f = {f20:.3f}" in rendered(c.value)[0] for c in at.caption)
+    roles = next(c.value for c in at.caption if c.value.startswith("Head roles names"))
+    assert "L0H3 the previous-token head" in roles and "L1H3 the induction head" in roles
+    rank = next(c.value for c in at.caption if c.value.startswith("Head roles names"))
+    assert "L0H3 → L1H3 (k) ranks" in rank
+
+
+def test_a_clicked_edge_is_path_patched_as_the_library_does() -> None:
+    at = toy()
+    at.session_state["_circuit_edge"] = ("L0H3", "L1H3", "k")  # what a click leaves
+    at.run()
+    assert not at.exception and not at.error
+    patched = mhsa.path_patch(TOY["clean"], TOY["corrupted"], "L0H3", "L1H3", "k", **KW)
+    message = next(rendered(s.value)[0] for s in at.success)
+    assert f"an exact score of {patched.score:.4g}" in message
+    assert "L0H3 → L1H3 (k)" in message
+
+
+def test_n_beyond_the_edges_is_clamped_with_a_notice() -> None:
+    at = toy(circuit_n="100000")
+    assert not at.exception and not at.error
+    assert any("Top n was 100000" in rendered(i.value)[0] for i in at.info)
+    assert at.slider(key="circuit_n").value == 110
+
+
+def test_different_token_counts_are_named_and_nothing_runs() -> None:
+    at = toy(corrupted="ba ke mo di ra lo ni pa su te ba ke mo di fu lo")
+    assert not at.exception and not at.error
+    warning = next(rendered(w.value)[0] for w in at.warning if "position by position" in w.value)
+    assert "Clean: 16 tokens" in warning and "corrupted: 17 tokens" in warning
+    assert not charts(at)
+
+
+def test_every_circuits_key_has_hostile_values() -> None:
+    own = set(page_param_names(PAGE)) - set(GLOBAL_PARAMS)
+    assert own == set(CIRCUIT_LINKS)
+
+
+@pytest.mark.parametrize(("key", "value"), [(k, v) for k, vs in CIRCUIT_LINKS.items() for v in vs])
+def test_circuits_link_values_fall_back_with_a_notice(key: str, value: str) -> None:
+    at = toy(**{key: value})
+    assert not at.exception, [e.value for e in at.exception]
+    notices = [rendered(w.value)[0] for w in at.warning]
+    assert any(n.startswith(f"Link parameter {key}=") and "ignored" in n for n in notices)
+    assert not rendered_tags(at) & FORBIDDEN
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_hostile_texts_on_both_sides_are_refused_or_shown_literally(
+    name: str, text: str, expected: object
+) -> None:
+    """The same hostile text as clean and corrupted on the toy model: an empty one is named,
+    any other is refused (the same metric on both sides, or too long), said literally."""
+    at = toy(clean=text, corrupted=text)
+    assert not at.exception, [e.value for e in at.exception]
+    shown = [rendered(e.value)[0] for e in at.error]
+    if expected == "error":
+        assert any("empty" in e for e in shown)
+    else:
+        assert any("same metric" in e or "tokens long" in e for e in shown), shown
+    assert all(markup_tags(e.value) == [] for e in at.error)
+    assert not rendered_tags(at) & FORBIDDEN
+    assert not charts(at)
