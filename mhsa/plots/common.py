@@ -114,12 +114,13 @@ def token_axis(names: Sequence[str], max_ticks: int = MAX_TICKS) -> tuple[list[s
 
 def title_text(title: str, width: int = TITLE_WIDTH) -> str:
     """``title`` escaped (``label``, at most 120 characters) and wrapped at word boundaries into
-    lines of at most ``width`` characters joined by ``<br>``: plotly draws a title on one line
+    lines of at most ``width`` characters joined by `` <br>``: plotly draws a title on one line
     and cuts it at the figure's edge ("Q-composition: what each later head reads from eac" in
     a third of the page)."""
     clean = html.unescape(label(title, 120))  # printable and short; escaped again per line
     lines = textwrap.wrap(clean, width, break_long_words=True) or [clean]
-    return "<br>".join(label(line, width + 1) for line in lines)
+    # each line but the last keeps its space: the rendered text reads as the title's own
+    return " <br>".join(label(line, width + 1) for line in lines)
 
 
 def layout_props(title: str, height: int | None = None, *, title_width: int = TITLE_WIDTH) -> dict:

@@ -77,7 +77,7 @@ def test_figures_are_readable_on_small_and_large_models(
             problems.append((where, "height", fig["height"]))
         if not all(bar >= MIN_BAR for bar in fig["bars"]):
             problems.append((where, "colour bar", fig["bars"]))
-        if fig["title"].replace(" ", "") != fig["full"].replace(" ", ""):
+        if fig["title"] != fig["full"]:
             problems.append((where, "title text", fig["title"]))
         if not fig["inside"]:
             problems.append((where, "title cut"))
