@@ -65,12 +65,15 @@ def test_tick_labels_are_thinned_to_the_room_of_the_figure() -> None:
     assert tick_room(None) == (450 - 160) // TICK_PX
     assert tick_room(10_000) == MAX_TICKS
     tokens = [f"t{i}" for i in range(40)]
-    fig = matrix_heatmap(np.zeros((40, 40)), tokens, tokens, title="x", height=420)
+    fig = matrix_heatmap(np.zeros((40, 40)), tokens, tokens, title="x", height=420, columns=2)
     shown = list(fig.layout.xaxis.ticktext)
-    room = (420 - 160) // TICK_PX
+    room = min((420 - 160) // TICK_PX, tick_room(PAGE_PX // 2))
     assert len(shown) <= room < len(tokens)
-    assert shown == tokens[:: -(-40 // room)]  # every k-th token, the first kept
-    assert list(fig.layout.yaxis.ticktext) == shown
+    every = tokens[:: -(-40 // room)]
+    assert shown == [*every[:-1], tokens[-1]]  # every k-th token, the first and last kept
+    assert list(fig.layout.yaxis.ticktext) == [*tokens[:: -(-40 // 16)][:-1], tokens[-1]]
+    whole = matrix_heatmap(np.zeros((40, 40)), tokens, tokens, title="x", height=420)
+    assert list(whole.layout.xaxis.ticktext) == tokens  # the page's width: as before
 
 
 def test_a_wide_strip_keeps_its_columns_labelled() -> None:
@@ -87,6 +90,7 @@ def test_a_figure_in_a_column_has_fewer_upright_column_labels() -> None:
     quarter = matrix_heatmap(np.zeros((25, 25)), tokens, tokens, title="x", height=600, columns=4)
     assert list(whole.layout.xaxis.ticktext) == tokens  # 600 px: room for every token
     room = tick_room(PAGE_PX // 4)
-    assert list(quarter.layout.xaxis.ticktext) == tokens[:: -(-25 // room)]
+    every = tokens[:: -(-25 // room)]
+    assert list(quarter.layout.xaxis.ticktext) == [*every[:-1], tokens[-1]]
     assert quarter.layout.xaxis.tickangle == -90 and whole.layout.xaxis.tickangle is None
-    assert list(quarter.layout.yaxis.ticktext) == tokens  # rows keep the figure's height
+    assert list(quarter.layout.yaxis.ticktext) == tokens  # 600 px tall: every row named

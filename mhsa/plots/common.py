@@ -98,10 +98,13 @@ def label(text: str, limit: int = 40) -> str:
 
 def token_axis(names: Sequence[str], max_ticks: int = MAX_TICKS) -> tuple[list[str], dict]:
     """Unique category per position ("cat #2": repeated tokens keep their own row) and tick
-    labels showing the tokens themselves, thinned beyond ``max_ticks`` (every k-th shown)."""
+    labels showing the tokens themselves, thinned beyond ``max_ticks`` (every k-th shown, and
+    the last)."""
     categories = [f"{label(t, 30)} #{i}" for i, t in enumerate(names)]
     step = max(1, -(-len(names) // max(1, max_ticks)))
-    idx = range(0, len(names), step)
+    idx = list(range(0, len(names), step))
+    if len(idx) > 1:
+        idx[-1] = len(names) - 1  # the last token ([SEP], the end) stays named, a step apart
     axis = {
         "type": "category",
         "tickmode": "array",
@@ -230,10 +233,12 @@ def matrix_heatmap(
     The browser gets the matrix (float32, binary-encoded by plotly) and one label per row and
     column; hover text is assembled from those, not stored per cell.
     """
-    y, y_axis = token_axis(rows, tick_room(height))
-    across = tick_room(height) if len(rows) == len(cols) else MAX_TICKS
+    # a figure of the page's width keeps every label up to MAX_TICKS (as it always did); one
+    # in a column gets what its height and width hold
+    y, y_axis = token_axis(rows, tick_room(height) if columns > 1 else MAX_TICKS)
+    across = MAX_TICKS
     if columns > 1:
-        across = min(across, tick_room(PAGE_PX // columns))
+        across = min(tick_room(height), tick_room(PAGE_PX // columns))
     x, x_axis = token_axis(cols, across)
     if columns > 1:
         x_axis["tickangle"] = -90  # turned labels' boxes overlap; upright ones a column apart

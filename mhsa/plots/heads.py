@@ -255,6 +255,7 @@ def mean_heatmap(
         title=title + _kind_note(result),
         value_name=values[0],
         zmax=values[1],
+        height=square_height(max(result.num_queries, result.num_tokens)),
         **_axis_titles(result),
     )
-    return mark_token_axes(fig, height=square_height(max(result.num_queries, result.num_tokens)))
+    return mark_token_axes(fig)
