@@ -301,6 +301,17 @@ def _t5_returns(
 
 
 # --- the registry -----------------------------------------------------------------------------
+def _causal_unless_told(block: nn.Module) -> bool:
+    """The q_proj/k_proj/v_proj decoders' blocks: causal unless the block's ``is_causal`` says
+    otherwise."""
+    return bool(getattr(block, "is_causal", True))
+
+
+def _v_proj_values(block: nn.Module) -> tuple[nn.Module, ValueOf]:
+    """The values are the whole output of the block's ``v_proj``."""
+    return block.v_proj, _whole
+
+
 FAMILIES: tuple[Family, ...] = (
     Family(
         "BERT family",
@@ -340,9 +351,9 @@ FAMILIES: tuple[Family, ...] = (
         "Qwen2, Mistral",
         _is_llama,
         _load_llama_of_model,
-        lambda block: bool(getattr(block, "is_causal", True)),
+        _causal_unless_told,
         store=store_llama,
-        values=lambda block: (block.v_proj, _whole),
+        values=_v_proj_values,
         kinds=("decoder",),
     ),
     Family(
@@ -353,7 +364,7 @@ FAMILIES: tuple[Family, ...] = (
         lambda block, _model: load_bart(block),
         lambda block: bool(block.is_causal),
         store=store_bart,
-        values=lambda block: (block.v_proj, _whole),
+        values=_v_proj_values,
         kinds=("encoder-decoder",),
     ),
     Family(
@@ -379,9 +390,9 @@ FAMILIES: tuple[Family, ...] = (
         "q_proj/k_proj/v_proj/o_proj with an RMSNorm of each head's query and key (q_norm/k_norm)",
         is_qwen3,
         load_qwen3,
-        lambda block: bool(getattr(block, "is_causal", True)),
+        _causal_unless_told,
         store=store_projected,
-        values=lambda block: (block.v_proj, _whole),
+        values=_v_proj_values,
         kinds=("decoder",),
     ),
     Family(
@@ -389,9 +400,9 @@ FAMILIES: tuple[Family, ...] = (
         "Llama's layout; embeddings scaled by sqrt(d_model), norms x / rms(x) * (1 + w)",
         is_gemma,
         load_gemma,
-        lambda block: bool(getattr(block, "is_causal", True)),
+        _causal_unless_told,
         store=store_projected,
-        values=lambda block: (block.v_proj, _whole),
+        values=_v_proj_values,
         kinds=("decoder",),
     ),
     Family(
@@ -400,9 +411,9 @@ FAMILIES: tuple[Family, ...] = (
         "sliding windows on alternate layers, norms after attention and MLP outputs",
         is_gemma2,
         load_gemma,
-        lambda block: bool(getattr(block, "is_causal", True)),
+        _causal_unless_told,
         store=store_projected,
-        values=lambda block: (block.v_proj, _whole),
+        values=_v_proj_values,
         kinds=("decoder",),
     ),
     Family(
@@ -410,9 +421,9 @@ FAMILIES: tuple[Family, ...] = (
         "Gemma 2's layout with per-head q/k norms (1 + w) and local rope on sliding layers",
         is_gemma3,
         load_gemma,
-        lambda block: bool(getattr(block, "is_causal", True)),
+        _causal_unless_told,
         store=store_projected,
-        values=lambda block: (block.v_proj, _whole),
+        values=_v_proj_values,
         kinds=("decoder",),
     ),
     Family(
@@ -421,9 +432,9 @@ FAMILIES: tuple[Family, ...] = (
         "norms after attention and MLP outputs",
         is_olmo2,
         load_olmo2,
-        lambda block: bool(getattr(block, "is_causal", True)),
+        _causal_unless_told,
         store=store_projected,
-        values=lambda block: (block.v_proj, _whole),
+        values=_v_proj_values,
         kinds=("decoder",),
     ),
     Family(
@@ -431,7 +442,7 @@ FAMILIES: tuple[Family, ...] = (
         "fused qkv_proj + o_proj with rotary positions (partial) and grouped-query attention",
         is_phi3,
         load_phi3,
-        lambda block: bool(getattr(block, "is_causal", True)),
+        _causal_unless_told,
         store=store_phi3,
         values=phi3_values,
         kinds=("decoder",),

@@ -20,11 +20,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from mhsa.adapters import SUPPORTED_FOR_MHSA, Family, family_of
+from mhsa.adapters import Family
 from mhsa.attention import MultiHeadSelfAttention, Observer
+from mhsa.block_search import (
+    block_kinds,
+    check_model,
+    find_blocks,
+    in_call_order,
+    layer_counts,
+    unsupported,
+)
 from mhsa.errors import UnsupportedModelError
 from mhsa.models import LoadedModel
-from mhsa.support import TOOLS, tools_needing_our_module
 
 __all__ = [
     "BLOCK_KINDS",
@@ -322,98 +329,21 @@ def _no_cached_tokens(cache: Any) -> None:
         )
 
 
-def _find_blocks(model: nn.Module) -> list[tuple[Family, nn.Module, nn.Module, str]]:
-    """``(family, block, parent, attribute)`` for every supported attention block, in order."""
-    found = []
-    for parent in model.modules():
-        for attr, child in parent.named_children():
-            family = family_of(child)
-            if family is not None:
-                found.append((family, child, parent, attr))
-    return found
-
-
-def _in_call_order(
-    model: nn.Module, found: list[tuple[Family, nn.Module, nn.Module, str]]
-) -> list[tuple[Family, nn.Module, nn.Module, str]]:
-    """``found`` with the blocks of a family that calls one block in several layers (ALBERT's
-    shared layers: ``Family.call_order``) listed once per layer, in the order the model calls
-    them. Raises ``ValueError`` (from ``call_order``) for sharing it cannot follow."""
-    out: list[tuple[Family, nn.Module, nn.Module, str]] = []
-    done: set[int] = set()
-    for item in found:
-        family = item[0]
-        if family.call_order is None:
-            out.append(item)
-            continue
-        if id(family) in done:
-            continue
-        done.add(id(family))
-        mine = [f for f in found if f[0] is family]
-        by_block = {id(f[1]): f for f in mine}
-        out.extend(by_block[id(b)] for b in family.call_order(model, [f[1] for f in mine]))
-    return out
-
-
-def _unsupported(lm: LoadedModel, why: str) -> UnsupportedModelError:
-    return UnsupportedModelError(
-        f"Our module cannot run {lm.display_name!r} ({lm.config.model_type}): {why}. "
-        f"Supported: {SUPPORTED_FOR_MHSA}. Use the transformers engine for this model. "
-        f"The tools that need our module ({', '.join(tools_needing_our_module())}) do not "
-        f"run on it; {' and '.join(t.label for t in TOOLS if not t.needs_our_module)} do."
-    )
-
-
-def _check_model(lm: LoadedModel) -> None:
-    """Refuse model-level features no family of ours reproduces."""
-    config = lm.config
-    position = getattr(config, "position_embedding_type", "absolute")
-    if position not in (None, "absolute"):
-        raise _unsupported(lm, f"position_embedding_type {position!r} (relative position biases)")
-    if getattr(config, "alibi", False) or getattr(config, "use_alibi", False):
-        raise _unsupported(lm, "ALiBi position biases")
-    if getattr(config, "relative_attention", False) or config.model_type.startswith("deberta"):
-        raise _unsupported(lm, "DeBERTa's disentangled attention (content-to-position scores)")
-
-
-def _kinds(lm: LoadedModel, found: list[tuple[Family, nn.Module, nn.Module, str]]) -> list[str]:
-    """Each found block's kind: "self" for encoders and decoders; for encoder-decoders
-    "encoder" (inside the encoder), "decoder" (the decoder's causal self-attention) or "cross"
-    (the decoder's other blocks)."""
-    if not lm.is_encoder_decoder:
-        return ["self"] * len(found)
-    encoder = {id(m) for m in lm.model.get_encoder().modules()}
-    return [
-        "encoder" if id(block) in encoder else "decoder" if family.causal(block) else "cross"
-        for family, block, _parent, _attr in found
-    ]
-
-
-def _layer_counts(lm: LoadedModel) -> dict[str, int | None]:
-    """How many blocks of each kind the config says the model has (None: it does not say)."""
-    c = lm.config
-    if not lm.is_encoder_decoder:
-        return {"self": getattr(c, "num_hidden_layers", None) or getattr(c, "n_layer", None)}
-    encoder = getattr(c, "encoder_layers", None) or getattr(c, "num_layers", None)
-    decoder = getattr(c, "decoder_layers", None) or getattr(c, "num_decoder_layers", None)
-    return {"encoder": encoder, "decoder": decoder or encoder, "cross": decoder or encoder}
-
-
 def _build_blocks(lm: LoadedModel, only: frozenset[int] | None = None) -> list[OurBlock]:
     """Our block for every attention block (``only``: for those layers, ``OurBlock.layer``)."""
-    _check_model(lm)
+    check_model(lm)
     try:
-        found = _in_call_order(lm.model, _find_blocks(lm.model))
+        found = in_call_order(lm.model, find_blocks(lm.model))
     except ValueError as e:
-        raise _unsupported(lm, str(e)) from e
+        raise unsupported(lm, str(e)) from e
     if not found:
-        raise _unsupported(lm, "no attention block of a supported layout")
-    kinds = _kinds(lm, found)
-    for kind, want in _layer_counts(lm).items():
+        raise unsupported(lm, "no attention block of a supported layout")
+    kinds = block_kinds(lm, found)
+    for kind, want in layer_counts(lm).items():
         have = kinds.count(kind)
         if want is not None and have != want:
             what = "layers" if kind == "self" else f"{kind} attention layers"
-            raise _unsupported(lm, f"{have} of its {want} {what} have a supported block")
+            raise unsupported(lm, f"{have} of its {want} {what} have a supported block")
     # encoder-decoders: the encoder's blocks, then the decoder's self-, then its cross-attention
     order = sorted(range(len(found)), key=lambda i: (BLOCK_KINDS.index(kinds[i]), i))
     places = {id(child): (m, a) for m in lm.model.modules() for a, child in m.named_children()}
@@ -424,7 +354,7 @@ def _build_blocks(lm: LoadedModel, only: frozenset[int] | None = None) -> list[O
         if only is not None and number not in only:
             continue
         if any(p.device.type == "meta" for p in block.parameters()):
-            raise _unsupported(
+            raise unsupported(
                 lm,
                 f"layer {number}'s attention weights were offloaded by device_map (they sit on "
                 "the meta device until accelerate moves them in): our module needs them in "
@@ -437,7 +367,7 @@ def _build_blocks(lm: LoadedModel, only: frozenset[int] | None = None) -> list[O
                 loaded[id(block)] = family.load(block, lm.model).eval().requires_grad_(False)
             ours = loaded[id(block)]
         except ValueError as e:
-            raise _unsupported(lm, str(e)) from e
+            raise unsupported(lm, str(e)) from e
         blocks.append(
             OurBlock(
                 family,

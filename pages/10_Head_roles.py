@@ -189,7 +189,8 @@ def _top_heads(
     for column, (layer, head, score) in zip(columns[1:], best, strict=True):
         with column:
             page.figure(
-                plots.head_heatmap(tokens, layer, head, columns=len(columns)),
+                # the scores name the model's heads: positions in a partial result
+                plots.head_heatmap(tokens, *tokens.index_of(layer, head), columns=len(columns)),
                 f"L{layer}H{head}-{detector.replace(' ', '-')}",
                 key=f"top-head-{layer}-{head}",
                 decorate=not query.words,

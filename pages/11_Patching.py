@@ -25,8 +25,6 @@ from ui.views import patching
 from ui.views.patching import PATCH_MODES, PatchSettings
 
 DEFAULT_CORRUPTED = "The dog sat on the mat."
-#: a token-count mismatch lists the tokens of texts up to this long
-SHOWN_TOKENS = 32
 #: the per-position view's layer was chosen (by the link or the box): no longer the strongest
 LAYER_CHOSEN = "_patch_layer_chosen"
 #: what "effect" means, one line beside the figures (the rest is under the expander)
@@ -145,27 +143,12 @@ with page.run("Patching", PARAMS) as sidebar:
     result = page.load(query, primary=False)
     if result is None:
         page.stop()
-    try:
-        tokens = [
-            patching.patch_tokens(query, query.text, "clean text"),
-            patching.patch_tokens(query, state["corrupted"], "corrupted text"),
-        ]
-    except mhsa.MHSAError as e:
-        page.error(e)
-        page.stop()
-    if len(tokens[0]) != len(tokens[1]):
-        shown = [
-            f"{len(t)} tokens" + (f" {list(t)}" if len(t) <= SHOWN_TOKENS else "") for t in tokens
-        ]
-        st.warning(
-            md_escape(
-                "Patching replaces activations position by position: the corrupted text needs as "
-                f"many tokens as the clean one. Clean: {shown[0]}; corrupted: {shown[1]}. Edit "
-                "one of them."
-            ),
-            icon="✂️",
-        )
-        page.stop()
+    page.matched_tokens(
+        patching.patch_tokens,
+        query,
+        state["corrupted"],
+        "Patching replaces activations position by position",
+    )
     if causal and not (state["answer"].strip() and state["wrong"].strip()):
         st.info("Type the answer and the wrong answer: the metric is their logit difference.")
         page.stop()

@@ -22,8 +22,6 @@ from ui.state import (
 from ui.views import circuits
 from ui.views.circuits import CIRCUIT_EXAMPLES, MAX_DRAWN, MAX_EXACT_EDGES, CircuitSettings
 
-#: a token-count mismatch lists the tokens of texts up to this long
-SHOWN_TOKENS = 32
 #: a link may ask for any n up to this; the page clamps it to the model's edges
 MAX_N = 10_000_000
 PARAMS = {
@@ -124,27 +122,12 @@ with page.run("Circuits", PARAMS) as sidebar:
     )
     if state["circuit_method"] == "eap-ig":
         right.number_input("Integrated-gradient steps", 1, 50, key="circuit_steps")
-    try:
-        tokens = [
-            circuits.circuit_tokens(query, query.text, "clean text"),
-            circuits.circuit_tokens(query, state["corrupted"], "corrupted text"),
-        ]
-    except mhsa.MHSAError as e:
-        page.error(e)
-        page.stop()
-    if len(tokens[0]) != len(tokens[1]):
-        shown = [
-            f"{len(t)} tokens" + (f" {list(t)}" if len(t) <= SHOWN_TOKENS else "") for t in tokens
-        ]
-        st.warning(
-            md_escape(
-                "An edge carries a source's output position by position: the corrupted text "
-                f"needs as many tokens as the clean one. Clean: {shown[0]}; corrupted: "
-                f"{shown[1]}. Edit one of them."
-            ),
-            icon="✂️",
-        )
-        page.stop()
+    page.matched_tokens(
+        circuits.circuit_tokens,
+        query,
+        state["corrupted"],
+        "An edge carries a source's output position by position",
+    )
     if not (state["answer"].strip() and state["wrong"].strip()):
         st.info("Type the answer and the wrong answer: the metric is their logit difference.")
         page.stop()

@@ -11,7 +11,7 @@ from mhsa.targets import TARGET_SPECS
 from ui import core, page
 from ui.core import Query
 from ui.state import Param, bounded_int, choice, clamp, heads_param
-from ui.views import importance
+from ui.views import importance, long_inputs
 
 PARAMS = {
     "layer": Param(0, bounded_int(0, 1023)),
@@ -21,6 +21,7 @@ PARAMS = {
     "off": Param([], heads_param),
     "topk": Param(5, bounded_int(1, 20)),
     "values": Param("weights", choice(*core.VALUES)),
+    "zoom": Param(0, bounded_int(0, 100_000)),
 }
 LONG_INPUT = 64  # beyond this many tokens the top-k list shows by itself
 VIEWS = {
@@ -131,14 +132,10 @@ def _knock_out_figures(
 
 
 with page.run("Heads", PARAMS, kinds=True) as query:
-    query = page.values_switch(query)
-    result = page.load(query)
-    if result is None:
-        page.stop()
+    query, result = page.switched_result(query)
     result = core.shown(result)
     values = plots.WEIGHTED_BY_NORM if query.norms else plots.WEIGHTS
-    layer = clamp("layer", 0, result.num_layers - 1)
-    head = clamp("head", 0, result.num_heads - 1)
+    layer, head = long_inputs.focused_head(result)  # positions; the link holds the model's
     token = clamp("token", 0, result.num_queries - 1)
     page.figure(
         plots.head_grid(result, selected=(layer, head)),
@@ -148,18 +145,26 @@ with page.run("Heads", PARAMS, kinds=True) as query:
         selection_mode="points",
     )
     left, mid, right = st.columns([1, 1, 2])
-    left.number_input("Layer", 0, result.num_layers - 1, key="layer")
-    mid.number_input("Head", 0, result.num_heads - 1, key="head")
+    layer, head = long_inputs.focus_inputs(result, left, mid)
     right.radio("Show", list(VIEWS), key="view", format_func=VIEWS.get, horizontal=True)
-    layer, head = st.session_state["layer"], st.session_state["head"]
     view = st.session_state["view"]
+    name = result.label(layer, head)
+    window = long_inputs.zoom_window(result) if view == "head" else None
     if view == "head":
         fig = plots.head_heatmap(result, layer, head, values=values)
+        if window is not None:
+            plots.mark_window(fig, result, *window)
     elif view == "mean-heads":
         fig = plots.mean_heatmap(result, layer=layer, values=values)
     else:
         fig = plots.mean_heatmap(result, head=head, values=values)
-    page.figure(fig, f"{head_label(layer, head)}-{view}", key="head-large")
+    page.figure(fig, f"{name}-{view}", key="head-large")
+    if window is not None:
+        page.figure(
+            plots.head_zoom(result, layer, head, *window, values=values),
+            f"{name}-t{window[0]}-{window[1] - 1}",
+            key="head-zoom",
+        )
     if st.toggle(
         "Where each token attends most in this head (a list for inputs too long to read as a "
         "heatmap)",
@@ -169,7 +174,7 @@ with page.run("Heads", PARAMS, kinds=True) as query:
         st.number_input("Top", 1, 20, key="topk")
         page.table(
             mhsa.top_attended(result, layer, head, st.session_state["topk"]),
-            f"{page.file_stem()}-{head_label(layer, head)}-top",
+            f"{page.file_stem()}-{name}-top",
             label="Download the list (.csv)",
         )
     st.subheader("Token focus")
@@ -186,4 +191,4 @@ with page.run("Heads", PARAMS, kinds=True) as query:
             "Every figure above shows each weight times the norm of the vector the head carries "
             "from that key (Kobayashi et al. 2020); the knock-outs below show the weights."
         )
-    _knock_outs(query, layer, head)
+    _knock_outs(query, result.layers[layer], result.heads[head])  # the model's numbers

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+import mhsa
 from mhsa import plots
 from ui import page
 from ui.state import Param, bounded_int, clamp
@@ -15,7 +16,11 @@ with page.run("Attention rollout", PARAMS) as query:
     result = page.load(query)
     if result is None:
         page.stop()
-    roll = rollout.rollout(query)
+    try:
+        roll = rollout.rollout(query)
+    except mhsa.MHSAError as e:  # a partial result: rollout needs every layer from 0
+        page.error(e)
+        page.stop()
     if st.session_state["rollout_layer"] == -1:  # the default: through the last layer
         st.session_state["rollout_layer"] = result.num_layers - 1
     clamp("rollout_layer", 0, result.num_layers - 1)

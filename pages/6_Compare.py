@@ -7,7 +7,8 @@ import streamlit as st
 from mhsa import plots
 from mhsa.stats import stats_difference
 from ui import page
-from ui.state import Param, bounded_int, clamp, text_param
+from ui.state import Param, bounded_int, text_param
+from ui.views import long_inputs
 from ui.views.statistics import head_stats
 
 PARAMS = {
@@ -23,12 +24,9 @@ with page.run("Compare two sentences", PARAMS, kinds=True) as query:
     second = page.load(other, primary=False)
     if first is None or second is None:
         page.stop()
-    layer = clamp("layer", 0, first.num_layers - 1)
-    head = clamp("head", 0, first.num_heads - 1)
+    long_inputs.focused_head(first)  # the link holds the model's numbers
     c1, c2 = st.columns(2)
-    c1.number_input("Layer", 0, first.num_layers - 1, key="layer")
-    c2.number_input("Head", 0, first.num_heads - 1, key="head")
-    layer, head = st.session_state["layer"], st.session_state["head"]
+    layer, head = long_inputs.focus_inputs(first, c1, c2)  # positions (the same in both)
     left, right = st.columns(2)
     with left:
         page.figure(plots.head_heatmap(first, layer, head), "compare-first", key="cmp-a")

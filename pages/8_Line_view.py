@@ -8,6 +8,7 @@ import streamlit as st
 from mhsa import plots
 from ui import core, page
 from ui.state import Param, bounded_int, choice, clamp, heads_list_param
+from ui.views import long_inputs
 
 PARAMS = {
     "layer": Param(0, bounded_int(0, 1023)),
@@ -29,20 +30,21 @@ def _select_token() -> None:
 
 
 with page.run("Line view", PARAMS, kinds=True) as query:
-    query = page.values_switch(query)
-    result = page.load(query)
-    if result is None:
-        page.stop()
+    query, result = page.switched_result(query)
     result = core.shown_rows(query)
-    layer = clamp("layer", 0, result.num_layers - 1)
+    long_inputs.focused_layer(result)  # the link's layer: the model's own number
     clamp("line_token", -1, result.num_queries - 1)
-    valid = [h for h in st.session_state["line_heads"] if h < result.num_heads]
+    held = list(result.heads)  # the model's head numbers (a partial result's head_ids)
+    valid = [h for h in st.session_state["line_heads"] if h in held]
     st.session_state["line_heads"] = valid
     left, mid, right, last = st.columns([1, 3, 2, 1])
-    left.number_input("Layer", 0, result.num_layers - 1, key="layer")
+    if result.is_partial:
+        left.selectbox("Layer", list(result.layers), key="layer")
+    else:
+        left.number_input("Layer", 0, result.num_layers - 1, key="layer")
     mid.multiselect(
         "Heads shown",
-        range(result.num_heads),
+        held,
         key="line_heads",
         format_func=lambda h: f"head {h}",
         placeholder="all heads",
@@ -66,8 +68,8 @@ with page.run("Line view", PARAMS, kinds=True) as query:
     page.figure(
         plots.line_view(
             result,
-            st.session_state["layer"],
-            heads=heads,
+            list(result.layers).index(st.session_state["layer"]),
+            heads=None if heads is None else [held.index(h) for h in heads],
             token=None if token < 0 else token,
             top_k=st.session_state["lines_per_token"] or None,
         ),

@@ -78,79 +78,72 @@ def _train(config: TrainConfig) -> None:
     st.session_state[RUN] = training.start(config)
 
 
-task_alone = training.task_alone_in_link(st.query_params, st.session_state)
-query = page.setup("Train heads", PARAMS)
-state = st.session_state
-if task_alone:  # the task's own family, as choosing the task in the box brings it
-    state["family"] = training.recipe_state(state["task"])["family"]
-if state.pop(OPEN_HEADS, False):
-    st.switch_page("pages/1_Heads.py")
-st.caption(
-    "Train a small transformer on a toy task through our attention module and watch its heads "
-    "learn: loss, accuracy, every head's attention and the phase change, live."
-)
-config, refused = None, None
-try:
-    config = training.config_from(state, query.device)
-except ValueError:
-    for key, reason in training.bad_settings(state):  # a value the trainer refuses on its own
-        st.warning(md_escape(f"{key}: {reason} Using the default."), icon="⚠️")
-        state[key] = PARAMS[key].default
+def _config(device: str) -> tuple[TrainConfig | None, ValueError | None]:
+    """The run's settings from the page's boxes (``None`` and why when they do not go
+    together); a value the trainer refuses on its own falls back to its default, with a
+    warning."""
+    state = st.session_state
     try:
-        config = training.config_from(state, query.device)
+        return training.config_from(state, device), None
+    except ValueError:
+        for key, reason in training.bad_settings(state):
+            st.warning(md_escape(f"{key}: {reason} Using the default."), icon="⚠️")
+            state[key] = PARAMS[key].default
+    try:
+        return training.config_from(state, device), None
     except ValueError as e:  # settings that do not go together
-        refused = e
-run: TrainingRun | None = state.get(RUN)
-busy = run is not None and run.live
+        return None, e
 
-with st.container(border=True):
-    cols = st.columns(4)
-    cols[0].selectbox(
-        "Task",
-        list(TASKS),
-        key="task",
-        disabled=busy,
-        on_change=_use_recipe,
-        help="  \n".join(f"**{n}**: {md_escape(t.description)}" for n, t in TASKS.items())
-        + "  \nChoosing a task loads the recipe of its shipped model (the seed stays).",
-    )
-    cols[1].radio(
-        "Family",
-        list(MODEL_FAMILIES),
-        key="family",
-        format_func=lambda name: MODEL_FAMILIES[name].label,
-        disabled=busy,
-    )
-    cols[2].toggle("MLP blocks", key="mlp", disabled=busy, help="Off: attention only.")
-    cols[3].number_input("Seed", min_value=0, step=1, key="train_seed", disabled=busy)
-    cols = st.columns(5)
-    cols[0].number_input("Layers", min_value=1, step=1, key="layers", disabled=busy)
-    cols[1].number_input("Heads", min_value=1, step=1, key="heads", disabled=busy)
-    cols[2].number_input("Width", min_value=1, step=8, key="width", disabled=busy)
-    cols[3].number_input("Steps", min_value=1, step=50, key="steps", disabled=busy)
-    cols[4].number_input(
-        "Learning rate", min_value=0.0, step=1e-4, format="%.5f", key="lr", disabled=busy
-    )
-    if refused is not None:
-        page.error(refused)
-    left, right = st.columns([1, 3])
-    left.button(
-        "Train",
-        type="primary",
-        disabled=busy or config is None,
-        on_click=_train,
-        args=(config,),
-        help="Trains through the server's queue of heavy jobs; it may wait its turn.",
-    )
-    right.button(
-        f"Open the shipped {state['task']} model ({TOY_PREFIX}{state['task']})",
-        on_click=_open,
-        args=(training.toy_state(state["task"]),),
-        help="The model trained for this task that ships with the app, on the Heads page.",
-    )
 
-with st.expander("What this page shows, and the reference"):
-    st.markdown(EXPLANATION)
+def _settings(config: TrainConfig | None, refused: ValueError | None, *, busy: bool) -> None:
+    """The settings box: task, family, sizes, steps, learning rate, and the buttons that train
+    or open the shipped model (locked while a run is going)."""
+    task = st.session_state["task"]
+    with st.container(border=True):
+        cols = st.columns(4)
+        cols[0].selectbox(
+            "Task",
+            list(TASKS),
+            key="task",
+            disabled=busy,
+            on_change=_use_recipe,
+            help="  \n".join(f"**{n}**: {md_escape(t.description)}" for n, t in TASKS.items())
+            + "  \nChoosing a task loads the recipe of its shipped model (the seed stays).",
+        )
+        cols[1].radio(
+            "Family",
+            list(MODEL_FAMILIES),
+            key="family",
+            format_func=lambda name: MODEL_FAMILIES[name].label,
+            disabled=busy,
+        )
+        cols[2].toggle("MLP blocks", key="mlp", disabled=busy, help="Off: attention only.")
+        cols[3].number_input("Seed", min_value=0, step=1, key="train_seed", disabled=busy)
+        cols = st.columns(5)
+        cols[0].number_input("Layers", min_value=1, step=1, key="layers", disabled=busy)
+        cols[1].number_input("Heads", min_value=1, step=1, key="heads", disabled=busy)
+        cols[2].number_input("Width", min_value=1, step=8, key="width", disabled=busy)
+        cols[3].number_input("Steps", min_value=1, step=50, key="steps", disabled=busy)
+        cols[4].number_input(
+            "Learning rate", min_value=0.0, step=1e-4, format="%.5f", key="lr", disabled=busy
+        )
+        if refused is not None:
+            page.error(refused)
+        left, right = st.columns([1, 3])
+        left.button(
+            "Train",
+            type="primary",
+            disabled=busy or config is None,
+            on_click=_train,
+            args=(config,),
+            help="Trains through the server's queue of heavy jobs; it may wait its turn.",
+        )
+        right.button(
+            f"Open the shipped {task} model ({TOY_PREFIX}{task})",
+            on_click=_open,
+            args=(training.toy_state(task),),
+            help="The model trained for this task that ships with the app, on the Heads page.",
+        )
 
 
 def _draw(figures: dict, *, final: bool = False) -> None:
@@ -231,10 +224,27 @@ def _finished(run: TrainingRun) -> None:
     _draw(training.figures(run, step_index=index, final=True), final=True)
 
 
-if run is not None:
-    if busy:
+task_alone = training.task_alone_in_link(st.query_params, st.session_state)
+with page.run("Train heads", PARAMS) as query:
+    state = st.session_state
+    if task_alone:  # the task's own family, as choosing the task in the box brings it
+        state["family"] = training.recipe_state(state["task"])["family"]
+    if state.pop(OPEN_HEADS, False):
+        st.switch_page("pages/1_Heads.py")
+    st.caption(
+        "Train a small transformer on a toy task through our attention module and watch its "
+        "heads learn: loss, accuracy, every head's attention and the phase change, live."
+    )
+    config, refused = _config(query.device)
+    run: TrainingRun | None = state.get(RUN)
+    busy = run is not None and run.live
+    _settings(config, refused, busy=busy)
+    with st.expander("What this page shows, and the reference"):
+        st.markdown(EXPLANATION)
+    if run is None:
+        page.stop()
+    elif busy:
         _progress(run)
         _live_figures(run)
     else:
         _finished(run)
-page.finish()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -406,12 +406,14 @@ def figure(
 
 def clicked_head(chart_key: str) -> tuple[int, int] | None:
     """The head (layer, head) whose marker was clicked on the head grid drawn under
-    ``chart_key`` (``plots.head_grid``: trace 1's markers carry ``[layer, head]``), or None."""
+    ``chart_key`` (``plots.head_grid``: trace 1's markers carry ``[layer, head]``, positions,
+    then the model's own layer and head, which are returned when present), or None."""
     for point in st.session_state[chart_key].selection.get("points", []):
         data = point.get("customdata")
         if point.get("curve_number") == 1 and data is not None:
             values = list(data.values()) if isinstance(data, dict) else list(data)
-            return int(values[0]), int(values[1])
+            real = values[2:4] if len(values) >= 4 else values[:2]
+            return int(real[0]), int(real[1])
     return None
 
 
@@ -449,3 +451,50 @@ def corpus_queries(query: Query, label: str) -> tuple[Query, ...]:
         )
         lines = lines[: LIMITS.max_corpus]
     return tuple(query._replace(text=line) for line in lines) or (query,)
+
+
+def switched_result(query: Query) -> tuple[Query, mhsa.AttentionResult]:
+    """The opening of the pages with the values switch (Heads, Line view): ``values_switch``,
+    then the result, the page stopping (after ``load`` said why) when there is none."""
+    query = values_switch(query)
+    result = load(query)
+    if result is None:
+        stop()
+    return query, result
+
+
+#: a text's tokens listed in the "as many tokens" warning up to this many
+SHOWN_TOKENS = 32
+
+
+def matched_tokens(
+    tokens_of: Callable[[Query, str, str], tuple[str, ...]],
+    query: Query,
+    corrupted: str,
+    why: str,
+) -> list[tuple[str, ...]]:
+    """The clean (``query.text``) and corrupted texts' tokens by ``tokens_of`` (Patching,
+    Circuits: activations replaced position by position). The page stops with the library's
+    message when a text cannot be read, or with a warning (``why``, then both texts' counts)
+    when their lengths differ."""
+    try:
+        tokens = [
+            tokens_of(query, query.text, "clean text"),
+            tokens_of(query, corrupted, "corrupted text"),
+        ]
+    except mhsa.MHSAError as e:
+        error(e)
+        stop()
+    if len(tokens[0]) != len(tokens[1]):
+        shown = [
+            f"{len(t)} tokens" + (f" {list(t)}" if len(t) <= SHOWN_TOKENS else "") for t in tokens
+        ]
+        st.warning(
+            md_escape(
+                f"{why}: the corrupted text needs as many tokens as the clean one. Clean: "
+                f"{shown[0]}; corrupted: {shown[1]}. Edit one of them."
+            ),
+            icon="✂️",
+        )
+        stop()
+    return tokens

@@ -64,22 +64,26 @@ def _streamed(args: argparse.Namespace) -> bool:
     return bool(args.out) and selected and not (args.verify or args.norms or args.pair)
 
 
+def _selection(args: argparse.Namespace) -> dict:
+    """The model, engine, device, tokens, layers, heads, dtype and seed that both ways of
+    running (``mhsa.attend``, ``mhsa.layer_files.save_layers``) take."""
+    return {
+        "model": args.model,
+        "engine": args.engine,
+        "device": args.device,
+        "max_tokens": args.max_tokens,
+        "layers": args.layers,
+        "heads": args.heads,
+        "attention_dtype": args.dtype,
+        "seed": args.seed,
+    }
+
+
 def _run_streamed(args: argparse.Namespace) -> None:
     from mhsa.layer_files import save_layers
 
     start = time.perf_counter()
-    header = save_layers(
-        args.out,
-        args.text,
-        model=args.model,
-        engine=args.engine,
-        device=args.device,
-        max_tokens=args.max_tokens,
-        layers=args.layers,
-        heads=args.heads,
-        attention_dtype=args.dtype,
-        seed=args.seed,
-    )
+    header = save_layers(args.out, args.text, **_selection(args))
     print(f"model    {header.model} ({header.num_parameters:,} parameters) on {header.device}")
     print(f"tokens   {len(header.tokens)}")
     if header.truncated_tokens:
@@ -95,18 +99,7 @@ def run(args: argparse.Namespace) -> None:
         _run_streamed(args)
         return
     r = mhsa.attend(
-        args.text,
-        model=args.model,
-        engine=args.engine,
-        device=args.device,
-        max_tokens=args.max_tokens,
-        text_pair=args.pair,
-        seed=args.seed,
-        verify=args.verify,
-        norms=args.norms,
-        layers=args.layers,
-        heads=args.heads,
-        attention_dtype=args.dtype,
+        args.text, text_pair=args.pair, verify=args.verify, norms=args.norms, **_selection(args)
     )
     print(f"model    {r.model} ({r.num_parameters:,} parameters) on {r.device}, engine {r.engine}")
     print(f"tokens   {len(r.tokens)}: {' '.join(r.tokens)}")

@@ -68,6 +68,24 @@ def add_command(
     return parser
 
 
+def add_corpus_command(
+    subparsers: argparse._SubParsersAction,
+    name: str,
+    run: Callable[[argparse.Namespace], None],
+    examples: tuple[str, ...],
+    *,
+    corpus_help: str,
+    **kwargs: Any,
+) -> argparse.ArgumentParser:
+    """``add_command`` for a command over a corpus: its ``corpus`` argument (``corpus_help``),
+    then the model's and the corpus's options."""
+    parser = add_command(subparsers, name, run, examples, **kwargs)
+    parser.add_argument("corpus", type=Path, help=corpus_help)
+    add_model_options(parser)
+    add_corpus_options(parser)
+    return parser
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """--model and --device: every subcommand loads a model."""
     from mhsa.models import DEVICES

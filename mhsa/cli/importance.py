@@ -7,9 +7,7 @@ import argparse
 from pathlib import Path
 
 from mhsa.cli.common import (
-    add_command,
-    add_corpus_options,
-    add_model_options,
+    add_corpus_command,
     check_corpus_args,
     on_ray,
     progress_bar,
@@ -26,22 +24,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from mhsa.importance import METHODS
     from mhsa.metrics import TARGET_SPECS
 
-    importance = add_command(
+    importance = add_corpus_command(
         subparsers,
         "importance",
         run,
         EXAMPLES,
+        corpus_help="text file (one sentence, or two tab-separated ones, per line), folder, "
+        ".parquet",
         help="how much each head matters over a corpus (knock-outs or gradients)",
         description="Head importance (Michel et al. 2019) over a corpus, one sentence per line; "
         "for --target similarity, two sentences per line separated by a tab.",
     )
-    importance.add_argument(
-        "corpus",
-        type=Path,
-        help="text file (one sentence, or two tab-separated ones, per line), folder, .parquet",
-    )
-    add_model_options(importance)
-    add_corpus_options(importance)
     importance.add_argument("--method", default="ablation", choices=list(METHODS))
     importance.add_argument(
         "--target",

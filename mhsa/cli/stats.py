@@ -6,9 +6,7 @@ import argparse
 from pathlib import Path
 
 from mhsa.cli.common import (
-    add_command,
-    add_corpus_options,
-    add_model_options,
+    add_corpus_command,
     check_corpus_args,
     on_ray,
     progress_bar,
@@ -27,18 +25,14 @@ EXAMPLES = (
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from mhsa.extract import ENGINES
 
-    stats = add_command(
+    stats = add_corpus_command(
         subparsers,
         "stats",
         run,
         EXAMPLES,
+        corpus_help="text file (one sentence per line), folder, .parquet",
         help="per-head statistics over a corpus (text file, folder of .txt files or Parquet)",
     )
-    stats.add_argument(
-        "corpus", type=Path, help="text file (one sentence per line), folder, .parquet"
-    )
-    add_model_options(stats)
-    add_corpus_options(stats)
     stats.add_argument("--engine", default="transformers", choices=ENGINES)
     stats.add_argument("--max-tokens", type=int, default=None)
     stats.add_argument("--word-level", action="store_true", help="merge sub-words into words first")

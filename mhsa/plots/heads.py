@@ -8,7 +8,13 @@ import itertools
 import numpy as np
 import plotly.graph_objects as go
 
-from mhsa.plots.common import COLORSCALE, apply_layout, matrix_heatmap, square_height
+from mhsa.plots.common import (
+    COLORSCALE,
+    apply_layout,
+    label,
+    matrix_heatmap,
+    square_height,
+)
 from mhsa.plots.marks import mark_token_axes
 from mhsa.result import AttentionResult
 
@@ -19,6 +25,8 @@ __all__ = [
     "downsample",
     "head_grid",
     "head_heatmap",
+    "head_zoom",
+    "mark_window",
     "mean_heatmap",
     "token_focus",
 ]
@@ -74,6 +82,61 @@ def head_heatmap(
 
 #: tokens a side up to which ``head_heatmap`` draws every cell
 FULL_SIDE = 512
+
+
+def head_zoom(
+    result: AttentionResult,
+    layer: int,
+    head: int,
+    start: int,
+    stop: int,
+    *,
+    values: tuple[str, float | None] = WEIGHTS,
+) -> go.Figure:
+    """One head's weights from the tokens ``start`` to ``stop - 1`` to the same keys (at most
+    ``FULL_SIDE`` a side), every cell exact: the full-resolution window of a long input whose
+    ``head_heatmap`` is block-averaged. Rows and columns are labelled with the tokens' own
+    positions in the text. ``layer`` and ``head``: positions in ``result.attention``."""
+    start = max(0, start)
+    rows = slice(start, min(stop, start + FULL_SIDE, result.num_queries))
+    cols = slice(start, min(stop, start + FULL_SIDE, result.num_tokens))
+    matrix = result.attention[layer, head, rows, cols]
+    fig = matrix_heatmap(
+        matrix,
+        result.queries[rows],
+        result.tokens[cols],
+        title=f"Layer {result.layers[layer]}, head {result.heads[head]}{_kind_note(result)}: "
+        f"tokens {rows.start}-{rows.stop - 1} at full resolution",
+        value_name=values[0],
+        zmax=values[1],
+        height=square_height(matrix.shape[0]),
+        **_axis_titles(result),
+    )
+    for axis, names, first in (
+        ("x", result.tokens[cols], cols.start),
+        ("y", result.queries[rows], rows.start),
+    ):
+        categories = [f"{label(t, 30)} #{first + i}" for i, t in enumerate(names)]
+        fig.update_traces({axis: categories})
+        ticks = fig.layout[f"{axis}axis"].tickvals
+        position = {old: new for old, new in zip(fig.data[0][axis], categories, strict=True)}
+        fig.layout[f"{axis}axis"].tickvals = [position.get(t, t) for t in ticks]
+    return fig
+
+
+def mark_window(fig: go.Figure, result: AttentionResult, start: int, stop: int) -> go.Figure:
+    """Outline on ``head_heatmap``'s figure of ``result`` the square of tokens ``start`` to
+    ``stop - 1`` (as ``head_zoom`` draws it), in the cells the figure shows: block-averaged
+    cells beyond ``FULL_SIDE`` tokens a side."""
+    box = {}
+    for axis, n in (("x", result.num_tokens), ("y", result.num_queries)):
+        cells = min(n, FULL_SIDE)
+        edges = np.linspace(0, n, cells + 1).round().astype(int)  # as ``downsample`` cuts
+        first = int(np.searchsorted(edges, min(start, n - 1), side="right")) - 1
+        last = int(np.searchsorted(edges, min(stop, n) - 1, side="right")) - 1
+        box[f"{axis}0"], box[f"{axis}1"] = first - 0.5, last + 0.5
+    fig.add_shape(type="rect", **box, line={"color": "#d62728", "width": 2}, name="zoom")
+    return fig
 
 
 def _spans(tokens: list[str], size: int) -> list[str]:

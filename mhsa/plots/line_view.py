@@ -91,7 +91,8 @@ def line_view(
     for h in heads:
         weights = result.attention[layer, h]
         pairs = line_pairs(weights, token=token, min_weight=min_weight, top_k=top_k)
-        for trace in _head_lines(weights, pairs, h, (yq, yk), dense=dense):
+        # named and coloured by the model's own head (a partial result's ``head_ids``)
+        for trace in _head_lines(weights, pairs, result.heads[h], (yq, yk), dense=dense):
             fig.add_trace(trace)
     what = f"lines of '{result.queries[token]}'" if token is not None else "all tokens"
     if result.kind is not None:
@@ -107,7 +108,7 @@ def line_view(
     )
     return apply_layout(
         fig,
-        f"Layer {layer}, {what}: opacity = weight (weights ≥ {min_weight:g}{dense})",
+        f"Layer {result.layers[layer]}, {what}: opacity = weight (weights ≥ {min_weight:g}{dense})",
         height=min(4000, max(480, 140 + (22 if n <= LINE_DENSE else 14) * n)),
     )
 

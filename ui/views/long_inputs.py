@@ -9,9 +9,22 @@ import streamlit as st
 
 import mhsa
 from ui.core import LIMITS
-from ui.state import md_escape
+from ui.state import clamp, md_escape
 
-__all__ = ["HINT", "ask_when_over_budget", "materialised_note", "selection_inputs"]
+__all__ = [
+    "HINT",
+    "ZOOM_SIDE",
+    "ask_when_over_budget",
+    "focus_inputs",
+    "focused_head",
+    "focused_layer",
+    "materialised_note",
+    "selection_inputs",
+    "zoom_window",
+]
+
+#: most tokens a side of the focused head's zoom window (``mhsa.plots.heads.FULL_SIDE``)
+ZOOM_SIDE = 512
 
 #: what a page adds when a text was cut or a request was over the attention budget
 HINT = (
@@ -47,3 +60,89 @@ def materialised_note(result: mhsa.AttentionResult) -> str | None:
     if not result.is_partial and result.attention_dtype == "float32":
         return None
     return f"Materialised: {md_escape(result.materialised)}."
+
+
+def _real(key: str, ids: list[int], what: str) -> int:
+    """``st.session_state[key]``, a model's ``what`` number, kept among ``ids`` (what a partial
+    result materialised): a number outside falls back to the first with a notice."""
+    value = st.session_state.get(key)
+    if value not in ids:
+        st.warning(
+            f"{what.capitalize()} {md_escape(str(value))} was not materialised (this result "
+            f"holds {what}s {md_escape(', '.join(map(str, ids)))}): showing {what} {ids[0]}.",
+            icon="⚠️",
+        )
+        st.session_state[key] = value = ids[0]
+    return value
+
+
+def focused_layer(result: mhsa.AttentionResult, key: str = "layer") -> int:
+    """The focused layer's position in ``result.attention`` from the link key ``key`` (the
+    model's own layer number), as ``focused_head`` keeps it."""
+    if not result.is_partial:
+        return clamp(key, 0, result.num_layers - 1)
+    return list(result.layers).index(_real(key, list(result.layers), "layer"))
+
+
+def focused_head(
+    result: mhsa.AttentionResult, layer_key: str = "layer", head_key: str = "head"
+) -> tuple[int, int]:
+    """The focused head's position in ``result.attention`` from the link keys ``layer_key``
+    and ``head_key``, which hold the model's own numbers (a partial result's ``layer_ids``
+    and ``head_ids``). A whole result clamps them into range as before; a partial one falls
+    back to its first layer or head, with a notice, when they name one not materialised."""
+    if not result.is_partial:
+        return (
+            clamp(layer_key, 0, result.num_layers - 1),
+            clamp(head_key, 0, result.num_heads - 1),
+        )
+    layer = _real(layer_key, list(result.layers), "layer")
+    head = _real(head_key, list(result.heads), "head")
+    return result.index_of(layer, head)
+
+
+def focus_inputs(
+    result: mhsa.AttentionResult,
+    layer_box,
+    head_box,
+    layer_key: str = "layer",
+    head_key: str = "head",
+) -> tuple[int, int]:
+    """The layer and head pickers (in the containers ``layer_box``, ``head_box``): numbers
+    for a whole result, the model's materialised layers and heads for a partial one. Returns
+    the picked head's position in ``result.attention``."""
+    if result.is_partial:
+        layer_box.selectbox("Layer", list(result.layers), key=layer_key)
+        head_box.selectbox("Head", list(result.heads), key=head_key)
+        return result.index_of(st.session_state[layer_key], st.session_state[head_key])
+    layer_box.number_input("Layer", 0, result.num_layers - 1, key=layer_key)
+    head_box.number_input("Head", 0, result.num_heads - 1, key=head_key)
+    return st.session_state[layer_key], st.session_state[head_key]
+
+
+def zoom_window(result: mhsa.AttentionResult, key: str = "zoom") -> tuple[int, int] | None:
+    """For an input over ``ZOOM_SIDE`` tokens a side: a start token (link key ``key``) and
+    the window ``(start, stop)`` of at most ``ZOOM_SIDE`` tokens drawn at full resolution;
+    None for a shorter input. A start past the end is clamped, with a notice."""
+    n = max(result.num_queries, result.num_tokens)
+    if n <= ZOOM_SIDE:
+        return None
+    last = n - ZOOM_SIDE
+    value = st.session_state.get(key, 0)
+    if not isinstance(value, int) or not 0 <= value <= last:
+        st.warning(
+            f"Zoom start {md_escape(str(value))} is outside 0 to {last}: starting at "
+            f"{min(max(value, 0), last) if isinstance(value, int) else 0}.",
+            icon="⚠️",
+        )
+        st.session_state[key] = min(max(value, 0), last) if isinstance(value, int) else 0
+    st.number_input(
+        f"Zoom: first token of a {ZOOM_SIDE}-token window at full resolution",
+        0,
+        last,
+        key=key,
+        step=64,
+        help="The overview is block-averaged; the window below shows every weight exactly.",
+    )
+    start = st.session_state[key]
+    return start, start + ZOOM_SIDE
