@@ -179,7 +179,9 @@ def _top_heads(
     columns = st.columns(1 + len(best))
     with columns[0]:
         page.figure(
-            plots.detection_pattern_figure(table.patterns[detector], tokens.tokens, detector),
+            plots.detection_pattern_figure(
+                table.patterns[detector], tokens.tokens, detector, columns=len(columns)
+            ),
             "detection-pattern",
             key="detection-pattern",
             decorate=not query.words,  # token figures: the found token is a word's number
@@ -188,7 +190,7 @@ def _top_heads(
         with column:
             page.figure(
                 # the scores name the model's heads: positions in a partial result
-                plots.head_heatmap(tokens, *tokens.index_of(layer, head)),
+                plots.head_heatmap(tokens, *tokens.index_of(layer, head), columns=len(columns)),
                 f"L{layer}H{head}-{detector.replace(' ', '-')}",
                 key=f"top-head-{layer}-{head}",
                 decorate=not query.words,
@@ -211,7 +213,9 @@ def _top_heads_on_repeats(query: Query, induction: role_views.RoleTable) -> None
     tokens = repeated.result.tokens
     with columns[0]:
         page.figure(
-            plots.detection_pattern_figure(repeated.pattern, tokens, "induction"),
+            plots.detection_pattern_figure(
+                repeated.pattern, tokens, "induction", columns=len(columns)
+            ),
             "detection-pattern-repeated",
             key="detection-pattern",
             decorate=False,
@@ -219,7 +223,7 @@ def _top_heads_on_repeats(query: Query, induction: role_views.RoleTable) -> None
     for column, (layer, head, score) in zip(columns[1:], best, strict=True):
         with column:
             page.figure(
-                plots.head_heatmap(repeated.result, layer, head),
+                plots.head_heatmap(repeated.result, layer, head, columns=len(columns)),
                 f"L{layer}H{head}-induction-repeated",
                 key=f"top-head-{layer}-{head}",
                 decorate=False,
@@ -263,7 +267,7 @@ def _composition(query: Query) -> None:
     for column, kind in zip(columns, composition.kinds, strict=True):
         with column:
             page.figure(
-                plots.composition_figure(composition.scores[kind], kind),
+                plots.composition_figure(composition.scores[kind], kind, columns=len(columns)),
                 f"composition-{kind}",
                 key=f"composition-{kind}",
             )

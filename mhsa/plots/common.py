@@ -9,6 +9,7 @@ the token as tick text, so repeated tokens ("the" twice) keep their own rows and
 from __future__ import annotations
 
 import html
+import textwrap
 from collections.abc import Sequence
 
 import numpy as np
@@ -17,7 +18,9 @@ import plotly.graph_objects as go
 __all__ = [
     "COLORSCALE",
     "COLORWAY",
+    "COLUMN_TITLE_WIDTH",
     "MAX_TICKS",
+    "MIN_HEIGHT",
     "SIGNED_COLORSCALE",
     "TEMPLATE",
     "apply_layout",
@@ -26,6 +29,8 @@ __all__ = [
     "layout_props",
     "matrix_heatmap",
     "square_height",
+    "tick_room",
+    "title_text",
     "token_axis",
 ]
 
@@ -73,6 +78,11 @@ TEMPLATE = go.layout.Template(
 COLORSCALE = "Blues"  # every attention weight, on every page, 0 (white) to 1 (dark blue)
 SIGNED_COLORSCALE = "RdBu"  # signed values (vectors, scores): blue above 0, red below
 MAX_TICKS = 64  # beyond this, tick labels are thinned (hover still names every cell)
+TICK_PX = 16  # the least room a token tick label gets (px): closer ones are thinned
+MIN_HEIGHT = 360  # the least height of a figure given one (px): 2-layer maps were 60 px tall
+TITLE_WIDTH = 56  # characters of a title's line: longer titles wrap (plotly cuts, not wraps)
+COLUMN_TITLE_WIDTH = 18  # the same for a figure drawn in a third or a quarter of the page
+PAGE_PX = 880  # the width a figure spanning the page's main column is drawn at (px), about
 
 
 def label(text: str, limit: int = 40) -> str:
@@ -86,12 +96,15 @@ def label(text: str, limit: int = 40) -> str:
     return html.escape(clean, quote=False).replace("#", "&#35;") or "\u2423"
 
 
-def token_axis(names: Sequence[str]) -> tuple[list[str], dict]:
+def token_axis(names: Sequence[str], max_ticks: int = MAX_TICKS) -> tuple[list[str], dict]:
     """Unique category per position ("cat #2": repeated tokens keep their own row) and tick
-    labels showing the tokens themselves, thinned beyond MAX_TICKS."""
+    labels showing the tokens themselves, thinned beyond ``max_ticks`` (every k-th shown, and
+    the last)."""
     categories = [f"{label(t, 30)} #{i}" for i, t in enumerate(names)]
-    step = max(1, -(-len(names) // MAX_TICKS))
-    idx = range(0, len(names), step)
+    step = max(1, -(-len(names) // max(1, max_ticks)))
+    idx = list(range(0, len(names), step))
+    if len(idx) > 1:
+        idx[-1] = len(names) - 1  # the last token ([SEP], the end) stays named, a step apart
     axis = {
         "type": "category",
         "tickmode": "array",
@@ -102,19 +115,33 @@ def token_axis(names: Sequence[str]) -> tuple[list[str], dict]:
     return categories, axis
 
 
-def layout_props(title: str, height: int | None = None) -> dict:
-    """The layout every figure starts from: its title (escaped), margins, height, background."""
+def title_text(title: str, width: int = TITLE_WIDTH) -> str:
+    """``title`` escaped (``label``, at most 120 characters) and wrapped at word boundaries into
+    lines of at most ``width`` characters joined by `` <br>``: plotly draws a title on one line
+    and cuts it at the figure's edge ("Q-composition: what each later head reads from eac" in
+    a third of the page)."""
+    clean = html.unescape(label(title, 120))  # printable and short; escaped again per line
+    lines = textwrap.wrap(clean, width, break_long_words=True) or [clean]
+    # each line but the last keeps its space: the rendered text reads as the title's own
+    return " <br>".join(label(line, width + 1) for line in lines)
+
+
+def layout_props(title: str, height: int | None = None, *, title_width: int = TITLE_WIDTH) -> dict:
+    """The layout every figure starts from: its title (escaped, wrapped at ``title_width``
+    characters: ``title_text``), margins, height (at least ``MIN_HEIGHT``), background."""
     return {
-        "title": {"text": label(title, 120)},
+        "title": {"text": title_text(title, title_width)},
         "margin": {"l": 10, "r": 10, "t": 110, "b": 10},
-        "height": height,
+        "height": None if height is None else max(MIN_HEIGHT, height),
         "plot_bgcolor": "white",
     }
 
 
-def apply_layout(fig: go.Figure, title: str, *, height: int | None = None) -> go.Figure:
+def apply_layout(
+    fig: go.Figure, title: str, *, height: int | None = None, title_width: int = TITLE_WIDTH
+) -> go.Figure:
     """``fig`` with the layout every figure starts from (``layout_props``)."""
-    fig.update_layout(layout_props(title, height))
+    fig.update_layout(layout_props(title, height, title_width=title_width))
     return fig
 
 
@@ -152,7 +179,8 @@ def fit_margins(fig: go.Figure) -> go.Figure:
     need = {"l": 10.0, "r": 10.0, "t": 10.0, "b": 10.0}
     title = layout.get("title", {})
     if title.get("text"):
-        need["t"] += 1.6 * (title.get("font", {}).get("size") or size + 5) + 10
+        lines = 1 + str(title["text"]).count("<br>")
+        need["t"] += 1.6 * lines * (title.get("font", {}).get("size") or size + 5) + 10
     for name in ("xaxis", "yaxis"):
         axis = layout.get(name, {})
         if axis.get("visible") is False:
@@ -162,10 +190,14 @@ def fit_margins(fig: go.Figure) -> go.Figure:
         turned = name == "yaxis" or side == "top" or chars > 8  # long labels turn
         ticks = 0 if not chars else chars * glyph + 8 if turned else line + 8
         need[side[0]] += ticks + (line + 4 if axis.get("title", {}).get("text") else 0)
-    if any(
-        getattr(t, "showscale", None) is not False and t.type in ("heatmap", "histogram2d")
+    bars = [
+        t
         for t in fig.data
-    ):
+        if getattr(t, "showscale", None) is not False and t.type in ("heatmap", "histogram2d")
+    ]
+    if any(t.colorbar.orientation == "h" for t in bars):  # a colour bar under the map
+        need["b"] += 30 + 2 * line
+    elif bars:
         need["r"] += 60 + glyph * 6
     margin = layout.get("margin", {})
     update: dict = {
@@ -191,14 +223,25 @@ def matrix_heatmap(
     colorscale: str = COLORSCALE,
     value_name: str = "weight",
     height: int | None = None,
+    columns: int = 1,
 ) -> go.Figure:
     """A labelled heatmap with exact values on hover; ``rows``/``cols`` are escaped here.
+    ``columns``: how many figures share the page's width with this one (1: the whole width);
+    in a column, the title wraps at ``COLUMN_TITLE_WIDTH`` characters and the column labels
+    are upright and thinned to the column's room (``tick_room``).
 
     The browser gets the matrix (float32, binary-encoded by plotly) and one label per row and
     column; hover text is assembled from those, not stored per cell.
     """
-    y, y_axis = token_axis(rows)
-    x, x_axis = token_axis(cols)
+    # a figure of the page's width keeps every label up to MAX_TICKS (as it always did); one
+    # in a column gets what its height and width hold
+    y, y_axis = token_axis(rows, tick_room(height) if columns > 1 else MAX_TICKS)
+    across = MAX_TICKS
+    if columns > 1:
+        across = min(tick_room(height), tick_room(PAGE_PX // columns))
+    x, x_axis = token_axis(cols, across)
+    if columns > 1:
+        x_axis["tickangle"] = -90  # turned labels' boxes overlap; upright ones a column apart
     heatmap = go.Heatmap(
         z=np.asarray(matrix, dtype=np.float32),
         x=x,
@@ -207,13 +250,37 @@ def matrix_heatmap(
         zmin=zmin,
         zmax=zmax,
         hovertemplate=f"%{{y}} → %{{x}}<br>{value_name} %{{z:.4f}}<extra></extra>",
-        colorbar={"thickness": 12, "title": {"text": value_name}},  # the same legend everywhere
+        colorbar=_colorbar(value_name, columns),  # the same legend everywhere
     )
-    layout = layout_props(title, height) | {  # one validated layout, not one update per part
+    title_width = TITLE_WIDTH if columns == 1 else COLUMN_TITLE_WIDTH
+    if columns > 1:  # the rows keep their room under a wrapped title, over the colour bar
+        lines = title_text(title, title_width).count("<br>")
+        height = (height or 450) + 28 * lines + 80
+    layout = layout_props(
+        title, height, title_width=title_width
+    ) | {  # one validated layout, not one update per part
         "xaxis": {"title": {"text": col_title}, "side": "top", **x_axis},
         "yaxis": {"title": {"text": row_title}, "autorange": "reversed", **y_axis},
     }
     return go.Figure(heatmap, layout)
+
+
+def tick_room(height: int | None) -> int:
+    """How many token tick labels fit along a side of a figure ``height`` px tall, or wide
+    (its plot area: the side less the labels', title's or colour bar's margins, ``TICK_PX`` a
+    label), at most ``MAX_TICKS``; a figure of unknown height (Streamlit's default, 450 px) as
+    450."""
+    return max(2, min(MAX_TICKS, ((height or 450) - 160) // TICK_PX))
+
+
+def _colorbar(value_name: str, columns: int) -> dict:
+    """A heatmap's colour bar: upright on the right; in a column, lying under the map (beside
+    it, it took half of a quarter page's width)."""
+    bar = {"thickness": 12, "title": {"text": value_name}}
+    if columns > 1:
+        bar |= {"orientation": "h", "y": 0, "yref": "container", "yanchor": "bottom"}
+        bar |= {"title": {"text": value_name, "side": "top"}, "ypad": 10}
+    return bar
 
 
 def square_height(n: int) -> int:

@@ -45,11 +45,13 @@ def head_heatmap(
     head: int,
     *,
     values: tuple[str, float | None] = WEIGHTS,
+    columns: int = 1,
 ) -> go.Figure:
     """One head, tokens on both axes (cross-attention: the decoder's tokens, the queries,
     down the side; the encoder's, the keys, across the top); ``values``: what the cells hold
     (``WEIGHTS`` or ``WEIGHTED_BY_NORM``). ``layer`` and ``head`` are positions in
-    ``result.attention``; the title names the model's own (a partial result's ``layer_ids``).
+    ``result.attention``; the title names the model's own (a partial result's ``layer_ids``);
+    ``columns``: figures sharing the page's width (``matrix_heatmap``).
 
     At full resolution up to ``FULL_SIDE`` tokens a side; a longer input is block-averaged to
     ``FULL_SIDE`` cells (as ``downsample``), each row and column labelled with the token span it
@@ -72,6 +74,7 @@ def head_heatmap(
         value_name=values[0],
         zmax=values[1],
         height=square_height(max(result.num_queries, result.num_tokens)),
+        columns=columns,
         **_axis_titles(result),
     )
     return mark_token_axes(fig)
@@ -315,6 +318,7 @@ def mean_heatmap(
         title=title + _kind_note(result),
         value_name=values[0],
         zmax=values[1],
+        height=square_height(max(result.num_queries, result.num_tokens)),
         **_axis_titles(result),
     )
-    return mark_token_axes(fig, height=square_height(max(result.num_queries, result.num_tokens)))
+    return mark_token_axes(fig)

@@ -76,9 +76,12 @@ def role_maps(
     return apply_layout(fig, title, height=160 + 40 * layers)
 
 
-def detection_pattern_figure(pattern: np.ndarray, tokens: Sequence[str], name: str) -> go.Figure:
+def detection_pattern_figure(
+    pattern: np.ndarray, tokens: Sequence[str], name: str, *, columns: int = 1
+) -> go.Figure:
     """A detection pattern (which key each query should attend to), tokens on both axes, drawn
-    as a head is, so that it sits beside the heads that match it."""
+    as a head is, so that it sits beside the heads that match it; ``columns``: figures sharing
+    the page's width (``matrix_heatmap``)."""
     pattern = np.asarray(pattern, dtype=np.float32)
     high = float(np.abs(pattern).max(initial=0.0)) or 1.0
     signed = bool((pattern < 0).any())
@@ -92,6 +95,7 @@ def detection_pattern_figure(pattern: np.ndarray, tokens: Sequence[str], name: s
         colorscale=SIGNED_COLORSCALE if signed else "Blues",
         value_name="pattern",
         height=square_height(len(tokens)),
+        columns=columns,
     )
     return mark_token_axes(fig)
 
@@ -134,10 +138,11 @@ def sink_map(
     return mark_token_axes(fig, rows=False)
 
 
-def composition_figure(scores: pd.DataFrame, kind: str) -> go.Figure:
+def composition_figure(scores: pd.DataFrame, kind: str, *, columns: int = 1) -> go.Figure:
     """One kind of composition (Q, K or V) between every head (rows: the earlier head, which
     writes) and every head (columns: the one that reads), as ``mhsa.head_composition`` gives
-    it: 0 where the reading head is not in a later layer."""
+    it: 0 where the reading head is not in a later layer; ``columns``: figures sharing the
+    page's width (``matrix_heatmap``)."""
     return matrix_heatmap(
         scores.to_numpy(dtype=np.float32),
         [str(h) for h in scores.index],
@@ -148,4 +153,5 @@ def composition_figure(scores: pd.DataFrame, kind: str) -> go.Figure:
         zmin=0.0,
         value_name=f"{kind}-comp.",
         height=min(900, 200 + 10 * len(scores)),
+        columns=columns,
     )

@@ -30,7 +30,8 @@ def charts(at: AppTest) -> dict[str, dict]:
     out = {}
     for chart in at.get("plotly_chart"):
         spec = json.loads(chart.proto.spec)
-        out[spec["layout"]["title"]["text"]] = spec
+        # a long title wraps (``mhsa.plots.common.title_text``): keyed as it reads, one line
+        out[spec["layout"]["title"]["text"].replace(" <br>", " ")] = spec
     return out
 
 
