@@ -16,7 +16,12 @@ from bench.browser import chromium, streamlit_server, wait_for_app
 REPEAT = "ba ke mo di lu ba ke mo"
 #: (file name, page address, link keys, plotly charts to wait for)
 SHOTS = [
-    ("Head_roles", "Head_roles", {"model": "toy:induction", "random_tokens": "1"}, 3),
+    (
+        "Head_roles",
+        "Head_roles",
+        {"model": "toy:induction", "text": REPEAT, "random_tokens": "1"},
+        3,
+    ),
     (
         "Patching",
         "Patching",
@@ -50,7 +55,7 @@ SHOTS = [
 ]
 
 
-def shoot(out: Path, *, train_steps: int = 600) -> list[Path]:
+def shoot(out: Path, *, train_steps: int = 1000) -> list[Path]:
     """Open each page of ``SHOTS`` and Train heads (a short run of ``train_steps``), save PNGs."""
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
@@ -58,14 +63,14 @@ def shoot(out: Path, *, train_steps: int = 600) -> list[Path]:
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
         page = context.new_page()
         for name, path, keys, plots in SHOTS:
-            page.goto(f"{url}/{path}?{urlencode(keys)}")
+            page.goto(f"{url}/{path}?{urlencode({'text': REPEAT, **keys})}")  # no [UNK]s
             wait_for_app(page, plots=plots, timeout_ms=180_000)
             written.append(out / f"{name}.png")
             page.screenshot(path=str(written[-1]))
         page.goto(f"{url}/Train_heads?{urlencode({'steps': train_steps})}")
         wait_for_app(page)
         page.get_by_role("button", name="Train", exact=True).click()
-        page.get_by_text("Explore this model").wait_for(timeout=600_000)
+        page.get_by_role("button", name="Explore this model").wait_for(timeout=600_000)
         wait_for_app(page, plots=3, timeout_ms=120_000)
         written.append(out / "Train_heads.png")
         page.screenshot(path=str(written[-1]))
