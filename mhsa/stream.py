@@ -10,7 +10,8 @@ Similarity is computed within each layer: comparing heads of two layers would ho
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -25,6 +26,29 @@ __all__ = ["streamed_head_similarity", "streamed_head_stats"]
 
 def _texts(texts: str | Sequence[str]) -> list[str]:
     return [texts] if isinstance(texts, str) else list(texts)
+
+
+def _per_layer(
+    texts: str | Sequence[str],
+    new_accumulator: Callable[[], Any],
+    *,
+    model: str | LoadedModel,
+    **attend_kwargs: Any,
+) -> dict[int, Any]:
+    """Each selected layer of each text added, as ``attend_layers`` computes it, to its
+    layer's accumulator (made by ``new_accumulator`` on the layer's first result)."""
+    lm = resolve_model(model)
+    per_layer: dict[int, Any] = {}
+
+    def add(layer: AttentionResult) -> None:
+        acc = per_layer.get(layer.layers[0])
+        if acc is None:
+            acc = per_layer[layer.layers[0]] = new_accumulator()
+        acc.add(layer)
+
+    for text in _texts(texts):
+        attend_layers(text, add, model=lm, **attend_kwargs)
+    return per_layer
 
 
 def streamed_head_stats(
@@ -50,24 +74,16 @@ def streamed_head_stats(
     Raises:
         InputError, ModelLoadError, UnsupportedModelError: as ``attend``.
     """
-    lm = resolve_model(model)
-    per_layer: dict[int, HeadStatsAccumulator] = {}
-
-    def add(layer: AttentionResult) -> None:
-        acc = per_layer.setdefault(layer.layers[0], HeadStatsAccumulator(word_level=word_level))
-        acc.add(layer)
-
-    for text in _texts(texts):
-        attend_layers(
-            text,
-            add,
-            model=lm,
-            engine=engine,
-            layers=layers,
-            heads=heads,
-            attention_dtype=attention_dtype,
-            max_tokens=max_tokens,
-        )
+    per_layer = _per_layer(
+        texts,
+        lambda: HeadStatsAccumulator(word_level=word_level),
+        model=model,
+        engine=engine,
+        layers=layers,
+        heads=heads,
+        attention_dtype=attention_dtype,
+        max_tokens=max_tokens,
+    )
     return pd.concat([per_layer[layer].frame() for layer in sorted(per_layer)])
 
 
@@ -92,20 +108,14 @@ def streamed_head_similarity(
     """
     lm = resolve_model(model)
     HeadSimilarityAccumulator(metric)  # an unknown metric fails before any model runs
-    per_layer: dict[int, HeadSimilarityAccumulator] = {}
-
-    def add(layer: AttentionResult) -> None:
-        per_layer.setdefault(layer.layers[0], HeadSimilarityAccumulator(metric)).add(layer)
-
-    for text in _texts(texts):
-        attend_layers(
-            text,
-            add,
-            model=lm,
-            engine=engine,
-            layers=layers,
-            heads=heads,
-            attention_dtype=attention_dtype,
-            max_tokens=max_tokens,
-        )
+    per_layer = _per_layer(
+        texts,
+        lambda: HeadSimilarityAccumulator(metric),
+        model=lm,
+        engine=engine,
+        layers=layers,
+        heads=heads,
+        attention_dtype=attention_dtype,
+        max_tokens=max_tokens,
+    )
     return {layer: per_layer[layer].frame() for layer in sorted(per_layer)}
