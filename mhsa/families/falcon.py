@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from mhsa.attention import MultiHeadSelfAttention
-from mhsa.families.fused import join_qkv, split_qkv, value_rows
+from mhsa.families.fused import join_qkv, split_linear_qkv, value_rows
 from mhsa.families.record import Family, ValueOf, bias_of, our_rotary, rotary_of
 
 __all__ = ["FAMILY", "is_falcon", "load_falcon", "store_falcon"]
@@ -46,10 +46,7 @@ def load_falcon(attention: nn.Module, model: nn.Module) -> MultiHeadSelfAttentio
     """Our module from a Falcon block with rotary positions (multi-query or grouped-query
     attention as the block has it)."""
     layout, sizes = _layout(attention)
-    fused = attention.query_key_value
-    w_q, w_k, w_v = split_qkv(fused.weight.detach(), layout, **sizes)
-    bias = bias_of(fused)
-    b_q, b_k, b_v = (None,) * 3 if bias is None else split_qkv(bias, layout, **sizes)
+    w_q, w_k, w_v, b_q, b_k, b_v = split_linear_qkv(attention.query_key_value, layout, **sizes)
     return MultiHeadSelfAttention.from_projections(
         w_q,
         w_k,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["LAYOUTS", "join_qkv", "split_qkv", "value_rows"]
+__all__ = ["LAYOUTS", "join_qkv", "split_linear_qkv", "split_qkv", "value_rows"]
 
 LAYOUTS = ("per-head", "grouped", "stacked")
 
@@ -48,6 +48,22 @@ def split_qkv(
         q, k, v = fused.split([heads * d_head, kv_heads * d_head, kv_heads * d_head])
         return q, k, v
     raise ValueError(f"unknown fused QKV layout {layout!r}: one of {', '.join(LAYOUTS)}")
+
+
+def split_linear_qkv(
+    linear: torch.nn.Module, layout: str, *, heads: int, kv_heads: int, d_head: int
+) -> tuple[torch.Tensor, ...]:
+    """``(w_q, w_k, w_v, b_q, b_k, b_v)`` of a fused ``nn.Linear``-layout projection, detached
+    (the biases None when it has none): ``split_qkv`` of its weight and of its bias.
+
+    Raises:
+        ValueError: as ``split_qkv``.
+    """
+    sizes = {"heads": heads, "kv_heads": kv_heads, "d_head": d_head}
+    weights = split_qkv(linear.weight.detach(), layout, **sizes)
+    if linear.bias is None:
+        return (*weights, None, None, None)
+    return (*weights, *split_qkv(linear.bias.detach(), layout, **sizes))
 
 
 def join_qkv(

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from mhsa.attention import MultiHeadSelfAttention
-from mhsa.families.fused import join_qkv, split_qkv, value_rows
+from mhsa.families.fused import join_qkv, split_linear_qkv, value_rows
 from mhsa.families.record import Family, ValueOf, bias_of, our_rotary, rotary_of
 
 __all__ = ["FAMILY", "is_neox", "load_neox", "store_neox"]
@@ -36,9 +36,8 @@ def load_neox(attention: nn.Module, model: nn.Module) -> MultiHeadSelfAttention:
     """
     heads, d_head = _heads(attention), attention.head_size
     sizes = {"heads": heads, "kv_heads": heads, "d_head": d_head}
-    w_q, w_k, w_v = split_qkv(attention.query_key_value.weight.detach(), "per-head", **sizes)
-    bias = bias_of(attention.query_key_value)
-    b_q, b_k, b_v = (None,) * 3 if bias is None else split_qkv(bias, "per-head", **sizes)
+    fused = attention.query_key_value
+    w_q, w_k, w_v, b_q, b_k, b_v = split_linear_qkv(fused, "per-head", **sizes)
     rotary = our_rotary(rotary_of(model)).to(w_q.device)
     if rotary.rot_dim != attention.rotary_ndims:
         raise ValueError(
