@@ -109,17 +109,13 @@ with page.run("Patching", PARAMS) as sidebar:
     )
     for column, (name, values) in zip(st.columns(len(EXAMPLES)), EXAMPLES.items(), strict=True):
         column.button(name, on_click=_example, args=(values,))
-    left, right = st.columns(2)
-    left.text_area("Clean text (its activations are patched in)", key="clean", height=90)
-    right.text_area("Corrupted text (as many tokens as the clean one)", key="corrupted", height=90)
+    page.patch_texts("Clean text (its activations are patched in)", answers=False)
     state = st.session_state
     # the page's own two texts, with the sidebar's model and device (no generated tokens)
     query = sidebar._replace(text=state["clean"], generate=0)
     causal = core.can_generate(query.model, query.device)
     if causal:
-        left, right = st.columns(2)
-        left.text_input("Answer (one token after a space)", key="answer")
-        right.text_input("Wrong answer (one token after a space)", key="wrong")
+        page.answer_inputs()
     else:
         st.radio(
             "Metric",
@@ -164,18 +160,12 @@ with page.run("Patching", PARAMS) as sidebar:
     )
     # the per-position view opens on the layer with the largest effect, until one is chosen
     mode, layer = state["patch_mode"], state["patch_layer"] if chosen else None
-    try:
-        view = page.heavy(
-            "patching",
-            ("patching", query.text, query.model, query.device, settings, mode, layer),
-            lambda progress: patching.patching(query, settings, mode, layer, progress),
-            "Patching every head",
-        )
-    except mhsa.MHSAError as e:
-        page.error(e)
-        page.stop()
-    if view is None:
-        page.stop()
+    view = page.heavy_or_stop(
+        "patching",
+        ("patching", query.text, query.model, query.device, settings, mode, layer),
+        lambda progress: patching.patching(query, settings, mode, layer, progress),
+        "Patching every head",
+    )
     if view.layer is not None and not chosen:
         state["patch_layer"] = view.layer  # before its box is drawn
     st.number_input(

@@ -106,12 +106,7 @@ with page.run("Circuits", PARAMS) as sidebar:
     if problem is not None:
         st.info(md_escape(problem + " Try one of the examples above."), icon="🧭")
         page.stop()
-    left, right = st.columns(2)
-    left.text_area("Clean text (the run)", key="clean", height=90)
-    right.text_area("Corrupted text (as many tokens as the clean one)", key="corrupted", height=90)
-    left, right = st.columns(2)
-    left.text_input("Answer (one token after a space)", key="answer")
-    right.text_input("Wrong answer (one token after a space)", key="wrong")
+    page.patch_texts("Clean text (the run)", answers=True)
     left, right = st.columns(2)
     left.radio(
         "Edge scores",
@@ -151,18 +146,12 @@ with page.run("Circuits", PARAMS) as sidebar:
         state["circuit_n"] = n
     st.slider("Top n edges (the circuit)", 1, total, key="circuit_n")
     n = state["circuit_n"]
-    try:
-        view = page.heavy(
-            "circuits",
-            ("circuits", query.text, query.model, query.device, settings, n),
-            lambda progress: circuits.circuit_view(query, settings, n, progress),
-            "Scoring every edge",
-        )
-    except mhsa.MHSAError as e:
-        page.error(e)
-        page.stop()
-    if view is None:
-        page.stop()
+    view = page.heavy_or_stop(
+        "circuits",
+        ("circuits", query.text, query.model, query.device, settings, n),
+        lambda progress: circuits.circuit_view(query, settings, n, progress),
+        "Scoring every edge",
+    )
     attrs = view.scores.attrs
     st.caption(
         md_escape(

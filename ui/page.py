@@ -49,6 +49,7 @@ __all__ = [
     "EXPORT_FORMATS",
     "KIND_LABELS",
     "Stop",
+    "answer_inputs",
     "attention_kind",
     "clicked_head",
     "corpus_queries",
@@ -57,10 +58,12 @@ __all__ = [
     "file_stem",
     "finish",
     "heavy",
+    "heavy_or_stop",
     "link_params",
     "load",
     "md_escape",
     "open_head",
+    "patch_texts",
     "queue_place",
     "run",
     "setup",
@@ -173,6 +176,37 @@ def stop() -> NoReturn:
     """End the page body now (inside ``run``, which still finishes the page): a guard for what
     the page cannot show, after saying why (``st.info``), instead of nesting the rest."""
     raise Stop
+
+
+def heavy_or_stop(name: str, key: tuple, compute: Callable[[Any], Any], label: str) -> Any:
+    """``heavy``'s result, or the page ends (``stop``): after showing a library error
+    (``error``), or while the job is queued or cancelled (``heavy`` returned None)."""
+    try:
+        value = heavy(name, key, compute, label)
+    except mhsa.MHSAError as e:
+        error(e)
+        stop()
+    if value is None:
+        stop()
+    return value
+
+
+def patch_texts(clean_label: str, *, answers: bool) -> None:
+    """The clean and corrupted text areas of a patching page (session keys ``clean`` and
+    ``corrupted``) and, with ``answers``, the answer and wrong-answer boxes (``answer``,
+    ``wrong``) under them."""
+    left, right = st.columns(2)
+    left.text_area(clean_label, key="clean", height=90)
+    right.text_area("Corrupted text (as many tokens as the clean one)", key="corrupted", height=90)
+    if answers:
+        answer_inputs()
+
+
+def answer_inputs() -> None:
+    """The answer and wrong-answer boxes of a logit-difference metric (``answer``, ``wrong``)."""
+    left, right = st.columns(2)
+    left.text_input("Answer (one token after a space)", key="answer")
+    right.text_input("Wrong answer (one token after a space)", key="wrong")
 
 
 @contextlib.contextmanager
