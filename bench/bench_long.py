@@ -58,9 +58,10 @@ def _vm_rss_mb() -> float:
     return float("nan")
 
 
-def _build(layers: int, tokens: int):
-    """The seeded random model (eager attention, as ``load_model`` loads) and a
-    ``LoadedModel`` around it with the embedded model's tokenizer."""
+def build(layers: int, tokens: int, device: str = "cpu", dtype=None):
+    """The seeded random model (eager attention, as ``load_model`` loads) on ``device`` (in
+    ``dtype``, a ``torch.dtype``, when given) and a ``LoadedModel`` around it with the embedded
+    model's tokenizer (``bench.bench_long_gpu`` builds its model here too)."""
     import threading
 
     import torch
@@ -74,21 +75,25 @@ def _build(layers: int, tokens: int):
         **SHAPE, num_hidden_layers=layers, max_position_embeddings=max(tokens, 2048)
     )
     config._attn_implementation = "eager"
-    model = tf.LlamaModel(config).eval().requires_grad_(False)
+    model = tf.LlamaModel(config)
+    if device != "cpu" or dtype is not None:
+        model = model.to(device=device, dtype=dtype)
+    model = model.eval().requires_grad_(False)
     tokenizer = tf.AutoTokenizer.from_pretrained(mhsa.models.default_model_path())
     return LoadedModel(
         name="tinyllama-shape",
         display_name="tinyllama-shape",
         model=model,
         tokenizer=tokenizer,
-        device=torch.device("cpu"),
+        device=torch.device(device),
         num_parameters=sum(p.numel() for p in model.parameters()),
         load_seconds=0.0,
         lock=threading.Lock(),
     )
 
 
-def _text(tokens: int) -> str:
+def long_text(tokens: int) -> str:
+    """A text of ``tokens`` words, the same sentence again and again."""
     words = "the model reads a long text and every head looks somewhere else in it".split()
     return " ".join(words[i % len(words)] for i in range(tokens))
 
@@ -99,9 +104,9 @@ def child(case: str, layers: int, tokens: int) -> dict:
 
     import mhsa
 
-    lm = _build(layers, tokens)
+    lm = build(layers, tokens)
     model_mb = _vm_rss_mb()
-    text = _text(tokens)
+    text = long_text(tokens)
     last = layers - 1
     runs = {
         "one-layer": lambda: mhsa.attend(text, model=lm, max_tokens=tokens, layers=last),

@@ -16,37 +16,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import threading
 import time
 
 import torch
 
-from bench.bench_long import SHAPE, _text
+from bench import bench_long
 
 
 def build(layers: int, tokens: int, dtype: torch.dtype):
-    import transformers as tf
-
-    import mhsa
-    from mhsa.models import LoadedModel
-
-    torch.manual_seed(0)
-    config = tf.LlamaConfig(
-        **SHAPE, num_hidden_layers=layers, max_position_embeddings=max(tokens, 2048)
-    )
-    config._attn_implementation = "eager"
-    model = tf.LlamaModel(config).to(device="cuda", dtype=dtype).eval().requires_grad_(False)
-    tokenizer = tf.AutoTokenizer.from_pretrained(mhsa.models.default_model_path())
-    return LoadedModel(
-        name="tinyllama-shape",
-        display_name="tinyllama-shape",
-        model=model,
-        tokenizer=tokenizer,
-        device=torch.device("cuda"),
-        num_parameters=sum(p.numel() for p in model.parameters()),
-        load_seconds=0.0,
-        lock=threading.Lock(),
-    )
+    """The seeded random TinyLlama-shape model in ``dtype`` on the GPU (``bench_long.build``)."""
+    return bench_long.build(layers, tokens, device="cuda", dtype=dtype)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -60,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--all-float16", action="store_true", help="also every layer in 16 bits")
     args = parser.parse_args(argv)
     lm = build(args.layers, args.tokens, getattr(torch, args.dtype))
-    text, n, last = _text(args.tokens), args.tokens, args.layers - 1
+    text, n, last = bench_long.long_text(args.tokens), args.tokens, args.layers - 1
     ids = mhsa.encoding.encode(lm, text, None, n).inputs["input_ids"].cuda()
 
     def plain() -> None:
@@ -94,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
             start = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - start)
-    layer_mb = SHAPE["num_attention_heads"] * n * n * 4 / 2**20
+    layer_mb = bench_long.SHAPE["num_attention_heads"] * n * n * 4 / 2**20
     base = statistics.median(times["plain sdpa forward"])
     print(
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.layers} layers, "
