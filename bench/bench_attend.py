@@ -22,7 +22,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import mhsa
-from bench.common import median_times, print_table
+from bench.common import engine_row, median_times, print_table
 
 WORDS = [
     "the",
@@ -123,14 +123,7 @@ def families(tokens: int = 128) -> None:
                     "mhsa": lambda m=model: mhsa.attend(text, model=m, engine="mhsa"),
                 }
             )
-            rows.append(
-                {
-                    "family": name,
-                    "transformers ms": t["transformers"] * 1e3,
-                    "mhsa ms": t["mhsa"] * 1e3,
-                    "mhsa/transformers": t["mhsa"] / t["transformers"],
-                }
-            )
+            rows.append(engine_row(name, t))
             print(rows[-1], flush=True)
     print_table(rows, list(rows[0]))
 

@@ -21,7 +21,7 @@ import time
 import torch
 
 import mhsa
-from bench.common import median_times, print_table
+from bench.common import engine_row, median_times, print_table
 
 WIDTH = {"hidden": 768, "heads": 12, "layers": 4, "inner": 3072}
 
@@ -113,15 +113,7 @@ def main(tokens: int = 128) -> None:
                 repeat=11,
                 clock=time.process_time,
             )
-        rows.append(
-            {
-                "family": name,
-                "tokens": tokens,
-                "transformers ms": t["transformers"] * 1e3,
-                "mhsa ms": t["mhsa"] * 1e3,
-                "mhsa/transformers": t["mhsa"] / t["transformers"],
-            }
-        )
+        rows.append(engine_row(name, t, tokens=tokens))
         print(rows[-1], flush=True)
     print_table(rows, list(rows[0]))
 

@@ -50,3 +50,16 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
     for row in rows:
         cells = [f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in columns]
         print("| " + " | ".join(cells) + " |")
+
+
+def engine_row(family: str, seconds: dict[str, float], **extra: object) -> dict:
+    """A table row of one family's median seconds per engine (``seconds["transformers"]``,
+    ``seconds["mhsa"]``): milliseconds of each and their ratio, ``extra`` columns after the
+    family's name."""
+    return {
+        "family": family,
+        **extra,
+        "transformers ms": seconds["transformers"] * 1e3,
+        "mhsa ms": seconds["mhsa"] * 1e3,
+        "mhsa/transformers": seconds["mhsa"] / seconds["transformers"],
+    }
