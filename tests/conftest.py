@@ -10,7 +10,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 
 import mhsa
-from tests.tiny import DECODER_SIZES, save_tiny, tiny_seq2seq
+from tests.tiny import DECODER_SIZES, save_tiny, tiny_bert, tiny_seq2seq
 
 
 @pytest.fixture(scope="session")
@@ -40,18 +40,9 @@ def tiny_bert_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     of the cost. The page tests' model wherever the model is not what is tested
     (``tests/app/conftest.py``'s ``tiny_bert`` allows it in links)."""
     import torch
-    from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=512,
-    )
-    return _save_tiny(tmp_path_factory, "bert", BertModel(config))
+    return _save_tiny(tmp_path_factory, "bert", tiny_bert())
 
 
 @pytest.fixture(scope="session")
@@ -64,18 +55,10 @@ def tiny_bert_model(tiny_bert_path: str) -> mhsa.LoadedModel:
 def tiny_bert_mlm_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A BERT with its masked-LM head (bert-base-uncased's layout, tiny)."""
     import torch
-    from transformers import BertConfig, BertForMaskedLM
 
     torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    return _save_tiny(tmp_path_factory, "bert-mlm", BertForMaskedLM(config))
+    model = tiny_bert("BertForMaskedLM", positions=64)
+    return _save_tiny(tmp_path_factory, "bert-mlm", model)
 
 
 @pytest.fixture(scope="session")

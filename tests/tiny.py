@@ -36,6 +36,24 @@ _PAD, _CLS, _SEP = 0, 101, 102
 SEQ2SEQ_FAMILIES = ("bart", "mbart", "marian", "t5", "t5-gated")
 
 
+def tiny_bert(model_class: str = "BertModel", *, layers: int = 2, positions: int = 512):
+    """A tiny random BERT of the embedded model's architecture and vocabulary (30522 WordPiece
+    tokens): ``layers`` layers of 4 heads, width 32, feed-forward 64, ``positions`` positions,
+    as ``transformers.<model_class>`` (``"BertForMaskedLM"`` with its masked-LM head). Not
+    seeded: the caller seeds torch first."""
+    import transformers as tf
+
+    config = tf.BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=positions,
+    )
+    return getattr(tf, model_class)(config)
+
+
 def tiny_seq2seq(family: str):
     """A tiny random encoder-decoder with its generation head (2 encoder and 2 decoder layers
     of 4 heads, width 32), seeded: ``bart``, ``mbart`` (pre-norm layers and a final norm per

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tests.tiny import DECODER_SIZES
+from tests.tiny import DECODER_SIZES, tiny_bert
 
 #: the weights' spread: wide enough that heads attend far from uniformly (transformers' 0.02
 #: gives near-uniform attention in a tiny model, where a wrong weight hardly shows)
@@ -125,17 +125,7 @@ def _albert():
 
 
 def _bert():
-    import transformers as tf
-
-    config = tf.BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    return tf.BertForMaskedLM(config)
+    return tiny_bert("BertForMaskedLM", positions=64)
 
 
 def _distilbert():

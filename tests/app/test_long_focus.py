@@ -12,7 +12,7 @@ import pytest
 
 import mhsa
 from tests.app.test_pages import run, specs
-from tests.tiny import save_tiny
+from tests.tiny import save_tiny, tiny_bert
 from ui import core
 
 TEXT = "ba ke mo di fu lo ba ke mo di"
@@ -122,18 +122,10 @@ def long_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A tiny BERT with 1024 positions and the embedded model's tokens: a text over 512
     tokens fits it."""
     import torch
-    from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=1024,
-    )
-    return save_tiny(tmp_path_factory.mktemp("long-bert"), BertModel(config).eval())
+    model = tiny_bert(positions=1024).eval()
+    return save_tiny(tmp_path_factory.mktemp("long-bert"), model)
 
 
 def test_the_focused_head_of_a_long_input_zooms_at_full_resolution(

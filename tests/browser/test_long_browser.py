@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 import pytest
 
 from bench.browser import PAGE_PLOTS, streamlit_server, wait_for_app
-from tests.tiny import save_tiny
+from tests.tiny import save_tiny, tiny_bert
 
 pytestmark = pytest.mark.browser
 WORDS = 700
@@ -21,18 +21,10 @@ WORDS = 700
 @pytest.fixture(scope="module")
 def long_bert(tmp_path_factory: pytest.TempPathFactory) -> str:
     import torch
-    from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=6,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=1024,
-    )
-    return save_tiny(tmp_path_factory.mktemp("long-bert"), BertModel(config).eval())
+    model = tiny_bert(layers=6, positions=1024).eval()
+    return save_tiny(tmp_path_factory.mktemp("long-bert"), model)
 
 
 @pytest.fixture(scope="module")
