@@ -496,14 +496,7 @@ def test_a_model_our_module_cannot_run_or_a_parallel_block_is_refused_by_name(tm
     with pytest.raises(mhsa.UnsupportedModelError, match="Circuits run through our module") as e:
         mhsa.edge_attribution(CLEAN, CORRUPTED, model=bloom, answer=ANSWER, wrong=WRONG)
     assert "GPT-2 family" in str(e.value)  # the families our module runs
-    neox = GPTNeoXConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        use_parallel_residual=True,
-    )
+    neox = GPTNeoXConfig(**DECODER_SIZES, use_parallel_residual=True)
     parallel = _tiny(tmp_path_factory, "neox", GPTNeoXForCausalLM(neox))
     with pytest.raises(mhsa.UnsupportedModelError, match="parallel block") as e:
         mhsa.circuit_graph(parallel)
