@@ -53,7 +53,7 @@ from mhsa.circuit_runs import (
     run_circuit,
     run_pair,
 )
-from mhsa.encoding import answer_ids, check_text, encode
+from mhsa.encoding import answer_ids, encode_clean_corrupted
 from mhsa.errors import InputError
 from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.registry import lookup
@@ -131,18 +131,12 @@ def _pair(
             "metric is logit(answer) - logit(wrong) at the last position)."
         )
     a, w, a_text, w_text = answer_ids(lm, answer, wrong)
-    clean_enc = encode(lm, check_text(clean, "clean text"), None, max_tokens)
-    corrupted_enc = encode(lm, check_text(corrupted, "corrupted text"), None, max_tokens)
-    n_clean, n_corrupted = (e.inputs["input_ids"].shape[1] for e in (clean_enc, corrupted_enc))
-    if n_clean != n_corrupted:
-        raise InputError(
-            f"The clean text has {n_clean} tokens and the corrupted text {n_corrupted}: an "
-            "edge carries a source's activation position by position, so both need the same "
-            f"number of tokens (clean: {list(clean_enc.tokens.strings)!r}; corrupted: "
-            f"{list(corrupted_enc.tokens.strings)!r})."
-        )
+    clean_enc, corrupted_enc = encode_clean_corrupted(
+        lm, clean, corrupted, max_tokens, "an edge carries a source's activation"
+    )
     metric = f"logit({a_text!r}) − logit({w_text!r}) at the last position"
     tokens = (list(clean_enc.tokens.strings), list(corrupted_enc.tokens.strings))
+    n_clean = clean_enc.inputs["input_ids"].shape[1]
     gradient = gradient and n_clean * _parameters(lm) <= EAP_ONE_PASS_MAX
     return run_pair(wired, clean_enc.inputs, corrupted_enc.inputs, a, w, metric, tokens, gradient)
 

@@ -12,7 +12,15 @@ from mhsa.errors import InputError
 from mhsa.models import LoadedModel
 from mhsa.tokens import Tokens
 
-__all__ = ["Encoded", "answer_ids", "check_text", "encode", "encode_many", "teacher_forced"]
+__all__ = [
+    "Encoded",
+    "answer_ids",
+    "check_text",
+    "encode",
+    "encode_clean_corrupted",
+    "encode_many",
+    "teacher_forced",
+]
 
 
 @dataclass(frozen=True)
@@ -230,3 +238,30 @@ def answer_ids(lm: LoadedModel, answer: object, wrong: object) -> tuple[int, int
             "logit(answer) - logit(wrong) would be 0 for every run. Give two different words."
         )
     return a, w, a_text, w_text
+
+
+def encode_clean_corrupted(
+    lm: LoadedModel, clean: object, corrupted: object, max_tokens: int | None, why: str
+) -> tuple[Encoded, Encoded]:
+    """The clean and the corrupted text of a patching run (activation patching, edge
+    attribution), each checked (``check_text``) and encoded, with as many tokens as each other.
+
+    Args:
+        why: what swaps activations position by position, said in the error (``"patching
+            replaces activations"``).
+
+    Raises:
+        InputError: a text that is not one, or token counts that differ (both token lists
+            named).
+    """
+    clean_enc = encode(lm, check_text(clean, "clean text"), None, max_tokens)
+    corrupted_enc = encode(lm, check_text(corrupted, "corrupted text"), None, max_tokens)
+    n_clean, n_corrupted = (e.inputs["input_ids"].shape[1] for e in (clean_enc, corrupted_enc))
+    if n_clean != n_corrupted:
+        raise InputError(
+            f"The clean text has {n_clean} tokens and the corrupted text {n_corrupted}: {why} "
+            "position by position, so both need the same number of tokens (clean: "
+            f"{list(clean_enc.tokens.strings)!r}; corrupted: "
+            f"{list(corrupted_enc.tokens.strings)!r})."
+        )
+    return clean_enc, corrupted_enc

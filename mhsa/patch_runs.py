@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from mhsa.core import Observer
-from mhsa.encoding import Encoded, check_text, encode
+from mhsa.encoding import Encoded, check_text, encode, encode_clean_corrupted
 from mhsa.errors import InputError
 from mhsa.heads import head_label
 from mhsa.metrics import PatchMetric, patch_metric, sentence_embedding
@@ -142,16 +142,9 @@ def setup_patch(
     """
     lm = resolve_model(model)
     metric = patch_metric(lm, answer, wrong, target, text_pair)
-    clean_enc = encode(lm, check_text(clean, "clean text"), None, max_tokens)
-    corrupted_enc = encode(lm, check_text(corrupted, "corrupted text"), None, max_tokens)
-    n_clean, n_corrupted = (e.inputs["input_ids"].shape[1] for e in (clean_enc, corrupted_enc))
-    if n_clean != n_corrupted:
-        raise InputError(
-            f"The clean text has {n_clean} tokens and the corrupted text {n_corrupted}: patching "
-            "replaces activations position by position, so both need the same number of tokens "
-            f"(clean: {list(clean_enc.tokens.strings)!r}; corrupted: "
-            f"{list(corrupted_enc.tokens.strings)!r})."
-        )
+    clean_enc, corrupted_enc = encode_clean_corrupted(
+        lm, clean, corrupted, max_tokens, "patching replaces activations"
+    )
     blocks = our_blocks(lm, None)
     if not metric.with_head:
         pair = None if text_pair is None else check_text(text_pair, "second sentence")
