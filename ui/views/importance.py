@@ -5,6 +5,8 @@ and the statistics importance is set against."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 
@@ -138,6 +140,27 @@ def ablation(query: Query, off: tuple[str, ...], target: str | None) -> mhsa.Abl
     return shared(key, compute, "Switching heads off…")
 
 
+def _over_sentences(
+    compute: Callable[..., pd.DataFrame],
+    queries: tuple[Query, ...],
+    pair: str,
+    target: str | None,
+    progress: Progress | None,
+    **options: Any,
+) -> pd.DataFrame:
+    """``compute`` (``mhsa.head_importance``, ``mhsa.pruning_curve``) over the sentences, on
+    the first query's model, within the app's token limit."""
+    first = queries[0]
+    return compute(
+        _items(queries, pair, target),
+        model=loaded_model(first.model, first.device),
+        target=target,
+        max_tokens=LIMITS.max_tokens,
+        progress=progress,
+        **options,
+    )
+
+
 def importance(
     queries: tuple[Query, ...],
     method: str,
@@ -149,17 +172,16 @@ def importance(
     """``mhsa.head_importance`` over the sentences, kept in the shared cache; ``progress`` sees
     each step (raising from it cancels: nothing half-done is kept)."""
     key = ("importance", _importance_key(queries), method, target, pair, normalize)
-    first = queries[0]
     return shared(
         key,
-        lambda: mhsa.head_importance(
-            _items(queries, pair, target),
-            model=loaded_model(first.model, first.device),
+        lambda: _over_sentences(
+            mhsa.head_importance,
+            queries,
+            pair,
+            target,
+            progress,
             method=method,
-            target=target,
             normalize=normalize,
-            max_tokens=LIMITS.max_tokens,
-            progress=progress,
         ),
     )
 
@@ -178,15 +200,8 @@ def pruning(
 
     def compute() -> pd.DataFrame:
         table = importance(queries, method, target, pair, False, progress)
-        first = queries[0]
-        return mhsa.pruning_curve(
-            _items(queries, pair, target),
-            model=loaded_model(first.model, first.device),
-            target=target,
-            seed=seed,
-            importance=table,
-            max_tokens=LIMITS.max_tokens,
-            progress=progress,
+        return _over_sentences(
+            mhsa.pruning_curve, queries, pair, target, progress, seed=seed, importance=table
         )
 
     return shared(key, compute)
