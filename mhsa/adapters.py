@@ -8,6 +8,8 @@ Every list of supported families (error messages, ``SUPPORTED_FOR_MHSA``) is der
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -312,6 +314,26 @@ def _v_proj_values(block: nn.Module) -> tuple[nn.Module, ValueOf]:
     return block.v_proj, _whole
 
 
+def _projected_decoder(
+    name: str,
+    layout: str,
+    matches: Callable[[nn.Module], bool],
+    load: Callable[[nn.Module, nn.Module], MultiHeadSelfAttention],
+) -> Family:
+    """A decoder family of separate ``q_proj/k_proj/v_proj/o_proj`` (``store_projected``, V
+    from ``v_proj``), causal unless the block says otherwise."""
+    return Family(
+        name,
+        layout,
+        matches,
+        load,
+        _causal_unless_told,
+        store=store_projected,
+        values=_v_proj_values,
+        kinds=("decoder",),
+    )
+
+
 FAMILIES: tuple[Family, ...] = (
     Family(
         "BERT family",
@@ -385,57 +407,37 @@ FAMILIES: tuple[Family, ...] = (
     opt.FAMILY,
     falcon.FAMILY,
     albert.FAMILY,
-    Family(
+    _projected_decoder(
         "Qwen3",
         "q_proj/k_proj/v_proj/o_proj with an RMSNorm of each head's query and key (q_norm/k_norm)",
         is_qwen3,
         load_qwen3,
-        _causal_unless_told,
-        store=store_projected,
-        values=_v_proj_values,
-        kinds=("decoder",),
     ),
-    Family(
+    _projected_decoder(
         "Gemma",
         "Llama's layout; embeddings scaled by sqrt(d_model), norms x / rms(x) * (1 + w)",
         is_gemma,
         load_gemma,
-        _causal_unless_told,
-        store=store_projected,
-        values=_v_proj_values,
-        kinds=("decoder",),
     ),
-    Family(
+    _projected_decoder(
         "Gemma 2",
         "q_proj/k_proj/v_proj/o_proj with attention-logit soft-capping, query_pre_attn_scalar, "
         "sliding windows on alternate layers, norms after attention and MLP outputs",
         is_gemma2,
         load_gemma,
-        _causal_unless_told,
-        store=store_projected,
-        values=_v_proj_values,
-        kinds=("decoder",),
     ),
-    Family(
+    _projected_decoder(
         "Gemma 3 (text)",
         "Gemma 2's layout with per-head q/k norms (1 + w) and local rope on sliding layers",
         is_gemma3,
         load_gemma,
-        _causal_unless_told,
-        store=store_projected,
-        values=_v_proj_values,
-        kinds=("decoder",),
     ),
-    Family(
+    _projected_decoder(
         "OLMo 2",
         "q_proj/k_proj/v_proj/o_proj with an RMSNorm of the whole query and key projections, "
         "norms after attention and MLP outputs",
         is_olmo2,
         load_olmo2,
-        _causal_unless_told,
-        store=store_projected,
-        values=_v_proj_values,
-        kinds=("decoder",),
     ),
     Family(
         "Phi-3",
