@@ -15,6 +15,7 @@ import torch
 import mhsa
 import mhsa.core
 from mhsa.selection import check_attention_budget, parse_indices, select
+from tests.tiny import hand_result
 
 TEXT = "The quick brown fox jumps over the lazy dog, then sleeps."
 TOL = 1e-5
@@ -315,20 +316,7 @@ def test_a_long_heads_heatmap_is_block_averaged_with_token_spans():
     a = rng.random((1, 1, n, n)).astype(np.float32)
     a /= a.sum(-1, keepdims=True)
     tokens = [f"t{i}" for i in range(n)]
-    result = mhsa.AttentionResult(
-        text=" ".join(tokens),
-        tokens=tokens,
-        attention=a,
-        offsets=[(0, 0)] * n,
-        special=[False] * n,
-        punctuation=[False] * n,
-        word_ids=list(range(n)),
-        model="hand-made",
-        engine="transformers",
-        device="cpu",
-        layer_ids=[7],
-        head_ids=[5],
-    )
+    result = hand_result(a, tokens, layer_ids=[7], head_ids=[5])
     fig = plots.head_heatmap(result, 0, 0)
     z = np.asarray(fig.data[0].z)
     assert z.shape == (FULL_SIDE, FULL_SIDE)

@@ -8,22 +8,11 @@ import pandas as pd
 import mhsa
 from mhsa import plots
 from mhsa.plots.sizing import PRESENTATION_FONT
+from tests.tiny import hand_result
 
 
 def _result(attention: np.ndarray, tokens: list[str]) -> mhsa.AttentionResult:
-    n = len(tokens)
-    return mhsa.AttentionResult(
-        text=" ".join(tokens),
-        tokens=tokens,
-        attention=attention.astype(np.float32),
-        offsets=[(0, 0)] * n,
-        special=[False] * n,
-        punctuation=[False] * n,
-        word_ids=list(range(n)),
-        model="hand-made",
-        engine="transformers",
-        device="cpu",
-    )
+    return hand_result(attention, tokens)
 
 
 def _sizes(fig) -> dict[str, float]:

@@ -11,6 +11,7 @@ import torch
 
 import mhsa
 from mhsa import repeats, roles
+from tests.tiny import hand_result
 
 TOY = Path(__file__).resolve().parent.parent / "data" / "toy" / "induction"
 SENTENCES = [
@@ -331,19 +332,7 @@ def test_the_repeated_tokens_result_is_the_tests_first_sequence(bare_gpt2) -> No
 
 
 def _result(attention: np.ndarray, tokens: list[str]) -> mhsa.AttentionResult:
-    n = len(tokens)
-    return mhsa.AttentionResult(
-        text=" ".join(tokens),
-        tokens=tokens,
-        attention=attention.astype(np.float32),
-        offsets=[(0, 0)] * n,
-        special=[False] * n,
-        punctuation=[False] * n,
-        word_ids=list(range(n)),
-        model="hand",
-        engine="transformers",
-        device="cpu",
-    )
+    return hand_result(attention, tokens, model="hand")
 
 
 def test_sinks_count_the_queries_at_or_after_each_key():

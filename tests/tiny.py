@@ -17,6 +17,28 @@ DECODER_SIZES = {
 }
 
 
+def hand_result(attention, tokens: list[str], **fields) -> mhsa.AttentionResult:
+    """An ``AttentionResult`` of hand-made ``attention`` (``[layers, heads, n, n]``, stored as
+    float32) over ``tokens``: one word a token, no specials, no punctuation; ``fields``
+    override any other field (``layer_ids``, ``model``...)."""
+    import numpy as np
+
+    n = len(tokens)
+    values = {
+        "text": " ".join(tokens),
+        "tokens": tokens,
+        "attention": np.asarray(attention).astype(np.float32),
+        "offsets": [(0, 0)] * n,
+        "special": [False] * n,
+        "punctuation": [False] * n,
+        "word_ids": list(range(n)),
+        "model": "hand-made",
+        "engine": "transformers",
+        "device": "cpu",
+    }
+    return mhsa.AttentionResult(**{**values, **fields})
+
+
 def save_tiny(folder: str | Path, model) -> str:
     """Save ``model`` with a tokenizer into ``folder``; any tokenizer available offline will do:
     the embedded model's WordPiece tokenizer."""
