@@ -15,18 +15,11 @@ import torch
 
 import mhsa
 from mhsa.swap import OurPass, forward_through_ours, our_blocks
-from tests.tiny import DECODER_SIZES, save_tiny
+from tests.tiny import DECODER_SIZES, ENGINE_MODELS, save_tiny
 
 TEXT = "The quick brown fox jumps over the lazy dog, then sleeps."
 TOL = 1e-4
-MODELS = [
-    "minilm",
-    "tiny_gpt2_path",
-    "tiny_distilbert_path",
-    "tiny_llama_path",
-    "tiny_qwen2_path",
-    "tiny_mistral_path",  # sliding window shorter than the sentence: the model's mask is used
-]
+MODELS = list(ENGINE_MODELS)
 
 
 @pytest.fixture(params=MODELS)

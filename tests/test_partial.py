@@ -15,18 +15,11 @@ import torch
 import mhsa
 import mhsa.core
 from mhsa.selection import check_attention_budget, parse_indices, select
-from tests.tiny import hand_result
+from tests.tiny import ENGINE_MODELS, hand_result
 
 TEXT = "The quick brown fox jumps over the lazy dog, then sleeps."
 TOL = 1e-5
-MODELS = [
-    "minilm",
-    "tiny_gpt2_path",
-    "tiny_distilbert_path",
-    "tiny_llama_path",
-    "tiny_qwen2_path",
-    "tiny_mistral_path",  # sliding window shorter than the sentence
-]
+MODELS = list(ENGINE_MODELS)
 _LOADED: dict[str, mhsa.LoadedModel] = {}
 
 

@@ -17,6 +17,19 @@ DECODER_SIZES = {
 }
 
 
+#: the conftest fixtures (names) of the models both engines run: the embedded model and the
+#: tiny random ones (Mistral's sliding window is shorter than a test sentence: the model's own
+#: mask is used)
+ENGINE_MODELS = (
+    "minilm",
+    "tiny_gpt2_path",
+    "tiny_distilbert_path",
+    "tiny_llama_path",
+    "tiny_qwen2_path",
+    "tiny_mistral_path",
+)
+
+
 def hand_result(attention, tokens: list[str], **fields) -> mhsa.AttentionResult:
     """An ``AttentionResult`` of hand-made ``attention`` (``[layers, heads, n, n]``, stored as
     float32) over ``tokens``: one word a token, no specials, no punctuation; ``fields``
