@@ -40,7 +40,10 @@ def _open(page: str, model: str, **link: str):
 
 
 def _titled(at, start: str) -> dict:
-    return next(s for s in specs(at) if s["layout"]["title"]["text"].startswith(start))
+    # a wrapped title reads as one line (" <br>" between its lines)
+    return next(
+        s for s in specs(at) if s["layout"]["title"]["text"].replace(" <br>", " ").startswith(start)
+    )
 
 
 @pytest.mark.parametrize("kind", list(AXES))
@@ -309,7 +312,9 @@ def test_overview_shows_the_decoders_tokens_and_every_attentions_agreement(bart:
 def test_head_roles_detect_on_the_decoders_own_tokens(bart: str) -> None:
     at = _open("pages/10_Head_roles.py", bart, kind="decoder", detector="previous token")
     pattern = _titled(at, "Detection pattern: previous token")
-    assert ticktext(pattern) == DECODER_TOKENS
+    shown = ticktext(pattern)  # the decoder's tokens, thinned to a column's room
+    assert shown[0] == DECODER_TOKENS[0] and shown[-1] == DECODER_TOKENS[-1]
+    assert all(t in DECODER_TOKENS for t in shown)
     np.testing.assert_array_equal(_z(pattern), np.eye(4, k=-1))
     result = mhsa.attend(TEXT, text_pair=TARGET, model=bart).of_kind("decoder")
     maps = _titled(at, "Detection scores")
