@@ -35,6 +35,7 @@ from torch import nn
 from mhsa.attention import MultiHeadSelfAttention
 from mhsa.circuit_graph import CircuitGraph, graph_of
 from mhsa.errors import InputError, UnsupportedModelError
+from mhsa.layer_parts import final_norm_of
 from mhsa.metrics import logit_difference
 from mhsa.models import LoadedModel
 from mhsa.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
@@ -51,9 +52,9 @@ __all__ = [
 ]
 
 #: the norm a pre-norm layer applies before its attention, and before its MLP, by attribute
-_LN1 = ("ln_1", "input_layernorm")
-_LN2 = ("ln_2", "post_attention_layernorm")
-_FINAL = ("ln_f", "norm")
+#: (Falcon's new decoder architecture: ``ln_attn`` and ``ln_mlp``)
+_LN1 = ("ln_1", "input_layernorm", "ln_attn")
+_LN2 = ("ln_2", "post_attention_layernorm", "ln_mlp")
 #: layers with these norms put a norm after attention or the MLP (Gemma 2, OLMo 2): the residual
 #: is then no sum of the nodes' outputs as written here
 _POST_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
@@ -61,8 +62,9 @@ _POST_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
 TOOLS_NEEDING_PRE_NORM = (
     "Circuits (edge attribution, faithfulness, path patching), direct logit attribution and "
     "information flow need a causal language model with pre-norm layers, whose residual stream "
-    "is a sum of its parts: GPT-2, the Llama family (Llama, Qwen2, Mistral) or a toy model such "
-    "as toy:induction. Patching, head importance and every attention view run on it."
+    "is a sum of its parts: GPT-2, the Llama family (Llama, Qwen2, Qwen3, Mistral), the "
+    "parallel-block families (GPT-J, GPT-NeoX/Pythia, Phi, Falcon) or a toy model such as "
+    "toy:induction. Patching, head importance and every attention view run on it."
 )
 
 
@@ -82,6 +84,12 @@ def _ungrouped(ours: MultiHeadSelfAttention) -> MultiHeadSelfAttention:
     """``ours`` with one key/value head per query head (each a copy of its group's)."""
     if ours.groups == 1:
         return ours
+    if ours.k_norm is not None and not ours.k_norm.per_head:
+        raise UnsupportedModelError(
+            "A key norm over all key/value heads together with grouped-query attention: "
+            "circuits run each query head with its own copy of its key head, which that norm "
+            "does not allow."
+        )
     (w_q, w_k, w_v, w_o), (b_q, b_k, b_v, b_o) = ours.projections()
 
     def spread(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -102,6 +110,10 @@ def _ungrouped(ours: MultiHeadSelfAttention) -> MultiHeadSelfAttention:
         num_heads=ours.num_heads,
         scale=ours.scale,
         rotary=ours.rotary,
+        q_norm=ours.q_norm,  # per head (Qwen3): the same on every copy of a key head
+        k_norm=ours.k_norm,
+        softcap=ours.softcap,
+        sliding_window=ours.sliding_window,
     )
     return module.eval()
 
@@ -125,6 +137,9 @@ class CircuitModel:
         w_o: per layer, each head's slice of W_O ``[H, Dh, D]``.
         running: the pass of ``blocks`` already standing in the model (a training run's):
             runs put their observers into it instead of swapping blocks in.
+        parallel: the layers feed attention and MLP the same input (GPT-J, GPT-NeoX with
+            ``use_parallel_residual``, Phi, Falcon): ``ln2`` is then the norm the MLP reads of
+            the layer's input, and a head feeds only the MLPs of the layers above it.
     """
 
     lm: LoadedModel
@@ -136,6 +151,12 @@ class CircuitModel:
     w_qkv: list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor | None, ...]]]
     w_o: list[torch.Tensor]
     running: OurPass | None = None
+    parallel: bool = False
+
+    @property
+    def graph(self) -> CircuitGraph:
+        """The model's circuit graph."""
+        return graph_of(len(self.blocks), self.num_heads, self.parallel)
 
     @property
     def num_layers(self) -> int:
@@ -146,21 +167,7 @@ class CircuitModel:
         return self.blocks[0].ours.num_heads
 
 
-#: config flags and model types of layers whose attention and MLP read the same residual
-_PARALLEL_FLAGS = ("use_parallel_residual", "parallel_attn")
-_PARALLEL_TYPES = ("gptj", "codegen", "phi")
-
-
 def _check(lm: LoadedModel) -> None:
-    config = lm.config
-    if any(getattr(config, f, False) is True for f in _PARALLEL_FLAGS) or (
-        getattr(config, "model_type", None) in _PARALLEL_TYPES
-    ):
-        raise _unsupported(
-            lm,
-            "attention and MLP side by side on the same residual (a parallel block), whose "
-            "wiring circuits do not follow yet",
-        )
     if lm.is_encoder_decoder:
         raise _unsupported(lm, "an encoder-decoder (its decoder also reads the encoder's output)")
     if lm.lm_head != "causal" or lm.head_model is None:
@@ -198,18 +205,37 @@ def circuit_model(
     return model
 
 
+def _parallel(block: OurBlock) -> bool:
+    """Whether ``block``'s layer feeds its MLP the layer's input (``Family.parallel``)."""
+    return block.family.parallel is not None and bool(block.family.parallel(block.original))
+
+
+def _norms(lm: LoadedModel, layer: nn.Module, parallel: bool) -> tuple[nn.Module, nn.Module]:
+    """The norms before a layer's attention and before its MLP. A parallel layer's MLP reads
+    its own norm of the layer's input (GPT-NeoX ``post_attention_layernorm``, Falcon's new
+    architecture ``ln_mlp``) or the attention's (GPT-J ``ln_1``, Phi, Falcon)."""
+    attn, mlp = _child(layer, _LN1), _child(layer, _LN2)
+    if parallel and mlp is None:
+        mlp = attn
+    if attn is None or mlp is None:
+        raise _unsupported(lm, "a layer without ln_1/ln_2 (or their Llama names) and mlp")
+    return attn, mlp
+
+
 def _wired(lm: LoadedModel, plain: list[OurBlock], running: OurPass | None) -> CircuitModel:
     layers, ln1, ln2, blocks, w_qkv, w_o = [], [], [], [], [], []
+    parallel = {_parallel(block) for block in plain}
+    if len(parallel) > 1:
+        raise _unsupported(lm, "parallel and sequential layers in one model")
     with torch.inference_mode(False), torch.no_grad():
         for block in plain:
             outer, name = block.layer_place
             layer = getattr(outer, name)
-            norms = (_child(layer, _LN1), _child(layer, _LN2))
-            mlp = getattr(layer, "mlp", None)
-            if norms[0] is None or norms[1] is None or not isinstance(mlp, nn.Module):
-                raise _unsupported(lm, "a layer without ln_1/ln_2 (or their Llama names) and mlp")
             if _child(layer, _POST_NORMS) is not None:
                 raise _unsupported(lm, "norms after attention or the MLP")
+            norms = _norms(lm, layer, _parallel(block))
+            if not isinstance(getattr(layer, "mlp", None), nn.Module):
+                raise _unsupported(lm, "a layer without ln_1/ln_2 (or their Llama names) and mlp")
             ours = _ungrouped(block.ours)
             (q, k, v, o), (bq, bk, bv, _) = ours.projections()
             h = ours.num_heads
@@ -220,10 +246,9 @@ def _wired(lm: LoadedModel, plain: list[OurBlock], running: OurPass | None) -> C
             ln1.append(norms[0])
             ln2.append(norms[1])
             blocks.append(block if ours is block.ours else block.with_module(ours))
-    final = _child(lm.model, _FINAL)
-    if final is None:
-        raise _unsupported(lm, "no final norm (ln_f or norm)")
-    return CircuitModel(lm, blocks, layers, ln1, ln2, final, w_qkv, w_o, running)
+    final = final_norm_of(lm)
+    wired = (layers, ln1, ln2, final, w_qkv, w_o)
+    return CircuitModel(lm, blocks, *wired, running, parallel=parallel.pop())
 
 
 def _hidden(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -337,9 +362,27 @@ def _ln2_pre_hook(run: CircuitRun) -> Callable[..., Any]:
     return hook
 
 
-def _mlp_hook(run: CircuitRun) -> Callable[..., None]:
+def _parallel_mlp_pre_hook(run: CircuitRun, layer: int, norm: nn.Module) -> Callable[..., Any]:
+    """A parallel layer's MLP input: ``norm`` of the layer's input plus the corrupted edges'
+    differences (and the probe's zero), recomputed from the layer's input ``x`` that the layer
+    pre-hook kept, as EAP-IG's ``parallel_attn_mlp`` graphs wire it (the MLP reads ``x``, not
+    the residual after attention)."""
+
+    def hook(_module: nn.Module, args: tuple) -> tuple | None:
+        x = run._x[layer]
+        extra = run.extra(1, x)
+        return None if extra is None else (norm(x + extra[:, 0]), *args[1:])
+
+    return hook
+
+
+def _mlp_hook(run: CircuitRun, copy: bool) -> Callable[..., None]:
+    """Keeps the MLP's output (a copy where the layer adds to it in place: Falcon's
+    ``mlp_output += attention_output``)."""
+
     def hook(_module: nn.Module, _args: tuple, output: Any) -> None:
-        run.acts.append(output[0] if isinstance(output, tuple) else output)
+        out = output[0] if isinstance(output, tuple) else output
+        run.acts.append(out.clone() if copy else out)
 
     return hook
 
@@ -355,8 +398,12 @@ def run_circuit(
             handles.append(
                 layer.register_forward_pre_hook(_layer_pre_hook(run, i), with_kwargs=True)
             )
-            handles.append(model.ln2[i].register_forward_pre_hook(_ln2_pre_hook(run)))
-            handles.append(layer.mlp.register_forward_hook(_mlp_hook(run)))
+            if model.parallel:
+                mlp_input = _parallel_mlp_pre_hook(run, i, model.ln2[i])
+                handles.append(layer.mlp.register_forward_pre_hook(mlp_input))
+            else:
+                handles.append(model.ln2[i].register_forward_pre_hook(_ln2_pre_hook(run)))
+            handles.append(layer.mlp.register_forward_hook(_mlp_hook(run, model.parallel)))
         handles.append(model.final_norm.register_forward_pre_hook(_ln2_pre_hook(run)))
         observers = {b.layer: _observer(model, run, i) for i, b in enumerate(model.blocks)}
         if model.running is None:
@@ -451,7 +498,7 @@ def run_pair(
     Raises:
         InputError: the two give the same metric.
     """
-    graph = graph_of(wired.num_layers, wired.num_heads)
+    graph = wired.graph
     both = {k: torch.cat([clean[k], corrupted[k]]) for k in clean.keys() & corrupted.keys()}
     run = CircuitRun(graph.upstream, probe=gradient)
     if gradient:

@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from mhsa.circuit_graph import CircuitGraph, graph_of
+from mhsa.circuit_graph import CircuitGraph
 from mhsa.circuit_runs import (
     CircuitPair,
     CircuitRun,
@@ -100,7 +100,7 @@ def circuit_graph(model: str | LoadedModel = DEFAULT_MODEL) -> CircuitGraph:
     lm = resolve_model(model)
     with lm.lock:
         wired = circuit_model(lm)
-    return graph_of(wired.num_layers, wired.num_heads)
+    return wired.graph
 
 
 # --- the clean / corrupted pair -----------------------------------------------------------------

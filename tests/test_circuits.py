@@ -484,8 +484,12 @@ def test_scores_on_ids_inside_a_running_swap_equal_the_texts_scores(toy: mhsa.Lo
     assert frame.attrs["clean_tokens"] == expected.attrs["clean_tokens"]
 
 
-def test_a_model_our_module_cannot_run_or_a_parallel_block_is_refused_by_name(tmp_path_factory):
-    from transformers import BloomConfig, BloomForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM
+def test_a_model_our_module_cannot_run_or_with_norms_after_its_blocks_is_refused_by_name(
+    tmp_path_factory,
+):
+    from transformers import BloomConfig, BloomForCausalLM
+
+    from tests.tiny_families import loaded_tiny
 
     torch.manual_seed(0)
     bloom = _tiny(
@@ -496,11 +500,12 @@ def test_a_model_our_module_cannot_run_or_a_parallel_block_is_refused_by_name(tm
     with pytest.raises(mhsa.UnsupportedModelError, match="Circuits run through our module") as e:
         mhsa.edge_attribution(CLEAN, CORRUPTED, model=bloom, answer=ANSWER, wrong=WRONG)
     assert "GPT-2 family" in str(e.value)  # the families our module runs
-    neox = GPTNeoXConfig(**DECODER_SIZES, use_parallel_residual=True)
-    parallel = _tiny(tmp_path_factory, "neox", GPTNeoXForCausalLM(neox))
-    with pytest.raises(mhsa.UnsupportedModelError, match="parallel block") as e:
-        mhsa.circuit_graph(parallel)
-    assert "Patching" in str(e.value)
+    # parallel blocks run (tests/test_circuits_families.py); OLMo 2's norms after attention
+    # and the MLP make the residual no sum of the nodes' outputs
+    olmo2 = loaded_tiny("OLMo 2", tmp_path_factory.mktemp)
+    with pytest.raises(mhsa.UnsupportedModelError, match="norms after attention") as e:
+        mhsa.circuit_graph(olmo2)
+    assert "Patching" in str(e.value) and "GPT-J" in str(e.value)
 
 
 def test_training_probe_pair_breaks_the_repeat_at_the_last_symbols_first_occurrence():
