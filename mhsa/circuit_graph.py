@@ -35,7 +35,8 @@ def mlp_label(layer: int) -> str:
 class CircuitGraph:
     """The edges of a model of ``layers`` layers of ``heads`` heads (EAP-IG's
     ``Graph.from_model``). ``parallel``: attention and MLP read the same residual (GPT-J,
-    GPT-NeoX), so a head does not feed its own layer's MLP.
+    GPT-NeoX with ``use_parallel_residual``, Phi, Falcon; EAP-IG's ``parallel_attn_mlp``), so a
+    head does not feed its own layer's MLP, only those above.
 
     Sources are in the forward order ``input, L0H0 .. L0H{H-1}, M0, L1H0, ...``; targets are,
     per layer, every head's q, then every k, then every v, then the MLP, and last ``logits``.

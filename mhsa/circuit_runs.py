@@ -6,11 +6,14 @@ The graph (``mhsa.circuits.CircuitGraph``) is EAP-IG's (hannamw/EAP-IG ``src/eap
 sources ``input`` (the residual entering layer 0), each head's output ``z_h W_O^h`` (the output
 bias in no node) and each MLP's output; targets each head's query, key and value inputs, each
 MLP's input and the logits' input (the last residual, before the final norm). A pre-norm layer
-reads ``ln_1(x)`` for its attention and ``ln_2(x + attn)`` for its MLP; here each head's q, k
-and v input is ``ln_1`` of its own copy of ``x``, projected with that head's slice of W_Q, W_K,
-W_V, and put in place of our module's per-head Q, K, V (``mhsa.core`` observation points "per-head
-Q", "per-head K", "per-head V"; grouped-query attention runs ungrouped, each query head with its
-own copy of its key/value head's weights, as TransformerLens's ``ungroup_grouped_query_attention``).
+reads ``ln_1(x)`` for its attention and ``ln_2(x + attn)`` for its MLP; a parallel layer
+(GPT-J, GPT-NeoX with ``use_parallel_residual``, Phi, Falcon) reads ``ln_m(x)``, of the layer's
+input, for its MLP (EAP-IG's ``parallel_attn_mlp``: the MLP reads no head of its own layer).
+Here each head's q, k and v input is ``ln_1`` of its own copy of ``x``, projected with that
+head's slice of W_Q, W_K, W_V, and put in place of our module's per-head Q, K, V (``mhsa.core``
+observation points "per-head Q", "per-head K", "per-head V"; grouped-query attention runs
+ungrouped, each query head with its own copy of its key/value head's weights, as
+TransformerLens's ``ungroup_grouped_query_attention``).
 
 A run may corrupt edges (``evaluate_graph``'s input construction in ``src/eap/evaluate.py``):
 target v's input is ``x_v + sum over the corrupted edges (u, v) of (a_u(corrupted) - a_u(this
@@ -183,8 +186,9 @@ def circuit_model(
 
     Raises:
         UnsupportedModelError: a model our module cannot run (the swap's message), an
-            encoder-decoder, a model without a next-token head, a post-norm model or a layout
-            outside GPT-2 and the Llama family; the message says which tools need what.
+            encoder-decoder, a model without a next-token head, a post-norm model, norms after
+            attention or the MLP (Gemma 2, OLMo 2), or a layout without the norms and MLP
+            found by name; the message says which tools need what.
     """
     key = "circuit-model"
     if blocks is None and key in lm.cache:

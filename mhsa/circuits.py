@@ -30,8 +30,10 @@ source's output:
 
 Everything runs through our module (``mhsa.swap``, wired by ``mhsa.circuit_runs``) with the
 model's own weights, on pre-norm causal language models (GPT-2, the Llama family, the toy
-models). Circuits evaluated together (a faithfulness curve, exact scores) run as the rows of one
-batch, each row with its own corrupted edges, as leave-one-out batches heads.
+models; and the parallel-block families GPT-J, GPT-NeoX, Phi and Falcon, whose MLP reads the
+layer's input, so that a head feeds only the MLPs of the layers above it). Circuits evaluated
+together (a faithfulness curve, exact scores) run as the rows of one batch, each row with its
+own corrupted edges, as leave-one-out batches heads.
 """
 
 from __future__ import annotations
@@ -252,8 +254,8 @@ def edge_attribution(
     Args:
         clean: the text the model runs.
         corrupted: the text whose activations a corrupted edge carries; as many tokens.
-        model: a pre-norm causal LM: ``"toy:induction"``, a GPT-2 or Llama-family model id or
-            folder, or a ``LoadedModel``.
+        model: a pre-norm causal LM: ``"toy:induction"``, a GPT-2, Llama-family, GPT-J,
+            GPT-NeoX, Phi or Falcon model id or folder, or a ``LoadedModel``.
         answer, wrong: words that are each exactly one token after a space.
         method: ``"eap"``, ``"eap-ig"`` or ``"exact"`` (``EDGE_METHODS``).
         steps: EAP-IG's steps.

@@ -332,46 +332,45 @@ def test_eap_equals_autograd_by_hand(family):
         assert value == pytest.approx(hand[key], abs=1e-4 * scale), key
 
 
-@pytest.mark.parametrize(
-    ("sender", "receiver", "part"), [("L0H1", "L1H2", "k"), ("L0H3", "M1", "")]
-)
-def test_exact_scores_equal_path_patching_by_hand(family, sender, receiver, part):
-    """One head -> head key edge and one head -> MLP edge of the layer above. Grouped-query
-    attention: the hand run's key copy is the key head's, so the edge into every query head
-    sharing it is patched together (through ``circuit_faithfulness`` of the other edges)."""
+#: a head -> head key edge, and a head -> MLP edge of the layer above
+EDGES = (("L0H1", "L1H2", "k"), ("L0H3", "M1", ""))
+
+
+def test_exact_scores_equal_path_patching_by_hand(family):
+    """``EDGES`` patched alone. Grouped-query attention: the hand run's key copy is the key
+    head's, so the edges into every query head sharing it are patched together
+    (``circuit_faithfulness`` of all the other edges)."""
     name, lm = family
     kw = {"model": lm, "answer": ANSWER, "wrong": WRONG}
+    graph, p = circuits.circuit_graph(lm), _parts(lm)
+    every = list(graph.edges().itertuples(index=False, name=None))
+    exact = mhsa.edge_attribution(CLEAN, CORRUPTED, method="exact", batch_size=128, **kw)
     with torch.no_grad():
         logits, clean = _hand_run(lm, CLEAN, {})
-        _, corrupted = _hand_run(lm, CORRUPTED, {})
+        corrupted_logits, corrupted = _hand_run(lm, CORRUPTED, {})
+    m_clean, m_corrupted = (float(_metric(lm, x)[0]) for x in (logits, corrupted_logits))
+    for sender, receiver, part in EDGES:
         u, target = _key(lm, sender, receiver, part)
-        patched = _hand_run(lm, CLEAN, {target: corrupted[u] - clean[u]})[0]
-        m_clean = float(_metric(lm, logits)[0])
-        by_hand = float(_metric(lm, patched)[0]) - m_clean
-    assert abs(by_hand) > 1e-4  # an edge that carries something
-    group = [
-        (s, r, x)
-        for s, r, x in circuits.circuit_graph(lm).edges().itertuples(index=False)
-        if s == sender and x == part and _key(lm, s, r, x)[1] == target
-    ]
-    p = _parts(lm)
-    assert len(group) == (p.heads // p.kv_heads if part == "k" else 1)
-    every = circuits.circuit_graph(lm).edges()
-    rest = [e for e in every.itertuples(index=False, name=None) if e not in group]
-    f = mhsa.circuit_faithfulness(CLEAN, CORRUPTED, rest, **kw)
-    scores = mhsa.edge_attribution(CLEAN, CORRUPTED, method="exact", **kw)
-    m_corrupted = m_clean + float(scores.attrs["corrupted"] - scores.attrs["clean"])
-    assert m_corrupted + f * (m_clean - m_corrupted) - m_clean == pytest.approx(by_hand, abs=1e-4)
-    if len(group) == 1:  # one edge alone: path patching and the exact score
-        one = mhsa.path_patch(CLEAN, CORRUPTED, sender, receiver, part, **kw)
-        assert one.score == pytest.approx(by_hand, abs=1e-5)
-        row = scores[
-            (scores.source == sender) & (scores.target == receiver) & (scores.input == part)
-        ]
-        assert float(row["score"].iloc[0]) == pytest.approx(by_hand, abs=1e-5)
+        with torch.no_grad():
+            patched = _hand_run(lm, CLEAN, {target: corrupted[u] - clean[u]})[0]
+        m_patched = float(_metric(lm, patched)[0])
+        assert abs(m_patched - m_clean) > 1e-4  # an edge that carries something
+        group = [e for e in every if e[0] == sender and e[2] == part and _key(lm, *e)[1] == target]
+        assert len(group) == (p.heads // p.kv_heads if part == "k" else 1)
+        if len(group) == 1:  # one edge alone: path patching and the exact score
+            one = mhsa.path_patch(CLEAN, CORRUPTED, sender, receiver, part, **kw)
+            assert one.patched == pytest.approx(m_patched, abs=1e-5)
+            row = exact[
+                (exact.source == sender) & (exact.target == receiver) & (exact.input == part)
+            ]
+            assert float(row["score"].iloc[0]) == pytest.approx(m_patched - m_clean, abs=1e-5)
+        else:
+            rest = [e for e in every if e not in group]
+            f = mhsa.circuit_faithfulness(CLEAN, CORRUPTED, rest, **kw)
+            assert m_corrupted + f * (m_clean - m_corrupted) == pytest.approx(m_patched, abs=1e-4)
     own = ("L1H0", "M1")  # a head into its own layer's MLP: only where the MLP reads it
     if name in PARALLEL:
         with pytest.raises(mhsa.InputError, match="no edge L1H0 -> M1"):
             mhsa.path_patch(CLEAN, CORRUPTED, *own, **kw)
     else:
-        assert own in set(scores[["source", "target"]].itertuples(index=False, name=None))
+        assert graph.mask[graph.edge(*own)]
