@@ -65,9 +65,9 @@ _POST_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
 TOOLS_NEEDING_PRE_NORM = (
     "Circuits (edge attribution, faithfulness, path patching), direct logit attribution and "
     "information flow need a causal language model with pre-norm layers, whose residual stream "
-    "is a sum of its parts: GPT-2, the Llama family (Llama, Qwen2, Qwen3, Mistral), the "
-    "parallel-block families (GPT-J, GPT-NeoX/Pythia, Phi, Falcon) or a toy model such as "
-    "toy:induction. Patching, head importance and every attention view run on it."
+    "is a sum of its parts: GPT-2, the Llama family (Llama, Qwen2, Qwen3, Mistral, Gemma, "
+    "Phi-3), the parallel-block families (GPT-J, GPT-NeoX/Pythia, Phi, Falcon) or a toy model "
+    "such as toy:induction. Patching, head importance and every attention view run on it."
 )
 
 

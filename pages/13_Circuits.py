@@ -57,7 +57,8 @@ between it and 1 (lower is better).
 
 **Click** a head to open it on the Heads page; click an edge's label to path-patch that edge
 alone (its exact score). Everything runs through our module with the model's own weights, on
-pre-norm causal language models (GPT-2, the Llama family, the toy models).
+pre-norm causal language models (GPT-2, the Llama family, the parallel-block GPT-J,
+GPT-NeoX/Pythia, Phi and Falcon, the toy models).
 
 References: A. Syed, C. Rager, A. Conmy, "Attribution Patching Outperforms Automated Circuit
 Discovery", 2023. M. Hanna, S. Pezzelle, Y. Belinkov, "Have Faith in Faithfulness", COLM 2024.

@@ -1,14 +1,15 @@
 """Circuits on the parallel-block decoder families (GPT-J, GPT-NeoX/Pythia with
-``use_parallel_residual``, Phi, Falcon in its three attention layouts), on sequential GPT-NeoX
-and on Qwen3 (per-head q/k norms, grouped-query attention, a sliding window), each a tiny random
-model (``tests.tiny_families``).
+``use_parallel_residual``, Phi, Falcon in its three attention layouts), on sequential GPT-NeoX,
+and on Qwen3 (per-head q/k norms, grouped-query attention, a sliding window), Gemma and Phi-3,
+each a tiny random model (``tests.tiny_families``).
 
 A parallel layer computes ``x + attn(ln_a(x)) + mlp(ln_m(x))`` (EAP-IG's ``parallel_attn_mlp``
 graphs, hannamw/EAP-IG ``src/eap/graph.py``): its MLP reads the layer's input, so a head feeds
 the MLPs of the layers above it and not its own layer's. The hand computation here wires the
 plain transformers model so with torch hooks, from each family's own module names and fused
 row layouts (read from transformers' ``modeling_gpt_neox.py``, ``modeling_gptj.py``,
-``modeling_phi.py``, ``modeling_falcon.py``, ``modeling_qwen3.py``), not through our module.
+``modeling_phi.py``, ``modeling_falcon.py``, ``modeling_qwen3.py``, ``modeling_phi3.py``),
+not through our module.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ CLEAN, CORRUPTED = "the cat sat on the mat and the cat", "the dog sat on the mat
 #: logit("cat") - logit("dog") moves by 0.18 to 1.3 between the texts on every tiny model here
 ANSWER, WRONG = "cat", "dog"
 PARALLEL = ["GPT-NeoX", "GPT-J", "Phi", "Falcon", "Falcon grouped", "Falcon per-head"]
-SEQUENTIAL = ["GPT-NeoX sequential", "Qwen3"]
+#: sequential layouts beside GPT-2 and Llama (tests/test_circuits.py): Qwen3's per-head q/k
+#: norms and window, Gemma's scaled embeddings and ``1 + w`` norms, Phi-3's fused projections
+SEQUENTIAL = ["GPT-NeoX sequential", "Qwen3", "Gemma", "Phi-3"]
 FAMILIES = PARALLEL + SEQUENTIAL
 
 
@@ -125,6 +128,18 @@ def _parts(lm: mhsa.LoadedModel) -> Parts:
             return attn[i].query_key_value
 
         rows = _falcon_rows(attn[0], heads, d)
+    elif kind == "phi3":  # fused: every query head, then every key head, then every value head
+        layers, attn = list(base.layers), [layer.self_attn for layer in base.layers]
+        norms = [(layer.input_layernorm, layer.post_attention_layernorm) for layer in layers]
+        parallel, final, out = False, base.norm, "o_proj"
+        kv = cfg.num_key_value_heads
+
+        def projection(i: int, _part: str) -> nn.Module:
+            return attn[i].qkv_proj
+
+        def rows(part: str, h: int) -> slice:
+            return _block(d, h + {"q": 0, "k": heads, "v": heads + kv}[part])
+
     else:  # separate q_proj, k_proj, v_proj
         layers = list(base.h if kind == "gptj" else base.layers)
         attn = [layer.attn if kind == "gptj" else layer.self_attn for layer in layers]
@@ -135,7 +150,7 @@ def _parts(lm: mhsa.LoadedModel) -> Parts:
             norms = [(layer.input_layernorm, layer.input_layernorm) for layer in layers]
             parallel, final, out = True, base.final_layernorm, "dense"
         else:
-            assert kind == "qwen3", kind
+            assert kind in ("qwen3", "gemma"), kind
             norms = [(layer.input_layernorm, layer.post_attention_layernorm) for layer in layers]
             parallel, final, out = False, base.norm, "o_proj"
             kv = cfg.num_key_value_heads

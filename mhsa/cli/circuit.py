@@ -31,7 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "integrated gradients (eap-ig) or each edge patched alone (exact), with the metric "
         "logit(answer) - logit(wrong) at the last position. --out: one row per edge, largest "
         "|score| first; --top N: the faithfulness of the top N edges; --curve: f at MIB's "
-        "sizes, with CPR and CMD. Pre-norm causal language models (GPT-2, Llama, toy models).",
+        "sizes, with CPR and CMD. Pre-norm causal language models (GPT-2, Llama, Qwen, Gemma, "
+        "Phi-3, and the parallel-block GPT-J, GPT-NeoX/Pythia, Phi, Falcon; toy models).",
     )
     circuit.add_argument("clean", help="the text the model runs")
     circuit.add_argument("corrupted", help="the text a corrupted edge takes its source from")
