@@ -8,7 +8,8 @@ bias in no node) and each MLP's output; targets each head's query, key and value
 MLP's input and the logits' input (the last residual, before the final norm). A pre-norm layer
 reads ``ln_1(x)`` for its attention and ``ln_2(x + attn)`` for its MLP; a parallel layer
 (GPT-J, GPT-NeoX with ``use_parallel_residual``, Phi, Falcon) reads ``ln_m(x)``, of the layer's
-input, for its MLP (EAP-IG's ``parallel_attn_mlp``: the MLP reads no head of its own layer).
+input, for its MLP (EAP-IG's ``parallel_attn_mlp``: the MLP reads no head of its own layer;
+``mhsa.circuit_layers`` finds each layer's norms).
 Here each head's q, k and v input is ``ln_1`` of its own copy of ``x``, projected with that
 head's slice of W_Q, W_K, W_V, and put in place of our module's per-head Q, K, V (``mhsa.core``
 observation points "per-head Q", "per-head K", "per-head V"; grouped-query attention runs
@@ -35,8 +36,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from mhsa.attention import MultiHeadSelfAttention
 from mhsa.circuit_graph import CircuitGraph, graph_of
+from mhsa.circuit_layers import is_parallel, layer_norms, per_head, ungrouped
 from mhsa.errors import InputError, UnsupportedModelError
 from mhsa.layer_parts import final_norm_of
 from mhsa.metrics import logit_difference
@@ -54,14 +55,6 @@ __all__ = [
     "run_pair",
 ]
 
-#: the norm a pre-norm layer applies before its attention, and before its MLP, by attribute
-#: (Falcon's new decoder architecture: ``ln_attn`` and ``ln_mlp``)
-_LN1 = ("ln_1", "input_layernorm", "ln_attn")
-_LN2 = ("ln_2", "post_attention_layernorm", "ln_mlp")
-#: layers with these norms put a norm after attention or the MLP (Gemma 2, OLMo 2): the residual
-#: is then no sum of the nodes' outputs as written here
-_POST_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
-
 TOOLS_NEEDING_PRE_NORM = (
     "Circuits (edge attribution, faithfulness, path patching), direct logit attribution and "
     "information flow need a causal language model with pre-norm layers, whose residual stream "
@@ -73,57 +66,6 @@ TOOLS_NEEDING_PRE_NORM = (
 
 def _unsupported(lm: LoadedModel, why: str) -> UnsupportedModelError:
     return UnsupportedModelError(f"{lm.display_name}: {why}. {TOOLS_NEEDING_PRE_NORM}")
-
-
-def _child(module: nn.Module, names: Sequence[str]) -> nn.Module | None:
-    for name in names:
-        found = getattr(module, name, None)
-        if isinstance(found, nn.Module):
-            return found
-    return None
-
-
-def _ungrouped(ours: MultiHeadSelfAttention) -> MultiHeadSelfAttention:
-    """``ours`` with one key/value head per query head (each a copy of its group's)."""
-    if ours.groups == 1:
-        return ours
-    if ours.k_norm is not None and not ours.k_norm.per_head:
-        raise UnsupportedModelError(
-            "A key norm over all key/value heads together with grouped-query attention: "
-            "circuits run each query head with its own copy of its key head, which that norm "
-            "does not allow."
-        )
-    (w_q, w_k, w_v, w_o), (b_q, b_k, b_v, b_o) = ours.projections()
-
-    def spread(t: torch.Tensor | None) -> torch.Tensor | None:
-        if t is None:
-            return None
-        per_head = t.reshape(ours.num_kv_heads, ours.d_head, *t.shape[1:])
-        return per_head.repeat_interleave(ours.groups, dim=0).reshape(-1, *t.shape[1:])
-
-    module = MultiHeadSelfAttention.from_projections(
-        w_q,
-        spread(w_k),  # type: ignore[arg-type]
-        spread(w_v),  # type: ignore[arg-type]
-        w_o,
-        b_q,
-        spread(b_k),
-        spread(b_v),
-        b_o,
-        num_heads=ours.num_heads,
-        scale=ours.scale,
-        rotary=ours.rotary,
-        q_norm=ours.q_norm,  # per head (Qwen3): the same on every copy of a key head
-        k_norm=ours.k_norm,
-        softcap=ours.softcap,
-        sliding_window=ours.sliding_window,
-    )
-    return module.eval()
-
-
-def _per_head(weight: torch.Tensor, heads: int) -> torch.Tensor:
-    """``[H Dh, D]`` (``nn.Linear`` layout) -> ``[H, Dh, D]``."""
-    return weight.reshape(heads, -1, weight.shape[-1])
 
 
 @dataclass(frozen=True, eq=False)
@@ -209,43 +151,22 @@ def circuit_model(
     return model
 
 
-def _parallel(block: OurBlock) -> bool:
-    """Whether ``block``'s layer feeds its MLP the layer's input (``Family.parallel``)."""
-    return block.family.parallel is not None and bool(block.family.parallel(block.original))
-
-
-def _norms(lm: LoadedModel, layer: nn.Module, parallel: bool) -> tuple[nn.Module, nn.Module]:
-    """The norms before a layer's attention and before its MLP. A parallel layer's MLP reads
-    its own norm of the layer's input (GPT-NeoX ``post_attention_layernorm``, Falcon's new
-    architecture ``ln_mlp``) or the attention's (GPT-J ``ln_1``, Phi, Falcon)."""
-    attn, mlp = _child(layer, _LN1), _child(layer, _LN2)
-    if parallel and mlp is None:
-        mlp = attn
-    if attn is None or mlp is None:
-        raise _unsupported(lm, "a layer without ln_1/ln_2 (or their Llama names) and mlp")
-    return attn, mlp
-
-
 def _wired(lm: LoadedModel, plain: list[OurBlock], running: OurPass | None) -> CircuitModel:
     layers, ln1, ln2, blocks, w_qkv, w_o = [], [], [], [], [], []
-    parallel = {_parallel(block) for block in plain}
+    parallel = {is_parallel(block) for block in plain}
     if len(parallel) > 1:
         raise _unsupported(lm, "parallel and sequential layers in one model")
     with torch.inference_mode(False), torch.no_grad():
         for block in plain:
             outer, name = block.layer_place
             layer = getattr(outer, name)
-            if _child(layer, _POST_NORMS) is not None:
-                raise _unsupported(lm, "norms after attention or the MLP")
-            norms = _norms(lm, layer, _parallel(block))
-            if not isinstance(getattr(layer, "mlp", None), nn.Module):
-                raise _unsupported(lm, "a layer without ln_1/ln_2 (or their Llama names) and mlp")
-            ours = _ungrouped(block.ours)
+            norms = layer_norms(layer, is_parallel(block), lambda why: _unsupported(lm, why))
+            ours = ungrouped(block.ours)
             (q, k, v, o), (bq, bk, bv, _) = ours.projections()
             h = ours.num_heads
             biases = tuple(None if b is None else b.reshape(h, 1, -1) for b in (bq, bk, bv))
-            w_qkv.append((tuple(_per_head(w, h) for w in (q, k, v)), biases))
-            w_o.append(_per_head(o.T.contiguous(), h))  # (H, Dh, D)
+            w_qkv.append((tuple(per_head(w, h) for w in (q, k, v)), biases))
+            w_o.append(per_head(o.T.contiguous(), h))  # (H, Dh, D)
             layers.append(layer)
             ln1.append(norms[0])
             ln2.append(norms[1])
