@@ -15,6 +15,7 @@ import torch
 
 import mhsa
 from mhsa import circuits, plots
+from tests.circuits_by_hand import hand_run
 from tests.tiny import DECODER_SIZES, perturbed_biases, save_tiny
 
 CLEAN, CORRUPTED = "the cat sat on the mat and the cat", "the dog sat on the mat and the dog"
@@ -66,35 +67,6 @@ def toy() -> mhsa.LoadedModel:
 # --- the model's own modules, wired by hand -----------------------------------------------------
 
 
-def _gpt2(lm: mhsa.LoadedModel) -> bool:
-    return hasattr(lm.model, "h")
-
-
-def _layers(lm: mhsa.LoadedModel) -> Any:
-    return lm.model.h if _gpt2(lm) else lm.model.layers
-
-
-def _norms(layer: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
-    if hasattr(layer, "ln_1"):
-        return layer.ln_1, layer.ln_2
-    return layer.input_layernorm, layer.post_attention_layernorm
-
-
-def _projection(lm: mhsa.LoadedModel, layer: int, part: str) -> tuple[torch.nn.Module, int]:
-    """The module computing ``part`` (q, k, v) of ``layer`` and the offset of its features."""
-    if _gpt2(lm):
-        return _layers(lm)[layer].attn.c_attn, "qkv".index(part) * lm.config.hidden_size
-    return getattr(_layers(lm)[layer].self_attn, f"{part}_proj"), 0
-
-
-def _head_output_weight(lm: mhsa.LoadedModel, layer: int, head: int, d_head: int) -> torch.Tensor:
-    """``W_O^h`` as ``[Dh, D]``."""
-    rows = slice(head * d_head, (head + 1) * d_head)
-    if _gpt2(lm):
-        return _layers(lm)[layer].attn.c_proj.weight[rows]  # Conv1D: [in, out]
-    return _layers(lm)[layer].self_attn.o_proj.weight[:, rows].T
-
-
 def _hand_run(
     lm: mhsa.LoadedModel,
     text: str,
@@ -104,81 +76,11 @@ def _hand_run(
 ) -> tuple[torch.Tensor, dict[Any, torch.Tensor]]:
     """The plain model on ``text`` with ``added[target]`` added to that target's own copy of
     its input: ``("q"|"k"|"v", layer, head or key/value head)``, ``("M", layer)`` or
-    ``("logits",)``. Returns the logits and every source's output (``"input"``, ``(layer,
-    head)``, ``("M", layer)``)."""
-    cfg = lm.config
-    heads, d_head = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
-    # every input the tokenizer gives (GPT-2 adds token_type_ids as embeddings too)
-    inputs = {k: v.expand(rows, -1) for k, v in lm.tokenizer(text, return_tensors="pt").items()}
-    acts: dict[Any, torch.Tensor] = {}
-    x: dict[int, torch.Tensor] = {}
-    handles = []
-
-    def layer_pre(i: int):
-        def hook(_m, args, kwargs):
-            h = args[0] if args else kwargs["hidden_states"]
-            if i == 0 and embeddings is not None:
-                h = embeddings
-                args, kwargs = (
-                    ((h, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": h})
-                )
-            if i == 0:
-                acts["input"] = h
-            x[i] = h
-            return args, kwargs
-
-        return hook
-
-    def projection(i: int, part: str, module: torch.nn.Module, offset: int):
-        ln1 = _norms(_layers(lm)[i])[0]
-
-        def hook(_m, _args, out):
-            keys = [k for k in added if k[0] == part and k[1] == i]
-            if not keys:
-                return None
-            out = out.clone()
-            for key in keys:
-                cols = slice(offset + key[2] * d_head, offset + (key[2] + 1) * d_head)
-                out[..., cols] = module.forward(ln1(x[i] + added[key]))[..., cols]
-            return out
-
-        return hook
-
-    def head_outputs(i: int):
-        def hook(_m, args):
-            z = args[0]
-            for h in range(heads):
-                w = _head_output_weight(lm, i, h, d_head)
-                acts[(i, h)] = z[..., h * d_head : (h + 1) * d_head] @ w
-
-        return hook
-
-    def add(key: tuple):
-        def hook(_m, args):
-            return (args[0] + added[key], *args[1:]) if key in added else None
-
-        return hook
-
-    def mlp_out(i: int):
-        return lambda _m, _a, out: acts.__setitem__(("M", i), out)
-
-    try:
-        for i, layer in enumerate(_layers(lm)):
-            handles.append(layer.register_forward_pre_hook(layer_pre(i), with_kwargs=True))
-            for part in "qkv":
-                module, offset = _projection(lm, i, part)
-                handles.append(module.register_forward_hook(projection(i, part, module, offset)))
-            out_proj = layer.attn.c_proj if _gpt2(lm) else layer.self_attn.o_proj
-            handles.append(out_proj.register_forward_pre_hook(head_outputs(i)))
-            handles.append(_norms(layer)[1].register_forward_pre_hook(add(("M", i))))
-            handles.append(layer.mlp.register_forward_hook(mlp_out(i)))
-        final = lm.model.ln_f if _gpt2(lm) else lm.model.norm
-        handles.append(final.register_forward_pre_hook(add(("logits",))))
-        logits = lm.head_model(**inputs).logits
-    finally:
-        for handle in handles:
-            handle.remove()
-    return logits, acts
+    ``("logits",)``; ``embeddings`` (``rows`` of them) in place of the residual entering layer
+    0. Returns the logits and every source's output (``"input"``, ``(layer, head)``, ``("M",
+    layer)``): ``tests.circuits_by_hand.hand_run``."""
+    assert embeddings is None or len(embeddings) == rows
+    return hand_run(lm, text, added, embeddings)
 
 
 def _metric(lm: mhsa.LoadedModel, logits: torch.Tensor, answer: str, wrong: str) -> torch.Tensor:

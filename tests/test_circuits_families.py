@@ -5,25 +5,21 @@ each a tiny random model (``tests.tiny_families``).
 
 A parallel layer computes ``x + attn(ln_a(x)) + mlp(ln_m(x))`` (EAP-IG's ``parallel_attn_mlp``
 graphs, hannamw/EAP-IG ``src/eap/graph.py``): its MLP reads the layer's input, so a head feeds
-the MLPs of the layers above it and not its own layer's. The hand computation here wires the
-plain transformers model so with torch hooks, from each family's own module names and fused
-row layouts (read from transformers' ``modeling_gpt_neox.py``, ``modeling_gptj.py``,
-``modeling_phi.py``, ``modeling_falcon.py``, ``modeling_qwen3.py``, ``modeling_phi3.py``),
-not through our module.
+the MLPs of the layers above it and not its own layer's. The hand computation
+(``tests.circuits_by_hand``) wires the plain transformers model so with torch hooks, from each
+family's own module names and fused row layouts, not through our module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
 import mhsa
 from mhsa import circuits
+from tests.circuits_by_hand import hand_run, model_parts
 from tests.tiny_families import loaded_tiny
 
 CLEAN, CORRUPTED = "the cat sat on the mat and the cat", "the dog sat on the mat and the dog"
@@ -39,219 +35,6 @@ FAMILIES = PARALLEL + SEQUENTIAL
 @pytest.fixture(params=FAMILIES)
 def family(request, tmp_path_factory) -> tuple[str, mhsa.LoadedModel]:
     return request.param, loaded_tiny(request.param, tmp_path_factory.mktemp)
-
-
-# --- the plain model's parts, by family ---------------------------------------------------------
-
-Rows = Callable[[str, int], slice]  # (part, head or key/value head) -> output features
-
-
-@dataclass(frozen=True)
-class Parts:
-    """Where a family keeps what the hand run touches.
-
-    Attributes:
-        layers: the decoder layers.
-        norms: per layer, the norm its attention reads and the norm its MLP reads.
-        parallel: the MLP reads ``ln_m(x)`` of the layer's input ``x`` (else of the residual
-            after attention).
-        final: the final norm.
-        projection: per layer and part ("q", "k", "v"), the module computing it.
-        rows: which output features of that module are a head's part.
-        out: per layer, the output projection (``nn.Linear``).
-        heads, kv_heads, d_head: the attention's sizes.
-    """
-
-    layers: list[nn.Module]
-    norms: list[tuple[nn.Module, nn.Module]]
-    parallel: bool
-    final: nn.Module
-    projection: Callable[[int, str], nn.Module]
-    rows: Rows
-    out: list[nn.Linear]
-    heads: int
-    kv_heads: int
-    d_head: int
-
-
-def _block(d_head: int, index: int) -> slice:
-    return slice(index * d_head, (index + 1) * d_head)
-
-
-def _falcon_rows(attention: nn.Module, heads: int, d: int) -> Rows:
-    """``FalconAttention._split_heads``: per key/value group its queries then K then V
-    (new architecture); all queries then one K and one V (multi-query); per head q, k, v."""
-    if attention.new_decoder_architecture:
-        n = heads // attention.num_kv_heads  # queries per group
-
-        def grouped(part: str, h: int) -> slice:
-            return _block(
-                d, (h // n) * (n + 2) + h % n if part == "q" else h * (n + 2) + n + "kv".index(part)
-            )
-
-        return grouped
-    if attention.multi_query:
-        return lambda part, h: _block(d, h if part == "q" else heads + "kv".index(part))
-    return lambda part, h: _block(d, 3 * h + "qkv".index(part))
-
-
-def _parts(lm: mhsa.LoadedModel) -> Parts:
-    cfg, base = lm.config, lm.model
-    kind = cfg.model_type
-    heads = cfg.num_attention_heads
-    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    kv = heads
-    if kind == "gpt_neox":  # fused per head: [q k v] of head 0, then of head 1, ...
-        layers, attn = list(base.layers), [layer.attention for layer in base.layers]
-        norms = [(layer.input_layernorm, layer.post_attention_layernorm) for layer in layers]
-        parallel, final, out = cfg.use_parallel_residual, base.final_layer_norm, "dense"
-
-        def projection(i: int, _part: str) -> nn.Module:
-            return attn[i].query_key_value
-
-        def rows(part: str, h: int) -> slice:
-            return _block(d, 3 * h + "qkv".index(part))
-
-    elif kind == "falcon":
-        layers, attn = list(base.h), [layer.self_attention for layer in base.h]
-        norms = [
-            (layer.ln_attn, layer.ln_mlp)
-            if hasattr(layer, "ln_mlp")
-            else (layer.input_layernorm, layer.input_layernorm)
-            for layer in layers
-        ]
-        parallel, final, out = True, base.ln_f, "dense"
-        kv = attn[0].num_kv_heads if attn[0].new_decoder_architecture else heads
-        kv = 1 if attn[0].multi_query and not attn[0].new_decoder_architecture else kv
-
-        def projection(i: int, _part: str) -> nn.Module:
-            return attn[i].query_key_value
-
-        rows = _falcon_rows(attn[0], heads, d)
-    elif kind == "phi3":  # fused: every query head, then every key head, then every value head
-        layers, attn = list(base.layers), [layer.self_attn for layer in base.layers]
-        norms = [(layer.input_layernorm, layer.post_attention_layernorm) for layer in layers]
-        parallel, final, out = False, base.norm, "o_proj"
-        kv = cfg.num_key_value_heads
-
-        def projection(i: int, _part: str) -> nn.Module:
-            return attn[i].qkv_proj
-
-        def rows(part: str, h: int) -> slice:
-            return _block(d, h + {"q": 0, "k": heads, "v": heads + kv}[part])
-
-    else:  # separate q_proj, k_proj, v_proj
-        layers = list(base.h if kind == "gptj" else base.layers)
-        attn = [layer.attn if kind == "gptj" else layer.self_attn for layer in layers]
-        if kind == "gptj":
-            norms = [(layer.ln_1, layer.ln_1) for layer in layers]
-            parallel, final, out = True, base.ln_f, "out_proj"
-        elif kind == "phi":
-            norms = [(layer.input_layernorm, layer.input_layernorm) for layer in layers]
-            parallel, final, out = True, base.final_layernorm, "dense"
-        else:
-            assert kind in ("qwen3", "gemma"), kind
-            norms = [(layer.input_layernorm, layer.post_attention_layernorm) for layer in layers]
-            parallel, final, out = False, base.norm, "o_proj"
-            kv = cfg.num_key_value_heads
-
-        def projection(i: int, part: str) -> nn.Module:
-            return getattr(attn[i], f"{part}_proj")
-
-        def rows(_part: str, h: int) -> slice:
-            return _block(d, h)
-
-    outs = [getattr(a, out) for a in attn]
-    return Parts(layers, norms, parallel, final, projection, rows, outs, heads, kv, d)
-
-
-# --- the hand run -------------------------------------------------------------------------------
-
-
-def _hand_run(
-    lm: mhsa.LoadedModel,
-    text: str,
-    added: Mapping[tuple, torch.Tensor],
-    embeddings: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[Any, torch.Tensor]]:
-    """The plain model on ``text`` with ``added[target]`` added to that target's own copy of
-    the residual it reads: ``("q"|"k"|"v", layer, head or key/value head)``, ``("M", layer)``
-    or ``("logits",)``; ``embeddings [rows, T, D]``: in place of the residual entering layer 0,
-    one row each. Returns the logits and every source's output."""
-    p = _parts(lm)
-    rows = 1 if embeddings is None else len(embeddings)
-    inputs = {k: v.expand(rows, -1) for k, v in lm.tokenizer(text, return_tensors="pt").items()}
-    acts: dict[Any, torch.Tensor] = {}
-    x: dict[int, torch.Tensor] = {}
-    handles = []
-
-    def layer_pre(i: int):
-        def hook(_m, args, kwargs):
-            x[i] = args[0] if args else kwargs["hidden_states"]
-            if i == 0:
-                if embeddings is not None:
-                    x[i] = embeddings
-                    if args:
-                        args = (embeddings, *args[1:])
-                    else:
-                        kwargs = {**kwargs, "hidden_states": embeddings}
-                acts["input"] = x[i]
-            return args, kwargs
-
-        return hook
-
-    def split_input(i: int, part: str, module: nn.Module):
-        def hook(_m, _args, out):
-            keys = [k for k in added if k[:2] == (part, i)]
-            if not keys:
-                return None
-            out = out.clone()
-            for key in keys:  # this head's features from its own copy of the residual
-                cols = p.rows(part, key[2])
-                out[..., cols] = module.forward(p.norms[i][0](x[i] + added[key]))[..., cols]
-            return out
-
-        return hook
-
-    def head_outputs(i: int):
-        def hook(module, args):
-            for h in range(p.heads):
-                cols = _block(p.d_head, h)
-                acts[(i, h)] = args[0][..., cols] @ module.weight[:, cols].T
-
-        return hook
-
-    def parallel_mlp_input(i: int):  # the MLP reads ln_m(x) of the layer's input x
-        def hook(_m, args):
-            if ("M", i) in added:
-                return (p.norms[i][1](x[i] + added[("M", i)]), *args[1:])
-            return None
-
-        return hook
-
-    def add(key: tuple):
-        return lambda _m, args: (args[0] + added[key], *args[1:]) if key in added else None
-
-    def mlp_out(i: int):  # a copy: Falcon adds the attention's output to it in place
-        return lambda _m, _a, out: acts.__setitem__(("M", i), out.clone())
-
-    try:
-        for i, layer in enumerate(p.layers):
-            handles.append(layer.register_forward_pre_hook(layer_pre(i), with_kwargs=True))
-            for part in {part: p.projection(i, part) for part in "qkv"}.items():
-                handles.append(part[1].register_forward_hook(split_input(i, *part)))
-            handles.append(p.out[i].register_forward_pre_hook(head_outputs(i)))
-            if p.parallel:
-                handles.append(layer.mlp.register_forward_pre_hook(parallel_mlp_input(i)))
-            else:
-                handles.append(p.norms[i][1].register_forward_pre_hook(add(("M", i))))
-            handles.append(layer.mlp.register_forward_hook(mlp_out(i)))
-        handles.append(p.final.register_forward_pre_hook(add(("logits",))))
-        logits = lm.head_model(**inputs).logits
-    finally:
-        for handle in handles:
-            handle.remove()
-    return logits, acts
 
 
 def _metric(lm: mhsa.LoadedModel, logits: torch.Tensor) -> torch.Tensor:
@@ -274,7 +57,7 @@ def _key(lm: mhsa.LoadedModel, source: str, target: str, part: str) -> tuple[Any
     if target.startswith("M"):
         return u, ("M", int(target[1:]))
     layer, head = mhsa.parse_head_label(target)
-    p = _parts(lm)
+    p = model_parts(lm)
     return u, (part, layer, head // (p.heads // p.kv_heads) if part in "kv" else head)
 
 
@@ -284,8 +67,8 @@ def _eap_by_hand(lm: mhsa.LoadedModel, steps: int | None = None) -> dict[tuple, 
     ``corrupted + (k / steps) (clean - corrupted)``, k = 0 .. steps - 1: EAP-IG), by autograd
     through zeros added to every target's copy."""
     with torch.no_grad():
-        _, clean = _hand_run(lm, CLEAN, {})
-        _, corrupted = _hand_run(lm, CORRUPTED, {})
+        _, clean = hand_run(lm, CLEAN, {})
+        _, corrupted = hand_run(lm, CORRUPTED, {})
     keys = {_key(lm, "input", n, x)[1] for n, x in circuits.circuit_graph(lm).targets}
     embeddings = None
     if steps is not None:
@@ -294,7 +77,7 @@ def _eap_by_hand(lm: mhsa.LoadedModel, steps: int | None = None) -> dict[tuple, 
     rows = 1 if steps is None else steps
     shape = (rows, *clean["input"].shape[1:])
     zeros = {k: torch.zeros(shape, requires_grad=True) for k in keys}
-    logits, _ = _hand_run(lm, CLEAN, zeros, embeddings)
+    logits, _ = hand_run(lm, CLEAN, zeros, embeddings)
     grads = torch.autograd.grad(_metric(lm, logits).sum(), list(zeros.values()))
     grads = tuple(g.sum(0, keepdim=True) / rows for g in grads)
     return {
@@ -340,7 +123,7 @@ def test_a_parallel_graph_has_no_edge_from_a_head_into_its_own_layers_mlp(layers
 def test_each_familys_graph_follows_its_wiring(family):
     name, lm = family
     graph = circuits.circuit_graph(lm)
-    assert graph.parallel == (name in PARALLEL) == _parts(lm).parallel
+    assert graph.parallel == (name in PARALLEL) == model_parts(lm).parallel
     assert (graph.layers, graph.heads) == (2, 4)
 
 
@@ -364,8 +147,8 @@ def test_eap_equals_autograd_by_hand(family):
     _, lm = family
     frame = mhsa.edge_attribution(CLEAN, CORRUPTED, model=lm, answer=ANSWER, wrong=WRONG)
     with torch.no_grad():
-        logits, _ = _hand_run(lm, CLEAN, {})
-        corrupted_logits, _ = _hand_run(lm, CORRUPTED, {})
+        logits, _ = hand_run(lm, CLEAN, {})
+        corrupted_logits, _ = hand_run(lm, CORRUPTED, {})
     assert frame.attrs["clean"] == pytest.approx(float(_metric(lm, logits)[0]), abs=1e-4)
     assert frame.attrs["corrupted"] == pytest.approx(
         float(_metric(lm, corrupted_logits)[0]), abs=1e-4
@@ -391,17 +174,17 @@ def test_exact_scores_equal_path_patching_by_hand(family):
     (``circuit_faithfulness`` of all the other edges)."""
     name, lm = family
     kw = {"model": lm, "answer": ANSWER, "wrong": WRONG}
-    graph, p = circuits.circuit_graph(lm), _parts(lm)
+    graph, p = circuits.circuit_graph(lm), model_parts(lm)
     every = list(graph.edges().itertuples(index=False, name=None))
     exact = mhsa.edge_attribution(CLEAN, CORRUPTED, method="exact", batch_size=128, **kw)
     with torch.no_grad():
-        logits, clean = _hand_run(lm, CLEAN, {})
-        corrupted_logits, corrupted = _hand_run(lm, CORRUPTED, {})
+        logits, clean = hand_run(lm, CLEAN, {})
+        corrupted_logits, corrupted = hand_run(lm, CORRUPTED, {})
     m_clean, m_corrupted = (float(_metric(lm, x)[0]) for x in (logits, corrupted_logits))
     for sender, receiver, part in EDGES:
         u, target = _key(lm, sender, receiver, part)
         with torch.no_grad():
-            patched = _hand_run(lm, CLEAN, {target: corrupted[u] - clean[u]})[0]
+            patched = hand_run(lm, CLEAN, {target: corrupted[u] - clean[u]})[0]
         m_patched = float(_metric(lm, patched)[0])
         assert abs(m_patched - m_clean) > 1e-4  # an edge that carries something
         group = [e for e in every if e[0] == sender and e[2] == part and _key(lm, *e)[1] == target]
