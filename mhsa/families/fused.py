@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from mhsa.attention import MultiHeadSelfAttention
-from mhsa.families.parts import linear_bias, store_linear
+from mhsa.families.record import bias_of, copy_linear
 
 __all__ = [
     "LAYOUTS",
@@ -144,7 +144,7 @@ def load_fused(
         b_q,
         b_k,
         b_v,
-        linear_bias(out),
+        bias_of(out),
         num_heads=heads,
         num_kv_heads=kv_heads,
         **options,
@@ -158,10 +158,10 @@ def store_fused(
     output projection, in place: the inverse of ``load_fused``.
 
     Raises:
-        ValueError: one side has a bias and the other not (``store_linear``).
+        ValueError: one side has a bias and the other not (``copy_linear``).
     """
     (w_q, w_k, w_v, w_o), (b_q, b_k, b_v, b_o) = ours.projections()
     counts = {"heads": ours.num_heads, "kv_heads": ours.num_kv_heads}
     fused_bias = None if b_q is None else join_qkv(b_q, b_k, b_v, layout, **counts)
-    store_linear(fused, join_qkv(w_q, w_k, w_v, layout, **counts), fused_bias)
-    store_linear(out, w_o, b_o)
+    copy_linear(fused, join_qkv(w_q, w_k, w_v, layout, **counts), fused_bias)
+    copy_linear(out, w_o, b_o)
