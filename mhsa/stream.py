@@ -3,7 +3,7 @@
 Each selected layer of each text goes, as soon as the pass has computed it, into the corpus
 accumulators (``HeadStatsAccumulator``, ``HeadSimilarityAccumulator``) of its layer, and is
 dropped (``mhsa.extract.attend_layers``). The numbers equal ``head_stats`` and
-``head_similarity`` of the whole result's same heads (``tests/test_stream.py``).
+``head_similarity`` of the whole result's same heads (``tests/test_partial.py``).
 
 Similarity is computed within each layer: comparing heads of two layers would hold both.
 """
