@@ -117,13 +117,7 @@ with page.run("Patching", PARAMS) as sidebar:
     if causal:
         page.answer_inputs()
     else:
-        st.radio(
-            "Metric",
-            list(mhsa.PATCH_TARGETS),
-            key="patch_target",
-            horizontal=True,
-            help=" ".join(f"**{k}**: {v}." for k, v in mhsa.PATCH_TARGETS.items()),
-        )
+        page.described_choice("Metric", mhsa.PATCH_TARGETS, "patch_target")
         if state["patch_target"] == "similarity":
             st.text_input("Second sentence (compared with each run)", key="pair")
     left, right = st.columns(2)

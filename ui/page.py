@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -200,6 +200,18 @@ def patch_texts(clean_label: str, *, answers: bool) -> None:
     right.text_area("Corrupted text (as many tokens as the clean one)", key="corrupted", height=90)
     if answers:
         answer_inputs()
+
+
+def described_choice(label: str, options: Mapping[str, str], key: str, *, where: Any = st) -> None:
+    """A horizontal radio (in ``where``: the page or a column) over the names of ``options``,
+    its help each name in bold with its description (``PATCH_TARGETS``, ``EDGE_METHODS``)."""
+    where.radio(
+        label,
+        list(options),
+        key=key,
+        horizontal=True,
+        help=" ".join(f"**{k}**: {v}." for k, v in options.items()),
+    )
 
 
 def answer_inputs() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.browser import wait_for_app
+from tests.browser.steps import titles_after_click
 
 pytestmark = pytest.mark.browser
 
@@ -18,16 +18,7 @@ def test_the_toy_induction_example_draws_the_circuit_and_patches_a_clicked_edge(
     button = page.get_by_role("button", name="toy:induction (a repeat, and the repeat broken)")
     button.wait_for(timeout=120_000)
     assert page.get_by_text("causal language model with pre-norm layers").count() >= 1
-    button.click()
-    page.wait_for_function(
-        "() => document.querySelectorAll('.js-plotly-plot').length >= 2", timeout=180_000
-    )
-    wait_for_app(page, plots=2, timeout_ms=180_000)
-    assert page.locator("[data-testid='stException']").count() == 0
-    assert page.locator("[data-testid='stAlertContentError']").count() == 0
-    titles = page.eval_on_selector_all(
-        ".js-plotly-plot .gtitle", "els => els.map(e => e.textContent)"
-    )
+    titles = titles_after_click(page, button, plots=2, timeout_ms=180_000)
     assert titles[0].startswith("Circuit: the top 20 edges")
     assert titles[1].startswith("Faithfulness of the top-n edges (CPR")
     lines = page.eval_on_selector_all(
