@@ -28,10 +28,17 @@ source's output:
 - ``"exact"``: m with that edge alone carrying the corrupted activation, minus m of the clean
   run (``get_scores_exact``); ``path_patch`` of the edge.
 
+On encoders (the BERT family: BERT, RoBERTa, ELECTRA, MiniLM) m is patching's embedding target
+(``mhsa.metrics.PATCH_TARGETS``): "embedding", the cosine of the sentence embedding with the
+clean run's (1 for the clean run), or "similarity", with that of a second sentence
+``text_pair``; each target reads its own copy of the post-norm chain (``mhsa.circuit_postnorm``,
+our definition). The gradient of "embedding" is zero at the clean run, so plain EAP refuses it.
+
 Everything runs through our module (``mhsa.swap``, wired by ``mhsa.circuit_runs``) with the
 model's own weights, on pre-norm causal language models (GPT-2, the Llama family, the toy
-models). Circuits evaluated together (a faithfulness curve, exact scores) run as the rows of one
-batch, each row with its own corrupted edges, as leave-one-out batches heads.
+models) and BERT-family encoders. Circuits evaluated together (a faithfulness curve, exact
+scores) run as the rows of one batch, each row with its own corrupted edges, as leave-one-out
+batches heads.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import pandas as pd
 import torch
 
 from mhsa.circuit_graph import CircuitGraph, graph_of
+from mhsa.circuit_postnorm import PostNormModel, postnorm_edge_scores
 from mhsa.circuit_runs import (
     CircuitPair,
     CircuitRun,
@@ -53,8 +61,9 @@ from mhsa.circuit_runs import (
     run_circuit,
     run_pair,
 )
-from mhsa.encoding import answer_ids, encode_clean_corrupted
+from mhsa.encoding import answer_ids, check_text, encode, encode_clean_corrupted
 from mhsa.errors import InputError
+from mhsa.metrics import embedding_of, patch_metric
 from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.registry import lookup
 from mhsa.swap import OurBlock, OurPass
@@ -114,6 +123,9 @@ def _pair(
     wrong: object,
     max_tokens,
     gradient: bool = False,
+    target: str | None = None,
+    text_pair: str | None = None,
+    method: str = "",
 ) -> CircuitPair:
     """The pair checked, encoded and run once (clean and corrupted side by side; ``gradient``:
     with the clean run's gradients at every target input, see ``run_pair``; only below
@@ -121,10 +133,20 @@ def _pair(
 
     Raises:
         UnsupportedModelError: see ``circuit_model``.
-        InputError: answer/wrong as for patching; texts of different token counts (both token
-            lists named); texts that give the same metric.
+        InputError: answer/wrong and target/text_pair as for patching; texts of different token
+            counts (both token lists named); texts that give the same metric; method "eap"
+            with an encoder's target "embedding".
     """
     wired = circuit_model(lm)
+    if isinstance(wired, PostNormModel):
+        return _encoder_pair(
+            wired, clean, corrupted, answer, wrong, max_tokens, gradient, target, text_pair, method
+        )
+    if target is not None or text_pair is not None:
+        raise InputError(
+            f"{lm.display_name} is a causal language model: its metric is logit(answer) - "
+            "logit(wrong) (answer= and wrong=); target= and text_pair= are for encoders."
+        )
     if answer is None or wrong is None:
         raise InputError(
             f"{lm.display_name} is a causal language model: give both answer= and wrong= (the "
@@ -139,6 +161,51 @@ def _pair(
     n_clean = clean_enc.inputs["input_ids"].shape[1]
     gradient = gradient and n_clean * _parameters(lm) <= EAP_ONE_PASS_MAX
     return run_pair(wired, clean_enc.inputs, corrupted_enc.inputs, a, w, metric, tokens, gradient)
+
+
+def _encoder_pair(
+    wired: PostNormModel,
+    clean: object,
+    corrupted: object,
+    answer: object,
+    wrong: object,
+    max_tokens,
+    gradient: bool,
+    target: str | None,
+    text_pair: str | None,
+    method: str,
+) -> CircuitPair:
+    """``_pair`` of an encoder: patching's metric (``patch_metric``) on the sentence embedding."""
+    lm = wired.lm
+    metric = patch_metric(lm, answer, wrong, target, text_pair)
+    name = target or "embedding"
+    if method == "eap" and name == "embedding":
+        raise InputError(
+            "The target 'embedding' has a zero gradient at the clean run (the cosine with the "
+            "clean run's own embedding is at its maximum there), so EAP would score every edge "
+            "0: use method='eap-ig' or 'exact', or the target 'similarity' with text_pair=."
+        )
+    clean_enc, corrupted_enc = encode_clean_corrupted(
+        lm, clean, corrupted, max_tokens, "an edge carries a source's activation"
+    )
+    reference = None
+    if text_pair is not None:
+        pair_inputs = encode(lm, check_text(text_pair, "second sentence"), None, max_tokens).inputs
+        reference = embedding_of(lm, wired.blocks, pair_inputs)
+    tokens = (list(clean_enc.tokens.strings), list(corrupted_enc.tokens.strings))
+    n_clean = clean_enc.inputs["input_ids"].shape[1]
+    gradient = gradient and n_clean * _parameters(lm) <= EAP_ONE_PASS_MAX
+    return run_pair(
+        wired,
+        clean_enc.inputs,
+        corrupted_enc.inputs,
+        -1,
+        -1,
+        metric.description,
+        tokens,
+        gradient,
+        reference,
+    )
 
 
 #: EAP takes its gradient from the pair's own pass (two rows forward and backward) when the
@@ -192,7 +259,11 @@ def _attribution(pair: CircuitPair, method: str, steps: int, batch: int, progres
                 progress(done, len(chunks))
         grads = grads / steps
     diff = (pair.acts_corrupted - pair.acts_clean).flatten(1).double()  # (sources, T D)
-    grads = grads.flatten(1).double()  # (targets, T D)
+    grads = grads.flatten(1).double()  # (targets, T D); an encoder: (probes' targets, T D)
+    if isinstance(pair.wired, PostNormModel):
+        graph = pair.graph
+        scores = postnorm_edge_scores(graph.layers, graph.heads, diff, grads)
+        return np.where(graph.mask, scores.cpu().numpy(), 0.0)
     # only the edges: each run of targets with the same upstream sources is one product (about
     # half the work of all sources x all targets)
     upstream = pair.graph.upstream
@@ -234,6 +305,8 @@ def edge_attribution(
     model: str | LoadedModel = DEFAULT_MODEL,
     answer: str | None = None,
     wrong: str | None = None,
+    target: str | None = None,
+    text_pair: str | None = None,
     method: str = "eap",
     steps: int = 5,
     max_tokens: int | None = None,
@@ -252,9 +325,14 @@ def edge_attribution(
     Args:
         clean: the text the model runs.
         corrupted: the text whose activations a corrupted edge carries; as many tokens.
-        model: a pre-norm causal LM: ``"toy:induction"``, a GPT-2 or Llama-family model id or
-            folder, or a ``LoadedModel``.
-        answer, wrong: words that are each exactly one token after a space.
+        model: a pre-norm causal LM (``"toy:induction"``, a GPT-2 or Llama-family model id or
+            folder) or a BERT-family encoder (``"default"``, MiniLM), or a ``LoadedModel``.
+        answer, wrong: words that are each exactly one token after a space (causal LMs).
+        target: encoders: ``"embedding"`` (the default; cosine of the sentence embedding with
+            the clean run's) or ``"similarity"`` (with ``text_pair``'s), as patching's
+            ``mhsa.metrics.PATCH_TARGETS``; plain ``"eap"`` refuses ``"embedding"``, whose
+            gradient is zero at the clean run.
+        text_pair: the second sentence of the target ``"similarity"``.
         method: ``"eap"``, ``"eap-ig"`` or ``"exact"`` (``EDGE_METHODS``).
         steps: EAP-IG's steps.
         max_tokens: truncate both texts to this many tokens.
@@ -279,7 +357,18 @@ def edge_attribution(
     batch_size = _check_whole(batch_size, "batch_size")
     lm = resolve_model(model)
     with lm.lock:
-        pair = _pair(lm, clean, corrupted, answer, wrong, max_tokens, method == "eap")
+        pair = _pair(
+            lm,
+            clean,
+            corrupted,
+            answer,
+            wrong,
+            max_tokens,
+            method == "eap",
+            target,
+            text_pair,
+            method,
+        )
         if method == "exact":
             scores = _exact(pair, batch_size, progress)
         else:
@@ -375,6 +464,8 @@ def circuit_faithfulness(
     model: str | LoadedModel = DEFAULT_MODEL,
     answer: str | None = None,
     wrong: str | None = None,
+    target: str | None = None,
+    text_pair: str | None = None,
     max_tokens: int | None = None,
 ) -> float:
     """How much of the clean behaviour a circuit keeps: ``f = (m_circuit - m_corrupted) /
@@ -392,7 +483,7 @@ def circuit_faithfulness(
     """
     lm = resolve_model(model)
     with lm.lock:
-        pair = _pair(lm, clean, corrupted, answer, wrong, max_tokens)
+        pair = _pair(lm, clean, corrupted, answer, wrong, max_tokens, False, target, text_pair)
         return float(_faithfulness(pair, [pair.graph.selection(edges)], 1)[0])
 
 
@@ -435,6 +526,8 @@ def faithfulness_curve(
     model: str | LoadedModel = DEFAULT_MODEL,
     answer: str | None = None,
     wrong: str | None = None,
+    target: str | None = None,
+    text_pair: str | None = None,
     extra: Sequence[int] = (),
     max_tokens: int | None = None,
     batch_size: int = 16,
@@ -458,7 +551,7 @@ def faithfulness_curve(
     batch_size = _check_whole(batch_size, "batch_size")
     lm = resolve_model(model)
     with lm.lock:
-        pair = _pair(lm, clean, corrupted, answer, wrong, max_tokens)
+        pair = _pair(lm, clean, corrupted, answer, wrong, max_tokens, False, target, text_pair)
         total = pair.graph.n_edges
         if len(scores) != total:
             raise InputError(
@@ -524,6 +617,8 @@ def path_patch(
     model: str | LoadedModel = DEFAULT_MODEL,
     answer: str | None = None,
     wrong: str | None = None,
+    target: str | None = None,
+    text_pair: str | None = None,
     max_tokens: int | None = None,
 ) -> PathPatch:
     """Path patching of one edge, TransformerLens's convention (Wang et al. 2022, IOI; the
@@ -537,7 +632,7 @@ def path_patch(
     """
     lm = resolve_model(model)
     with lm.lock:
-        pair = _pair(lm, clean, corrupted, answer, wrong, max_tokens)
+        pair = _pair(lm, clean, corrupted, answer, wrong, max_tokens, False, target, text_pair)
         u, v = pair.graph.edge(sender, receiver, input)
         corrupt = np.zeros((1, *pair.graph.mask.shape), dtype=np.float32)
         corrupt[0, u, v] = 1

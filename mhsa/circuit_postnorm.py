@@ -1,0 +1,387 @@
+"""Circuit runs on post-norm encoders (the BERT family: BERT, RoBERTa, ELECTRA, MiniLM).
+
+The graph is EAP-IG's (hannamw/EAP-IG ``src/eap/graph.py``), as for pre-norm models
+(``mhsa.circuit_runs``): sources ``input``, each head's ``z_h W_O^h`` and each MLP's output;
+targets each head's q, k and v input, each MLP's input and ``logits`` (here: the last hidden
+state that the sentence embedding pools). What a target *reads* is our definition, since a
+post-norm stream is not a sum of node outputs (Kobayashi et al. 2021, "Incorporating Residual
+and Normalization Layers into Analysis of Masked Language Models", decompose it through the
+norms instead). In layer l, with input ``x_l`` (``x_0``: the embeddings' output, the ``input``
+node)::
+
+    y_l     = LN_a(sum_h a_{l,h} + b_O + x_l)      a_{l,h} = z_h W_O^h; b_O in no node
+    x_{l+1} = LN_m(mlp_l + y_l)                    mlp_l = output.dense(intermediate(y_l))
+
+Each target v reads its OWN COPY of that chain, recomputed with the norms on the copy::
+
+    x^v_0     = input (the corrupted run's when the edge input -> v is corrupted)
+    y^v_j     = LN_a(sum_h ã_{j,h} + b_O + x^v_j)          for each layer j below v
+    x^v_{j+1} = LN_m(m̃_j + y^v_j)
+
+(MLP l reads ``y^v_l``, with the heads of layer l), where ``ã_u`` is this run's output of source
+u, or the corrupted run's when the edge u -> v is corrupted. A head's q, k and v are projected
+from its own copies (no norm before attention in post-norm: ``q = x^v W_Q^h + b_Q^h``). With
+nothing corrupted every copy is the real forward, so f(all edges) = 1 and f(no edge) = 0.
+
+EAP's score of u -> v is ``Δa_u . dm/d(a_u as read by v's copy)``: the gradient at u's write
+point in v's copy (the pre-LN_a sum of layer j for a head of layer j: all heads of a layer share
+it; the pre-LN_m sum of layer j for MLP j; ``x^v_0`` for the input). A zero added at every write
+point of every copy (``probe_layout``) gives all of them from one backward.
+
+The copies of one layer's targets run together (``[B, 3H + 1, T, D]``); they are recomputed
+only when probing or when an edge into one of them is corrupted, else they are the plain stream.
+The cost grows as layers squared of cheap elementwise norms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mhsa.metrics import sentence_embedding
+from mhsa.models import LoadedModel
+from mhsa.swap import OurBlock
+
+__all__ = [
+    "PostNormModel",
+    "embedding_metric",
+    "is_post_norm_encoder",
+    "pooled",
+    "postnorm_edge_scores",
+    "postnorm_model",
+    "probe_layout",
+    "run_postnorm",
+]
+
+#: what a post-norm encoder's circuits need, for messages
+POST_NORM_LAYOUT = (
+    "circuits on encoders follow the BERT family's post-norm layers (BERT, RoBERTa, ELECTRA, "
+    "MiniLM: attention.output.LayerNorm, intermediate, output.dense and output.LayerNorm)"
+)
+
+
+class _Run(Protocol):
+    """What a run asks (``mhsa.circuit_runs.CircuitRun``'s fields)."""
+
+    upstream: Sequence[int]
+    corrupt: torch.Tensor | None
+    corrupted: torch.Tensor | None
+    probe: bool
+    embeddings: torch.Tensor | None
+    acts: list[torch.Tensor]
+    zeros: list[torch.Tensor]
+
+
+@dataclass(frozen=True, eq=False)
+class PostNormModel:
+    """A BERT-family encoder's parts that a circuit run touches (``postnorm_model``).
+
+    Attributes:
+        lm: the model.
+        blocks: our module in every attention block.
+        layers: the encoder's layers.
+        ln_attn, ln_mlp: per layer, LN_a (``attention.output.LayerNorm``) and LN_m
+            (``output.LayerNorm``).
+        mlps: per layer, ``output.dense(intermediate(.))`` as a function.
+        w_qkv: per layer, ``(W_Q, W_K, W_V)`` per head ``[H, Dh, D]`` and biases ``[H, 1, Dh]``.
+        w_o: per layer, each head's slice of W_O ``[H, Dh, D]``; b_o: W_O's bias ``[D]``.
+    """
+
+    lm: LoadedModel
+    blocks: list[OurBlock]
+    layers: list[nn.Module]
+    ln_attn: list[nn.Module]
+    ln_mlp: list[nn.Module]
+    mlps: list[Callable[[torch.Tensor], torch.Tensor]]
+    w_qkv: list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor | None, ...]]]
+    w_o: list[torch.Tensor]
+    b_o: list[torch.Tensor]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_heads(self) -> int:
+        return self.blocks[0].ours.num_heads
+
+
+def is_post_norm_encoder(lm: LoadedModel, blocks: Sequence[OurBlock]) -> bool:
+    """An encoder (no next-token head, not encoder-decoder) whose attention is not causal."""
+    return (
+        not lm.is_encoder_decoder
+        and lm.lm_head != "causal"
+        and bool(blocks)
+        and not blocks[0].causal
+    )
+
+
+def _mlp(layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda y: layer.output.dense(layer.intermediate(y))
+
+
+def postnorm_model(
+    lm: LoadedModel, blocks: list[OurBlock], unsupported: Callable[[str], Exception]
+) -> PostNormModel:
+    """``lm``'s parts for circuit runs; ``unsupported(why)`` makes the error for a layout
+    outside the BERT family's. Caller holds ``lm.lock``."""
+    layers, ln_attn, ln_mlp, mlps, w_qkv, w_o, b_o = [], [], [], [], [], [], []
+    with torch.inference_mode(False), torch.no_grad():
+        for block in blocks:
+            layer = getattr(*block.layer_place)
+            attention, out = block.original, getattr(layer, "output", None)
+            parts = (
+                getattr(getattr(attention, "output", None), "LayerNorm", None),
+                getattr(layer, "intermediate", None),
+                getattr(out, "dense", None),
+                getattr(out, "LayerNorm", None),
+            )
+            if getattr(layer, "attention", None) is not attention or not all(
+                isinstance(p, nn.Module) for p in parts
+            ):
+                raise unsupported(f"a layout outside the BERT family's ({POST_NORM_LAYOUT})")
+            ours = block.ours
+            if ours.groups != 1:
+                raise unsupported("grouped-query attention in an encoder")
+            (q, k, v, o), (bq, bk, bv, bo) = ours.projections()
+            h = ours.num_heads
+            biases = tuple(None if b is None else b.reshape(h, 1, -1) for b in (bq, bk, bv))
+            w_qkv.append((tuple(w.reshape(h, -1, w.shape[-1]) for w in (q, k, v)), biases))
+            w_o.append(o.T.contiguous().reshape(h, -1, o.shape[0]))  # (H, Dh, D)
+            b_o.append(torch.zeros(o.shape[0]) if bo is None else bo.detach())
+            layers.append(layer)
+            ln_attn.append(parts[0])
+            ln_mlp.append(parts[3])
+            mlps.append(_mlp(layer))
+    return PostNormModel(lm, list(blocks), layers, ln_attn, ln_mlp, mlps, w_qkv, w_o, b_o)
+
+
+# --- write points and probes -------------------------------------------------------------------
+
+
+def write_point(source: int, heads: int) -> int:
+    """The write point of a source (graph order): 0 for ``input``, ``1 + 2j`` (the pre-LN_a
+    sum of layer j) for a head of layer j, ``2 + 2j`` (the pre-LN_m sum) for MLP j."""
+    if source == 0:
+        return 0
+    layer, within = divmod(source - 1, heads + 1)
+    return 1 + 2 * layer + (within == heads)
+
+
+def _sources_at(w: int, heads: int) -> slice:
+    if w == 0:
+        return slice(0, 1)
+    layer, mlp = divmod(w - 1, 2)
+    first = 1 + layer * (heads + 1)
+    return slice(first + heads, first + heads + 1) if mlp else slice(first, first + heads)
+
+
+def probe_layout(layers: int, heads: int) -> list[tuple[int, int, int]]:
+    """``(write point, first target, targets)`` of each probe zero a probing run adds, in
+    order: per layer l, the write points ``0 .. 2l`` of its ``3H + 1`` targets' copies and
+    ``2l + 1`` (its heads) of the MLP's; then ``0 .. 2L`` of the logits'."""
+    out: list[tuple[int, int, int]] = []
+    group = 3 * heads + 1
+    for layer in range(layers):
+        first = layer * group
+        out += [(w, first, group) for w in range(2 * layer + 1)]
+        out.append((2 * layer + 1, first + 3 * heads, 1))
+    return out + [(w, layers * group, 1) for w in range(2 * layers + 1)]
+
+
+def postnorm_edge_scores(
+    layers: int, heads: int, diff: torch.Tensor, grads: torch.Tensor
+) -> torch.Tensor:
+    """``[sources, targets]``: ``diff [sources, T D]`` (a source's corrupted - clean output)
+    times the gradient at its write point in each target's copy (``grads [probes' targets,
+    T D]``, the probes of ``probe_layout`` in order); 0 where there is no edge."""
+    targets = layers * (3 * heads + 1) + 1
+    scores = torch.zeros(diff.shape[0], targets, dtype=diff.dtype, device=diff.device)
+    row = 0
+    for w, first, n in probe_layout(layers, heads):
+        scores[_sources_at(w, heads), first : first + n] = diff[_sources_at(w, heads)] @ (
+            grads[row : row + n].T
+        )
+        row += n
+    return scores
+
+
+# --- a run --------------------------------------------------------------------------------------
+
+
+class _Stop(Exception):
+    """Raised by the hook that takes the embeddings' output: the rest of the model is ours."""
+
+
+def embedded(
+    model: PostNormModel, inputs: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``x_0`` (what the model gives layer 0: embeddings, and ELECTRA's projection) and the
+    attention mask the model gives its layers (None: attend everywhere)."""
+    got: list[Any] = []
+
+    def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        mask = args[1] if len(args) > 1 else kwargs.get("attention_mask")
+        got.extend((hidden, mask if isinstance(mask, torch.Tensor) else None))
+        raise _Stop
+
+    handle = model.layers[0].register_forward_pre_hook(hook, with_kwargs=True)
+    device = model.lm.device
+    try:
+        model.lm.model(**{k: v.to(device) for k, v in inputs.items()})
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+    return got[0], got[1]
+
+
+@dataclass
+class _Pass:
+    """One run's state: the plain stream and each layer's sums, and the run's asks."""
+
+    model: PostNormModel
+    run: _Run
+    x: list[torch.Tensor]  # plain x_l, [B, T, D]
+    attn: list[torch.Tensor]  # sum_h a_{l,h} + b_O, [B, T, D]
+    mlp: list[torch.Tensor]  # mlp_l, [B, T, D]
+
+    def corrections(self, sources: slice, first: int, n: int) -> torch.Tensor | None:
+        """``[B, n, T, D]``: what the corrupted edges from ``sources`` into targets ``first ..
+        first + n`` add to the copies (the corrupted minus this run's outputs), or None."""
+        run = self.run
+        if run.corrupt is None or run.corrupted is None:
+            return None
+        mask = run.corrupt[:, sources, first : first + n]  # (B, s, n)
+        if not bool(mask.any()):
+            return None
+        acts = torch.stack(run.acts[sources], dim=1)  # (B, s, T, D)
+        diffs = run.corrupted[None, sources].to(acts.dtype) - acts
+        return torch.einsum("bstd,bsn->bntd", diffs, mask.to(acts.dtype))
+
+    def needs_copies(self, first: int, n: int) -> bool:
+        run = self.run
+        if run.probe:
+            return True
+        if run.corrupt is None:
+            return False
+        return bool(run.corrupt[:, : run.upstream[first + n - 1], first : first + n].any())
+
+    def add(self, x: torch.Tensor, w: int, first: int, n: int, heads: int) -> torch.Tensor:
+        """``x`` (copies ``[B, n, T, D]``) with the corrupted edges at write point ``w`` and,
+        when probing, a zero kept for the gradient."""
+        extra = self.corrections(_sources_at(w, heads), first, n)
+        if extra is not None:
+            x = x + extra
+        if self.run.probe:
+            zero = torch.zeros(x.shape, dtype=x.dtype, device=x.device, requires_grad=True)
+            self.run.zeros.append(zero)
+            x = x + zero
+        return x
+
+    def copies(self, layer: int, first: int, n: int) -> torch.Tensor | None:
+        """``[B, n, T, D]`` targets ``first .. first + n``'s copies of ``x_layer`` (None: the
+        plain stream)."""
+        if not self.needs_copies(first, n):
+            return None
+        m, heads = self.model, self.model.num_heads
+        x = self.add(self.x[0][:, None].expand(-1, n, -1, -1), 0, first, n, heads)
+        for j in range(layer):
+            y = m.ln_attn[j](self.add(x + self.attn[j][:, None], 1 + 2 * j, first, n, heads))
+            x = m.ln_mlp[j](self.add(y + self.mlp[j][:, None], 2 + 2 * j, first, n, heads))
+        return x
+
+
+def _observer(model: PostNormModel, layer: int, copies: torch.Tensor | None, context: list):
+    (w_q, w_k, w_v), (b_q, b_k, b_v) = model.w_qkv[layer]
+    heads = model.num_heads
+
+    def project(part: int, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor | None:
+        if copies is None:
+            return None
+        x = copies[:, part * heads : (part + 1) * heads]  # (B, H, T, D)
+        out = torch.einsum("bhtd,hkd->bhtk", x, w.to(x.dtype))  # (B, H, T, Dh)
+        return out if b is None else out + b.to(out.dtype)
+
+    def observe(name: str, tensor: torch.Tensor) -> torch.Tensor | None:
+        if name == "per-head Q":
+            return project(0, w_q, b_q)
+        if name == "per-head K":
+            return project(1, w_k, b_k)
+        if name == "per-head V":
+            return project(2, w_v, b_v)
+        if name == "per-head context":
+            context.append(tensor)
+        return None
+
+    return observe
+
+
+def run_postnorm(
+    model: PostNormModel, run: _Run, inputs: Mapping[str, torch.Tensor]
+) -> torch.Tensor:
+    """``inputs`` through ``model`` wired as ``run`` asks (a ``mhsa.circuit_runs.CircuitRun``);
+    returns the logits node's copy of the last hidden state ``[B, T, D]`` and fills ``run``
+    (``acts``; ``zeros`` in ``probe_layout``'s order). Caller holds the lock and picks the grad
+    mode."""
+    x0, mask = embedded(model, inputs)
+    if run.embeddings is not None:
+        x0 = run.embeddings.to(x0.dtype)
+    run.acts.append(x0)
+    state = _Pass(model, run, [x0], [], [])
+    heads, group = model.num_heads, 3 * model.num_heads + 1
+    for layer, block in enumerate(model.blocks):
+        first = layer * group
+        copies = state.copies(layer, first, group)
+        context: list[torch.Tensor] = []
+        x = state.x[layer]
+        block.ours(
+            x,
+            mask=mask,
+            need_weights=False,
+            observe=_observer(model, layer, copies, context),
+        )
+        outs = torch.einsum("bhtk,hkd->bhtd", context[0], model.w_o[layer].to(x.dtype))
+        run.acts.extend(outs.unbind(1))
+        state.attn.append(outs.sum(1) + model.b_o[layer].to(x.dtype))
+        ln_a = model.ln_attn[layer]
+        mlp_copy = None if copies is None else copies[:, 3 * heads : 3 * heads + 1]
+        if mlp_copy is not None:
+            w = 1 + 2 * layer
+            y_mlp = ln_a(
+                state.add(mlp_copy + state.attn[layer][:, None], w, first + 3 * heads, 1, heads)
+            )
+            y_mlp = y_mlp[:, 0]
+        y = ln_a(state.attn[layer] + x)
+        state.mlp.append(model.mlps[layer](y if mlp_copy is None else y_mlp))
+        run.acts.append(state.mlp[layer])
+        state.x.append(model.ln_mlp[layer](state.mlp[layer] + y))
+    last = state.copies(model.num_layers, model.num_layers * group, 1)
+    return state.x[-1] if last is None else last[:, 0]
+
+
+def pooled(hidden: torch.Tensor, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """``[rows, D]``: the sentence embedding of each row of a last hidden state ``[rows, T, D]``
+    (``mhsa.metrics.sentence_embedding``: the attention-mask-weighted mean)."""
+    return sentence_embedding(_Hidden(hidden), inputs).float()
+
+
+def embedding_metric(
+    hidden: torch.Tensor, inputs: Mapping[str, torch.Tensor], reference: torch.Tensor
+) -> torch.Tensor:
+    """``[rows]``: cos(sentence embedding of each row of ``hidden [rows, T, D]``, ``reference
+    [D]``): patching's encoder metric (``mhsa.metrics.PatchMetric``, ``PATCH_TARGETS``)."""
+    return F.cosine_similarity(pooled(hidden, inputs), reference.float()[None], dim=-1)
+
+
+@dataclass(frozen=True)
+class _Hidden:
+    """A model output holding only ``last_hidden_state`` (what ``sentence_embedding`` reads)."""
+
+    last_hidden_state: torch.Tensor
