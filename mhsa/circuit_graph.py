@@ -169,6 +169,45 @@ class CircuitGraph:
             chosen[self.edge(*row)] = True
         return chosen
 
+    def indices(self, edges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """``(source, target)`` indices of each row of an edge table, in the table's order (a
+        table in the graph's own order, as ``edges`` builds it, is recognised without a lookup).
+
+        Raises:
+            InputError: a missing column, or an edge that is not in the graph.
+        """
+        missing = {"source", "target", "input"} - set(edges.columns)
+        if missing:
+            raise InputError(f"The edge table lacks the columns {sorted(missing)}.")
+        own = self._columns
+        if len(edges) == len(own["source"]) and all(
+            np.array_equal(edges[c].to_numpy(dtype=object), own[c]) for c in own
+        ):
+            return self.edge_index
+        found = self._indices(edges)
+        if found is None:
+            rows = edges[["source", "target", "input"]].itertuples(index=False)
+            pairs = np.asarray([self.edge(*r) for r in rows], dtype=np.int64).reshape(-1, 2)
+            found = pairs[:, 0], pairs[:, 1]
+        return found
+
+    def top_masks(self, scores: pd.DataFrame, counts: Sequence[int]) -> list[np.ndarray]:
+        """``[sources, targets]`` masks of the top-n edges of ``scores`` by ``|score|`` for each
+        n in ``counts`` (MIB's ``apply_topn`` with ``absolute=True``; ties keep the table's
+        order, as ``mhsa.circuits.top_edges``), the table looked up once.
+
+        Raises:
+            InputError: as ``indices``.
+        """
+        s, t = self.indices(scores)
+        order = np.argsort(-scores["score"].abs().to_numpy(), kind="stable")
+        masks = []
+        for n in counts:
+            mask = np.zeros(self.mask.shape, dtype=bool)
+            mask[s[order[:n]], t[order[:n]]] = True
+            masks.append(mask)
+        return masks
+
     def _indices(self, edges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
         """``(source, target)`` indices of a table's edges, looked up column-wise; None when
         one is not in the graph (``selection`` then names it, row by row)."""

@@ -560,7 +560,7 @@ def faithfulness_curve(
             )
         counts = [int(p * total) for p in MIB_PERCENTAGES]
         counts += [min(max(int(n), 0), total) for n in extra]
-        chosen = [pair.graph.selection(top_edges(scores, n)) for n in counts]
+        chosen = pair.graph.top_masks(scores, counts)
         f = _faithfulness(pair, chosen, batch_size)
     mib = len(MIB_PERCENTAGES)
     cpr, cmd = _areas(MIB_PERCENTAGES, f[:mib])

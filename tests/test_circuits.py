@@ -353,6 +353,28 @@ def test_faithfulness_curve_is_mibs(gpt2: mhsa.LoadedModel):
     assert points["faithfulness"].iloc[10] == pytest.approx(seven, abs=1e-5)
 
 
+def test_top_masks_of_a_reordered_table_are_top_edges_row_by_row(gpt2: mhsa.LoadedModel):
+    """The curve's circuits: a table in another order (with ties) is looked up column-wise and
+    each n's mask is the ``selection`` of ``top_edges`` of that table."""
+    kw = {"model": gpt2, "answer": ANSWER, "wrong": WRONG}
+    scores = mhsa.edge_attribution(CLEAN, CORRUPTED, **kw)
+    shuffled = scores.sample(frac=1.0, random_state=3).reset_index(drop=True)
+    shuffled.loc[:9, "score"] = shuffled["score"].abs().max()  # ten ties at the top
+    graph = circuits.circuit_graph(gpt2)
+    counts = (0, 4, 17, len(scores))
+    for n, mask in zip(counts, graph.top_masks(shuffled, counts), strict=True):
+        assert mask.sum() == n
+        np.testing.assert_array_equal(mask, graph.selection(circuits.top_edges(shuffled, n)))
+    s, t = graph.indices(shuffled)
+    assert [graph.sources[i] for i in s[:5]] == list(shuffled["source"][:5])
+    pairs = list(zip(shuffled["target"][:5], shuffled["input"][:5], strict=True))
+    assert [graph.targets[i] for i in t[:5]] == pairs
+    bad = shuffled.copy()
+    bad.loc[5, "source"] = "L9H9"
+    with pytest.raises(mhsa.InputError, match="L9H9"):
+        graph.indices(bad)
+
+
 # --- toy:induction: the K-composition edge ------------------------------------------------------
 
 
