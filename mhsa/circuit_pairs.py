@@ -93,8 +93,6 @@ def _encoder_pair(
         pair_inputs = encode(lm, check_text(text_pair, "second sentence"), None, max_tokens).inputs
         reference = embedding_of(lm, wired.blocks, pair_inputs)
     tokens = (list(clean_enc.tokens.strings), list(corrupted_enc.tokens.strings))
-    n_clean = clean_enc.inputs["input_ids"].shape[1]
-    gradient = gradient and n_clean * _parameters(lm) <= EAP_ONE_PASS_MAX
     return run_pair(
         wired,
         clean_enc.inputs,
@@ -103,7 +101,7 @@ def _encoder_pair(
         -1,
         metric.description,
         tokens,
-        gradient,
+        gradient,  # an encoder's clean row runs apart with the probe (``run_pair``)
         reference,
     )
 

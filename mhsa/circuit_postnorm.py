@@ -28,9 +28,9 @@ point in v's copy (the pre-LN_a sum of layer j for a head of layer j: all heads 
 it; the pre-LN_m sum of layer j for MLP j; ``x^v_0`` for the input). A zero added at every write
 point of every copy (``probe_layout``) gives all of them from one backward.
 
-The copies of one layer's targets run together (``[B, 3H + 1, T, D]``); they are recomputed
-only when probing or when an edge into one of them is corrupted, else they are the plain stream.
-The cost grows as layers squared of cheap elementwise norms.
+The copies of every target not yet reached advance together, one layer at a time (``[B, targets
+above, T, D]``), so a run makes as many norm calls as the plain forward, on about L (3H + 1) / 2
+times the rows on average; with nothing corrupted and no probe they are one, the plain stream.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mhsa.core import attention_core, combine_masks
 from mhsa.metrics import sentence_embedding
 from mhsa.models import LoadedModel
 from mhsa.swap import OurBlock
@@ -183,15 +184,16 @@ def _sources_at(w: int, heads: int) -> slice:
 
 def probe_layout(layers: int, heads: int) -> list[tuple[int, int, int]]:
     """``(write point, first target, targets)`` of each probe zero a probing run adds, in
-    order: per layer l, the write points ``0 .. 2l`` of its ``3H + 1`` targets' copies and
-    ``2l + 1`` (its heads) of the MLP's; then ``0 .. 2L`` of the logits'."""
-    out: list[tuple[int, int, int]] = []
+    order: ``x_0`` of every target's copy; then per layer l its pre-LN_a sum in the copies of
+    its MLP and every target above, and its pre-LN_m sum in those of every target above (the
+    graph orders targets by layer, each layer's MLP after its heads, so each is a run)."""
     group = 3 * heads + 1
+    targets = layers * group + 1
+    out = [(0, 0, targets)]
     for layer in range(layers):
-        first = layer * group
-        out += [(w, first, group) for w in range(2 * layer + 1)]
-        out.append((2 * layer + 1, first + 3 * heads, 1))
-    return out + [(w, layers * group, 1) for w in range(2 * layers + 1)]
+        mlp, above = layer * group + 3 * heads, (layer + 1) * group
+        out += [(1 + 2 * layer, mlp, targets - mlp), (2 + 2 * layer, above, targets - above)]
+    return out
 
 
 def postnorm_edge_scores(
@@ -243,84 +245,50 @@ def embedded(
 
 
 @dataclass
-class _Pass:
-    """One run's state: the plain stream and each layer's sums, and the run's asks."""
+class _Copies:
+    """The copies of every target above the current layer, advanced one layer at a time
+    (``[B, n, T, D]``; one column, the plain stream, when nothing is corrupted or probed)."""
 
-    model: PostNormModel
     run: _Run
-    x: list[torch.Tensor]  # plain x_l, [B, T, D]
-    attn: list[torch.Tensor]  # sum_h a_{l,h} + b_O, [B, T, D]
-    mlp: list[torch.Tensor]  # mlp_l, [B, T, D]
+    heads: int
+    shared: bool  # nothing corrupted, no probe: every copy is the plain stream
 
-    def corrections(self, sources: slice, first: int, n: int) -> torch.Tensor | None:
-        """``[B, n, T, D]``: what the corrupted edges from ``sources`` into targets ``first ..
-        first + n`` add to the copies (the corrupted minus this run's outputs), or None."""
-        run = self.run
-        if run.corrupt is None or run.corrupted is None:
-            return None
-        mask = run.corrupt[:, sources, first : first + n]  # (B, s, n)
-        if not bool(mask.any()):
-            return None
-        acts = torch.stack(run.acts[sources], dim=1)  # (B, s, T, D)
-        diffs = run.corrupted[None, sources].to(acts.dtype) - acts
-        return torch.einsum("bstd,bsn->bntd", diffs, mask.to(acts.dtype))
-
-    def needs_copies(self, first: int, n: int) -> bool:
-        run = self.run
-        if run.probe:
-            return True
-        if run.corrupt is None:
-            return False
-        return bool(run.corrupt[:, : run.upstream[first + n - 1], first : first + n].any())
-
-    def add(self, x: torch.Tensor, w: int, first: int, n: int, heads: int) -> torch.Tensor:
-        """``x`` (copies ``[B, n, T, D]``) with the corrupted edges at write point ``w`` and,
-        when probing, a zero kept for the gradient."""
-        extra = self.corrections(_sources_at(w, heads), first, n)
-        if extra is not None:
-            x = x + extra
-        if self.run.probe:
+    def add(self, x: torch.Tensor, w: int, first: int) -> torch.Tensor:
+        """``x`` (the copies of targets ``first ..``) with the corrupted edges at write point
+        ``w`` added and, when probing, kept in ``run.zeros`` for the gradient there (autograd
+        gives it for the sum itself as for a zero added to it)."""
+        if self.shared:
+            return x
+        run, n = self.run, x.shape[1]
+        sources = _sources_at(w, self.heads)
+        if run.corrupt is not None and run.corrupted is not None:
+            mask = run.corrupt[:, sources, first : first + n]  # (B, s, n)
+            if bool(mask.any()):
+                acts = torch.stack(run.acts[sources], dim=1)  # (B, s, T, D)
+                diffs = run.corrupted[None, sources].to(acts.dtype) - acts
+                x = x + torch.einsum("bstd,bsn->bntd", diffs, mask.to(acts.dtype))
+        if run.probe and w == 0:  # x_0 (an expanded view, maybe of no grad): a zero added
             zero = torch.zeros(x.shape, dtype=x.dtype, device=x.device, requires_grad=True)
-            self.run.zeros.append(zero)
             x = x + zero
-        return x
-
-    def copies(self, layer: int, first: int, n: int) -> torch.Tensor | None:
-        """``[B, n, T, D]`` targets ``first .. first + n``'s copies of ``x_layer`` (None: the
-        plain stream)."""
-        if not self.needs_copies(first, n):
-            return None
-        m, heads = self.model, self.model.num_heads
-        x = self.add(self.x[0][:, None].expand(-1, n, -1, -1), 0, first, n, heads)
-        for j in range(layer):
-            y = m.ln_attn[j](self.add(x + self.attn[j][:, None], 1 + 2 * j, first, n, heads))
-            x = m.ln_mlp[j](self.add(y + self.mlp[j][:, None], 2 + 2 * j, first, n, heads))
+            run.zeros.append(zero)
+        elif run.probe:  # a fresh sum downstream of that zero: its gradient is the probe's
+            run.zeros.append(x)
         return x
 
 
-def _observer(model: PostNormModel, layer: int, copies: torch.Tensor | None, context: list):
-    (w_q, w_k, w_v), (b_q, b_k, b_v) = model.w_qkv[layer]
-    heads = model.num_heads
-
-    def project(part: int, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor | None:
-        if copies is None:
-            return None
-        x = copies[:, part * heads : (part + 1) * heads]  # (B, H, T, D)
-        out = torch.einsum("bhtd,hkd->bhtk", x, w.to(x.dtype))  # (B, H, T, Dh)
-        return out if b is None else out + b.to(out.dtype)
-
-    def observe(name: str, tensor: torch.Tensor) -> torch.Tensor | None:
-        if name == "per-head Q":
-            return project(0, w_q, b_q)
-        if name == "per-head K":
-            return project(1, w_k, b_k)
-        if name == "per-head V":
-            return project(2, w_v, b_v)
-        if name == "per-head context":
-            context.append(tensor)
-        return None
-
-    return observe
+def _heads(model: PostNormModel, layer: int, x: torch.Tensor) -> list[torch.Tensor]:
+    """Q, K, V ``[B, H, T, Dh]`` of ``layer``: each head's from its own copies (``x [B, 3H,
+    T, D]``: every head's q copy, then k, then v), or all from one stream (``x [B, 1, T, D]``)."""
+    weights, biases = model.w_qkv[layer]
+    heads, out = model.num_heads, []
+    for part, (w, b) in enumerate(zip(weights, biases, strict=True)):
+        if x.shape[1] == 1:
+            y = torch.einsum("btd,hkd->bhtk", x[:, 0], w.to(x.dtype))  # (B, H, T, Dh)
+        else:
+            copies = x[:, part * heads : (part + 1) * heads]  # (B, H, T, D)
+            y = torch.einsum("bhtd,hkd->bhtk", copies, w.to(x.dtype))
+        out.append(y if b is None else y + b.to(y.dtype))
+    return out
 
 
 def run_postnorm(
@@ -329,41 +297,42 @@ def run_postnorm(
     """``inputs`` through ``model`` wired as ``run`` asks (a ``mhsa.circuit_runs.CircuitRun``);
     returns the logits node's copy of the last hidden state ``[B, T, D]`` and fills ``run``
     (``acts``; ``zeros`` in ``probe_layout``'s order). Caller holds the lock and picks the grad
-    mode."""
+    mode.
+
+    The copies of every target not yet reached advance together through each layer (one
+    LayerNorm over ``[B, targets above, T, D]`` per norm), so a run costs as many norm calls as
+    the plain forward, on more rows. Attention runs through our module's core
+    (``mhsa.core.attention_core``) on each head's Q, K and V projected from its own copies."""
     x0, mask = embedded(model, inputs)
+    if mask is not None:  # the model's (padding) mask, as our module folds it
+        t = x0.shape[1]
+        mask = combine_masks(
+            mask, None, is_causal=False, q_len=t, k_len=t, device=x0.device, dtype=x0.dtype
+        )
     if run.embeddings is not None:
         x0 = run.embeddings.to(x0.dtype)
     run.acts.append(x0)
-    state = _Pass(model, run, [x0], [], [])
     heads, group = model.num_heads, 3 * model.num_heads + 1
+    targets = model.num_layers * group + 1
+    corrupted = run.corrupt is not None and bool(run.corrupt.any())
+    copies = _Copies(run, heads, shared=not (run.probe or corrupted))
+    x = x0[:, None]  # (B, 1, T, D): the plain stream
+    if not copies.shared:
+        x = copies.add(x.expand(-1, targets, -1, -1), 0, 0)  # (B, targets, T, D)
     for layer, block in enumerate(model.blocks):
         first = layer * group
-        copies = state.copies(layer, first, group)
-        context: list[torch.Tensor] = []
-        x = state.x[layer]
-        block.ours(
-            x,
-            mask=mask,
-            need_weights=False,
-            observe=_observer(model, layer, copies, context),
-        )
-        outs = torch.einsum("bhtk,hkd->bhtd", context[0], model.w_o[layer].to(x.dtype))
+        q, k, v = _heads(model, layer, x if copies.shared else x[:, : 3 * heads])
+        context, _ = attention_core(q, k, v, mask, scale=block.ours.scale, need_weights=False)
+        outs = torch.einsum("bhtk,hkd->bhtd", context, model.w_o[layer].to(context.dtype))
         run.acts.extend(outs.unbind(1))
-        state.attn.append(outs.sum(1) + model.b_o[layer].to(x.dtype))
-        ln_a = model.ln_attn[layer]
-        mlp_copy = None if copies is None else copies[:, 3 * heads : 3 * heads + 1]
-        if mlp_copy is not None:
-            w = 1 + 2 * layer
-            y_mlp = ln_a(
-                state.add(mlp_copy + state.attn[layer][:, None], w, first + 3 * heads, 1, heads)
-            )
-            y_mlp = y_mlp[:, 0]
-        y = ln_a(state.attn[layer] + x)
-        state.mlp.append(model.mlps[layer](y if mlp_copy is None else y_mlp))
-        run.acts.append(state.mlp[layer])
-        state.x.append(model.ln_mlp[layer](state.mlp[layer] + y))
-    last = state.copies(model.num_layers, model.num_layers * group, 1)
-    return state.x[-1] if last is None else last[:, 0]
+        attn = outs.sum(1) + model.b_o[layer].to(outs.dtype)
+        rest = x if copies.shared else x[:, 3 * heads :]  # the MLP's copy and those above
+        y = model.ln_attn[layer](copies.add(rest + attn[:, None], 1 + 2 * layer, first + 3 * heads))
+        mlp = model.mlps[layer](y[:, 0])
+        run.acts.append(mlp)
+        above = y if copies.shared else y[:, 1:]
+        x = model.ln_mlp[layer](copies.add(above + mlp[:, None], 2 + 2 * layer, first + group))
+    return x[:, 0]
 
 
 def pooled(hidden: torch.Tensor, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:

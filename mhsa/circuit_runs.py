@@ -483,7 +483,8 @@ def run_pair(
     and one backward gives dm_clean/d(each target input), so EAP costs one forward of two rows
     and one backward instead of a forward of two rows, one of one row and a backward. The rows
     do not mix (same length, no padding), so the corrupted row adds nothing to the clean row's
-    gradient.
+    gradient. An encoder's rows run apart (only the clean one carries every target's copy, with
+    the probe), and need ``reference``.
 
     Raises:
         InputError: the two give the same metric.
@@ -492,7 +493,15 @@ def run_pair(
     both = {k: torch.cat([clean[k], corrupted[k]]) for k in clean.keys() & corrupted.keys()}
     run = CircuitRun(graph.upstream, probe=gradient)
     encoder = isinstance(wired, PostNormModel)
-    if gradient:
+    if gradient and encoder:  # the rows apart: only the clean one carries every target's copy
+        plain = CircuitRun(graph.upstream)
+        with torch.inference_mode():
+            other = _measure(run_circuit(wired, plain, corrupted), -1, -1, reference, clean)
+        with torch.inference_mode(False), torch.enable_grad():
+            clean_value = _measure(run_circuit(wired, run, clean), -1, -1, reference, clean)[0]
+        values = torch.stack([clean_value.detach(), other[0]])
+        run.acts = [torch.cat([a.detach(), b]) for a, b in zip(run.acts, plain.acts, strict=True)]
+    elif gradient:
         with torch.inference_mode(False), torch.enable_grad():
             logits = run_circuit(wired, run, both)
             if encoder and reference is None:
