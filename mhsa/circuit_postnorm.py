@@ -321,16 +321,18 @@ def run_postnorm(
         x = copies.add(x.expand(-1, targets, -1, -1), 0, 0)  # (B, targets, T, D)
     for layer, block in enumerate(model.blocks):
         first = layer * group
-        q, k, v = _heads(model, layer, x if copies.shared else x[:, : 3 * heads])
+        # split, not sliced: a slice's backward fills a whole tensor of zeros per slice
+        inputs, rest = (x, x) if copies.shared else x.split([3 * heads, x.shape[1] - 3 * heads], 1)
+        q, k, v = _heads(model, layer, inputs)
         context, _ = attention_core(q, k, v, mask, scale=block.ours.scale, need_weights=False)
         outs = torch.einsum("bhtk,hkd->bhtd", context, model.w_o[layer].to(context.dtype))
         run.acts.extend(outs.unbind(1))
         attn = outs.sum(1) + model.b_o[layer].to(outs.dtype)
-        rest = x if copies.shared else x[:, 3 * heads :]  # the MLP's copy and those above
+        # rest: the MLP's copy and those above
         y = model.ln_attn[layer](copies.add(rest + attn[:, None], 1 + 2 * layer, first + 3 * heads))
-        mlp = model.mlps[layer](y[:, 0])
+        own, above = (y, y) if copies.shared else y.split([1, y.shape[1] - 1], 1)
+        mlp = model.mlps[layer](own[:, 0])
         run.acts.append(mlp)
-        above = y if copies.shared else y[:, 1:]
         x = model.ln_mlp[layer](copies.add(above + mlp[:, None], 2 + 2 * layer, first + group))
     return x[:, 0]
 

@@ -148,12 +148,12 @@ def _attribution(pair: CircuitPair, method: str, steps: int, batch: int, progres
             if progress is not None:
                 progress(done, len(chunks))
         grads = grads / steps
+    if isinstance(pair.wired, PostNormModel):  # (probe rows, T D), about 6x the targets: float32
+        graph, diff = pair.graph, (pair.acts_corrupted - pair.acts_clean).flatten(1)
+        scores = postnorm_edge_scores(graph.layers, graph.heads, diff, grads.flatten(1))
+        return np.where(graph.mask, scores.double().cpu().numpy(), 0.0)
     diff = (pair.acts_corrupted - pair.acts_clean).flatten(1).double()  # (sources, T D)
-    grads = grads.flatten(1).double()  # (targets, T D); an encoder: (probes' targets, T D)
-    if isinstance(pair.wired, PostNormModel):
-        graph = pair.graph
-        scores = postnorm_edge_scores(graph.layers, graph.heads, diff, grads)
-        return np.where(graph.mask, scores.cpu().numpy(), 0.0)
+    grads = grads.flatten(1).double()  # (targets, T D)
     # only the edges: each run of targets with the same upstream sources is one product (about
     # half the work of all sources x all targets)
     upstream = pair.graph.upstream
