@@ -302,3 +302,45 @@ def test_minilm_runs_end_to_end_with_the_embedding_target(minilm):
     )
     assert len(scores) == graph.n_edges
     assert np.isfinite(scores["score"]).all() and scores["score"].abs().max() > 0
+
+
+@pytest.mark.parametrize("family", ["roberta", "electra"])
+def test_the_wired_run_is_the_models_own_forward_in_the_bert_family(family, tmp_path):
+    """RoBERTa (its positions from the ids) and ELECTRA (embeddings narrower than the stream,
+    projected before layer 0): the metric of both runs is the plain model's cosine, and the
+    exact score of an edge equals the hand patch of that copy."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    sizes = {
+        "vocab_size": 30522,
+        "hidden_size": WIDTH,
+        "num_hidden_layers": 2,
+        "num_attention_heads": HEADS,
+        "intermediate_size": 64,
+        "max_position_embeddings": 64,
+        "initializer_range": 0.4,
+    }
+    if family == "roberta":
+        model = tf.RobertaModel(tf.RobertaConfig(**sizes, pad_token_id=0))
+    else:
+        model = tf.ElectraModel(tf.ElectraConfig(**sizes, embedding_size=16))
+    lm = mhsa.load_model(save_tiny(tmp_path / family, model), device="cpu")
+    kw = {"model": lm, "target": "similarity", "text_pair": PAIR}
+    one = mhsa.path_patch(CLEAN, CORRUPTED, "L0H2", "L1H1", "v", **kw)
+    reference = _embedding(lm, PAIR)
+    with torch.no_grad():
+        clean = _metric(
+            lm.model(**lm.tokenizer(CLEAN, return_tensors="pt")).last_hidden_state, reference
+        )
+        corrupted = _metric(
+            lm.model(**lm.tokenizer(CORRUPTED, return_tensors="pt")).last_hidden_state, reference
+        )
+        _, clean_acts = _hand_run(lm, CLEAN, {})
+        _, corrupted_acts = _hand_run(lm, CORRUPTED, {})
+        delta = corrupted_acts[(0, 2)] - clean_acts[(0, 2)]
+        patched = _metric(_hand_run(lm, CLEAN, {("v", 1, 1): {(0, 2): delta}})[0], reference)
+    assert one.clean == pytest.approx(float(clean[0]), abs=1e-5)
+    assert one.corrupted == pytest.approx(float(corrupted[0]), abs=1e-5)
+    assert one.patched == pytest.approx(float(patched[0]), abs=1e-5)
+    assert abs(one.score) > 1e-6
