@@ -1,6 +1,6 @@
-"""The Circuits page in Debian's Chromium: on the default encoder it says which tools need what;
-its toy:induction example draws the circuit and the faithfulness curve, and a click on an edge
-path-patches it."""
+"""The Circuits page in Debian's Chromium: on the default encoder (MiniLM) it draws the circuit
+of the embedding target; its toy:induction example draws the circuit and the faithfulness curve,
+and a click on an edge path-patches it."""
 
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ def test_the_toy_induction_example_draws_the_circuit_and_patches_a_clicked_edge(
     page.goto(f"{app_url}/Circuits")
     button = page.get_by_role("button", name="toy:induction (a repeat, and the repeat broken)")
     button.wait_for(timeout=120_000)
-    assert page.get_by_text("causal language model with pre-norm layers").count() >= 1
-    button.click()
-    page.wait_for_function(
+    page.wait_for_function(  # MiniLM, the embedding target: the circuit and the curve
         "() => document.querySelectorAll('.js-plotly-plot').length >= 2", timeout=180_000
     )
+    assert page.get_by_text("to the clean run's (1 for the clean run)").count() >= 1
+    button.click()
+    page.get_by_text("Head roles names").wait_for(timeout=180_000)  # toy:induction's own
     wait_for_app(page, plots=2, timeout_ms=180_000)
     assert page.locator("[data-testid='stException']").count() == 0
     assert page.locator("[data-testid='stAlertContentError']").count() == 0
