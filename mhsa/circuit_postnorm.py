@@ -91,6 +91,7 @@ class PostNormModel:
         mlps: per layer, ``output.dense(intermediate(.))`` as a function.
         w_qkv: per layer, ``(W_Q, W_K, W_V)`` per head ``[H, Dh, D]`` and biases ``[H, 1, Dh]``.
         w_o: per layer, each head's slice of W_O ``[H, Dh, D]``; b_o: W_O's bias ``[D]``.
+        num_layers, num_heads: the graph's shape.
     """
 
     lm: LoadedModel
@@ -102,14 +103,8 @@ class PostNormModel:
     w_qkv: list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor | None, ...]]]
     w_o: list[torch.Tensor]
     b_o: list[torch.Tensor]
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.blocks)
-
-    @property
-    def num_heads(self) -> int:
-        return self.blocks[0].ours.num_heads
+    num_layers: int
+    num_heads: int
 
 
 def is_post_norm_encoder(lm: LoadedModel, blocks: Sequence[OurBlock]) -> bool:
@@ -159,19 +154,11 @@ def postnorm_model(
             ln_attn.append(parts[0])
             ln_mlp.append(parts[3])
             mlps.append(_mlp(layer))
-    return PostNormModel(lm, list(blocks), layers, ln_attn, ln_mlp, mlps, w_qkv, w_o, b_o)
+    parts = (layers, ln_attn, ln_mlp, mlps, w_qkv, w_o, b_o)
+    return PostNormModel(lm, list(blocks), *parts, len(blocks), blocks[0].ours.num_heads)
 
 
 # --- write points and probes -------------------------------------------------------------------
-
-
-def write_point(source: int, heads: int) -> int:
-    """The write point of a source (graph order): 0 for ``input``, ``1 + 2j`` (the pre-LN_a
-    sum of layer j) for a head of layer j, ``2 + 2j`` (the pre-LN_m sum) for MLP j."""
-    if source == 0:
-        return 0
-    layer, within = divmod(source - 1, heads + 1)
-    return 1 + 2 * layer + (within == heads)
 
 
 def _sources_at(w: int, heads: int) -> slice:

@@ -123,15 +123,7 @@ with page.run("Circuits", PARAMS) as sidebar:
     causal = core.can_generate(query.model, query.device)
     page.patch_texts("Clean text (the run)", answers=causal)
     if not causal:
-        st.radio(
-            "Metric",
-            list(mhsa.PATCH_TARGETS),
-            key="circuit_target",
-            horizontal=True,
-            help=" ".join(f"**{k}**: {v}." for k, v in mhsa.PATCH_TARGETS.items()),
-        )
-        if state["circuit_target"] == "similarity":
-            st.text_input("Second sentence (compared with each run)", key="pair")
+        page.encoder_target_inputs("circuit_target")
     left, right = st.columns(2)
     left.radio(
         "Edge scores",

@@ -58,11 +58,12 @@ def _copy(lm, acts: Mapping, layer: int, deltas: Mapping, mlp: bool = False) -> 
     x = acts["input"] + deltas.get("input", 0)
     for j in range(layer + mlp):
         attention = _layers(lm)[j].attention
-        heads = sum(acts[(j, h)] + deltas.get((j, h), 0) for h in range(HEADS))
+        names = [mhsa.head_label(j, h) for h in range(HEADS)]
+        heads = sum(acts[name] + deltas.get(name, 0) for name in names)
         y = attention.output.LayerNorm(heads + attention.output.dense.bias + x)
         if mlp and j == layer:
             return y
-        mlp_out = acts[("M", j)] + deltas.get(("M", j), 0)
+        mlp_out = acts[f"M{j}"] + deltas.get(f"M{j}", 0)
         x = _layers(lm)[j].output.LayerNorm(mlp_out + y)
     return x
 
@@ -74,9 +75,10 @@ def _hand_run(
     rows: int = 1,
     embeddings: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[Any, torch.Tensor]]:
-    """The plain model on ``text``; ``deltas[target][source]`` added to ``source`` as that
-    target's copy reads it. Targets: ``("q"|"k"|"v", layer, head)``, ``("M", layer)``,
-    ``("logits",)``. Returns the last hidden state the logits read and every node output."""
+    """The plain model on ``text``; ``deltas[(target, input)][source]`` added to ``source`` as
+    that target's copy reads it (the graph's names: ``("L1H2", "k")``, ``("M1", "")``,
+    ``("logits", "")``; sources ``"input"``, ``"L0H1"``, ``"M0"``). Returns the last hidden
+    state the logits read and every node output, by name."""
     inputs = {k: v.expand(rows, -1) for k, v in lm.tokenizer(text, return_tensors="pt").items()}
     acts: dict[Any, torch.Tensor] = {}
     d_head = WIDTH // HEADS
@@ -90,9 +92,9 @@ def _hand_run(
     def projection(i: int, part: str, module: torch.nn.Module):
         def hook(_m, _args, out):
             out = out.clone()
-            for key, added in deltas.items():
-                if key[0] == part and key[1] == i:
-                    head = key[2]
+            for (node, into), added in deltas.items():
+                if into == part and mhsa.parse_head_label(node)[0] == i:
+                    head = mhsa.parse_head_label(node)[1]
                     cols = slice(head * d_head, (head + 1) * d_head)
                     out[..., cols] = module.forward(_copy(lm, acts, i, added))[..., cols]
             return out
@@ -100,24 +102,24 @@ def _hand_run(
         return hook
 
     def head_outputs(i: int):
-        def hook(module, args):
-            z = args[0]
-            for h in range(HEADS):
-                cols = slice(h * d_head, (h + 1) * d_head)
-                acts[(i, h)] = z[..., cols] @ module.weight[:, cols].T
+        def hook(module, args):  # z_h W_O^h: W_O's input and weight split by head
+            z = args[0].unflatten(-1, (HEADS, d_head))  # (B, T, H, Dh)
+            w_o = module.weight.unflatten(-1, (HEADS, d_head))  # (D, H, Dh)
+            for h, out in enumerate(torch.einsum("bthk,dhk->hbtd", z, w_o)):
+                acts[mhsa.head_label(i, h)] = out
 
         return hook
 
     def mlp_input(i: int):
         def hook(_m, args):
-            if ("M", i) in deltas:
-                return (_copy(lm, acts, i, deltas[("M", i)], mlp=True),)
+            if (f"M{i}", "") in deltas:
+                return (_copy(lm, acts, i, deltas[(f"M{i}", "")], mlp=True),)
             return None
 
         return hook
 
     def mlp_output(i: int):
-        return lambda _m, _a, out: acts.__setitem__(("M", i), out)
+        return lambda _m, _a, out: acts.__setitem__(f"M{i}", out)
 
     try:
         handles.append(_layers(lm)[0].register_forward_pre_hook(first_layer, with_kwargs=True))
@@ -135,8 +137,8 @@ def _hand_run(
     finally:
         for handle in handles:
             handle.remove()
-    if ("logits",) in deltas:
-        hidden = _copy(lm, acts, len(_layers(lm)), deltas[("logits",)])
+    if ("logits", "") in deltas:
+        hidden = _copy(lm, acts, len(_layers(lm)), deltas[("logits", "")])
     return hidden, acts
 
 
@@ -150,22 +152,6 @@ def _metric(hidden: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     return F.cosine_similarity(hidden.mean(1), reference[None], dim=-1)
 
 
-def _source(name: str) -> Any:
-    if name == "input":
-        return "input"
-    if name.startswith("M"):
-        return ("M", int(name[1:]))
-    return mhsa.parse_head_label(name)
-
-
-def _target(name: str, part: str) -> tuple:
-    if name == "logits":
-        return ("logits",)
-    if name.startswith("M"):
-        return ("M", int(name[1:]))
-    return (part, *mhsa.parse_head_label(name))
-
-
 def _hand_scores(lm, reference: torch.Tensor, steps: int | None = None) -> dict:
     """EAP (``steps`` None) or EAP-IG of every edge by hand: a zero added to each source as
     each target's copy reads it, and autograd."""
@@ -177,7 +163,7 @@ def _hand_scores(lm, reference: torch.Tensor, steps: int | None = None) -> dict:
     deltas: dict[tuple, dict] = {}
     for row in edges.itertuples():
         zero = torch.zeros(rows, *clean["input"].shape[1:], requires_grad=True)
-        deltas.setdefault(_target(row.target, row.input), {})[_source(row.source)] = zero
+        deltas.setdefault((row.target, row.input), {})[row.source] = zero
     embeddings = None
     if steps is not None:
         alphas = torch.arange(steps, dtype=torch.float32)[:, None, None] / steps
@@ -192,7 +178,7 @@ def _hand_scores(lm, reference: torch.Tensor, steps: int | None = None) -> dict:
 
 
 def _compare(frame, hand: dict, tol: float) -> None:
-    ours = {(_source(r.source), _target(r.target, r.input)): r.score for r in frame.itertuples()}
+    ours = {(r.source, (r.target, r.input)): r.score for r in frame.itertuples()}
     assert ours.keys() == hand.keys()
     scale = max(abs(v) for v in ours.values())
     assert scale > 1e-3
@@ -239,8 +225,7 @@ def test_exact_scores_equal_patching_one_copy_by_hand(bert):
             picked.append((row.source, row.target, row.input))
         scores = frame.set_index(["source", "target", "input"])["score"]
         for source, target, part in picked:
-            u = _source(source)
-            patch = {_target(target, part): {u: corrupted[u] - clean[u]}}
+            patch = {(target, part): {source: corrupted[source] - clean[source]}}
             patched = float(_metric(_hand_run(bert, CLEAN, patch)[0], reference)[0])
             assert scores[(source, target, part)] == pytest.approx(patched - 1, abs=1e-5)
     assert scores[("M2", "logits", "")] < -1e-3  # not all of them near 0
@@ -338,8 +323,8 @@ def test_the_wired_run_is_the_models_own_forward_in_the_bert_family(family, tmp_
         )
         _, clean_acts = _hand_run(lm, CLEAN, {})
         _, corrupted_acts = _hand_run(lm, CORRUPTED, {})
-        delta = corrupted_acts[(0, 2)] - clean_acts[(0, 2)]
-        patched = _metric(_hand_run(lm, CLEAN, {("v", 1, 1): {(0, 2): delta}})[0], reference)
+        delta = corrupted_acts["L0H2"] - clean_acts["L0H2"]
+        patched = _metric(_hand_run(lm, CLEAN, {("L1H1", "v"): {"L0H2": delta}})[0], reference)
     assert one.clean == pytest.approx(float(clean[0]), abs=1e-5)
     assert one.corrupted == pytest.approx(float(corrupted[0]), abs=1e-5)
     assert one.patched == pytest.approx(float(patched[0]), abs=1e-5)
