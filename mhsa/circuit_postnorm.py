@@ -35,6 +35,7 @@ times the rows on average; with nothing corrupted and no probe they are one, the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -56,8 +57,13 @@ __all__ = [
     "postnorm_edge_scores",
     "postnorm_model",
     "probe_layout",
+    "rows_per_pass",
     "run_postnorm",
 ]
+
+#: the copies one pass may hold at once (float32 values of every row's copies, summed over the
+#: layers; autograd keeps about three times that): rows beyond it run in chunks
+COPY_BUDGET_BYTES = 1 << 30
 
 #: what a post-norm encoder's circuits need, for messages
 POST_NORM_LAYOUT = (
@@ -278,13 +284,46 @@ def _heads(model: PostNormModel, layer: int, x: torch.Tensor) -> list[torch.Tens
     return out
 
 
+def rows_per_pass(model: PostNormModel, tokens: int, probe: bool) -> int:
+    """How many rows of ``tokens`` tokens keep a pass within ``COPY_BUDGET_BYTES`` (at least
+    one): each row's copies hold ``sum over layers of the targets above`` streams of ``[T, D]``
+    (MiniLM: 783 of them), three times that with autograd."""
+    group, d = 3 * model.num_heads + 1, model.w_o[0].shape[-1]
+    targets = model.num_layers * group + 1
+    streams = sum(targets - layer * group for layer in range(model.num_layers))
+    row = streams * tokens * d * 4 * (3 if probe else 1)
+    return max(1, COPY_BUDGET_BYTES // row)
+
+
 def run_postnorm(
     model: PostNormModel, run: _Run, inputs: Mapping[str, torch.Tensor]
 ) -> torch.Tensor:
     """``inputs`` through ``model`` wired as ``run`` asks (a ``mhsa.circuit_runs.CircuitRun``);
     returns the logits node's copy of the last hidden state ``[B, T, D]`` and fills ``run``
     (``acts``; ``zeros`` in ``probe_layout``'s order). Caller holds the lock and picks the grad
-    mode.
+    mode. Rows beyond ``rows_per_pass`` run in chunks (not when probing: the caller chunks)."""
+    rows, tokens = inputs["input_ids"].shape
+    step = rows_per_pass(model, tokens, False)
+    if run.probe or rows <= step or run.corrupt is None or not bool(run.corrupt.any()):
+        return _run_rows(model, run, inputs)
+    outs, parts = [], []
+    for start in range(0, rows, step):
+        cut = slice(start, start + step)
+        part = dataclasses.replace(
+            run,  # type: ignore[type-var]
+            corrupt=run.corrupt[cut],
+            embeddings=None if run.embeddings is None else run.embeddings[cut],
+            acts=[],
+            zeros=[],
+        )
+        outs.append(_run_rows(model, part, {k: v[cut] for k, v in inputs.items()}))
+        parts.append(part.acts)
+    run.acts.extend(torch.cat(acts) for acts in zip(*parts, strict=True))
+    return torch.cat(outs)
+
+
+def _run_rows(model: PostNormModel, run: _Run, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """``run_postnorm`` in one pass.
 
     The copies of every target not yet reached advance together through each layer (one
     LayerNorm over ``[B, targets above, T, D]`` per norm), so a run costs as many norm calls as

@@ -53,7 +53,7 @@ import torch
 
 from mhsa.circuit_graph import CircuitGraph, graph_of
 from mhsa.circuit_pairs import EAP_ONE_PASS_MAX, circuit_pair
-from mhsa.circuit_postnorm import PostNormModel, postnorm_edge_scores
+from mhsa.circuit_postnorm import PostNormModel, postnorm_edge_scores, rows_per_pass
 from mhsa.circuit_runs import (
     CircuitPair,
     CircuitRun,
@@ -139,6 +139,8 @@ def _attribution(pair: CircuitPair, method: str, steps: int, batch: int, progres
     else:
         clean, corrupted = pair.acts_clean[0], pair.acts_corrupted[0]  # the input node
         alphas = torch.arange(steps, dtype=clean.dtype, device=clean.device) / steps
+        if isinstance(pair.wired, PostNormModel):  # every row carries every target's copy
+            batch = min(batch, rows_per_pass(pair.wired, clean.shape[0], probe=True))
         grads = torch.zeros(0)
         chunks = [alphas[i : i + batch] for i in range(0, steps, batch)]
         for done, chunk in enumerate(chunks, start=1):

@@ -329,3 +329,20 @@ def test_the_wired_run_is_the_models_own_forward_in_the_bert_family(family, tmp_
     assert one.corrupted == pytest.approx(float(corrupted[0]), abs=1e-5)
     assert one.patched == pytest.approx(float(patched[0]), abs=1e-5)
     assert abs(one.score) > 1e-6
+
+
+def test_rows_beyond_the_copies_memory_budget_run_in_chunks_with_the_same_values(bert, monkeypatch):
+    from mhsa import circuit_postnorm
+
+    scores = mhsa.edge_attribution(CLEAN, CORRUPTED, model=bert, method="eap-ig", steps=3)
+    curve = mhsa.faithfulness_curve(CLEAN, CORRUPTED, scores, model=bert)
+    wired = mhsa.circuit_runs.circuit_model(bert)
+    assert circuit_postnorm.rows_per_pass(wired, 8, probe=False) > 11  # one pass above
+    monkeypatch.setattr(circuit_postnorm, "COPY_BUDGET_BYTES", 1)
+    assert circuit_postnorm.rows_per_pass(wired, 8, probe=True) == 1
+    chunked = mhsa.edge_attribution(CLEAN, CORRUPTED, model=bert, method="eap-ig", steps=3)
+    np.testing.assert_allclose(chunked["score"], scores["score"], rtol=1e-5, atol=1e-7)
+    again = mhsa.faithfulness_curve(CLEAN, CORRUPTED, scores, model=bert)
+    np.testing.assert_allclose(
+        again.points["faithfulness"], curve.points["faithfulness"], rtol=1e-5, atol=1e-6
+    )
