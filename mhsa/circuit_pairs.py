@@ -91,7 +91,8 @@ def _encoder_pair(
     reference = None
     if text_pair is not None:
         pair_inputs = encode(lm, check_text(text_pair, "second sentence"), None, max_tokens).inputs
-        reference = embedding_of(lm, wired.blocks, pair_inputs)
+        # a normal tensor (not an inference one): the gradient runs save it
+        reference = embedding_of(lm, wired.blocks, pair_inputs).clone()
     tokens = (list(clean_enc.tokens.strings), list(corrupted_enc.tokens.strings))
     return run_pair(
         wired,
