@@ -41,19 +41,12 @@ SHAPE = {
 CASES = ("plain", "one-layer", "one-layer-mhsa", "all-float16", "all-float32")
 
 
-def _vm_hwm_mb() -> float:
-    """This process's peak resident memory, MiB (``/proc/self/status`` VmHWM)."""
+def _status_mb(field: str) -> float:
+    """One memory line of ``/proc/self/status``, MiB: ``VmHWM`` (this process's peak resident
+    memory) or ``VmRSS`` (its resident memory now)."""
     with open("/proc/self/status") as fh:
         for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _vm_rss_mb() -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -105,7 +98,7 @@ def child(case: str, layers: int, tokens: int) -> dict:
     import mhsa
 
     lm = build(layers, tokens)
-    model_mb = _vm_rss_mb()
+    model_mb = _status_mb("VmRSS")
     text = long_text(tokens)
     last = layers - 1
     runs = {
@@ -136,7 +129,7 @@ def child(case: str, layers: int, tokens: int) -> dict:
         "wall_s": time.perf_counter() - wall0,
         "cpu_s": time.process_time() - cpu0,
         "model_mb": model_mb,
-        "peak_mb": _vm_hwm_mb(),
+        "peak_mb": _status_mb("VmHWM"),
         "kept_mb": kept,
     }
 

@@ -442,6 +442,38 @@ def _attend_encoded(
         )
         array = forward.attention.float().cpu().numpy()  # the one move to the CPU
         per_key = None if forward.value_norms is None else forward.value_norms.float().cpu()
+    return _engine_result(
+        lm,
+        spec,
+        encoded,
+        text,
+        array,
+        timings=timings,
+        causal=forward.causal,
+        seed=seed,
+        value_norms=None if per_key is None else per_key.numpy(),
+        text_pair=text_pair,
+        **agreement,
+        **_extra_fields(lm, encoded, forward),
+    )
+
+
+def _engine_result(
+    lm: LoadedModel,
+    spec: EngineSpec,
+    encoded: Encoded,
+    text: str,
+    array: np.ndarray,
+    *,
+    timings: dict[str, float],
+    causal: bool,
+    seed: int,
+    value_norms: np.ndarray | None,
+    **fields: Any,
+) -> AttentionResult:
+    """The result of one engine run (whole or selected): its attention ``array`` on the CPU,
+    the seed where the engine is seeded, and the norm-weighted attention where the run gave
+    value norms (``weighted_by_norm``); ``fields`` as ``make_result``'s."""
     return make_result(
         lm,
         encoded,
@@ -449,12 +481,10 @@ def _attend_encoded(
         array,
         engine=spec.name,
         timings=timings,
-        causal=forward.causal,
+        causal=causal,
         seed=seed if spec.seeded else None,
-        text_pair=text_pair,
-        norms=None if per_key is None else weighted_by_norm(array, per_key.numpy()),
-        **agreement,
-        **_extra_fields(lm, encoded, forward),
+        norms=None if value_norms is None else weighted_by_norm(array, value_norms),
+        **fields,
     )
 
 
@@ -493,17 +523,16 @@ def _attend_selected(
             per_layer = _max_abs_diffs(forward.attention.astype(np.float32), theirs.attention)
             agreement = {"max_abs_diff": max(per_layer), "layer_max_abs_diff": per_layer}
             timings["verify"] = time.perf_counter() - start
-    array = forward.attention
-    return make_result(
+    return _engine_result(
         lm,
+        spec,
         encoded,
         text,
-        array,
-        engine=spec.name,
+        forward.attention,
         timings=timings,
         causal=forward.causal,
-        seed=seed if spec.seeded else None,
-        norms=None if forward.value_norms is None else weighted_by_norm(array, forward.value_norms),
+        seed=seed,
+        value_norms=forward.value_norms,
         layer_ids=[] if sink is not None else selection.layer_ids,
         head_ids=selection.head_ids,
         attention_dtype=selection.dtype,

@@ -3,7 +3,7 @@
 Each selected layer of each text goes, as soon as the pass has computed it, into the corpus
 accumulators (``HeadStatsAccumulator``, ``HeadSimilarityAccumulator``) of its layer, and is
 dropped (``mhsa.extract.attend_layers``). The numbers equal ``head_stats`` and
-``head_similarity`` of the whole result's same heads (``tests/test_stream.py``).
+``head_similarity`` of the whole result's same heads (``tests/test_partial.py``).
 
 Similarity is computed within each layer: comparing heads of two layers would hold both.
 """
@@ -11,7 +11,8 @@ Similarity is computed within each layer: comparing heads of two layers would ho
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from functools import partial
+from typing import Any, TypedDict, Unpack
 
 import pandas as pd
 
@@ -24,6 +25,17 @@ from mhsa.stats import HeadStatsAccumulator
 __all__ = ["streamed_head_similarity", "streamed_head_stats"]
 
 
+class StreamOptions(TypedDict, total=False):
+    """What the streamed analyses pass on to ``attend_layers``: as for ``attend`` (its
+    defaults: every layer and head, the model's own attention, float32, no token limit)."""
+
+    engine: str
+    layers: str | int | Sequence[int] | None
+    heads: str | int | Sequence[int] | None
+    attention_dtype: str
+    max_tokens: int | None
+
+
 def _texts(texts: str | Sequence[str]) -> list[str]:
     return [texts] if isinstance(texts, str) else list(texts)
 
@@ -33,7 +45,7 @@ def _per_layer(
     new_accumulator: Callable[[], Any],
     *,
     model: str | LoadedModel,
-    **attend_kwargs: Any,
+    **options: Unpack[StreamOptions],
 ) -> dict[int, Any]:
     """Each selected layer of each text added, as ``attend_layers`` computes it, to its
     layer's accumulator (made by ``new_accumulator`` on the layer's first result)."""
@@ -47,7 +59,7 @@ def _per_layer(
         acc.add(layer)
 
     for text in _texts(texts):
-        attend_layers(text, add, model=lm, **attend_kwargs)
+        attend_layers(text, add, model=lm, **options)
     return per_layer
 
 
@@ -55,12 +67,8 @@ def streamed_head_stats(
     texts: str | Sequence[str],
     *,
     model: str | LoadedModel = DEFAULT_MODEL,
-    engine: str = "transformers",
-    layers: str | int | Sequence[int] | None = None,
-    heads: str | int | Sequence[int] | None = None,
-    attention_dtype: str = "float32",
-    max_tokens: int | None = None,
     word_level: bool = False,
+    **options: Unpack[StreamOptions],
 ) -> pd.DataFrame:
     """``head_stats`` of the selected layers and heads over one text or several, computed one
     layer at a time (``attend_layers``): the same table, rows ``L{layer}H{head}`` of the
@@ -68,22 +76,16 @@ def streamed_head_stats(
 
     Args:
         texts: a text or texts.
-        model, engine, layers, heads, attention_dtype, max_tokens: as for ``attend``.
+        model: as for ``attend``.
         word_level: merge sub-word tokens into words first (``AttentionResult.to_words``).
+        **options: ``engine``, ``layers``, ``heads``, ``attention_dtype``, ``max_tokens``: as
+            for ``attend`` (``StreamOptions``).
 
     Raises:
         InputError, ModelLoadError, UnsupportedModelError: as ``attend``.
     """
-    per_layer = _per_layer(
-        texts,
-        lambda: HeadStatsAccumulator(word_level=word_level),
-        model=model,
-        engine=engine,
-        layers=layers,
-        heads=heads,
-        attention_dtype=attention_dtype,
-        max_tokens=max_tokens,
-    )
+    accumulator = partial(HeadStatsAccumulator, word_level=word_level)
+    per_layer = _per_layer(texts, accumulator, model=model, **options)
     return pd.concat([per_layer[layer].frame() for layer in sorted(per_layer)])
 
 
@@ -91,16 +93,13 @@ def streamed_head_similarity(
     texts: str | Sequence[str],
     *,
     model: str | LoadedModel = DEFAULT_MODEL,
-    engine: str = "transformers",
-    layers: str | int | Sequence[int] | None = None,
-    heads: str | int | Sequence[int] | None = None,
-    attention_dtype: str = "float32",
-    max_tokens: int | None = None,
     metric: str = "js",
+    **options: Unpack[StreamOptions],
 ) -> dict[int, pd.DataFrame]:
     """``head_similarity`` of each selected layer's heads, averaged over the texts, computed one
     layer at a time: per layer (the model's number), its heads x heads frame labelled
-    ``L{layer}H{head}``.
+    ``L{layer}H{head}``. ``model`` and ``options`` (``StreamOptions``) as for
+    ``streamed_head_stats``.
 
     Raises:
         InputError, ModelLoadError, UnsupportedModelError: as ``attend``; ValueError: an
@@ -108,14 +107,5 @@ def streamed_head_similarity(
     """
     lm = resolve_model(model)
     HeadSimilarityAccumulator(metric)  # an unknown metric fails before any model runs
-    per_layer = _per_layer(
-        texts,
-        lambda: HeadSimilarityAccumulator(metric),
-        model=lm,
-        engine=engine,
-        layers=layers,
-        heads=heads,
-        attention_dtype=attention_dtype,
-        max_tokens=max_tokens,
-    )
+    per_layer = _per_layer(texts, lambda: HeadSimilarityAccumulator(metric), model=lm, **options)
     return {layer: per_layer[layer].frame() for layer in sorted(per_layer)}

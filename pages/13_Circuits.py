@@ -125,13 +125,7 @@ with page.run("Circuits", PARAMS) as sidebar:
     if not causal:
         page.encoder_target_inputs("circuit_target")
     left, right = st.columns(2)
-    left.radio(
-        "Edge scores",
-        list(mhsa.EDGE_METHODS),
-        key="circuit_method",
-        horizontal=True,
-        help=" ".join(f"**{k}**: {v}." for k, v in mhsa.EDGE_METHODS.items()),
-    )
+    page.described_choice("Edge scores", mhsa.EDGE_METHODS, "circuit_method", where=left)
     if state["circuit_method"] == "eap-ig":
         right.number_input("Integrated-gradient steps", 1, 50, key="circuit_steps")
     page.matched_tokens(

@@ -46,6 +46,22 @@ def tiny_bert_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_bert_sharp_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """``tiny_bert_path``'s model with its matrices at ten times BERT's initial scale: heads
+    that attend sharply and matter (leave-one-out changes of 1e-2, not 1e-5), for checks whose
+    tolerance must be small against the values, where MiniLM's cost is not what is tested."""
+    import torch
+
+    torch.manual_seed(1)
+    model = tiny_bert()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(10)
+    return _save_tiny(tmp_path_factory, "bert-sharp", model)
+
+
+@pytest.fixture(scope="session")
 def tiny_bert_model(tiny_bert_path: str) -> mhsa.LoadedModel:
     """``tiny_bert_path`` loaded once: the library's side of a page test on the tiny BERT."""
     return mhsa.load_model(tiny_bert_path, device="cpu")

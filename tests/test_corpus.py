@@ -56,7 +56,7 @@ def test_the_corpus_is_mixed_and_batches_group_by_length(minilm) -> None:
     ("model_name", "engine"),
     [
         ("minilm", "transformers"),
-        ("minilm", "mhsa"),
+        ("bert_sharp", "mhsa"),
         ("gpt2", "transformers"),
         ("gpt2", "mhsa"),
         ("llama", "mhsa"),
@@ -177,8 +177,8 @@ def test_word_level_statistics_batched_equal_one_by_one(minilm) -> None:
 @pytest.mark.parametrize(
     ("model_name", "method", "target", "pairs"),
     [
-        ("minilm", "ablation", "embedding", False),
-        ("minilm", "ablation", "similarity", True),
+        ("bert_sharp", "ablation", "embedding", False),
+        ("bert_sharp", "ablation", "similarity", True),
         ("minilm", "gradient", "similarity", True),
         ("gpt2", "ablation", "lm-loss", False),
         ("gpt2", "gradient", "lm-loss", False),

@@ -221,9 +221,18 @@ def tiny_family(name: str, **sizes: int):
         model = tf.ModernBertForMaskedLM(config)
     else:
         raise ValueError(f"No tiny {name!r}: one of {', '.join(FAMILY_MODELS)}.")
+    return moved_off_init(model)
+
+
+def moved_off_init(model, scale: float = 0.3):
+    """``model`` with every bias and norm weight moved off its initial value by ``scale`` times
+    seeded normal noise, in place (fresh models start them at 0 and 1, where a bias left out
+    would go unnoticed); returns ``model``."""
+    import torch
+
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if pname.endswith("bias") or "norm" in pname:
-                p.copy_(p + 0.3 * torch.randn(p.shape, generator=gen))
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name.lower() or ".ln" in name:
+                p.add_(scale * torch.randn(p.shape, generator=gen))
     return model

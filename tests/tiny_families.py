@@ -8,171 +8,137 @@ to a folder, opened by path. A variant is named ``<family> <variant>``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
-from tests.tiny import DECODER_SIZES, tiny_bert
+from tests.tiny import DECODER_SIZES, moved_off_init, tiny_bert, tiny_family, tiny_seq2seq
 
 #: the weights' spread: wide enough that heads attend far from uniformly (transformers' 0.02
 #: gives near-uniform attention in a tiny model, where a wrong weight hardly shows)
 _INIT = 0.2
 
 
-def _biased(model):
-    """``model`` with every bias and norm weight moved off its initial value, in place."""
-    import torch
-
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "norm" in name.lower() or ".ln" in name:
-                p.add_(0.3 * torch.randn(p.shape, generator=gen))
-    return model
-
-
-def _neox(parallel: bool):
+def _transformers(model_class: str, config_class: str, config: dict):
+    """``transformers.<model_class>`` of ``transformers.<config_class>(**config)``, fresh."""
     import transformers as tf
 
-    config = tf.GPTNeoXConfig(
-        **DECODER_SIZES,
-        rotary_pct=0.5,
-        use_parallel_residual=parallel,
-        attention_bias=True,
-        initializer_range=_INIT,
-    )
-    return tf.GPTNeoXForCausalLM(config)
+    return getattr(tf, model_class)(getattr(tf, config_class)(**config))
 
 
-def _gptj():
-    import transformers as tf
+_NEOX = {**DECODER_SIZES, "rotary_pct": 0.5, "attention_bias": True, "initializer_range": _INIT}
+_FALCON = {
+    "vocab_size": 30522,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "alibi": False,
+    "bias": True,
+    "parallel_attn": True,
+    "max_position_embeddings": 128,
+    "initializer_range": _INIT,
+}
 
-    config = tf.GPTJConfig(
-        vocab_size=30522,
-        n_embd=32,
-        n_layer=2,
-        n_head=4,
-        n_inner=64,
-        rotary_dim=4,
-        n_positions=128,
-        bos_token_id=101,
-        eos_token_id=102,
-        initializer_range=_INIT,
-    )
-    return tf.GPTJForCausalLM(config)
-
-
-def _phi():
-    import transformers as tf
-
-    return tf.PhiForCausalLM(
-        tf.PhiConfig(**DECODER_SIZES, partial_rotary_factor=0.5, initializer_range=_INIT)
-    )
-
-
-def _opt():
-    import transformers as tf
-
-    config = tf.OPTConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        ffn_dim=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        word_embed_proj_dim=32,
-        max_position_embeddings=128,
-        pad_token_id=0,
-        init_std=_INIT,
-    )
-    return tf.OPTForCausalLM(config)
-
-
-def _falcon(layout: str):
-    import transformers as tf
-
-    flags = {
-        "multi-query": {"multi_query": True, "new_decoder_architecture": False},
-        "grouped": {"new_decoder_architecture": True, "num_kv_heads": 2},
-        "per-head": {"multi_query": False, "new_decoder_architecture": False},
-    }[layout]
-    config = tf.FalconConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        alibi=False,
-        bias=True,
-        parallel_attn=True,
-        max_position_embeddings=128,
-        initializer_range=_INIT,
-        **flags,
-    )
-    return tf.FalconForCausalLM(config)
-
-
-def _albert():
-    import transformers as tf
-
-    config = tf.AlbertConfig(
-        vocab_size=30522,
-        embedding_size=16,
-        hidden_size=32,
-        num_hidden_layers=4,
-        num_hidden_groups=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        initializer_range=_INIT,
-    )
-    return tf.AlbertForMaskedLM(config)
-
-
-def _bert():
-    return tiny_bert("BertForMaskedLM", positions=64)
-
-
-def _distilbert():
-    import transformers as tf
-
-    config = tf.DistilBertConfig(
-        vocab_size=30522, max_position_embeddings=64, dim=32, n_layers=2, n_heads=4, hidden_dim=64
-    )
-    return tf.DistilBertForMaskedLM(config)
-
-
-def _gpt2():
-    import transformers as tf
-
-    config = tf.GPT2Config(vocab_size=30522, n_positions=64, n_embd=32, n_layer=2, n_head=4)
-    return tf.GPT2LMHeadModel(config)
-
-
-def _llama():
-    import transformers as tf
-
-    return tf.LlamaForCausalLM(tf.LlamaConfig(**DECODER_SIZES, num_key_value_heads=2))
-
-
-def _seq2seq(family: str):
-    from tests.tiny import tiny_seq2seq
-
-    return tiny_seq2seq(family)
+#: family name and variant -> the transformers model class, its config class and the config
+#: of its tiny model
+_CONFIGS: dict[str, tuple[str, str, dict]] = {
+    "DistilBERT": (
+        "DistilBertForMaskedLM",
+        "DistilBertConfig",
+        {
+            "vocab_size": 30522,
+            "max_position_embeddings": 64,
+            "dim": 32,
+            "n_layers": 2,
+            "n_heads": 4,
+            "hidden_dim": 64,
+        },
+    ),
+    "GPT-2 family": (
+        "GPT2LMHeadModel",
+        "GPT2Config",
+        {"vocab_size": 30522, "n_positions": 64, "n_embd": 32, "n_layer": 2, "n_head": 4},
+    ),
+    "Llama-style": ("LlamaForCausalLM", "LlamaConfig", {**DECODER_SIZES, "num_key_value_heads": 2}),
+    "GPT-NeoX": ("GPTNeoXForCausalLM", "GPTNeoXConfig", {**_NEOX, "use_parallel_residual": True}),
+    "GPT-NeoX sequential": (
+        "GPTNeoXForCausalLM",
+        "GPTNeoXConfig",
+        {**_NEOX, "use_parallel_residual": False},
+    ),
+    "GPT-J": (
+        "GPTJForCausalLM",
+        "GPTJConfig",
+        {
+            "vocab_size": 30522,
+            "n_embd": 32,
+            "n_layer": 2,
+            "n_head": 4,
+            "n_inner": 64,
+            "rotary_dim": 4,
+            "n_positions": 128,
+            "bos_token_id": 101,
+            "eos_token_id": 102,
+            "initializer_range": _INIT,
+        },
+    ),
+    "Phi": (
+        "PhiForCausalLM",
+        "PhiConfig",
+        {**DECODER_SIZES, "partial_rotary_factor": 0.5, "initializer_range": _INIT},
+    ),
+    "OPT": (
+        "OPTForCausalLM",
+        "OPTConfig",
+        {
+            "vocab_size": 30522,
+            "hidden_size": 32,
+            "ffn_dim": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "word_embed_proj_dim": 32,
+            "max_position_embeddings": 128,
+            "pad_token_id": 0,
+            "init_std": _INIT,
+        },
+    ),
+    "Falcon": (
+        "FalconForCausalLM",
+        "FalconConfig",
+        {**_FALCON, "multi_query": True, "new_decoder_architecture": False},
+    ),
+    "Falcon grouped": (
+        "FalconForCausalLM",
+        "FalconConfig",
+        {**_FALCON, "new_decoder_architecture": True, "num_kv_heads": 2},
+    ),
+    "Falcon per-head": (
+        "FalconForCausalLM",
+        "FalconConfig",
+        {**_FALCON, "multi_query": False, "new_decoder_architecture": False},
+    ),
+    "ALBERT": (
+        "AlbertForMaskedLM",
+        "AlbertConfig",
+        {
+            "vocab_size": 30522,
+            "embedding_size": 16,
+            "hidden_size": 32,
+            "num_hidden_layers": 4,
+            "num_hidden_groups": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+            "max_position_embeddings": 128,
+            "initializer_range": _INIT,
+        },
+    ),
+}
 
 
 #: family name (as ``Family.name``) and variant -> a builder of a tiny random model
 TINY_FAMILIES: dict[str, Callable[[], object]] = {
-    "BERT family": _bert,
-    "DistilBERT": _distilbert,
-    "GPT-2 family": _gpt2,
-    "Llama-style": _llama,
-    "BART family": lambda: _seq2seq("bart"),
-    "T5 family": lambda: _seq2seq("t5"),
-    "GPT-NeoX": lambda: _neox(parallel=True),
-    "GPT-NeoX sequential": lambda: _neox(parallel=False),
-    "GPT-J": _gptj,
-    "Phi": _phi,
-    "OPT": _opt,
-    "Falcon": lambda: _falcon("multi-query"),
-    "Falcon grouped": lambda: _falcon("grouped"),
-    "Falcon per-head": lambda: _falcon("per-head"),
-    "ALBERT": _albert,
+    "BERT family": partial(tiny_bert, "BertForMaskedLM", positions=64),
+    "BART family": partial(tiny_seq2seq, "bart"),
+    "T5 family": partial(tiny_seq2seq, "t5"),
+    **{name: partial(_transformers, *record) for name, record in _CONFIGS.items()},
 }
 
 
@@ -188,13 +154,8 @@ PART_A = {
 }
 
 
-def _part_a(name: str):
-    import tests.tiny
-
-    return tests.tiny.tiny_family(PART_A[name])  # its own seed and perturbed norms and biases
-
-
-TINY_FAMILIES.update({name: (lambda n=name: _part_a(n)) for name in PART_A})
+#: each with its own seed and perturbed norms and biases
+TINY_FAMILIES.update({name: partial(tiny_family, model) for name, model in PART_A.items()})
 
 
 def tiny_family_model(name: str):
@@ -202,7 +163,7 @@ def tiny_family_model(name: str):
     import torch
 
     torch.manual_seed(0)
-    return _biased(TINY_FAMILIES[name]())
+    return moved_off_init(TINY_FAMILIES[name]())
 
 
 _LOADED: dict[str, object] = {}

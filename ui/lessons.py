@@ -50,7 +50,7 @@ def step_link(step: Step) -> str:
     return f"{step.page}?{query}" if query else step.page
 
 
-_CAT = DEFAULT_EXAMPLES[0].text
+_DEFAULT = {"model": "default", "text": DEFAULT_EXAMPLES[0].text}
 _INDUCTION = model_examples("toy:induction")[0].text
 _REVERSE = model_examples("toy:reverse-seq2seq")[0]
 _TOY = {"model": "toy:induction", "text": _INDUCTION}
@@ -66,23 +66,23 @@ LESSONS: tuple[Lesson, ...] = (
                 "Each row is a token asking where to look; this head spreads its attention "
                 "over the whole sentence.",
                 "Heads",
-                {"model": "default", "text": _CAT, "layer": "0", "head": "0"},
+                {**_DEFAULT, "layer": "0", "head": "0"},
             ),
             Step(
                 "This head looks almost only at the token just before: a previous-token head.",
                 "Heads",
-                {"model": "default", "text": _CAT, "layer": "0", "head": "2"},
+                {**_DEFAULT, "layer": "0", "head": "2"},
             ),
             Step(
                 "The line view draws the same weights as lines from each token to the ones it "
                 "reads.",
                 "Line_view",
-                {"model": "default", "text": _CAT, "layer": "0", "line_heads": "2"},
+                {**_DEFAULT, "layer": "0", "line_heads": "2"},
             ),
             Step(
                 "Head statistics rank every head by how much it looks at the previous token.",
                 "Head_statistics",
-                {"model": "default", "text": _CAT, "stat": "to_prev"},
+                {**_DEFAULT, "stat": "to_prev"},
             ),
         ),
     ),
@@ -94,23 +94,23 @@ LESSONS: tuple[Lesson, ...] = (
                 "A layer starts from its input X, one row per token; step forward with the "
                 "buttons.",
                 "Inside_MHSA",
-                {"model": "default", "text": _CAT, "pretrained_layer": "0", "step": "0"},
+                {**_DEFAULT, "pretrained_layer": "0", "step": "0"},
             ),
             Step(
                 "Queries meet keys: the raw scores, one number per pair of tokens.",
                 "Inside_MHSA",
-                {"model": "default", "text": _CAT, "pretrained_layer": "0", "step": "7"},
+                {**_DEFAULT, "pretrained_layer": "0", "step": "7"},
             ),
             Step(
                 "The softmax turns each row of scores into weights that sum to 1: the attention "
                 "pattern.",
                 "Inside_MHSA",
-                {"model": "default", "text": _CAT, "pretrained_layer": "0", "step": "10"},
+                {**_DEFAULT, "pretrained_layer": "0", "step": "10"},
             ),
             Step(
                 "The same steps in untrained weights: the pattern means nothing until training.",
                 "Inside_MHSA",
-                {"model": "default", "text": _CAT, "source": "fresh", "step": "10"},
+                {**_DEFAULT, "source": "fresh", "step": "10"},
             ),
         ),
     ),
@@ -173,13 +173,13 @@ LESSONS: tuple[Lesson, ...] = (
             Step(
                 "Switch each head off in turn: the bars show how much the output moves.",
                 "Head_importance",
-                {"model": "default", "text": _CAT},
+                {**_DEFAULT},
             ),
             Step(
                 "Patching copies one head from a clean run into a corrupted one: the heads "
                 "that restore the output carry the difference.",
                 "Patching",
-                {"model": "default", "text": _CAT},
+                {**_DEFAULT},
             ),
             Step(
                 "On the induction model, knocking out its layer 1 heads breaks the repeat.",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -202,6 +202,18 @@ def patch_texts(clean_label: str, *, answers: bool) -> None:
         answer_inputs()
 
 
+def described_choice(label: str, options: Mapping[str, str], key: str, *, where: Any = st) -> None:
+    """A horizontal radio (in ``where``: the page or a column) over the names of ``options``,
+    its help each name in bold with its description (``PATCH_TARGETS``, ``EDGE_METHODS``)."""
+    where.radio(
+        label,
+        list(options),
+        key=key,
+        horizontal=True,
+        help=" ".join(f"**{k}**: {v}." for k, v in options.items()),
+    )
+
+
 def answer_inputs() -> None:
     """The answer and wrong-answer boxes of a logit-difference metric (``answer``, ``wrong``)."""
     left, right = st.columns(2)
@@ -212,13 +224,7 @@ def answer_inputs() -> None:
 def encoder_target_inputs(key: str) -> str:
     """An encoder's metric picker (``mhsa.PATCH_TARGETS``, session key ``key``) and, for
     "similarity", the second sentence's box (``pair``); returns the target chosen."""
-    st.radio(
-        "Metric",
-        list(mhsa.PATCH_TARGETS),
-        key=key,
-        horizontal=True,
-        help=" ".join(f"**{k}**: {v}." for k, v in mhsa.PATCH_TARGETS.items()),
-    )
+    described_choice("Metric", mhsa.PATCH_TARGETS, key)
     if st.session_state[key] == "similarity":
         st.text_input("Second sentence (compared with each run)", key="pair")
     return st.session_state[key]

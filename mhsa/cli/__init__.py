@@ -1,9 +1,10 @@
 """The command line, ``python -m mhsa COMMAND ...``: what the pages do, without the browser.
 
-One module per command, its parser beside its handler: ``EXAMPLES`` (shown by ``--help``),
-``add_parser(subparsers)`` and ``run(args)``. A new command is a module here and one entry in
-``COMMANDS`` (issue 40's ``circuit``: ``mhsa/cli/circuit.py``). Bad arguments and every
-``MHSAError`` end in one line on stderr and exit code 2.
+One module per command, named as the command, its parser beside its handler: ``HELP`` (and
+``DESCRIPTION``), ``EXAMPLES`` (``--help`` ends with them), ``add_arguments(parser)`` and
+``run(args)``; ``common.add_command`` makes the subcommand of each. A new command is a module
+here and one entry in ``COMMANDS`` (issue 40's ``circuit``: ``mhsa/cli/circuit.py``). Bad
+arguments and every ``MHSAError`` end in one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import argparse
 import sys
 
 from mhsa.cli import attend, circuit, flow, importance, info, patch, roles, stats, train
-from mhsa.cli.common import Parser, check_outputs
+from mhsa.cli.common import Parser, add_command, check_outputs
 from mhsa.errors import MHSAError
 
 __all__ = ["COMMANDS", "main", "parser"]
@@ -32,7 +33,7 @@ def parser() -> argparse.ArgumentParser:
     )
     subparsers = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
-        command.add_parser(subparsers)
+        add_command(subparsers, command)
     return top
 
 

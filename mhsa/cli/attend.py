@@ -6,21 +6,19 @@ import argparse
 import time
 from pathlib import Path
 
-from mhsa.cli.common import add_command, add_model_options
+from mhsa.cli.common import add_model_options
 
 EXAMPLES = (
     'python -m mhsa attend "The cat sat on the mat." --engine mhsa --out cat.npz',
     'python -m mhsa attend "$(cat long.txt)" --model MODEL --layers 2 --heads 0-7 '
     "--dtype float16 --out long.npz",
 )
+HELP = "compute per-head attention of a text and save it"
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_arguments(attend: argparse.ArgumentParser) -> None:
     from mhsa.extract import ENGINES
 
-    attend = add_command(
-        subparsers, "attend", run, EXAMPLES, help="compute per-head attention of a text and save it"
-    )
     attend.add_argument("text", help="the sentence")
     add_model_options(attend)
     attend.add_argument("--engine", default="transformers", choices=ENGINES)

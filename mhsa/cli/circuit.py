@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mhsa.cli.common import add_command, add_metric_options, add_model_options, wrote
+from mhsa.cli.common import add_patching_inputs, metric_kwargs, wrote
 from mhsa.errors import MHSAError
 
 EXAMPLES = (
@@ -17,31 +17,28 @@ EXAMPLES = (
     'python -m mhsa circuit "The cat sat on the mat." "The dog sat on the mat." '
     "--target embedding --method eap-ig --out edges.csv --top 20",
 )
+HELP = "edge scores between heads, MLPs, the embeddings and the logits (CSV)"
+DESCRIPTION = (
+    "Edges of the circuit graph (EAP-IG's: a head's q, k and v inputs each read "
+    "their own copy of the residual), scored by edge attribution patching (eap), EAP with "
+    "integrated gradients (eap-ig) or each edge patched alone (exact), with the metric "
+    "logit(answer) - logit(wrong) at the last position (causal LMs) or, for encoders, "
+    "patching's --target: the cosine of the sentence embedding with the clean run's "
+    "(embedding; eap needs similarity) or with --text-pair's (similarity). --out: one row "
+    "per edge, largest |score| first; --top N: the faithfulness of the top N edges; "
+    "--curve: f at MIB's sizes, with CPR and CMD. Pre-norm causal language models (GPT-2, "
+    "Llama, toy models) and BERT-family encoders (BERT, RoBERTa, ELECTRA, MiniLM)."
+)
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_arguments(circuit: argparse.ArgumentParser) -> None:
     from mhsa.circuits import EDGE_METHODS
 
-    circuit = add_command(
-        subparsers,
-        "circuit",
-        run,
-        EXAMPLES,
-        help="edge scores between heads, MLPs, the embeddings and the logits (CSV)",
-        description="Edges of the circuit graph (EAP-IG's: a head's q, k and v inputs each read "
-        "their own copy of the residual), scored by edge attribution patching (eap), EAP with "
-        "integrated gradients (eap-ig) or each edge patched alone (exact), with the metric "
-        "logit(answer) - logit(wrong) at the last position (causal LMs) or, for encoders, "
-        "patching's --target: the cosine of the sentence embedding with the clean run's "
-        "(embedding; eap needs similarity) or with --text-pair's (similarity). --out: one row "
-        "per edge, largest |score| first; --top N: the faithfulness of the top N edges; "
-        "--curve: f at MIB's sizes, with CPR and CMD. Pre-norm causal language models (GPT-2, "
-        "Llama, toy models) and BERT-family encoders (BERT, RoBERTa, ELECTRA, MiniLM).",
+    add_patching_inputs(
+        circuit,
+        "the text the model runs",
+        "the text a corrupted edge takes its source from",
     )
-    circuit.add_argument("clean", help="the text the model runs")
-    circuit.add_argument("corrupted", help="the text a corrupted edge takes its source from")
-    add_model_options(circuit)
-    add_metric_options(circuit)
     circuit.add_argument("--method", default="eap-ig", choices=list(EDGE_METHODS))
     circuit.add_argument("--steps", type=int, default=5, help="eap-ig: integrated-gradient steps")
     circuit.add_argument("--out", type=Path, required=True, help="the edges (.csv)")
@@ -55,14 +52,7 @@ def run(args: argparse.Namespace) -> None:
     if args.top is not None and args.top < 1:
         raise MHSAError(f"--top must be at least 1, got {args.top}.")
     lm = mhsa.load_model(args.model, device=args.device)
-    options = {
-        "model": lm,
-        "answer": args.answer,
-        "wrong": args.wrong,
-        "target": args.target,
-        "text_pair": args.pair,
-        "max_tokens": args.max_tokens,
-    }
+    options = {"model": lm, **metric_kwargs(args)}
     pair = (args.clean, args.corrupted)
     scores = mhsa.edge_attribution(*pair, method=args.method, steps=args.steps, **options)
     table = mhsa.top_edges(scores, len(scores))

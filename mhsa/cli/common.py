@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from mhsa.errors import MHSAError
@@ -16,11 +16,14 @@ __all__ = [
     "OUTPUTS",
     "Parser",
     "add_command",
+    "add_corpus_arguments",
     "add_corpus_options",
     "add_metric_options",
     "add_model_options",
+    "add_patching_inputs",
     "check_corpus_args",
     "check_outputs",
+    "metric_kwargs",
     "on_ray",
     "progress_bar",
     "read_corpus_args",
@@ -51,39 +54,30 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def add_command(
-    subparsers: argparse._SubParsersAction,
-    name: str,
-    run: Callable[[argparse.Namespace], None],
-    examples: tuple[str, ...],
-    **kwargs: Any,
-) -> argparse.ArgumentParser:
-    """A subcommand whose ``--help`` ends with its examples; ``args.run`` is ``run``."""
+def add_command(subparsers: argparse._SubParsersAction, command: ModuleType) -> None:
+    """The subcommand of a command module (its name): ``--help`` gives its ``HELP`` and
+    ``DESCRIPTION`` and ends with its ``EXAMPLES``, ``add_arguments`` adds its arguments and
+    ``args.run`` is its ``run``."""
+    examples = command.EXAMPLES
     epilog = "example" + ("s" if len(examples) > 1 else "") + ":\n"
     epilog += "".join(f"  {e}\n" for e in examples)
     parser = subparsers.add_parser(
-        name, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs
+        command.__name__.rsplit(".", 1)[-1],
+        help=command.HELP,
+        description=getattr(command, "DESCRIPTION", None),
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.set_defaults(run=run)
-    return parser
+    command.add_arguments(parser)
+    parser.set_defaults(run=command.run)
 
 
-def add_corpus_command(
-    subparsers: argparse._SubParsersAction,
-    name: str,
-    run: Callable[[argparse.Namespace], None],
-    examples: tuple[str, ...],
-    *,
-    corpus_help: str,
-    **kwargs: Any,
-) -> argparse.ArgumentParser:
-    """``add_command`` for a command over a corpus: its ``corpus`` argument (``corpus_help``),
-    then the model's and the corpus's options."""
-    parser = add_command(subparsers, name, run, examples, **kwargs)
+def add_corpus_arguments(parser: argparse.ArgumentParser, corpus_help: str) -> None:
+    """The arguments of a command over a corpus: its ``corpus`` (``corpus_help``), then the
+    model's and the corpus's options."""
     parser.add_argument("corpus", type=Path, help=corpus_help)
     add_model_options(parser)
     add_corpus_options(parser)
-    return parser
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -122,6 +116,26 @@ def add_metric_options(parser: argparse.ArgumentParser, *, targets: bool = True)
             help="--target similarity: the other sentence",
         )
     parser.add_argument("--max-tokens", type=int, default=None, help="truncate to this many tokens")
+
+
+def add_patching_inputs(
+    parser: argparse.ArgumentParser, clean: str, corrupted: str, *, targets: bool = True
+) -> None:
+    """A patching run's inputs: its two texts (``clean`` and ``corrupted``, their helps), the
+    model's options and what is measured (``add_metric_options``)."""
+    parser.add_argument("clean", help=clean)
+    parser.add_argument("corrupted", help=corrupted)
+    add_model_options(parser)
+    add_metric_options(parser, targets=targets)
+
+
+def metric_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The options ``add_metric_options`` added, as the library's keyword arguments
+    (``answer``, ``wrong``, ``max_tokens``; with targets, ``target`` and ``text_pair``)."""
+    kwargs = {"answer": args.answer, "wrong": args.wrong, "max_tokens": args.max_tokens}
+    if hasattr(args, "target"):
+        kwargs.update(target=args.target, text_pair=args.pair)
+    return kwargs
 
 
 def add_corpus_options(parser: argparse.ArgumentParser) -> None:

@@ -8,27 +8,23 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mhsa.cli.common import add_command, add_model_options, wrote
+from mhsa.cli.common import add_model_options, wrote
 from mhsa.errors import MHSAError
 
 EXAMPLES = (
     'python -m mhsa flow "ba ke mo di lu ba ke mo" --model toy:induction --answer di '
     "--wrong lu --out dla.csv --routes routes.json",
 )
+HELP = "direct logit attribution (CSV) and information-flow routes (JSON)"
+DESCRIPTION = (
+    "For pre-norm decoders (GPT-2, the Llama family, the toy models). --out: "
+    "each component's direct contribution to logit(answer) - logit(wrong) at the last "
+    "token (TransformerLens's logit_attrs). --routes: the information-flow routes to the "
+    "last token (Ferrando & Voita 2024, the LLM Transparency Tool's graph)."
+)
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    flow = add_command(
-        subparsers,
-        "flow",
-        run,
-        EXAMPLES,
-        help="direct logit attribution (CSV) and information-flow routes (JSON)",
-        description="For pre-norm decoders (GPT-2, the Llama family, the toy models). --out: "
-        "each component's direct contribution to logit(answer) - logit(wrong) at the last "
-        "token (TransformerLens's logit_attrs). --routes: the information-flow routes to the "
-        "last token (Ferrando & Voita 2024, the LLM Transparency Tool's graph).",
-    )
+def add_arguments(flow: argparse.ArgumentParser) -> None:
     flow.add_argument("text", help="the text")
     add_model_options(flow)
     flow.add_argument("--answer", default=None, help="--out: the right next word (one token)")

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from mhsa.cli.common import (
-    add_corpus_command,
+    add_corpus_arguments,
     check_corpus_args,
     on_ray,
     progress_bar,
@@ -18,22 +18,20 @@ from mhsa.cli.common import (
 from mhsa.errors import MHSAError
 
 EXAMPLES = ("python -m mhsa importance data/sentences.txt --method ablation --out importance.csv",)
+HELP = "how much each head matters over a corpus (knock-outs or gradients)"
+DESCRIPTION = (
+    "Head importance (Michel et al. 2019) over a corpus, one sentence per line; "
+    "for --target similarity, two sentences per line separated by a tab."
+)
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_arguments(importance: argparse.ArgumentParser) -> None:
     from mhsa.importance import METHODS
     from mhsa.metrics import TARGET_SPECS
 
-    importance = add_corpus_command(
-        subparsers,
-        "importance",
-        run,
-        EXAMPLES,
-        corpus_help="text file (one sentence, or two tab-separated ones, per line), folder, "
-        ".parquet",
-        help="how much each head matters over a corpus (knock-outs or gradients)",
-        description="Head importance (Michel et al. 2019) over a corpus, one sentence per line; "
-        "for --target similarity, two sentences per line separated by a tab.",
+    add_corpus_arguments(
+        importance,
+        "text file (one sentence, or two tab-separated ones, per line), folder, .parquet",
     )
     importance.add_argument("--method", default="ablation", choices=list(METHODS))
     importance.add_argument(

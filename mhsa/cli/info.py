@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from mhsa.cli.common import add_command, add_model_options
+from mhsa.cli.common import add_model_options
 
 EXAMPLES = ("python -m mhsa info --model default",)
+HELP = "print the model's layers, heads and sizes"
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    info = add_command(
-        subparsers, "info", run, EXAMPLES, help="print the model's layers, heads and sizes"
-    )
+def add_arguments(info: argparse.ArgumentParser) -> None:
     add_model_options(info)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mhsa.cli.common import add_command, add_metric_options, add_model_options, wrote
+from mhsa.cli.common import add_patching_inputs, metric_kwargs, wrote
 from mhsa.errors import MHSAError
 
 EXAMPLES = (
@@ -14,27 +14,24 @@ EXAMPLES = (
     "--model toy:induction --answer fu --wrong lo --out heads.csv --attribution attribution.csv "
     "--layer 1 --positions positions.csv",
 )
+HELP = "activation and attribution patching per head (CSV)"
+DESCRIPTION = (
+    "Clean into corrupted, as TransformerLens's patching: each head's activation "
+    "(--what) taken from the clean run into the corrupted one, the metric measured "
+    "(causal LMs: logit(answer) - logit(wrong) at the last position; encoders: --target). "
+    "--out: every head at every position; --positions: each head of --layer at each "
+    "position; --attribution: attribution patching (Nanda 2023), its first-order estimate."
+)
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_arguments(patch: argparse.ArgumentParser) -> None:
     from mhsa.patching import PATCH_POINTS
 
-    patch = add_command(
-        subparsers,
-        "patch",
-        run,
-        EXAMPLES,
-        help="activation and attribution patching per head (CSV)",
-        description="Clean into corrupted, as TransformerLens's patching: each head's activation "
-        "(--what) taken from the clean run into the corrupted one, the metric measured "
-        "(causal LMs: logit(answer) - logit(wrong) at the last position; encoders: --target). "
-        "--out: every head at every position; --positions: each head of --layer at each "
-        "position; --attribution: attribution patching (Nanda 2023), its first-order estimate.",
+    add_patching_inputs(
+        patch,
+        "the text whose activations are patched in",
+        "the text run (as many tokens as the clean one)",
     )
-    patch.add_argument("clean", help="the text whose activations are patched in")
-    patch.add_argument("corrupted", help="the text run (as many tokens as the clean one)")
-    add_model_options(patch)
-    add_metric_options(patch)
     patch.add_argument("--what", default="z", choices=list(PATCH_POINTS), help="the activation")
     patch.add_argument("--batch-size", type=int, default=16, help="patches per forward pass")
     patch.add_argument("--out", type=Path, default=None, help="per head (.csv)")
@@ -57,15 +54,7 @@ def run(args: argparse.Namespace) -> None:
     if args.batch_size < 1:
         raise MHSAError(f"--batch-size must be at least 1, got {args.batch_size}.")
     lm = mhsa.load_model(args.model, device=args.device)
-    options = {
-        "model": lm,
-        "answer": args.answer,
-        "wrong": args.wrong,
-        "target": args.target,
-        "text_pair": args.pair,
-        "what": args.what,
-        "max_tokens": args.max_tokens,
-    }
+    options = {"model": lm, **metric_kwargs(args), "what": args.what}
     pair = (args.clean, args.corrupted)
     if args.out is not None:
         table = mhsa.patch_heads(*pair, batch_size=args.batch_size, **options)

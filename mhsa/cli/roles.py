@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mhsa.cli.common import add_command, add_model_options, wrote
+from mhsa.cli.common import add_model_options, wrote
 from mhsa.errors import MHSAError
 
 EXAMPLES = (
@@ -15,24 +15,20 @@ EXAMPLES = (
     "--sinks sinks.csv --composition composition.csv",
     "python -m mhsa roles --model toy:induction --out induction.csv   # random repeated tokens",
 )
+HELP = "head roles: detection scores, attention sinks, composition (CSV)"
+DESCRIPTION = (
+    "Per head: the detection scores of every pattern (previous token, duplicate "
+    "token, induction; TransformerLens's detect_head), the mean over the texts; without "
+    "texts, the random-token induction test of TransformerLens's demo. --sinks: where "
+    "heads sink their attention in each text (Gu et al. 2025). --composition: Q/K/V "
+    "composition scores from the weights (Elhage et al. 2021)."
+)
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_arguments(roles: argparse.ArgumentParser) -> None:
     from mhsa.extract import ENGINES
     from mhsa.roles import COMPOSITION_KINDS, ERROR_MEASURES, SINK_THRESHOLD
 
-    roles = add_command(
-        subparsers,
-        "roles",
-        run,
-        EXAMPLES,
-        help="head roles: detection scores, attention sinks, composition (CSV)",
-        description="Per head: the detection scores of every pattern (previous token, duplicate "
-        "token, induction; TransformerLens's detect_head), the mean over the texts; without "
-        "texts, the random-token induction test of TransformerLens's demo. --sinks: where "
-        "heads sink their attention in each text (Gu et al. 2025). --composition: Q/K/V "
-        "composition scores from the weights (Elhage et al. 2021).",
-    )
     roles.add_argument("texts", nargs="*", help="the texts (none: random repeated tokens)")
     add_model_options(roles)
     roles.add_argument("--engine", default="transformers", choices=ENGINES)

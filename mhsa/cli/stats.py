@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from mhsa.cli.common import (
-    add_corpus_command,
+    add_corpus_arguments,
     check_corpus_args,
     on_ray,
     progress_bar,
@@ -20,19 +20,13 @@ EXAMPLES = (
     "python -m mhsa stats corpus/ --out stats.csv --ray            # a local Ray instance",
     "python -m mhsa stats big.parquet --column text --out stats.csv --ray auto   # a cluster",
 )
+HELP = "per-head statistics over a corpus (text file, folder of .txt files or Parquet)"
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_arguments(stats: argparse.ArgumentParser) -> None:
     from mhsa.extract import ENGINES
 
-    stats = add_corpus_command(
-        subparsers,
-        "stats",
-        run,
-        EXAMPLES,
-        corpus_help="text file (one sentence per line), folder, .parquet",
-        help="per-head statistics over a corpus (text file, folder of .txt files or Parquet)",
-    )
+    add_corpus_arguments(stats, "text file (one sentence per line), folder, .parquet")
     stats.add_argument("--engine", default="transformers", choices=ENGINES)
     stats.add_argument("--max-tokens", type=int, default=None)
     stats.add_argument("--word-level", action="store_true", help="merge sub-words into words first")

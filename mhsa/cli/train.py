@@ -7,42 +7,37 @@ import argparse
 import sys
 from pathlib import Path
 
-from mhsa.cli.common import add_command
 from mhsa.errors import MHSAError
 
 EXAMPLES = ("python -m mhsa train induction --out data/toy/induction --seed 0",)
+HELP = "train a small transformer on a toy task through our module and save it"
+DESCRIPTION = (
+    "Train a small Llama-style or GPT-2 model (a BART encoder-decoder for "
+    "reverse-seq2seq) on a toy task, its attention running as our MultiHeadSelfAttention, "
+    "and save it (config, weights, tokenizer, model card) as a transformers folder. The "
+    "defaults are the shipped induction recipe (for reverse-seq2seq: in the bart family)."
+)
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_arguments(train: argparse.ArgumentParser) -> None:
     """``train TASK --out FOLDER``: a toy model trained through our module, saved with its card."""
     from mhsa.models import DEVICES
     from mhsa.training import MODEL_FAMILIES, TASKS, TrainConfig
 
     d = TrainConfig()
-    t = add_command(
-        subparsers,
-        "train",
-        run,
-        EXAMPLES,
-        help="train a small transformer on a toy task through our module and save it",
-        description="Train a small Llama-style or GPT-2 model (a BART encoder-decoder for "
-        "reverse-seq2seq) on a toy task, its attention running as our MultiHeadSelfAttention, "
-        "and save it (config, weights, tokenizer, model card) as a transformers folder. The "
-        "defaults are the shipped induction recipe (for reverse-seq2seq: in the bart family).",
-    )
-    t.add_argument("task", choices=list(TASKS))
-    t.add_argument("--out", dest="folder", type=Path, required=True, help="folder to write")
-    t.add_argument("--seed", type=int, default=d.seed)
-    t.add_argument(
+    train.add_argument("task", choices=list(TASKS))
+    train.add_argument("--out", dest="folder", type=Path, required=True, help="folder to write")
+    train.add_argument("--seed", type=int, default=d.seed)
+    train.add_argument(
         "--family",
         choices=list(MODEL_FAMILIES),
         help=f"default: {d.family}, or bart for an encoder-decoder task",
     )
     for name in ("layers", "heads", "width", "steps", "batch", "warmup"):
-        t.add_argument(f"--{name}", type=int, default=getattr(d, name))
-    t.add_argument("--lr", type=float, default=d.lr)
-    t.add_argument("--mlp", action="store_true", help="train the MLPs (default: outputs zero)")
-    t.add_argument("--device", default=d.device, choices=DEVICES)
+        train.add_argument(f"--{name}", type=int, default=getattr(d, name))
+    train.add_argument("--lr", type=float, default=d.lr)
+    train.add_argument("--mlp", action="store_true", help="train the MLPs (default: outputs zero)")
+    train.add_argument("--device", default=d.device, choices=DEVICES)
 
 
 def run(args: argparse.Namespace) -> None:

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import math
 
-import torch
 from torch import nn
 
 from mhsa.attention import MultiHeadSelfAttention
-from mhsa.families.fused import join_qkv, split_linear_qkv, value_rows
-from mhsa.families.record import Family, ValueOf, bias_of, our_rotary, rotary_of
+from mhsa.families.fused import load_fused, store_fused, value_rows
+from mhsa.families.record import Family, ValueOf, our_rotary, rotary_of
 
 __all__ = ["FAMILY", "is_falcon", "load_falcon", "store_falcon"]
 
@@ -46,36 +45,20 @@ def load_falcon(attention: nn.Module, model: nn.Module) -> MultiHeadSelfAttentio
     """Our module from a Falcon block with rotary positions (multi-query or grouped-query
     attention as the block has it)."""
     layout, sizes = _layout(attention)
-    w_q, w_k, w_v, b_q, b_k, b_v = split_linear_qkv(attention.query_key_value, layout, **sizes)
-    return MultiHeadSelfAttention.from_projections(
-        w_q,
-        w_k,
-        w_v,
-        attention.dense.weight.detach(),
-        b_q,
-        b_k,
-        b_v,
-        bias_of(attention.dense),
-        num_heads=sizes["heads"],
-        num_kv_heads=sizes["kv_heads"],
+    fused = attention.query_key_value
+    return load_fused(
+        fused,
+        attention.dense,
+        layout,
+        **sizes,
         scale=1.0 / math.sqrt(sizes["d_head"]),
-        rotary=our_rotary(rotary_of(model)).to(w_q.device),
+        rotary=our_rotary(rotary_of(model)).to(fused.weight.device),
     )
 
 
 def store_falcon(ours: MultiHeadSelfAttention, attention: nn.Module) -> None:
     """Our module's weights into a Falcon block (the inverse of ``load_falcon``)."""
-    layout, sizes = _layout(attention)
-    counts = {"heads": sizes["heads"], "kv_heads": sizes["kv_heads"]}
-    (w_q, w_k, w_v, w_o), (b_q, b_k, b_v, b_o) = ours.projections()
-    with torch.no_grad():
-        fused = attention.query_key_value
-        fused.weight.copy_(join_qkv(w_q, w_k, w_v, layout, **counts))
-        if fused.bias is not None and b_q is not None:
-            fused.bias.copy_(join_qkv(b_q, b_k, b_v, layout, **counts))
-        attention.dense.weight.copy_(w_o)
-        if attention.dense.bias is not None and b_o is not None:
-            attention.dense.bias.copy_(b_o)
+    store_fused(ours, attention.query_key_value, attention.dense, _layout(attention)[0])
 
 
 def _values(attention: nn.Module) -> tuple[nn.Module, ValueOf]:

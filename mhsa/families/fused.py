@@ -10,14 +10,28 @@ Each layout is a pair of functions on the first axis of a weight ``[rows, D]`` o
 - ``"stacked"``: all of Q, then all of K, then all of V (GPT-2's ``c_attn``, Phi-3's
   ``qkv_proj``, Falcon's multi-query ``[H Dh; Dh; Dh]``).
 
-Our module's own fused weight is ``"stacked"``.
+Our module's own fused weight is ``"stacked"``. ``load_fused`` and ``store_fused`` move a
+block's fused projection and its output projection into our module and back (GPT-NeoX, Falcon,
+Phi-3, ModernBERT).
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
-__all__ = ["LAYOUTS", "join_qkv", "split_linear_qkv", "split_qkv", "value_rows"]
+from mhsa.attention import MultiHeadSelfAttention
+from mhsa.families.record import bias_of, copy_linear
+
+__all__ = [
+    "LAYOUTS",
+    "join_qkv",
+    "load_fused",
+    "split_linear_qkv",
+    "split_qkv",
+    "store_fused",
+    "value_rows",
+]
 
 LAYOUTS = ("per-head", "grouped", "stacked")
 
@@ -95,3 +109,59 @@ def value_rows(
     """V ``[..., G Dh]`` from the fused projection's output ``[..., rows]``."""
     moved = output.movedim(-1, 0)
     return split_qkv(moved, layout, heads=heads, kv_heads=kv_heads, d_head=d_head)[2].movedim(0, -1)
+
+
+def load_fused(
+    fused: nn.Module,
+    out: nn.Module,
+    layout: str,
+    *,
+    heads: int,
+    kv_heads: int,
+    d_head: int,
+    **options: object,
+) -> MultiHeadSelfAttention:
+    """Our module from a block's fused QKV projection (``nn.Linear`` layout, its rows in
+    ``layout``) and its output projection ``out``, with their biases where they have them.
+
+    Args:
+        fused, out: the block's projections.
+        layout, heads, kv_heads, d_head: as for ``split_qkv``.
+        **options: ``MultiHeadSelfAttention.from_projections``'s (``scale``, ``rotary``,
+            ``sliding_window``...).
+
+    Raises:
+        ValueError: as ``split_qkv``.
+    """
+    w_q, w_k, w_v, b_q, b_k, b_v = split_linear_qkv(
+        fused, layout, heads=heads, kv_heads=kv_heads, d_head=d_head
+    )
+    return MultiHeadSelfAttention.from_projections(
+        w_q,
+        w_k,
+        w_v,
+        out.weight.detach(),
+        b_q,
+        b_k,
+        b_v,
+        bias_of(out),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        **options,
+    )
+
+
+def store_fused(
+    ours: MultiHeadSelfAttention, fused: nn.Module, out: nn.Module, layout: str
+) -> None:
+    """Our module's weights into a block's fused QKV projection (rows in ``layout``) and its
+    output projection, in place: the inverse of ``load_fused``.
+
+    Raises:
+        ValueError: one side has a bias and the other not (``copy_linear``).
+    """
+    (w_q, w_k, w_v, w_o), (b_q, b_k, b_v, b_o) = ours.projections()
+    counts = {"heads": ours.num_heads, "kv_heads": ours.num_kv_heads}
+    fused_bias = None if b_q is None else join_qkv(b_q, b_k, b_v, layout, **counts)
+    copy_linear(fused, join_qkv(w_q, w_k, w_v, layout, **counts), fused_bias)
+    copy_linear(out, w_o, b_o)

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from mhsa.attention import MultiHeadSelfAttention
-from mhsa.families.parts import linear_bias, rotary_for, store_linear, window_of
+from mhsa.families.fused import load_fused, store_fused
+from mhsa.families.parts import rotary_for, window_of
 
 __all__ = ["is_modernbert", "load_modernbert", "modernbert_finish", "store_modernbert"]
 
@@ -26,19 +27,14 @@ def load_modernbert(block: nn.Module, model: nn.Module) -> MultiHeadSelfAttentio
     Raises:
         ValueError: dynamic rope.
     """
-    w_q, w_k, w_v = block.Wqkv.weight.detach().chunk(3)
-    bias = linear_bias(block.Wqkv)
-    b_q, b_k, b_v = (None,) * 3 if bias is None else bias.chunk(3)
-    return MultiHeadSelfAttention.from_projections(
-        w_q,
-        w_k,
-        w_v,
-        block.Wo.weight.detach(),
-        b_q,
-        b_k,
-        b_v,
-        linear_bias(block.Wo),
-        num_heads=block.config.num_attention_heads,
+    heads = block.config.num_attention_heads
+    return load_fused(
+        block.Wqkv,
+        block.Wo,
+        "stacked",
+        heads=heads,
+        kv_heads=heads,
+        d_head=block.head_dim,
         scale=float(block.head_dim**-0.5),
         rotary=rotary_for(block, model),
         sliding_window=window_of(block),
@@ -47,10 +43,7 @@ def load_modernbert(block: nn.Module, model: nn.Module) -> MultiHeadSelfAttentio
 
 def store_modernbert(ours: MultiHeadSelfAttention, block: nn.Module) -> None:
     """Our module's weights into a ModernBERT block (``Wqkv`` whole again)."""
-    (w_q, w_k, w_v, w_o), (b_q, b_k, b_v, b_o) = ours.projections()
-    fused_bias = None if b_q is None else torch.cat([b_q, b_k, b_v])
-    store_linear(block.Wqkv, torch.cat([w_q, w_k, w_v]), fused_bias)
-    store_linear(block.Wo, w_o, b_o)
+    store_fused(ours, block.Wqkv, block.Wo, "stacked")
 
 
 def modernbert_finish(block: nn.Module, out: torch.Tensor, _x: torch.Tensor) -> torch.Tensor:

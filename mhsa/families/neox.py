@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from mhsa.attention import MultiHeadSelfAttention
-from mhsa.families.fused import join_qkv, split_linear_qkv, value_rows
-from mhsa.families.record import Family, ValueOf, bias_of, our_rotary, rotary_of
+from mhsa.families.fused import load_fused, store_fused, value_rows
+from mhsa.families.record import Family, ValueOf, our_rotary, rotary_of
 
 __all__ = ["FAMILY", "is_neox", "load_neox", "store_neox"]
 
@@ -37,40 +37,20 @@ def load_neox(attention: nn.Module, model: nn.Module) -> MultiHeadSelfAttention:
     heads, d_head = _heads(attention), attention.head_size
     sizes = {"heads": heads, "kv_heads": heads, "d_head": d_head}
     fused = attention.query_key_value
-    w_q, w_k, w_v, b_q, b_k, b_v = split_linear_qkv(fused, "per-head", **sizes)
-    rotary = our_rotary(rotary_of(model)).to(w_q.device)
+    rotary = our_rotary(rotary_of(model)).to(fused.weight.device)
     if rotary.rot_dim != attention.rotary_ndims:
         raise ValueError(
             f"the rotary embedding rotates {rotary.rot_dim} features, the block "
             f"rotary_ndims={attention.rotary_ndims}"
         )
-    return MultiHeadSelfAttention.from_projections(
-        w_q,
-        w_k,
-        w_v,
-        attention.dense.weight.detach(),
-        b_q,
-        b_k,
-        b_v,
-        bias_of(attention.dense),
-        num_heads=heads,
-        scale=float(attention.scaling),
-        rotary=rotary,
+    return load_fused(
+        fused, attention.dense, "per-head", **sizes, scale=float(attention.scaling), rotary=rotary
     )
 
 
 def store_neox(ours: MultiHeadSelfAttention, attention: nn.Module) -> None:
     """Our module's weights into a GPT-NeoX block (the inverse of ``load_neox``)."""
-    (w_q, w_k, w_v, w_o), (b_q, b_k, b_v, b_o) = ours.projections()
-    heads = ours.num_heads
-    with torch.no_grad():
-        fused = attention.query_key_value
-        fused.weight.copy_(join_qkv(w_q, w_k, w_v, "per-head", heads=heads, kv_heads=heads))
-        if fused.bias is not None and b_q is not None:
-            fused.bias.copy_(join_qkv(b_q, b_k, b_v, "per-head", heads=heads, kv_heads=heads))
-        attention.dense.weight.copy_(w_o)
-        if attention.dense.bias is not None and b_o is not None:
-            attention.dense.bias.copy_(b_o)
+    store_fused(ours, attention.query_key_value, attention.dense, "per-head")
 
 
 def _values(attention: nn.Module) -> tuple[nn.Module, ValueOf]:

@@ -1,6 +1,6 @@
-"""What the families' loaders share: projections in and out of ``nn.Linear`` layout, the model's
-rotary embedding for a block (per layer type where the model has several), its sliding window
-and its q/k norms as ours."""
+"""What the families' loaders share beside ``record``'s projections in and out of ``nn.Linear``
+layout (``bias_of``, ``copy_linear``): the model's rotary embedding for a block (per layer type
+where the model has several), its sliding window and its q/k norms as ours."""
 
 from __future__ import annotations
 
@@ -11,32 +11,10 @@ from mhsa.attention import RMSNorm, RotaryEmbedding
 
 __all__ = [
     "check_flags",
-    "linear_bias",
     "our_rms_norm",
     "rotary_for",
-    "store_linear",
     "window_of",
 ]
-
-
-def linear_bias(linear: nn.Module) -> torch.Tensor | None:
-    """A projection's bias, detached, or None."""
-    return None if getattr(linear, "bias", None) is None else linear.bias.detach()
-
-
-def store_linear(linear: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """``weight`` (and ``bias``) into an ``nn.Linear``-layout projection, in place.
-
-    Raises:
-        ValueError: one side has a bias and the other not.
-    """
-    if (bias is None) != (linear.bias is None):
-        has = "has no" if linear.bias is None else "has a"
-        raise ValueError(f"the block's projection {has} bias and our module does not agree")
-    with torch.no_grad():
-        linear.weight.copy_(weight)
-        if bias is not None:
-            linear.bias.copy_(bias)
 
 
 def check_flags(config: object, flags: tuple[str, ...]) -> None:

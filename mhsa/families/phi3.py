@@ -6,11 +6,11 @@ models) changes its frequencies with the length and is refused by name."""
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from mhsa.attention import MultiHeadSelfAttention
-from mhsa.families.parts import linear_bias, rotary_for, store_linear, window_of
+from mhsa.families.fused import load_fused, store_fused
+from mhsa.families.parts import rotary_for, window_of
 
 __all__ = ["is_phi3", "load_phi3", "phi3_values", "store_phi3"]
 
@@ -33,21 +33,13 @@ def load_phi3(block: nn.Module, model: nn.Module) -> MultiHeadSelfAttention:
     Raises:
         ValueError: dynamic rope (LongRoPE).
     """
-    sizes = _sizes(block)
-    w_q, w_k, w_v = block.qkv_proj.weight.detach().split(sizes)
-    bias = linear_bias(block.qkv_proj)
-    b_q, b_k, b_v = (None,) * 3 if bias is None else bias.split(sizes)
-    return MultiHeadSelfAttention.from_projections(
-        w_q,
-        w_k,
-        w_v,
-        block.o_proj.weight.detach(),
-        b_q,
-        b_k,
-        b_v,
-        linear_bias(block.o_proj),
-        num_heads=block.config.num_attention_heads,
-        num_kv_heads=block.config.num_key_value_heads,
+    return load_fused(
+        block.qkv_proj,
+        block.o_proj,
+        "stacked",
+        heads=block.config.num_attention_heads,
+        kv_heads=block.config.num_key_value_heads,
+        d_head=block.head_dim,
         scale=float(block.scaling),
         rotary=rotary_for(block, model),
         sliding_window=window_of(block),
@@ -56,10 +48,7 @@ def load_phi3(block: nn.Module, model: nn.Module) -> MultiHeadSelfAttention:
 
 def store_phi3(ours: MultiHeadSelfAttention, block: nn.Module) -> None:
     """Our module's weights into a Phi-3 block (``qkv_proj`` whole again)."""
-    (w_q, w_k, w_v, w_o), (b_q, b_k, b_v, b_o) = ours.projections()
-    fused_bias = None if b_q is None else torch.cat([b_q, b_k, b_v])
-    store_linear(block.qkv_proj, torch.cat([w_q, w_k, w_v]), fused_bias)
-    store_linear(block.o_proj, w_o, b_o)
+    store_fused(ours, block.qkv_proj, block.o_proj, "stacked")
 
 
 def phi3_values(block: nn.Module) -> tuple[nn.Module, object]:

@@ -10,12 +10,11 @@ from torch import nn
 
 from mhsa.attention import MultiHeadSelfAttention
 from mhsa.families.parts import (
-    linear_bias,
     our_rms_norm,
     rotary_for,
-    store_linear,
     window_of,
 )
+from mhsa.families.record import bias_of, copy_linear
 
 __all__ = ["is_projected", "load_projected", "projected_linears", "store_projected"]
 
@@ -49,7 +48,7 @@ def load_projected(block: nn.Module, model: nn.Module) -> MultiHeadSelfAttention
     linears = projected_linears(block)
     return MultiHeadSelfAttention.from_projections(
         *(p.weight.detach() for p in linears),
-        *(linear_bias(p) for p in linears),
+        *(bias_of(p) for p in linears),
         num_heads=block.q_proj.weight.shape[0] // d_head,
         num_kv_heads=block.k_proj.weight.shape[0] // d_head,
         scale=float(block.scaling),
@@ -65,7 +64,7 @@ def store_projected(ours: MultiHeadSelfAttention, block: nn.Module) -> None:
     inverse."""
     weights, biases = ours.projections()
     for linear, w, b in zip(projected_linears(block), weights, biases, strict=True):
-        store_linear(linear, w, b)
+        copy_linear(linear, w, b)
     with torch.no_grad():
         for name in ("q_norm", "k_norm"):
             norm = getattr(ours, name)

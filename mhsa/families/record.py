@@ -98,11 +98,11 @@ class Family:
 
 def bias_of(linear: nn.Module) -> torch.Tensor | None:
     """The projection's bias, detached, or None."""
-    return None if linear.bias is None else linear.bias.detach()
+    return None if getattr(linear, "bias", None) is None else linear.bias.detach()
 
 
 def copy_linear(linear: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """Write ``weight`` (and ``bias``) into an ``nn.Linear``-layout projection.
+    """Write ``weight`` (and ``bias``) into an ``nn.Linear``-layout projection, in place.
 
     Raises:
         ValueError: one side has a bias and the other has none.
@@ -110,9 +110,10 @@ def copy_linear(linear: nn.Module, weight: torch.Tensor, bias: torch.Tensor | No
     if (bias is None) != (linear.bias is None):
         has = "has no" if linear.bias is None else "has a"
         raise ValueError(f"the block's projection {has} bias and our module does not agree")
-    linear.weight.copy_(weight)
-    if bias is not None:
-        linear.bias.copy_(bias)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        if bias is not None:
+            linear.bias.copy_(bias)
 
 
 def load_linears(

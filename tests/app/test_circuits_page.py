@@ -11,10 +11,14 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import mhsa
-from tests.app.test_hostile_links import FORBIDDEN, page_param_names, rendered_tags
+from tests.app.test_hostile_links import (
+    assert_link_value_ignored,
+    assert_same_texts_refused,
+    own_link_keys,
+)
 from tests.app.test_importance_page import charts, decode
-from tests.hostile import CASES, markup_tags, rendered
-from ui.state import GLOBAL_PARAMS
+from tests.app.test_pages import run as run_page
+from tests.hostile import CASES, rendered
 from ui.views.circuits import CIRCUIT_EXAMPLES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,10 +43,7 @@ pytestmark = pytest.mark.slow
 
 
 def run(**query: str) -> AppTest:
-    at = AppTest.from_file(str(ROOT / PAGE), default_timeout=180)
-    for key, value in query.items():
-        at.query_params[key] = value
-    return at.run()
+    return run_page(PAGE, timeout=180, **query)
 
 
 def toy(**more: str) -> AppTest:
@@ -146,17 +147,13 @@ def test_different_token_counts_are_named_and_nothing_runs() -> None:
 
 
 def test_every_circuits_key_has_hostile_values() -> None:
-    own = set(page_param_names(PAGE)) - set(GLOBAL_PARAMS)
-    assert own == set(CIRCUIT_LINKS)
+    assert own_link_keys(PAGE) == set(CIRCUIT_LINKS)
 
 
 @pytest.mark.parametrize(("key", "value"), [(k, v) for k, vs in CIRCUIT_LINKS.items() for v in vs])
 def test_circuits_link_values_fall_back_with_a_notice(key: str, value: str) -> None:
     at = toy(**{key: value})
-    assert not at.exception, [e.value for e in at.exception]
-    notices = [rendered(w.value)[0] for w in at.warning]
-    assert any(n.startswith(f"Link parameter {key}=") and "ignored" in n for n in notices)
-    assert not rendered_tags(at) & FORBIDDEN
+    assert_link_value_ignored(at, key)
 
 
 @pytest.mark.parametrize(("name", "text", "expected"), CASES, ids=[c[0] for c in CASES])
@@ -166,12 +163,5 @@ def test_hostile_texts_on_both_sides_are_refused_or_shown_literally(
     """The same hostile text as clean and corrupted on the toy model: an empty one is named,
     any other is refused (the same metric on both sides, or too long), said literally."""
     at = toy(clean=text, corrupted=text)
-    assert not at.exception, [e.value for e in at.exception]
-    shown = [rendered(e.value)[0] for e in at.error]
-    if expected == "error":
-        assert any("empty" in e for e in shown)
-    else:
-        assert any("same metric" in e or "tokens long" in e for e in shown), shown
-    assert all(markup_tags(e.value) == [] for e in at.error)
-    assert not rendered_tags(at) & FORBIDDEN
+    assert_same_texts_refused(at, expected, ("same metric", "tokens long"))
     assert not charts(at)

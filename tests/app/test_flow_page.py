@@ -8,6 +8,7 @@ import json
 import pytest
 
 from mhsa import plots
+from tests.app.test_hostile_links import FORBIDDEN, assert_link_value_ignored, own_link_keys
 from tests.app.test_pages import run, specs
 from tests.hostile import PLACEHOLDER, markup_tags, rendered
 
@@ -88,22 +89,16 @@ FLOW_LINKS = {
     "wrong": ["[a](javascript:alert(1))" * 5],
     "flow_token": ["-2", "100001", "1e309", "nan", "<b>3</b>", "last"],
 }
-FORBIDDEN = {"a", "img", "script", "iframe", "b", "i", "u", "em", "h1", "h2", "h3", "style", "svg"}
 
 
 def test_every_key_has_hostile_values():
-    from tests.app.test_hostile_links import page_param_names
-    from ui.state import GLOBAL_PARAMS
-
-    assert set(page_param_names(PAGE)) - set(GLOBAL_PARAMS) == set(FLOW_LINKS)
+    assert own_link_keys(PAGE) == set(FLOW_LINKS)
 
 
 @pytest.mark.parametrize(("key", "value"), [(k, v) for k, vs in FLOW_LINKS.items() for v in vs])
 def test_link_values_fall_back_with_a_notice(key: str, value: str):
     at = run(PAGE, **TOY, **{key: value})
-    assert not at.exception, [e.value for e in at.exception]
-    notices = [rendered(w.value)[0] for w in at.warning]
-    assert any(n.startswith(f"Link parameter {key}=") and "ignored" in n for n in notices)
+    assert_link_value_ignored(at, key)
     assert at.session_state[key] == at.session_state["_mhsa_params"][key].default
     assert not {t.strip("/") for w in at.warning for t in markup_tags(w.value)} & FORBIDDEN
 

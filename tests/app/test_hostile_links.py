@@ -69,6 +69,11 @@ def page_param_names(page: str) -> dict[str, tuple[str, ...]]:
     return names
 
 
+def own_link_keys(page: str) -> set[str]:
+    """The link keys ``page`` reads beside the sidebar's (``GLOBAL_PARAMS``)."""
+    return set(page_param_names(page)) - set(GLOBAL_PARAMS)
+
+
 def page_params(page: str) -> list[str]:
     """Every name under which a link can hand a page a value: current keys and old ones."""
     return [name for key, old in page_param_names(page).items() for name in (key, *old)]
@@ -89,6 +94,30 @@ def rendered_tags(at) -> set[str]:
             if str(element.value) not in APP_MARKDOWN:
                 tags.update(t.strip("/") for t in markup_tags(str(element.value)))
     return tags
+
+
+def assert_link_value_ignored(at, key: str) -> None:
+    """The page ran to its end, a notice says link parameter ``key`` was ignored, and no tag
+    was rendered anywhere."""
+    assert not at.exception, [e.value for e in at.exception]
+    notices = [rendered(w.value)[0] for w in at.warning]
+    assert any(n.startswith(f"Link parameter {key}=") and "ignored" in n for n in notices)
+    assert not rendered_tags(at) & FORBIDDEN
+
+
+def assert_same_texts_refused(at, expected: object, refusals: tuple[str, ...]) -> None:
+    """A patching page given one hostile text as both clean and corrupted (``tests.hostile``'s
+    ``CASES``): it ran to its end, named an empty text (``expected == "error"``) or refused any
+    other with a message holding one of ``refusals``, every error said literally and no tag
+    rendered anywhere."""
+    assert not at.exception, [e.value for e in at.exception]
+    shown = [rendered(e.value)[0] for e in at.error]
+    if expected == "error":
+        assert any("empty" in e for e in shown)
+    else:
+        assert any(r in e for e in shown for r in refusals), shown
+    assert all(markup_tags(e.value) == [] for e in at.error)
+    assert not rendered_tags(at) & FORBIDDEN
 
 
 def test_page_params_are_found() -> None:
@@ -181,20 +210,16 @@ ROLE_LINKS = {
 
 
 def test_every_roles_key_has_hostile_values() -> None:
-    own = set(page_param_names(ROLES_PAGE)) - set(GLOBAL_PARAMS)
-    assert own == set(ROLE_LINKS)
+    assert own_link_keys(ROLES_PAGE) == set(ROLE_LINKS)
 
 
 @pytest.mark.parametrize(("key", "value"), [(k, v) for k, vs in ROLE_LINKS.items() for v in vs])
 def test_roles_link_values_fall_back_with_a_notice(key: str, value: str, tiny_bert) -> None:
     at = run(ROLES_PAGE, model=tiny_bert, **{key: value})  # 2 layers of 4 heads
-    assert not at.exception, [e.value for e in at.exception]
-    notices = [rendered(w.value)[0] for w in at.warning]
-    assert any(n.startswith(f"Link parameter {key}=") and "ignored" in n for n in notices)
+    assert_link_value_ignored(at, key)
     assert at.session_state[key] == at.session_state["_mhsa_params"][key].default or (
         key == "role_head" and at.session_state[key] == "L1H3"  # the default: the last head
     )
-    assert not rendered_tags(at) & FORBIDDEN
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import base64
 
 import numpy as np
 import pytest
+from streamlit.testing.v1 import AppTest
 
 import mhsa
 from tests.app.test_pages import run, specs
@@ -36,17 +37,24 @@ def _title(spec: dict) -> str:
     return spec["layout"]["title"]["text"]
 
 
-def test_the_heads_page_takes_the_models_layer_and_head_from_the_link() -> None:
-    at = run(
-        "pages/1_Heads.py",
-        model="toy:induction",
-        text=TEXT,
-        long_layers="1",
-        long_heads="2-3",
-        layer="1",
-        head="3",
-    )
+def _open(
+    page: str,
+    layers: str,
+    heads: str,
+    *,
+    model: str = "toy:induction",
+    text: str = TEXT,
+    **link: str,
+) -> AppTest:
+    """Open ``page`` on ``text`` with layers/heads selected (the long-input keys) and the
+    other link keys given; the page ends without an exception or an error."""
+    at = run(page, model=model, text=text, long_layers=layers, long_heads=heads, **link)
     assert not at.exception and not at.error, _texts(at.error)
+    return at
+
+
+def test_the_heads_page_takes_the_models_layer_and_head_from_the_link() -> None:
+    at = _open("pages/1_Heads.py", "1", "2-3", layer="1", head="3")
     assert not at.warning, _texts(at.warning)
     large = next(s for s in specs(at) if _title(s).startswith("Layer 1, head 3"))
     shown = core.attention(core.Query(TEXT, model="toy:induction", layers="1", heads="2-3"))
@@ -63,16 +71,7 @@ def test_the_heads_page_takes_the_models_layer_and_head_from_the_link() -> None:
 
 
 def test_a_head_that_was_not_materialised_falls_back_with_a_notice() -> None:
-    at = run(
-        "pages/1_Heads.py",
-        model="toy:induction",
-        text=TEXT,
-        long_layers="1",
-        long_heads="2-3",
-        layer="0",
-        head="1",
-    )
-    assert not at.exception and not at.error, _texts(at.error)
+    at = _open("pages/1_Heads.py", "1", "2-3", layer="0", head="1")
     notices = " ".join(_texts(at.warning))
     assert "Layer 0 was not materialised" in notices and "showing layer 1" in notices
     assert "Head 1 was not materialised" in notices and "showing head 2" in notices
@@ -81,16 +80,7 @@ def test_a_head_that_was_not_materialised_falls_back_with_a_notice() -> None:
 
 
 def test_the_line_view_names_the_models_layer_and_heads() -> None:
-    at = run(
-        "pages/8_Line_view.py",
-        model="toy:induction",
-        text=TEXT,
-        long_layers="1",
-        long_heads="1-2",
-        layer="1",
-        line_heads="2",
-    )
-    assert not at.exception and not at.error, _texts(at.error)
+    at = _open("pages/8_Line_view.py", "1", "1-2", layer="1", line_heads="2")
     (lines,) = specs(at)
     assert _title(lines).startswith("Layer 1,")
     names = {t.get("name") for t in lines["data"][2:]}
@@ -99,17 +89,7 @@ def test_the_line_view_names_the_models_layer_and_heads() -> None:
 
 
 def test_compare_takes_the_models_head() -> None:
-    at = run(
-        "pages/6_Compare.py",
-        model="toy:induction",
-        text=TEXT,
-        text2="ke mo di fu lo ba ke mo",
-        long_layers="0",
-        long_heads="3",
-        layer="0",
-        head="3",
-    )
-    assert not at.exception and not at.error, _texts(at.error)
+    at = _open("pages/6_Compare.py", "0", "3", text2="ke mo di fu lo ba ke mo", layer="0", head="3")
     first = specs(at)[0]
     assert _title(first).startswith("Layer 0, head 3")
     whole = mhsa.attend(TEXT, model=mhsa.load_model("toy:induction"))
@@ -132,17 +112,9 @@ def test_the_focused_head_of_a_long_input_zooms_at_full_resolution(
     long_model: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MHSA_ALLOWED_MODELS", long_model)
-    at = run(
-        "pages/1_Heads.py",
-        model=long_model,
-        text=LONG,
-        long_layers="1",
-        long_heads="0-1",
-        layer="1",
-        head="1",
-        zoom="100",
+    at = _open(
+        "pages/1_Heads.py", "1", "0-1", model=long_model, text=LONG, layer="1", head="1", zoom="100"
     )
-    assert not at.exception and not at.error, _texts(at.error)
     result = core.attention(core.Query(LONG, model=long_model, layers="1", heads="0-1"))
     n = result.num_tokens
     assert n > 600
@@ -162,15 +134,7 @@ def test_a_hostile_zoom_is_clamped_with_a_notice(
     long_model: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MHSA_ALLOWED_MODELS", long_model)
-    at = run(
-        "pages/1_Heads.py",
-        model=long_model,
-        text=LONG,
-        long_layers="0",
-        long_heads="2",
-        zoom="99999",
-    )
-    assert not at.exception and not at.error, _texts(at.error)
+    at = _open("pages/1_Heads.py", "0", "2", model=long_model, text=LONG, zoom="99999")
     n = max(len(s["data"][0]["x"]) for s in specs(at) if "full resolution" in _title(s))
     assert n == 512
     last = at.session_state["zoom"]
@@ -191,14 +155,7 @@ def test_rollout_on_a_partial_result_says_what_it_needs() -> None:
 
 
 def test_head_roles_draws_the_top_heads_of_a_partial_result() -> None:
-    at = run(
-        "pages/10_Head_roles.py",
-        model="toy:induction",
-        text=TEXT,
-        long_layers="1",
-        long_heads="2-3",
-    )
-    assert not at.exception and not at.error, _texts(at.error)
+    at = _open("pages/10_Head_roles.py", "1", "2-3")
     shown = core.attention(core.Query(TEXT, model="toy:induction", layers="1", heads="2-3"))
     tops = [s for s in specs(at) if _title(s).startswith("Layer 1, head ")]
     assert tops  # the best heads, by the model's numbers, each drawn from its own weights

@@ -21,8 +21,9 @@ PAGES = sorted(page.file for page in navigation.PAGES)
 CAT_TOKENS = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".", "[SEP]"]
 
 
-def run(page: str, **query: str) -> AppTest:
-    at = AppTest.from_file(str(ROOT / page), default_timeout=120)
+def run(page: str, *, timeout: float = 120, **query: str) -> AppTest:
+    """``page`` run under AppTest with the link ``query`` (``timeout``: seconds per run)."""
+    at = AppTest.from_file(str(ROOT / page), default_timeout=timeout)
     for key, value in query.items():
         at.query_params[key] = value
     return at.run()

@@ -10,10 +10,16 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import mhsa
-from tests.app.test_hostile_links import FORBIDDEN, page_param_names, rendered_tags
+from tests.app.test_hostile_links import (
+    FORBIDDEN,
+    assert_link_value_ignored,
+    assert_same_texts_refused,
+    own_link_keys,
+    rendered_tags,
+)
 from tests.app.test_importance_page import charts, decode
+from tests.app.test_pages import run as run_page
 from tests.hostile import CASES, markup_tags, rendered
-from ui.state import GLOBAL_PARAMS
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = "pages/11_Patching.py"
@@ -24,10 +30,7 @@ pytestmark = pytest.mark.slow
 
 
 def run(**query: str) -> AppTest:
-    at = AppTest.from_file(str(ROOT / PAGE), default_timeout=180)
-    for key, value in query.items():
-        at.query_params[key] = value
-    return at.run()
+    return run_page(PAGE, timeout=180, **query)
 
 
 def maps(at: AppTest) -> dict[str, np.ndarray]:
@@ -148,18 +151,14 @@ PATCH_LINKS = {
 
 
 def test_every_patching_key_has_hostile_values() -> None:
-    own = set(page_param_names(PAGE)) - set(GLOBAL_PARAMS)
-    assert own == set(PATCH_LINKS)
+    assert own_link_keys(PAGE) == set(PATCH_LINKS)
 
 
 @pytest.mark.parametrize(("key", "value"), [(k, v) for k, vs in PATCH_LINKS.items() for v in vs])
 def test_patching_link_values_fall_back_with_a_notice(key: str, value: str) -> None:
     at = run(**{key: value})
-    assert not at.exception, [e.value for e in at.exception]
-    notices = [rendered(w.value)[0] for w in at.warning]
-    assert any(n.startswith(f"Link parameter {key}=") and "ignored" in n for n in notices)
+    assert_link_value_ignored(at, key)
     assert at.session_state[key] == at.session_state["_mhsa_params"][key].default
-    assert not rendered_tags(at) & FORBIDDEN
 
 
 def test_a_layer_beyond_the_model_is_clamped() -> None:
@@ -176,11 +175,4 @@ def test_hostile_texts_on_both_sides_are_refused_or_shown_literally(
     """The same hostile text as clean and corrupted: an empty one is named, any other gives
     the same metric on both sides (nothing to restore), said literally."""
     at = run(clean=text, corrupted=text)
-    assert not at.exception, [e.value for e in at.exception]
-    shown = errors(at)
-    if expected == "error":
-        assert any("empty" in e for e in shown)
-    else:
-        assert any("same metric" in e for e in shown), shown
-    assert all(markup_tags(e.value) == [] for e in at.error)
-    assert not rendered_tags(at) & FORBIDDEN
+    assert_same_texts_refused(at, expected, ("same metric",))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bench.browser import wait_for_app
+from tests.browser.steps import chart_titles
 
 pytestmark = pytest.mark.browser
 
@@ -21,14 +22,13 @@ def test_the_toy_induction_example_draws_the_circuit_and_patches_a_clicked_edge(
         "() => document.querySelectorAll('.js-plotly-plot').length >= 2", timeout=180_000
     )
     assert page.get_by_text("to the clean run's (1 for the clean run)").count() >= 1
+    # the MiniLM charts already count 2: wait for the toy example's own caption first
     button.click()
-    page.get_by_text("Head roles names").wait_for(timeout=180_000)  # toy:induction's own
+    page.get_by_text("Head roles names").wait_for(timeout=180_000)
     wait_for_app(page, plots=2, timeout_ms=180_000)
     assert page.locator("[data-testid='stException']").count() == 0
     assert page.locator("[data-testid='stAlertContentError']").count() == 0
-    titles = page.eval_on_selector_all(
-        ".js-plotly-plot .gtitle", "els => els.map(e => e.textContent)"
-    )
+    titles = chart_titles(page)
     assert titles[0].startswith("Circuit: the top 20 edges")
     assert titles[1].startswith("Faithfulness of the top-n edges (CPR")
     lines = page.eval_on_selector_all(

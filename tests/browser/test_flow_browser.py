@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.browser import wait_for_app
+from tests.browser.steps import titles_after_click
 
 pytestmark = pytest.mark.browser
 
@@ -16,16 +16,7 @@ def test_the_switch_to_the_toy_model_draws_the_flow(app_url, page) -> None:
     button = page.get_by_role("button", name="Open toy:induction with a repeat to continue")
     button.wait_for(timeout=120_000)
     assert page.get_by_text("causal language model with pre-norm layers").count() == 1
-    button.click()
-    page.wait_for_function(
-        "() => document.querySelectorAll('.js-plotly-plot').length >= 3", timeout=120_000
-    )
-    wait_for_app(page, plots=3, timeout_ms=120_000)
-    assert page.locator("[data-testid='stException']").count() == 0
-    assert page.locator("[data-testid='stAlertContentError']").count() == 0
-    titles = page.eval_on_selector_all(
-        ".js-plotly-plot .gtitle", "els => els.map(e => e.textContent)"
-    )
+    titles = titles_after_click(page, button, plots=3, timeout_ms=120_000)
     assert titles[0].startswith("Information flow to the last token")
     assert titles[1].startswith("Direct logit attribution of logit(di) − logit(lu)")
     assert titles[2].startswith("Logit lens")
