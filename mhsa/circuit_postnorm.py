@@ -114,7 +114,8 @@ class PostNormModel:
 
 
 def is_post_norm_encoder(lm: LoadedModel, blocks: Sequence[OurBlock]) -> bool:
-    """An encoder (no next-token head, not encoder-decoder) whose attention is not causal."""
+    """An encoder (no next-token head, not an encoder-decoder; attention not causal): the
+    post-norm wiring's candidates (``postnorm_model`` then checks the BERT family's layout)."""
     return (
         not lm.is_encoder_decoder
         and lm.lm_head != "causal"

@@ -272,10 +272,17 @@ def test_causal_lms_refuse_the_encoder_targets():
         )
 
 
-def test_an_encoder_outside_the_bert_family_is_refused_naming_the_tools(tiny_distilbert_path):
-    with pytest.raises(mhsa.UnsupportedModelError, match="BERT family") as e:
-        mhsa.circuit_graph(tiny_distilbert_path)
-    assert "Circuits" in str(e.value) and "Patching" in str(e.value)
+def test_an_encoder_outside_the_bert_family_is_refused_naming_the_tools(
+    tiny_distilbert_path, tmp_path
+):
+    from tests.tiny import tiny_family
+
+    torch.manual_seed(0)
+    modernbert = save_tiny(tmp_path / "modernbert", tiny_family("modernbert"))  # pre-norm
+    for folder in (tiny_distilbert_path, modernbert):
+        with pytest.raises(mhsa.UnsupportedModelError, match="BERT family's post-norm") as e:
+            mhsa.circuit_graph(folder)
+        assert "Circuits" in str(e.value) and "Patching" in str(e.value)
 
 
 def test_minilm_runs_end_to_end_with_the_embedding_target(minilm):
