@@ -81,6 +81,14 @@ def test_minilm_example_draws_the_librarys_top_edges_for_the_embedding_target(mi
     assert "cosine similarity of the run's sentence embedding to the clean run's" in caption
     assert f"corrupted run {scores.attrs['corrupted']:.4g}" in caption
     assert any(t.startswith("Faithfulness of the top-n") for t in shown)
+    # a clicked edge is path-patched on the embedding target
+    edge = tuple(top[["source", "target", "input"]].iloc[0])
+    at.session_state["_circuit_edge"] = edge
+    at.run()
+    assert not at.exception and not at.error
+    patched = mhsa.path_patch(MINILM["clean"], MINILM["corrupted"], *edge, model=minilm)
+    message = next(rendered(s.value)[0] for s in at.success)
+    assert f"an exact score of {patched.score:.4g}" in message
 
 
 def test_eap_on_the_embedding_target_is_explained_and_similarity_asks_a_sentence(minilm) -> None:
