@@ -247,20 +247,31 @@ class _Copies:
     heads: int
     shared: bool  # nothing corrupted, no probe: every copy is the plain stream
 
-    def add(self, x: torch.Tensor, w: int, first: int) -> torch.Tensor:
-        """``x`` (the copies of targets ``first ..``) with the corrupted edges at write point
-        ``w`` added and, when probing, kept in ``run.zeros`` for the gradient there (autograd
-        gives it for the sum itself as for a zero added to it)."""
-        if self.shared:
-            return x
-        run, n = self.run, x.shape[1]
-        sources = _sources_at(w, self.heads)
-        if run.corrupt is not None and run.corrupted is not None:
+    def add(
+        self, x: torch.Tensor, w: int, first: int, also: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x`` (the copies of targets ``first ..``, ``[B, n, T, D]``) plus ``also`` (``[B, T,
+        D]``, what every copy adds there) and the corrupted edges at write point ``w``; when
+        probing, kept in ``run.zeros`` for the gradient there (autograd gives it for the sum
+        itself as for a zero added to it). The corrupted edges and ``also`` go in with ``x`` in
+        one batched product (``baddbmm``): these sums are the copies' main memory traffic."""
+        run, (b, n, t, d) = self.run, x.shape
+        mask = None
+        if not self.shared and run.corrupt is not None and run.corrupted is not None:
+            sources = _sources_at(w, self.heads)
             mask = run.corrupt[:, sources, first : first + n]  # (B, s, n)
-            if bool(mask.any()):
-                acts = torch.stack(run.acts[sources], dim=1)  # (B, s, T, D)
-                diffs = run.corrupted[None, sources].to(acts.dtype) - acts
-                x = x + torch.einsum("bstd,bsn->bntd", diffs, mask.to(acts.dtype))
+            mask = mask if bool(mask.any()) else None
+        if mask is not None:
+            acts = torch.stack(run.acts[sources], dim=1)  # (B, s, T, D)
+            diffs = (run.corrupted[None, sources].to(acts.dtype) - acts).flatten(2)  # (B, s, TD)
+            weights = mask.to(acts.dtype).transpose(1, 2)  # (B, n, s)
+            if also is not None:
+                diffs = torch.cat([diffs, also.flatten(1)[:, None]], 1)  # (B, s + 1, TD)
+                weights = torch.cat([weights, weights.new_ones(b, n, 1)], 2)
+            base = x[:, :1] if x.stride(1) == 0 else x  # an expanded x_0: broadcast, not copied
+            x = torch.baddbmm(base.reshape(b, base.shape[1], -1), weights, diffs).view(b, n, t, d)
+        elif also is not None:
+            x = x + also[:, None]
         if run.probe and w == 0:  # x_0 (an expanded view, maybe of no grad): a zero added
             zero = torch.zeros(x.shape, dtype=x.dtype, device=x.device, requires_grad=True)
             x = x + zero
@@ -356,11 +367,11 @@ def _run_rows(model: PostNormModel, run: _Run, inputs: Mapping[str, torch.Tensor
         run.acts.extend(outs.unbind(1))
         attn = outs.sum(1) + model.b_o[layer].to(outs.dtype)
         # rest: the MLP's copy and those above
-        y = model.ln_attn[layer](copies.add(rest + attn[:, None], 1 + 2 * layer, first + 3 * heads))
+        y = model.ln_attn[layer](copies.add(rest, 1 + 2 * layer, first + 3 * heads, attn))
         own, above = (y, y) if copies.shared else y.split([1, y.shape[1] - 1], 1)
         mlp = model.mlps[layer](own[:, 0])
         run.acts.append(mlp)
-        x = model.ln_mlp[layer](copies.add(above + mlp[:, None], 2 + 2 * layer, first + group))
+        x = model.ln_mlp[layer](copies.add(above, 2 + 2 * layer, first + group, mlp))
     return x[:, 0]
 
 
