@@ -2,12 +2,17 @@
 the model itself, interleaved in one run.
 
     python -m bench.bench_circuits [--model toy:induction] [--device cpu|cuda] [--threads N]
-                                   [--no-gpt2] [--cpu-time]
+                                   [--no-gpt2] [--no-minilm] [--cpu-time]
 
 Models: ``--model`` (the shipped toy:induction by default, 110 edges) with a repeat and the
 repeat broken, then a random GPT-2 of GPT-2 small's shape (12 layers of 12 heads, width 768;
 32,491 edges; random weights time as trained ones do) at 64 tokens, EAP only (``--no-gpt2``
-skips it).
+skips it); then the embedded MiniLM (``default``, a post-norm encoder: 6 layers of 12 heads,
+7,588 edges, each target reading its own copy of the chain of norms) with a word swapped
+(``--no-minilm`` skips it): EAP on the target "similarity" and EAP-IG on "embedding", against
+one forward and backward of the plain model (the cosine of its sentence embedding with the
+second sentence's, differentiated with respect to its input embeddings); the faithfulness
+curve against 10 plain forwards.
 
 Targets (issue 40):
 
@@ -102,12 +107,82 @@ def _big(device: str, clock) -> None:
     print_table(rows, ["what", "ms", "baseline", "ratio"])
 
 
+#: MiniLM's pair (a word swapped) and the second sentence of the target "similarity"
+SENTENCES = ("The cat sat on the mat.", "The dog sat on the mat.", "A cat was sitting on the rug.")
+
+
+def _plain_encoder(lm: mhsa.LoadedModel, text: str, reference: torch.Tensor) -> float:
+    """One forward and backward of the plain encoder: cos(sentence embedding, reference)."""
+    inputs = lm.tokenizer(text, return_tensors="pt").to(lm.device)
+    embeddings = lm.model.get_input_embeddings()(inputs["input_ids"]).detach()
+    embeddings.requires_grad_(True)
+    hidden = lm.model(inputs_embeds=embeddings, attention_mask=inputs["attention_mask"])
+    value = torch.cosine_similarity(hidden.last_hidden_state.mean(1)[0], reference, dim=0)
+    value.backward()
+    return float(value.detach())
+
+
+def _minilm(device: str, clock) -> None:
+    """EAP and EAP-IG over MiniLM's edges against one forward+backward of the plain model."""
+    lm = mhsa.load_model("default", device=device)
+    clean, corrupted, pair = SENTENCES
+    with torch.no_grad():
+        inputs = lm.tokenizer(pair, return_tensors="pt").to(lm.device)
+        reference = lm.model(**inputs).last_hidden_state.mean(1)[0]
+    similarity = {"model": lm, "target": "similarity", "text_pair": pair}
+    scores = mhsa.edge_attribution(clean, corrupted, method="eap", **similarity)
+    edges = len(scores)
+
+    def forwards() -> None:
+        with torch.no_grad():
+            for _ in range(10):
+                lm.model(**lm.tokenizer(clean, return_tensors="pt").to(lm.device))
+
+    times = median_times(
+        {
+            "forward+backward": lambda: _plain_encoder(lm, clean, reference),
+            "eap (similarity)": lambda: mhsa.edge_attribution(
+                clean, corrupted, method="eap", **similarity
+            ),
+            "eap-ig (embedding, 5 steps)": lambda: mhsa.edge_attribution(
+                clean, corrupted, model=lm, method="eap-ig"
+            ),
+            "10 forwards": forwards,
+            "curve (10 sizes)": lambda: mhsa.faithfulness_curve(
+                clean, corrupted, scores, **similarity
+            ),
+        },
+        repeat=7,
+        warmup=1,
+        budget_s=120,
+        clock=clock,
+    )
+    one = times["forward+backward"]
+    tokens = len(lm.tokenizer(clean)["input_ids"])
+    print(
+        f"\nMiniLM (default, 6 x 12, width 384), {tokens} tokens: {edges} edges; "
+        f"forward+backward {1000 * one:.1f} ms"
+    )
+    ten = times["10 forwards"]
+    rows = [
+        {"what": name, "ms": 1000 * t, "baseline": base, "ratio": t / ref, "target": target}
+        for name, base, ref, target in (
+            ("eap (similarity)", "forward+backward", one, "<= 3"),
+            ("eap-ig (embedding, 5 steps)", "forward+backward", one, ""),
+            ("curve (10 sizes)", "10 forwards", ten, "<= 1"),
+        )
+        for t in [times[name]]
+    ]
+    print_table(rows, ["what", "ms", "baseline", "ratio", "target"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="toy:induction")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--no-gpt2", action="store_true", help="skip GPT-2 small's shape")
+    parser.add_argument("--no-minilm", action="store_true", help="skip MiniLM (an encoder)")
     parser.add_argument(
         "--cpu-time", action="store_true", help="time this process's CPU (steadier under load)"
     )
@@ -152,6 +227,8 @@ def main() -> None:
     print_table(rows, ["what", "ms", "baseline", "ratio", "target"])
     if not args.no_gpt2:
         _big(args.device, clock)
+    if not args.no_minilm:
+        _minilm(args.device, clock)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,10 @@ target v's input is ``x_v + sum over the corrupted edges (u, v) of (a_u(corrupte
 run))``, so such an edge carries the source's activation from the corrupted text while every
 other edge carries this run's. Each row of a batch has its own set of corrupted edges.
 
+Post-norm encoders (the BERT family) have no such sum: their targets read their own copies of
+the chain of norms instead (``mhsa.circuit_postnorm``, our definition); ``circuit_model`` picks
+the wiring and ``run_circuit`` / ``run_pair`` run either.
+
 ``run_pair`` runs a clean and a corrupted text once, side by side (``CircuitPair``: every
 source's activation on each, the metric of each and, for EAP, the clean run's gradient at every
 target input from the same pass); ``mhsa.circuits`` scores edges and circuits from it.
@@ -38,6 +42,14 @@ from torch import nn
 
 from mhsa.circuit_graph import CircuitGraph, graph_of
 from mhsa.circuit_layers import is_parallel, layer_norms, per_head, ungrouped
+from mhsa.circuit_postnorm import (
+    PostNormModel,
+    embedding_metric,
+    is_post_norm_encoder,
+    pooled,
+    postnorm_model,
+    run_postnorm,
+)
 from mhsa.errors import InputError, UnsupportedModelError
 from mhsa.layer_parts import final_norm_of
 from mhsa.metrics import logit_difference
@@ -56,11 +68,13 @@ __all__ = [
 ]
 
 TOOLS_NEEDING_PRE_NORM = (
-    "Circuits (edge attribution, faithfulness, path patching), direct logit attribution and "
-    "information flow need a causal language model with pre-norm layers, whose residual stream "
-    "is a sum of its parts: GPT-2, the Llama family (Llama, Qwen2, Qwen3, Mistral, Gemma, "
-    "Phi-3), the parallel-block families (GPT-J, GPT-NeoX/Pythia, Phi, Falcon) or a toy model "
-    "such as toy:induction. Patching, head importance and every attention view run on it."
+    "Circuits (edge attribution, faithfulness, path patching) run on causal language models with "
+    "pre-norm layers (GPT-2, the Llama family: Llama, Qwen2, Qwen3, Mistral, Gemma, Phi-3; the "
+    "parallel-block GPT-J, GPT-NeoX/Pythia, Phi and Falcon; toy models such as toy:induction), "
+    "scored by logit(answer) - logit(wrong), and on BERT-family encoders (BERT, RoBERTa, "
+    "ELECTRA, MiniLM), scored by the embedding targets; direct logit attribution and "
+    "information flow need the causal pre-norm ones. Patching, head importance and every "
+    "attention view run on it."
 )
 
 
@@ -121,34 +135,46 @@ def _check(lm: LoadedModel) -> None:
 
 def circuit_model(
     lm: LoadedModel, blocks: list[OurBlock] | None = None, running: OurPass | None = None
-) -> CircuitModel:
+) -> CircuitModel | PostNormModel:
     """``lm``'s parts for circuit runs, built once and kept in ``lm.cache``; caller holds
     ``lm.lock``. With ``blocks`` (a training run's, standing in the model with the pass
-    ``running``): built from them afresh (their weights move), and run in place.
+    ``running``): built from them afresh (their weights move), and run in place. A BERT-family
+    encoder gets the post-norm wiring (``mhsa.circuit_postnorm``).
 
     Raises:
         UnsupportedModelError: a model our module cannot run (the swap's message), an
-            encoder-decoder, a model without a next-token head, a post-norm model, norms after
-            attention or the MLP (Gemma 2, OLMo 2), or a layout without the norms and MLP
-            found by name; the message says which tools need what.
+            encoder-decoder, a decoder without a next-token head, an encoder outside the BERT
+            family, norms after a decoder's attention or MLP (Gemma 2, OLMo 2), or a decoder
+            layout without the norms and MLP found by name; the message says which tools need
+            what.
     """
     key = "circuit-model"
     if blocks is None and key in lm.cache:
         return lm.cache[key]
+    if blocks is None and not lm.is_encoder_decoder and lm.lm_head != "causal":
+        plain = _our_blocks(lm)
+        if is_post_norm_encoder(lm, plain):
+            encoder = postnorm_model(lm, plain, lambda why: _unsupported(lm, why))
+            lm.cache[key] = encoder
+            return encoder
     _check(lm)
     if blocks is None:
-        try:
-            blocks = our_blocks(lm)
-        except UnsupportedModelError as e:
-            raise UnsupportedModelError(f"Circuits run through our module: {e}") from e
+        blocks = _our_blocks(lm)
     if not blocks[0].causal:
-        raise _unsupported(lm, "a post-norm encoder")
+        raise _unsupported(lm, "an encoder a training run stands in")
     if running is not None and blocks[0].ours.groups > 1:
         raise _unsupported(lm, "grouped-query attention in a run that is already going")
     model = _wired(lm, blocks, running)
     if running is None:
         lm.cache[key] = model
     return model
+
+
+def _our_blocks(lm: LoadedModel) -> list[OurBlock]:
+    try:
+        return our_blocks(lm)
+    except UnsupportedModelError as e:
+        raise UnsupportedModelError(f"Circuits run through our module: {e}") from e
 
 
 def _wired(lm: LoadedModel, plain: list[OurBlock], running: OurPass | None) -> CircuitModel:
@@ -313,10 +339,13 @@ def _mlp_hook(run: CircuitRun, copy: bool) -> Callable[..., None]:
 
 
 def run_circuit(
-    model: CircuitModel, run: CircuitRun, inputs: Mapping[str, torch.Tensor]
+    model: CircuitModel | PostNormModel, run: CircuitRun, inputs: Mapping[str, torch.Tensor]
 ) -> torch.Tensor:
-    """``inputs`` through ``model`` wired as ``run`` asks; returns the logits ``[B, T, V]`` and
-    fills ``run``. Caller holds the lock (and picks the grad mode)."""
+    """``inputs`` through ``model`` wired as ``run`` asks; returns the logits ``[B, T, V]`` (an
+    encoder: the logits node's last hidden state ``[B, T, D]``, ``run_postnorm``) and fills
+    ``run``. Caller holds the lock (and picks the grad mode)."""
+    if isinstance(model, PostNormModel):
+        return run_postnorm(model, run, inputs)
     handles = []
     try:
         for i, layer in enumerate(model.layers):
@@ -355,7 +384,7 @@ def run_circuit(
 class CircuitPair:
     """Both texts encoded for a wired model, the metric's tokens, and both runs' activations."""
 
-    wired: CircuitModel
+    wired: CircuitModel | PostNormModel
     graph: CircuitGraph
     clean: dict[str, torch.Tensor]  # the clean text's inputs (batch 1)
     tokens: tuple[list[str], list[str]]  # the two texts' tokens
@@ -367,7 +396,10 @@ class CircuitPair:
     m_clean: float
     m_corrupted: float
     #: ``[targets, T, D]`` dm/d(each target input) at the clean run, when the pair's run kept it
+    #: (an encoder: at each probe of ``mhsa.circuit_postnorm.probe_layout``)
     grads: torch.Tensor | None = None
+    #: encoders: the sentence embedding ``[D]`` the metric compares with (cosine)
+    reference: torch.Tensor | None = None
 
     def ids(self, rows: int) -> dict[str, torch.Tensor]:
         """The clean text's inputs, ``rows`` times."""
@@ -375,8 +407,9 @@ class CircuitPair:
 
     def measure(self, logits: torch.Tensor) -> torch.Tensor:
         """``[rows]``: logit(answer) - logit(wrong) at the last position (the metric module's
-        ``logit_difference``, patching's metric)."""
-        return logit_difference(logits, self.answer, self.wrong)
+        ``logit_difference``, patching's metric); an encoder: the cosine of the sentence
+        embedding of ``logits`` (its last hidden state) with the reference."""
+        return _measure(logits, self.answer, self.wrong, self.reference, self.clean)
 
     def attrs(self) -> dict[str, Any]:
         return {
@@ -411,14 +444,19 @@ def run_pair(
     metric: str,
     tokens: tuple[list[str], list[str]],
     gradient: bool = False,
+    reference: torch.Tensor | None = None,
 ) -> CircuitPair:
     """Both inputs run side by side once (every source's activation, m of each); lock held.
+
+    An encoder's metric is the cosine of the sentence embedding with ``reference`` ([D], the
+    target "similarity"), or with the clean run's own (None: the target "embedding").
 
     ``gradient``: the same pass also carries EAP's probe (a zero added to every target input)
     and one backward gives dm_clean/d(each target input), so EAP costs one forward of two rows
     and one backward instead of a forward of two rows, one of one row and a backward. The rows
     do not mix (same length, no padding), so the corrupted row adds nothing to the clean row's
-    gradient.
+    gradient. An encoder's rows run apart (only the clean one carries every target's copy, with
+    the probe), and need ``reference``.
 
     Raises:
         InputError: the two give the same metric.
@@ -426,15 +464,28 @@ def run_pair(
     graph = wired.graph
     both = {k: torch.cat([clean[k], corrupted[k]]) for k in clean.keys() & corrupted.keys()}
     run = CircuitRun(graph.upstream, probe=gradient)
-    if gradient:
+    encoder = isinstance(wired, PostNormModel)
+    if gradient and encoder:  # the rows apart: only the clean one carries every target's copy
+        plain = CircuitRun(graph.upstream)
+        with torch.inference_mode():
+            other = _measure(run_circuit(wired, plain, corrupted), -1, -1, reference, clean)
+        with torch.inference_mode(False), torch.enable_grad():
+            clean_value = _measure(run_circuit(wired, run, clean), -1, -1, reference, clean)[0]
+        values = torch.stack([clean_value.detach(), other[0]])
+        run.acts = [torch.cat([a.detach(), b]) for a, b in zip(run.acts, plain.acts, strict=True)]
+    elif gradient:
         with torch.inference_mode(False), torch.enable_grad():
             logits = run_circuit(wired, run, both)
-            values = logit_difference(logits, answer, wrong)
+            if encoder and reference is None:
+                reference = _pooled(logits[:1], clean)
+            values = _measure(logits, answer, wrong, reference, clean)
             clean_value = values[0]
     else:
         with torch.inference_mode():
             logits = run_circuit(wired, run, both)
-        values = logit_difference(logits, answer, wrong)
+        if encoder and reference is None:
+            reference = _pooled(logits[:1], clean)
+        values = _measure(logits, answer, wrong, reference, clean)
     m_clean, m_corrupted = (float(v) for v in values.detach())
     if abs(m_clean - m_corrupted) <= 1e-6 * max(1.0, abs(m_clean)):
         raise InputError(
@@ -446,8 +497,26 @@ def run_pair(
     acts = torch.stack([a.detach() for a in run.acts], dim=1)  # (2, sources, T, D)
     ms = (m_clean, m_corrupted)
     return CircuitPair(
-        wired, graph, clean, tokens, answer, wrong, metric, acts[0], acts[1], *ms, grads
+        wired, graph, clean, tokens, answer, wrong, metric, acts[0], acts[1], *ms, grads, reference
     )
+
+
+def _pooled(hidden: torch.Tensor, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """``[D]``: the sentence embedding of the first row of ``hidden`` (detached)."""
+    return pooled(hidden.detach(), inputs)[0]
+
+
+def _measure(
+    out: torch.Tensor,
+    answer: int,
+    wrong: int,
+    reference: torch.Tensor | None,
+    inputs: Mapping[str, torch.Tensor],
+) -> torch.Tensor:
+    """``[rows]``: the logit difference, or (``reference`` given) the embedding's cosine."""
+    if reference is None:
+        return logit_difference(out, answer, wrong)
+    return embedding_metric(out, inputs, reference)
 
 
 def probe_gradients(

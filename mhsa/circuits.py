@@ -28,12 +28,18 @@ source's output:
 - ``"exact"``: m with that edge alone carrying the corrupted activation, minus m of the clean
   run (``get_scores_exact``); ``path_patch`` of the edge.
 
+On encoders (the BERT family: BERT, RoBERTa, ELECTRA, MiniLM) m is patching's embedding target
+(``mhsa.metrics.PATCH_TARGETS``): "embedding", the cosine of the sentence embedding with the
+clean run's (1 for the clean run), or "similarity", with that of a second sentence
+``text_pair``; each target reads its own copy of the post-norm chain (``mhsa.circuit_postnorm``,
+our definition). The gradient of "embedding" is zero at the clean run, so plain EAP refuses it.
+
 Everything runs through our module (``mhsa.swap``, wired by ``mhsa.circuit_runs``) with the
 model's own weights, on pre-norm causal language models (GPT-2, the Llama family, the toy
-models; and the parallel-block families GPT-J, GPT-NeoX, Phi and Falcon, whose MLP reads the
-layer's input, so that a head feeds only the MLPs of the layers above it). Circuits evaluated
-together (a faithfulness curve, exact scores) run as the rows of one batch, each row with its
-own corrupted edges, as leave-one-out batches heads.
+models), the parallel-block families GPT-J, GPT-NeoX, Phi and Falcon (whose MLP reads the
+layer's input, so that a head feeds only the MLPs of the layers above it) and BERT-family
+encoders. Circuits evaluated together (a faithfulness curve, exact scores) run as the rows of
+one batch, each row with its own corrupted edges, as leave-one-out batches heads.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ import pandas as pd
 import torch
 
 from mhsa.circuit_graph import CircuitGraph
+from mhsa.circuit_pairs import EAP_ONE_PASS_MAX, circuit_pair
+from mhsa.circuit_postnorm import PostNormModel, postnorm_edge_scores, rows_per_pass
 from mhsa.circuit_runs import (
     CircuitPair,
     CircuitRun,
@@ -55,7 +63,6 @@ from mhsa.circuit_runs import (
     run_circuit,
     run_pair,
 )
-from mhsa.encoding import answer_ids, encode_clean_corrupted
 from mhsa.errors import InputError
 from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.registry import lookup
@@ -105,57 +112,6 @@ def circuit_graph(model: str | LoadedModel = DEFAULT_MODEL) -> CircuitGraph:
     return wired.graph
 
 
-# --- the clean / corrupted pair -----------------------------------------------------------------
-
-
-def _pair(
-    lm: LoadedModel,
-    clean: object,
-    corrupted: object,
-    answer: object,
-    wrong: object,
-    max_tokens,
-    gradient: bool = False,
-) -> CircuitPair:
-    """The pair checked, encoded and run once (clean and corrupted side by side; ``gradient``:
-    with the clean run's gradients at every target input, see ``run_pair``; only below
-    ``EAP_ONE_PASS_MAX``); lock held.
-
-    Raises:
-        UnsupportedModelError: see ``circuit_model``.
-        InputError: answer/wrong as for patching; texts of different token counts (both token
-            lists named); texts that give the same metric.
-    """
-    wired = circuit_model(lm)
-    if answer is None or wrong is None:
-        raise InputError(
-            f"{lm.display_name} is a causal language model: give both answer= and wrong= (the "
-            "metric is logit(answer) - logit(wrong) at the last position)."
-        )
-    a, w, a_text, w_text = answer_ids(lm, answer, wrong)
-    clean_enc, corrupted_enc = encode_clean_corrupted(
-        lm, clean, corrupted, max_tokens, "an edge carries a source's activation"
-    )
-    metric = f"logit({a_text!r}) − logit({w_text!r}) at the last position"
-    tokens = (list(clean_enc.tokens.strings), list(corrupted_enc.tokens.strings))
-    n_clean = clean_enc.inputs["input_ids"].shape[1]
-    gradient = gradient and n_clean * _parameters(lm) <= EAP_ONE_PASS_MAX
-    return run_pair(wired, clean_enc.inputs, corrupted_enc.inputs, a, w, metric, tokens, gradient)
-
-
-#: EAP takes its gradient from the pair's own pass (two rows forward and backward) when the
-#: model's parameters times the tokens are at most this; above, the fixed per-call costs no
-#: longer dominate and a separate forward and backward of the clean row alone is cheaper
-#: (BENCHMARKS.md §17: 3.2x against 3.4x a forward+backward at GPT-2 small's size)
-EAP_ONE_PASS_MAX = 10**8
-
-
-def _parameters(lm: LoadedModel) -> int:
-    if "parameter-count" not in lm.cache:
-        lm.cache["parameter-count"] = sum(p.numel() for p in lm.model.parameters())
-    return lm.cache["parameter-count"]
-
-
 def _check_whole(value: object, what: str, low: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
         raise InputError(f"{what} must be a whole number of at least {low}, got {value!r}.")
@@ -184,6 +140,8 @@ def _attribution(pair: CircuitPair, method: str, steps: int, batch: int, progres
     else:
         clean, corrupted = pair.acts_clean[0], pair.acts_corrupted[0]  # the input node
         alphas = torch.arange(steps, dtype=clean.dtype, device=clean.device) / steps
+        if isinstance(pair.wired, PostNormModel):  # every row carries every target's copy
+            batch = min(batch, rows_per_pass(pair.wired, clean.shape[0], probe=True))
         grads = torch.zeros(0)
         chunks = [alphas[i : i + batch] for i in range(0, steps, batch)]
         for done, chunk in enumerate(chunks, start=1):
@@ -193,6 +151,10 @@ def _attribution(pair: CircuitPair, method: str, steps: int, batch: int, progres
             if progress is not None:
                 progress(done, len(chunks))
         grads = grads / steps
+    if isinstance(pair.wired, PostNormModel):  # (probe rows, T D), about 6x the targets: float32
+        graph, diff = pair.graph, (pair.acts_corrupted - pair.acts_clean).flatten(1)
+        scores = postnorm_edge_scores(graph.layers, graph.heads, diff, grads.flatten(1))
+        return np.where(graph.mask, scores.double().cpu().numpy(), 0.0)
     diff = (pair.acts_corrupted - pair.acts_clean).flatten(1).double()  # (sources, T D)
     grads = grads.flatten(1).double()  # (targets, T D)
     # only the edges: each run of targets with the same upstream sources is one product (about
@@ -236,6 +198,8 @@ def edge_attribution(
     model: str | LoadedModel = DEFAULT_MODEL,
     answer: str | None = None,
     wrong: str | None = None,
+    target: str | None = None,
+    text_pair: str | None = None,
     method: str = "eap",
     steps: int = 5,
     max_tokens: int | None = None,
@@ -254,9 +218,15 @@ def edge_attribution(
     Args:
         clean: the text the model runs.
         corrupted: the text whose activations a corrupted edge carries; as many tokens.
-        model: a pre-norm causal LM: ``"toy:induction"``, a GPT-2, Llama-family, GPT-J,
-            GPT-NeoX, Phi or Falcon model id or folder, or a ``LoadedModel``.
-        answer, wrong: words that are each exactly one token after a space.
+        model: a pre-norm causal LM (``"toy:induction"``, a GPT-2, Llama-family, GPT-J,
+            GPT-NeoX, Phi or Falcon model id or folder) or a BERT-family encoder
+            (``"default"``, MiniLM), or a ``LoadedModel``.
+        answer, wrong: words that are each exactly one token after a space (causal LMs).
+        target: encoders: ``"embedding"`` (the default; cosine of the sentence embedding with
+            the clean run's) or ``"similarity"`` (with ``text_pair``'s), as patching's
+            ``mhsa.metrics.PATCH_TARGETS``; plain ``"eap"`` refuses ``"embedding"``, whose
+            gradient is zero at the clean run.
+        text_pair: the second sentence of the target ``"similarity"``.
         method: ``"eap"``, ``"eap-ig"`` or ``"exact"`` (``EDGE_METHODS``).
         steps: EAP-IG's steps.
         max_tokens: truncate both texts to this many tokens.
@@ -281,7 +251,18 @@ def edge_attribution(
     batch_size = _check_whole(batch_size, "batch_size")
     lm = resolve_model(model)
     with lm.lock:
-        pair = _pair(lm, clean, corrupted, answer, wrong, max_tokens, method == "eap")
+        pair = circuit_pair(
+            lm,
+            clean,
+            corrupted,
+            answer,
+            wrong,
+            max_tokens,
+            method == "eap",
+            target,
+            text_pair,
+            method,
+        )
         if method == "exact":
             scores = _exact(pair, batch_size, progress)
         else:
@@ -377,6 +358,8 @@ def circuit_faithfulness(
     model: str | LoadedModel = DEFAULT_MODEL,
     answer: str | None = None,
     wrong: str | None = None,
+    target: str | None = None,
+    text_pair: str | None = None,
     max_tokens: int | None = None,
 ) -> float:
     """How much of the clean behaviour a circuit keeps: ``f = (m_circuit - m_corrupted) /
@@ -394,7 +377,9 @@ def circuit_faithfulness(
     """
     lm = resolve_model(model)
     with lm.lock:
-        pair = _pair(lm, clean, corrupted, answer, wrong, max_tokens)
+        pair = circuit_pair(
+            lm, clean, corrupted, answer, wrong, max_tokens, False, target, text_pair
+        )
         return float(_faithfulness(pair, [pair.graph.selection(edges)], 1)[0])
 
 
@@ -437,6 +422,8 @@ def faithfulness_curve(
     model: str | LoadedModel = DEFAULT_MODEL,
     answer: str | None = None,
     wrong: str | None = None,
+    target: str | None = None,
+    text_pair: str | None = None,
     extra: Sequence[int] = (),
     max_tokens: int | None = None,
     batch_size: int = 16,
@@ -460,7 +447,9 @@ def faithfulness_curve(
     batch_size = _check_whole(batch_size, "batch_size")
     lm = resolve_model(model)
     with lm.lock:
-        pair = _pair(lm, clean, corrupted, answer, wrong, max_tokens)
+        pair = circuit_pair(
+            lm, clean, corrupted, answer, wrong, max_tokens, False, target, text_pair
+        )
         total = pair.graph.n_edges
         if len(scores) != total:
             raise InputError(
@@ -526,6 +515,8 @@ def path_patch(
     model: str | LoadedModel = DEFAULT_MODEL,
     answer: str | None = None,
     wrong: str | None = None,
+    target: str | None = None,
+    text_pair: str | None = None,
     max_tokens: int | None = None,
 ) -> PathPatch:
     """Path patching of one edge, TransformerLens's convention (Wang et al. 2022, IOI; the
@@ -539,7 +530,9 @@ def path_patch(
     """
     lm = resolve_model(model)
     with lm.lock:
-        pair = _pair(lm, clean, corrupted, answer, wrong, max_tokens)
+        pair = circuit_pair(
+            lm, clean, corrupted, answer, wrong, max_tokens, False, target, text_pair
+        )
         u, v = pair.graph.edge(sender, receiver, input)
         corrupt = np.zeros((1, *pair.graph.mask.shape), dtype=np.float32)
         corrupt[0, u, v] = 1

@@ -30,7 +30,7 @@ from mhsa.encoding import answer_ids
 from mhsa.errors import InputError
 from mhsa.models import LoadedModel
 from mhsa.registry import lookup
-from mhsa.swap import tile_rows
+from mhsa.swap import OurBlock, OurPass, run_with_our_blocks, tile_rows
 
 __all__ = [
     "PATCH_TARGETS",
@@ -39,6 +39,7 @@ __all__ = [
     "TargetSpec",
     "answer_direction",
     "answer_tokens",
+    "embedding_of",
     "lm_loss",
     "logit_difference",
     "patch_metric",
@@ -105,6 +106,16 @@ def sentence_embedding(outputs: Any, inputs: Mapping[str, torch.Tensor]) -> torc
     mask = tile_rows(mask, hidden.shape[0])
     weight = mask.to(hidden.device, hidden.dtype)[..., None]  # (1 or rows, T, 1)
     return (hidden * weight).sum(1) / weight.sum(1)
+
+
+def embedding_of(
+    lm: LoadedModel, blocks: list[OurBlock], inputs: Mapping[str, torch.Tensor]
+) -> torch.Tensor:
+    """``[D]``: the sentence embedding of one encoded text run through our ``blocks`` (the
+    reference of patching's and circuits' encoder targets). Caller holds the lock."""
+    with torch.inference_mode():
+        outputs = run_with_our_blocks(lm, blocks, OurPass(need_weights=False), inputs)
+        return sentence_embedding(outputs, inputs)[0]
 
 
 def lm_loss(lm: LoadedModel, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

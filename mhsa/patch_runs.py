@@ -23,7 +23,7 @@ from mhsa.core import Observer
 from mhsa.encoding import Encoded, check_text, encode, encode_clean_corrupted
 from mhsa.errors import InputError
 from mhsa.heads import head_label
-from mhsa.metrics import PatchMetric, patch_metric, sentence_embedding
+from mhsa.metrics import PatchMetric, embedding_of, patch_metric
 from mhsa.models import LoadedModel, resolve_model
 from mhsa.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
 
@@ -149,9 +149,7 @@ def setup_patch(
     if not metric.with_head:
         pair = None if text_pair is None else check_text(text_pair, "second sentence")
         reference = clean_enc if pair is None else encode(lm, pair, None, max_tokens)
-        with torch.inference_mode():
-            outputs = run_with_our_blocks(lm, blocks, OurPass(need_weights=False), reference.inputs)
-            metric = metric.with_reference(sentence_embedding(outputs, reference.inputs)[0])
+        metric = metric.with_reference(embedding_of(lm, blocks, reference.inputs))
     return PatchSetup(lm, point, clean_enc, corrupted_enc, metric, blocks)
 
 

@@ -117,9 +117,7 @@ with page.run("Patching", PARAMS) as sidebar:
     if causal:
         page.answer_inputs()
     else:
-        page.described_choice("Metric", mhsa.PATCH_TARGETS, "patch_target")
-        if state["patch_target"] == "similarity":
-            st.text_input("Second sentence (compared with each run)", key="pair")
+        page.encoder_target_inputs("patch_target")
     left, right = st.columns(2)
     left.radio("Mode", list(PATCH_MODES), key="patch_mode", format_func=PATCH_MODES.get)
     right.radio(

@@ -9,7 +9,7 @@ import streamlit as st
 
 import mhsa
 from mhsa import plots
-from ui import page
+from ui import core, page
 from ui.state import (
     DEFAULT_TEXT,
     Param,
@@ -32,6 +32,8 @@ PARAMS = {
     "circuit_method": Param("eap-ig", choice(*mhsa.EDGE_METHODS)),
     "circuit_steps": Param(5, bounded_int(1, 50)),
     "circuit_n": Param(20, bounded_int(1, MAX_N)),
+    "circuit_target": Param("embedding", choice(*mhsa.PATCH_TARGETS)),
+    "pair": Param("A cat was sitting on the rug.", text_param),
 }
 EXPLANATION = """\
 **The graph** (EAP-IG's, as the MIB benchmark counts it): nodes are the embeddings (**input**),
@@ -47,7 +49,16 @@ every edge from one backward pass: (corrupted − clean source output) · the gr
 target's input. **eap-ig** (Hanna et al. 2024): the same with the gradient averaged over runs
 whose embeddings go from the corrupted text's to the clean text's in a number of steps. m is
 logit(answer) − logit(wrong) at the last position; a negative score is an edge whose corruption
-lowers it.
+lowers it. For an encoder (MiniLM, BERT), m is patching's: the cosine similarity of the run's
+sentence embedding to the clean run's (**embedding**: 1 for the clean run, so its gradient there
+is zero and plain eap says nothing: use eap-ig or exact) or to a second sentence's
+(**similarity**).
+
+**Encoders** put a LayerNorm after each residual sum (post-norm), so the stream is no sum of the
+nodes' outputs. Here each target reads its own copy of the whole chain of norms, recomputed from
+the nodes' outputs with its own edges' sources (our definition, after EAP-IG's graph; see
+Kobayashi et al. 2021 on the norms in post-norm streams): with every edge clean the copies are
+the model's own forward pass.
 
 **Faithfulness** of a circuit (the top n edges by |score|): run the clean text with every edge
 not in the circuit corrupted; f = (m_circuit − m_corrupted) / (m_clean − m_corrupted): 1 when
@@ -58,11 +69,14 @@ between it and 1 (lower is better).
 **Click** a head to open it on the Heads page; click an edge's label to path-patch that edge
 alone (its exact score). Everything runs through our module with the model's own weights, on
 pre-norm causal language models (GPT-2, the Llama family, the parallel-block GPT-J,
-GPT-NeoX/Pythia, Phi and Falcon, the toy models).
+GPT-NeoX/Pythia, Phi and Falcon, the toy models) and BERT-family encoders (BERT, RoBERTa,
+ELECTRA, MiniLM).
 
 References: A. Syed, C. Rager, A. Conmy, "Attribution Patching Outperforms Automated Circuit
 Discovery", 2023. M. Hanna, S. Pezzelle, Y. Belinkov, "Have Faith in Faithfulness", COLM 2024.
 A. Mueller et al., "MIB: A Mechanistic Interpretability Benchmark", ICML 2025 (circuit track).
+G. Kobayashi, T. Kuribayashi, S. Yokoi, K. Inui, "Incorporating Residual and Normalization Layers
+into Analysis of Masked Language Models", EMNLP 2021.
 """
 
 
@@ -107,7 +121,10 @@ with page.run("Circuits", PARAMS) as sidebar:
     if problem is not None:
         st.info(md_escape(problem + " Try one of the examples above."), icon="🧭")
         page.stop()
-    page.patch_texts("Clean text (the run)", answers=True)
+    causal = core.can_generate(query.model, query.device)
+    page.patch_texts("Clean text (the run)", answers=causal)
+    if not causal:
+        page.encoder_target_inputs("circuit_target")
     left, right = st.columns(2)
     page.described_choice("Edge scores", mhsa.EDGE_METHODS, "circuit_method", where=left)
     if state["circuit_method"] == "eap-ig":
@@ -118,12 +135,27 @@ with page.run("Circuits", PARAMS) as sidebar:
         state["corrupted"],
         "An edge carries a source's output position by position",
     )
-    if not (state["answer"].strip() and state["wrong"].strip()):
+    if causal and not (state["answer"].strip() and state["wrong"].strip()):
         st.info("Type the answer and the wrong answer: the metric is their logit difference.")
+        page.stop()
+    target = "" if causal else state["circuit_target"]
+    if target == "embedding" and state["circuit_method"] == "eap":
+        st.info(
+            "The embedding target's gradient is zero at the clean run (the cosine with its own "
+            "embedding is at its maximum), so eap would score every edge 0: choose eap-ig or "
+            "exact, or the similarity target.",
+            icon="🧭",
+        )
         page.stop()
     steps = state["circuit_steps"] if state["circuit_method"] == "eap-ig" else 5
     settings = CircuitSettings(
-        state["corrupted"], state["answer"], state["wrong"], state["circuit_method"], steps
+        state["corrupted"],
+        state["answer"] if causal else "",
+        state["wrong"] if causal else "",
+        state["circuit_method"],
+        steps,
+        target,
+        state["pair"] if target == "similarity" else "",
     )
     graph = circuits.circuit_graph(query)
     total = graph.n_edges

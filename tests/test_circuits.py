@@ -314,12 +314,6 @@ def test_answer_and_wrong_are_checked_as_for_patching(gpt2: mhsa.LoadedModel):
         mhsa.edge_attribution(CLEAN, CORRUPTED, model=gpt2, answer=ANSWER, wrong=ANSWER)
 
 
-def test_a_post_norm_encoder_is_refused_naming_the_tools(minilm: mhsa.LoadedModel):
-    with pytest.raises(mhsa.UnsupportedModelError, match="no next-token") as e:
-        mhsa.edge_attribution(CLEAN, CORRUPTED, model=minilm)
-    assert "Circuits" in str(e.value) and "Patching" in str(e.value)
-
-
 def test_unknown_method_steps_and_edges_are_refused(gpt2: mhsa.LoadedModel):
     kw = {"model": gpt2, "answer": ANSWER, "wrong": WRONG}
     with pytest.raises(mhsa.InputError, match="eap, eap-ig, exact"):

@@ -55,3 +55,37 @@ def test_texts_of_different_lengths_exit_2_naming_both(tmp_path, capsys):
         main([*argv, "--answer", "lo", "--wrong", "ba", "--out", str(tmp_path / "e.csv")])
     err = capsys.readouterr().err
     assert "16 tokens" in err and "17" in err
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny random BERT (2 layers of 4 heads) saved as a folder the command line loads."""
+    import torch
+
+    from tests.tiny import save_tiny, tiny_bert
+
+    torch.manual_seed(0)
+    return save_tiny(tmp_path_factory.mktemp("bert"), tiny_bert())
+
+
+def test_circuit_on_an_encoder_takes_the_target_and_the_text_pair(bert_folder, tmp_path, capsys):
+    texts = ("the cat sat on the mat", "the dog sat on the rug")
+    out = tmp_path / "edges.csv"
+    argv = ["circuit", *texts, "--model", bert_folder, "--device", "cpu", "--method", "eap"]
+    pair = "a bird flew over the house"
+    assert main([*argv, "--target", "similarity", "--text-pair", pair, "--out", str(out)]) == 0
+    table = pd.read_csv(out, keep_default_na=False)
+    scores = mhsa.edge_attribution(
+        *texts, model=bert_folder, method="eap", target="similarity", text_pair=pair
+    )
+    expected = mhsa.top_edges(scores, len(scores))
+    assert list(table["source"]) == list(expected["source"])
+    assert list(table["target"]) == list(expected["target"])
+    assert table["score"].to_numpy() == pytest.approx(expected["score"].to_numpy(), abs=1e-7)
+    assert "of the second sentence" in capsys.readouterr().out
+    # the embedding target has no gradient at the clean run: eap is refused in one line
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--target", "embedding", "--out", str(out)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "eap-ig" in err and len(err.splitlines()) == 1

@@ -100,7 +100,7 @@ PAGES: tuple[AppPage, ...] = (
         "Circuits",
         "Analyse",
         ":material/hub:",
-        0,  # on the default model (an encoder) it draws none: two on a causal LM
+        2,  # the circuit and the faithfulness curve (the default MiniLM: the embedding target)
     ),
     AppPage(
         "Rollout",

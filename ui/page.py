@@ -221,6 +221,15 @@ def answer_inputs() -> None:
     right.text_input("Wrong answer (one token after a space)", key="wrong")
 
 
+def encoder_target_inputs(key: str) -> str:
+    """An encoder's metric picker (``mhsa.PATCH_TARGETS``, session key ``key``) and, for
+    "similarity", the second sentence's box (``pair``); returns the target chosen."""
+    described_choice("Metric", mhsa.PATCH_TARGETS, key)
+    if st.session_state[key] == "similarity":
+        st.text_input("Second sentence (compared with each run)", key="pair")
+    return st.session_state[key]
+
+
 @contextlib.contextmanager
 def run(
     title: str, params: dict[str, Param] | None = None, *, kinds: bool = False

@@ -14,16 +14,21 @@ EXAMPLES = (
     'python -m mhsa circuit "ba ke mo di fu lo ni pa su te ba ke mo di fu" '
     '"ba ke mo di ra lo ni pa su te ba ke mo di fu" --model toy:induction --answer lo '
     "--wrong ba --method eap-ig --out edges.csv --top 20 --curve curve.csv",
+    'python -m mhsa circuit "The cat sat on the mat." "The dog sat on the mat." '
+    "--target embedding --method eap-ig --out edges.csv --top 20",
 )
 HELP = "edge scores between heads, MLPs, the embeddings and the logits (CSV)"
 DESCRIPTION = (
     "Edges of the circuit graph (EAP-IG's: a head's q, k and v inputs each read "
     "their own copy of the residual), scored by edge attribution patching (eap), EAP with "
     "integrated gradients (eap-ig) or each edge patched alone (exact), with the metric "
-    "logit(answer) - logit(wrong) at the last position. --out: one row per edge, largest "
-    "|score| first; --top N: the faithfulness of the top N edges; --curve: f at MIB's "
-    "sizes, with CPR and CMD. Pre-norm causal language models (GPT-2, Llama, Qwen, Gemma, "
-    "Phi-3, and the parallel-block GPT-J, GPT-NeoX/Pythia, Phi, Falcon; toy models)."
+    "logit(answer) - logit(wrong) at the last position (causal LMs) or, for encoders, "
+    "patching's --target: the cosine of the sentence embedding with the clean run's "
+    "(embedding; eap needs similarity) or with --text-pair's (similarity). --out: one row "
+    "per edge, largest |score| first; --top N: the faithfulness of the top N edges; "
+    "--curve: f at MIB's sizes, with CPR and CMD. Pre-norm causal language models (GPT-2, "
+    "Llama, Qwen, Gemma, Phi-3, the parallel-block GPT-J, GPT-NeoX/Pythia, Phi, Falcon; toy "
+    "models) and BERT-family encoders (BERT, RoBERTa, ELECTRA, MiniLM)."
 )
 
 
@@ -34,7 +39,6 @@ def add_arguments(circuit: argparse.ArgumentParser) -> None:
         circuit,
         "the text the model runs",
         "the text a corrupted edge takes its source from",
-        targets=False,
     )
     circuit.add_argument("--method", default="eap-ig", choices=list(EDGE_METHODS))
     circuit.add_argument("--steps", type=int, default=5, help="eap-ig: integrated-gradient steps")

@@ -108,7 +108,13 @@ def add_metric_options(parser: argparse.ArgumentParser, *, targets: bool = True)
             choices=list(PATCH_TARGETS),
             help="encoders: what is measured (default embedding)",
         )
-        parser.add_argument("--pair", default=None, help="--target similarity: the other sentence")
+        parser.add_argument(
+            "--pair",
+            "--text-pair",
+            dest="pair",
+            default=None,
+            help="--target similarity: the other sentence",
+        )
     parser.add_argument("--max-tokens", type=int, default=None, help="truncate to this many tokens")
 
 

@@ -1,6 +1,6 @@
 """The Circuits page through AppTest: its figures against the library on the toy induction
-example, a clicked edge path-patched, the refusal on an encoder, n clamped, and its link values
-hostile."""
+example and the MiniLM example (the embedding target), a clicked edge path-patched, the refusal
+on an encoder-decoder, n clamped, and its link values hostile."""
 
 from __future__ import annotations
 
@@ -34,7 +34,10 @@ CIRCUIT_LINKS = {
     "circuit_method": ["acdc", "EAP", "<b>eap</b>", "[eap](https://e.org)"],
     "circuit_steps": ["0", "51", "2.5", "nan"],
     "circuit_n": ["0", "-3", "1e3", "99999999999999999999"],
+    "circuit_target": ["lm-loss", "<b>embedding</b>", "[similarity](https://e.org)"],
+    "pair": ["x" * 100_001],
 }
+MINILM = CIRCUIT_EXAMPLES["MiniLM (the embedding target)"]
 
 pytestmark = pytest.mark.slow
 
@@ -48,13 +51,56 @@ def toy(**more: str) -> AppTest:
     return run(**{**link, **more})
 
 
-def test_an_encoder_is_refused_naming_the_tools_and_the_examples_are_offered(minilm) -> None:
-    at = run()
+def test_an_encoder_decoder_is_refused_naming_the_tools_and_the_examples_are_offered() -> None:
+    at = run(model="toy:reverse-seq2seq")
     assert not at.exception and not at.error
     info = " ".join(rendered(i.value)[0] for i in at.info)
     assert "Circuits" in info and "Patching" in info and "examples" in info
+    assert "BERT-family encoders" in info
     assert [b.label for b in at.button][: len(CIRCUIT_EXAMPLES)] == list(CIRCUIT_EXAMPLES)
     assert not charts(at)
+
+
+def test_minilm_example_draws_the_librarys_top_edges_for_the_embedding_target(minilm) -> None:
+    at = run(model="toy:induction")
+    at.button[list(CIRCUIT_EXAMPLES).index("MiniLM (the embedding target)")].click().run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    assert at.session_state["model"] == "default"
+    assert at.radio(key="circuit_target").value == "embedding"
+    assert "answer" not in {t.key for t in at.text_input}  # no logit difference on an encoder
+    scores = mhsa.edge_attribution(
+        MINILM["clean"], MINILM["corrupted"], model=minilm, method="eap-ig", steps=5
+    )
+    shown = charts(at)
+    graph = next(s for t, s in shown.items() if t.startswith("Circuit: the top 20 edges"))
+    mids = next(d for d in graph["data"] if d.get("name") == "edges")
+    drawn = {tuple(c[1:]) for c in mids["customdata"]}
+    top = mhsa.top_edges(scores, 20)
+    assert drawn == set(top[["source", "target", "input"]].itertuples(index=False, name=None))
+    caption = next(t for t in (rendered(c.value)[0] for c in at.caption) if "Metric:" in t)
+    assert "cosine similarity of the run's sentence embedding to the clean run's" in caption
+    assert f"corrupted run {scores.attrs['corrupted']:.4g}" in caption
+    assert any(t.startswith("Faithfulness of the top-n") for t in shown)
+    # a clicked edge is path-patched on the embedding target
+    edge = tuple(top[["source", "target", "input"]].iloc[0])
+    at.session_state["_circuit_edge"] = edge
+    at.run()
+    assert not at.exception and not at.error
+    patched = mhsa.path_patch(MINILM["clean"], MINILM["corrupted"], *edge, model=minilm)
+    message = next(rendered(s.value)[0] for s in at.success)
+    assert f"an exact score of {patched.score:.4g}" in message
+
+
+def test_eap_on_the_embedding_target_is_explained_and_similarity_asks_a_sentence(minilm) -> None:
+    at = run(circuit_method="eap")
+    assert not at.exception and not at.error
+    assert any("gradient is zero" in rendered(i.value)[0] for i in at.info)
+    assert not charts(at)
+    at.radio(key="circuit_target").set_value("similarity").run()
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    assert at.text_input(key="pair").value == "A cat was sitting on the rug."
+    caption = next(t for t in (rendered(c.value)[0] for c in at.caption) if "Metric:" in t)
+    assert "that of the second sentence" in caption and "by eap" in caption
 
 
 def test_toy_example_draws_the_librarys_top_edges_and_curve() -> None:

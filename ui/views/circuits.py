@@ -56,17 +56,30 @@ CIRCUIT_EXAMPLES: dict[str, dict[str, Any]] = {
         "circuit_method": "eap-ig",
         "circuit_n": 20,
     },
+    "MiniLM (the embedding target)": {
+        "model": "default",
+        "clean": "The cat sat on the mat.",
+        "corrupted": "The dog sat on the mat.",
+        "circuit_target": "embedding",
+        "circuit_method": "eap-ig",
+        "circuit_steps": 5,
+        "circuit_n": 20,
+    },
 }
 
 
 class CircuitSettings(NamedTuple):
-    """What the Circuits page asks besides its clean text (a query's text) and the model."""
+    """What the Circuits page asks besides its clean text (a query's text) and the model:
+    ``answer`` and ``wrong`` for causal LMs, ``target`` (and ``pair``, the second sentence of
+    "similarity") for encoders (``mhsa.PATCH_TARGETS``; "" for causal LMs)."""
 
     corrupted: str
     answer: str
     wrong: str
     method: str
     steps: int
+    target: str = ""
+    pair: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,10 +139,13 @@ def circuit_tokens(query: Query, text: str, what: str) -> tuple[str, ...]:
 
 
 def _arguments(query: Query, settings: CircuitSettings) -> dict[str, Any]:
+    metric: dict[str, Any] = {"answer": settings.answer or None, "wrong": settings.wrong or None}
+    if settings.target:
+        pair = settings.pair if settings.target == "similarity" else None
+        metric = {"target": settings.target, "text_pair": pair}
     return {
         "model": loaded_model(query.model, query.device),
-        "answer": settings.answer or None,
-        "wrong": settings.wrong or None,
+        **metric,
         "max_tokens": LIMITS.max_tokens,
     }
 
