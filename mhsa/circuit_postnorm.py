@@ -31,6 +31,9 @@ point of every copy (``probe_layout``) gives all of them from one backward.
 The copies of every target not yet reached advance together, one layer at a time (``[B, targets
 above, T, D]``), so a run makes as many norm calls as the plain forward, on about L (3H + 1) / 2
 times the rows on average; with nothing corrupted and no probe they are one, the plain stream.
+A run that corrupts edges and probes nothing (faithfulness, exact scores) keeps a copy only for
+a row's target whose edges so far are mixed: one none of whose edges is corrupted reads the
+row's own stream, one all of whose edges are corrupted the corrupted run's (``_Mixed``).
 """
 
 from __future__ import annotations
@@ -411,6 +414,7 @@ class _Mixed:
         if run.corrupt is None or run.corrupted is None:
             raise ValueError("a run with corrupted edges and the corrupted run's outputs")
         self.run, self.heads, self.rows = run, model.num_heads, len(x0)
+        self.corrupted_acts: torch.Tensor = run.corrupted  # (sources, T, D)
         corrupt = run.corrupt.detach().cpu().numpy() > 0  # (B, sources, targets)
         self.corrupt, self.counts = corrupt, corrupt.cumsum(1, dtype=np.int32)
         self.pool = torch.cat([x0, run.corrupted[:1].to(x0.dtype)])  # no copy yet
@@ -426,7 +430,7 @@ class _Mixed:
         else the corrupted stream."""
         own = len(self.pool) - 1 - self.rows
         index = np.where(old >= 0, old, np.where(none, own + rows, len(self.pool) - 1))
-        return torch.from_numpy(index.reshape(-1))
+        return torch.from_numpy(index.reshape(-1)).to(self.pool.device)
 
     def read(self, end: int, first: int, n: int) -> torch.Tensor:
         """``[B, n, T, D]`` (``[B, 1, T, D]`` when all read their row's own): what targets
@@ -458,16 +462,18 @@ class _Mixed:
         torch.add(self.pool[-1 - b : -1], also, out=out[p : p + b])
         torch.add(self.pool[-1], also_corrupted, out=out[-1])
         acts = torch.stack(self.run.acts[sources], dim=1)  # (B, s, T, D)
-        corrupted = self.run.corrupted[sources].to(acts.dtype)  # type: ignore[index]
+        corrupted = self.corrupted_acts[sources].to(acts.dtype)
         diffs = torch.cat([(corrupted[None] - acts).flatten(2), also.flatten(1)[:, None]], 1)
+        edges = self.corrupt[
+            rows[:, None], np.arange(sources.start, sources.stop), targets[:, None]
+        ]
+        weights = torch.from_numpy(np.concatenate([edges, np.ones((p, 1), bool)], 1))
+        weights = weights.to(out.device, out.dtype)  # (P, s + 1): this point's edges, and also
         flat, starts = out.view(len(out), -1), np.searchsorted(rows, np.arange(b + 1))
         for row in range(b):  # a row's copies add also and its corrupted edges: one product
             lo, hi = starts[row], starts[row + 1]
             if hi > lo:
-                mask = self.corrupt[row, sources][:, targets[lo:hi]].T  # (P_b, s)
-                weights = np.concatenate([mask, np.ones((hi - lo, 1), bool)], 1)
-                weights_t = torch.from_numpy(weights.astype(np.float32)).to(flat.dtype)
-                flat[lo:hi].addmm_(weights_t, diffs[row])  # (P_b, s + 1) x (s + 1, T D)
+                flat[lo:hi].addmm_(weights[lo:hi], diffs[row])  # (P_b, s + 1) x (s + 1, T D)
         self.pool = norm(out)
         self.where[:] = -1
         self.where[rows, targets] = np.arange(p)
@@ -480,8 +486,7 @@ def _run_mixed(model: PostNormModel, run: _Run, inputs: Mapping[str, torch.Tenso
     x0, mask = _start(model, run, inputs)
     heads, group = model.num_heads, 3 * model.num_heads + 1
     streams = _Mixed(model, run, x0)
-    corrupted = run.corrupted
-    assert corrupted is not None
+    corrupted = streams.corrupted_acts
     for layer, block in enumerate(model.blocks):
         first, w = layer * group, 1 + 2 * layer
         x = streams.read(_sources_at(w - 1, heads).stop, first, 3 * heads)  # (B, 3H or 1, T, D)
