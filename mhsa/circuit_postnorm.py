@@ -74,6 +74,10 @@ COPY_BUDGET_BYTES = 1 << 30
 #: reference the tests and ``bench.bench_circuits`` compare with)
 COPIES_ONLY_WHERE_MIXED = True
 
+#: the bits of the integer key that tells those copies apart (``_distinct``); a key that does not
+#: fit is a row of integers (slower)
+KEY_BITS = 62
+
 #: what a post-norm encoder's circuits need, for messages
 POST_NORM_LAYOUT = (
     "circuits on encoders follow the BERT family's post-norm layers (BERT, RoBERTa, ELECTRA, "
@@ -407,8 +411,12 @@ class _Mixed:
     point where its edges become mixed, and stays mixed. At MIB's smallest circuits nearly every
     target reads the corrupted stream, at the largest the row's own.
 
-    ``pool [P + B + 1, T, D]`` holds, at the current point, the copies of the ``(row, target)``
-    pairs ``where`` numbers (row order), then each row's own stream, then the corrupted one."""
+    Mixed targets of a row that read the same stream and whose edges at a write point agree
+    share one copy there (their values are equal), until their edges differ.
+
+    ``pool [P + B + 1, T, D]`` holds, at the current point, the P copies (in row order; ``where
+    [B, targets]`` says which a row's mixed target reads), then each row's own stream, then the
+    corrupted one."""
 
     def __init__(self, model: PostNormModel, run: _Run, x0: torch.Tensor) -> None:
         if run.corrupt is None or run.corrupted is None:
@@ -425,12 +433,11 @@ class _Mixed:
         count = self.counts[:, end - 1, first : first + n]
         return (count > 0) & (count < end), count == 0
 
-    def _index(self, rows: np.ndarray, old: np.ndarray, none: np.ndarray) -> torch.Tensor:
-        """Rows of the pool: a pair's copy (``old`` >= 0), else its row's own stream (``none``),
-        else the corrupted stream."""
+    def _index(self, rows: np.ndarray, old: np.ndarray, none: np.ndarray) -> np.ndarray:
+        """Rows of the pool: a target's copy (``old`` >= 0), else its row's own stream
+        (``none``), else the corrupted stream."""
         own = len(self.pool) - 1 - self.rows
-        index = np.where(old >= 0, old, np.where(none, own + rows, len(self.pool) - 1))
-        return torch.from_numpy(index.reshape(-1)).to(self.pool.device)
+        return np.where(old >= 0, old, np.where(none, own + rows, len(self.pool) - 1))
 
     def read(self, end: int, first: int, n: int) -> torch.Tensor:
         """``[B, n, T, D]`` (``[B, 1, T, D]`` when all read their row's own): what targets
@@ -441,7 +448,8 @@ class _Mixed:
             return own[:, None]
         rows = np.arange(self.rows)[:, None]
         index = self._index(rows, np.where(mixed, self.where[:, first : first + n], -1), none)
-        return self.pool[index].view(self.rows, n, *own.shape[1:])
+        index_t = torch.from_numpy(index.reshape(-1)).to(self.pool.device)
+        return self.pool[index_t].view(self.rows, n, *own.shape[1:])
 
     def advance(
         self, w: int, first: int, also: torch.Tensor, also_corrupted: torch.Tensor, norm
@@ -451,22 +459,25 @@ class _Mixed:
         edges there too (one product per row), then all go through ``norm`` in one call."""
         sources, b = _sources_at(w, self.heads), self.rows
         mixed, _ = self._status(sources.stop, first, self.counts.shape[2] - first)
-        rows, targets = np.nonzero(mixed)  # in row order
+        rows, targets = np.nonzero(mixed)
         targets += first
         before = self.counts[rows, sources.start - 1, targets] == 0  # nothing corrupted yet
+        index = self._index(rows, self.where[rows, targets], before)
+        edges = self.corrupt[
+            rows[:, None], np.arange(sources.start, sources.stop), targets[:, None]
+        ]
+        # targets of a row that read the same stream and whose edges here agree share a copy
+        placed, (first_of, which) = (rows, targets), _distinct(rows, index, edges, len(self.pool))
+        rows, index, edges = rows[first_of], index[first_of], edges[first_of]
         p = len(rows)
         out = self.pool.new_empty((p + b + 1, *self.pool.shape[1:]))
-        torch.index_select(
-            self.pool, 0, self._index(rows, self.where[rows, targets], before), out=out[:p]
-        )
+        index_t = torch.from_numpy(index).to(self.pool.device)
+        torch.index_select(self.pool, 0, index_t, out=out[:p])
         torch.add(self.pool[-1 - b : -1], also, out=out[p : p + b])
         torch.add(self.pool[-1], also_corrupted, out=out[-1])
         acts = torch.stack(self.run.acts[sources], dim=1)  # (B, s, T, D)
         corrupted = self.corrupted_acts[sources].to(acts.dtype)
         diffs = torch.cat([(corrupted[None] - acts).flatten(2), also.flatten(1)[:, None]], 1)
-        edges = self.corrupt[
-            rows[:, None], np.arange(sources.start, sources.stop), targets[:, None]
-        ]
         weights = torch.from_numpy(np.concatenate([edges, np.ones((p, 1), bool)], 1))
         weights = weights.to(out.device, out.dtype)  # (P, s + 1): this point's edges, and also
         flat, starts = out.view(len(out), -1), np.searchsorted(rows, np.arange(b + 1))
@@ -476,7 +487,22 @@ class _Mixed:
                 flat[lo:hi].addmm_(weights[lo:hi], diffs[row])  # (P_b, s + 1) x (s + 1, T D)
         self.pool = norm(out)
         self.where[:] = -1
-        self.where[rows, targets] = np.arange(p)
+        self.where[placed] = which.reshape(-1)
+
+
+def _distinct(
+    rows: np.ndarray, index: np.ndarray, edges: np.ndarray, streams: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(first, which)``: the first of each distinct ``(row, index, edges)`` (in row order)
+    and which of them each is; one integer key per row while it fits in ``KEY_BITS``."""
+    bits, top = edges.shape[1], int(rows.max()) + 1 if len(rows) else 1
+    if top * streams < 2 ** (KEY_BITS - bits):
+        key = (rows * streams + index) << bits | (edges @ (1 << np.arange(bits)))
+        _, first, which = np.unique(key, return_index=True, return_inverse=True)
+    else:
+        keys = np.concatenate([rows[:, None], index[:, None], edges], 1)
+        _, first, which = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    return first, which.reshape(-1)
 
 
 def _run_mixed(model: PostNormModel, run: _Run, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -405,11 +405,14 @@ def test_a_target_whose_edges_are_all_corrupted_reads_the_corrupted_runs_stream(
     assert (plain - clean).abs().max() > 1e-2  # the two runs differ where it is checked
 
 
-def test_copies_only_where_mixed_give_every_copys_values(bert, monkeypatch):
+@pytest.mark.parametrize("key_bits", [62, 0], ids=["integer-keys", "row-keys"])
+def test_copies_only_where_mixed_give_every_copys_values(bert, monkeypatch, key_bits):
     """Rows of every kind: random edges at three densities, the edges from the input and layer
     0 only (copies branch off the corrupted stream at layer 1), those from layer 1 on only
     (they branch off the row's own stream there), one edge, all but one: the values (the metric
-    and every node's output) equal those of the run that carries every target's copy."""
+    and every node's output) equal those of the run that carries every target's copy, with the
+    shared copies told apart by integer keys or (keys too wide) by rows of integers."""
+    monkeypatch.setattr("mhsa.circuit_postnorm.KEY_BITS", key_bits)
     graph = circuits.circuit_graph(bert)
     rng = np.random.default_rng(1)
     rows = [graph.mask & (rng.random(graph.mask.shape) < p) for p in (0.05, 0.5, 0.95)]
