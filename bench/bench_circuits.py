@@ -12,7 +12,9 @@ skips it); then the embedded MiniLM (``default``, a post-norm encoder: 6 layers 
 (``--no-minilm`` skips it): EAP on the target "similarity" and EAP-IG on "embedding", against
 one forward and backward of the plain model (the cosine of its sentence embedding with the
 second sentence's, differentiated with respect to its input embeddings); the faithfulness
-curve against 10 plain forwards.
+curve against 10 plain forwards, and against the same curve with every target's copy in every
+row (``circuit_postnorm.COPIES_ONLY_WHERE_MIXED`` off: the code before copies were kept only
+where a target's edges are mixed), interleaved.
 
 Targets (issue 40):
 
@@ -41,6 +43,7 @@ import torch
 
 import mhsa
 from bench.common import median_times, print_table
+from mhsa import circuit_postnorm
 from tests.tiny import save_tiny
 
 #: a repeat of 10 symbols up to its 5th, and the same with that symbol's first occurrence
@@ -122,6 +125,20 @@ def _plain_encoder(lm: mhsa.LoadedModel, text: str, reference: torch.Tensor) -> 
     return float(value.detach())
 
 
+def _every_copy(fn):
+    """``fn`` run with every target's copy in every row (``mhsa.circuit_postnorm``'s
+    ``COPIES_ONLY_WHERE_MIXED`` off: the code before copies were kept only where mixed)."""
+
+    def run() -> None:
+        circuit_postnorm.COPIES_ONLY_WHERE_MIXED = False
+        try:
+            fn()
+        finally:
+            circuit_postnorm.COPIES_ONLY_WHERE_MIXED = True
+
+    return run
+
+
 def _minilm(device: str, clock) -> None:
     """EAP and EAP-IG over MiniLM's edges against one forward+backward of the plain model."""
     lm = mhsa.load_model("default", device=device)
@@ -151,8 +168,11 @@ def _minilm(device: str, clock) -> None:
             "curve (10 sizes)": lambda: mhsa.faithfulness_curve(
                 clean, corrupted, scores, **similarity
             ),
+            "curve, every copy": _every_copy(
+                lambda: mhsa.faithfulness_curve(clean, corrupted, scores, **similarity)
+            ),
         },
-        repeat=7,
+        repeat=11,
         warmup=1,
         budget_s=120,
         clock=clock,
@@ -170,6 +190,8 @@ def _minilm(device: str, clock) -> None:
             ("eap (similarity)", "forward+backward", one, "<= 3"),
             ("eap-ig (embedding, 5 steps)", "forward+backward", one, ""),
             ("curve (10 sizes)", "10 forwards", ten, "<= 1"),
+            ("curve, every copy", "10 forwards", ten, ""),
+            ("curve (10 sizes)", "curve, every copy", times["curve, every copy"], ""),
         )
         for t in [times[name]]
     ]

@@ -31,6 +31,9 @@ point of every copy (``probe_layout``) gives all of them from one backward.
 The copies of every target not yet reached advance together, one layer at a time (``[B, targets
 above, T, D]``), so a run makes as many norm calls as the plain forward, on about L (3H + 1) / 2
 times the rows on average; with nothing corrupted and no probe they are one, the plain stream.
+A run that corrupts edges and probes nothing (faithfulness, exact scores) keeps a copy only for
+a row's target whose edges so far are mixed: one none of whose edges is corrupted reads the
+row's own stream, one all of whose edges are corrupted the corrupted run's (``_Mixed``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -65,6 +69,15 @@ __all__ = [
 #: the copies one pass may hold at once (float32 values of every row's copies, summed over the
 #: layers; autograd keeps about three times that): rows beyond it run in chunks
 COPY_BUDGET_BYTES = 1 << 30
+
+#: runs that corrupt edges (and probe nothing) carry a copy only for a row's target whose edges
+#: so far are mixed (``mhsa.circuit_postnorm``'s docstring); False: every target's copy (the
+#: reference the tests and ``bench.bench_circuits`` compare with)
+COPIES_ONLY_WHERE_MIXED = True
+
+#: the bits of the integer key that tells those copies apart (``_distinct``); a key that does not
+#: fit is a row of integers (slower)
+KEY_BITS = 62
 
 #: what a post-norm encoder's circuits need, for messages
 POST_NORM_LAYOUT = (
@@ -340,13 +353,11 @@ def run_postnorm(
     return torch.cat(outs)
 
 
-def _run_rows(model: PostNormModel, run: _Run, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """``run_postnorm`` in one pass.
-
-    The copies of every target not yet reached advance together through each layer (one
-    LayerNorm over ``[B, targets above, T, D]`` per norm), so a run costs as many norm calls as
-    the plain forward, on more rows. Attention runs through our module's core
-    (``mhsa.core.attention_core``) on each head's Q, K and V projected from its own copies."""
+def _start(
+    model: PostNormModel, run: _Run, inputs: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``x_0`` of the run's rows (kept as the input node's activation) and the attention mask
+    as our module folds it (None: attend everywhere)."""
     x0, mask = embedded(model, inputs)
     if mask is not None:  # the model's (padding) mask, as our module folds it
         t = x0.shape[1]
@@ -356,9 +367,22 @@ def _run_rows(model: PostNormModel, run: _Run, inputs: Mapping[str, torch.Tensor
     if run.embeddings is not None:
         x0 = run.embeddings.to(x0.dtype)
     run.acts.append(x0)
+    return x0, mask
+
+
+def _run_rows(model: PostNormModel, run: _Run, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """``run_postnorm`` in one pass.
+
+    The copies of every target not yet reached advance together through each layer (one
+    LayerNorm over ``[B, targets above, T, D]`` per norm), so a run costs as many norm calls as
+    the plain forward, on more rows. Attention runs through our module's core
+    (``mhsa.core.attention_core``) on each head's Q, K and V projected from its own copies."""
+    corrupted = run.corrupt is not None and bool(run.corrupt.any())
+    if corrupted and not run.probe and run.corrupted is not None and COPIES_ONLY_WHERE_MIXED:
+        return _run_mixed(model, run, inputs)
+    x0, mask = _start(model, run, inputs)
     heads, group = model.num_heads, 3 * model.num_heads + 1
     targets = model.num_layers * group + 1
-    corrupted = run.corrupt is not None and bool(run.corrupt.any())
     copies = _Copies(run, heads, shared=not (run.probe or corrupted))
     x = x0[:, None]  # (B, 1, T, D): the plain stream
     if not copies.shared:
@@ -379,6 +403,140 @@ def _run_rows(model: PostNormModel, run: _Run, inputs: Mapping[str, torch.Tensor
         run.acts.append(mlp)
         x = model.ln_mlp[layer](copies.add(above, 2 + 2 * layer, first + group, mlp))
     return x[:, 0]
+
+
+class _Mixed:
+    """The copies of a run that corrupts edges, only where a row's target needs its own.
+
+    Through write point w (sources ``0 .. end(w)`` in the graph's order), target v's copy in row
+    b depends only on which of the edges from those sources into v the row corrupts. None of
+    them: it is the row's own stream (the chain of this row's source outputs, one per row). All
+    of them: it is the corrupted run's stream (every source carries its corrupted output, so the
+    chain is the corrupted forward's, rebuilt here from the pair's corrupted outputs). Only a
+    mixed target needs a copy of its own: it branches off one of the two at the first write
+    point where its edges become mixed, and stays mixed. At MIB's smallest circuits nearly every
+    target reads the corrupted stream, at the largest the row's own.
+
+    Mixed targets of a row that read the same stream and whose edges at a write point agree
+    share one copy there (their values are equal), until their edges differ.
+
+    ``pool [P + B + 1, T, D]`` holds, at the current point, the P copies (in row order; ``where
+    [B, targets]`` says which a row's mixed target reads), then each row's own stream, then the
+    corrupted one."""
+
+    def __init__(self, model: PostNormModel, run: _Run, x0: torch.Tensor) -> None:
+        if run.corrupt is None or run.corrupted is None:
+            raise ValueError("a run with corrupted edges and the corrupted run's outputs")
+        self.run, self.heads, self.rows = run, model.num_heads, len(x0)
+        self.corrupted_acts: torch.Tensor = run.corrupted  # (sources, T, D)
+        corrupt = run.corrupt.detach().cpu().numpy() > 0  # (B, sources, targets)
+        self.corrupt, self.counts = corrupt, corrupt.cumsum(1, dtype=np.int32)
+        self.pool = torch.cat([x0, run.corrupted[:1].to(x0.dtype)])  # no copy yet
+        self.where = np.full(corrupt.shape[::2], -1)  # (B, targets): a pair's row in the pool
+
+    def _status(self, end: int, first: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(mixed, none)`` ``[B, n]`` for targets ``first ..`` over sources ``0 .. end``."""
+        count = self.counts[:, end - 1, first : first + n]
+        return (count > 0) & (count < end), count == 0
+
+    def _index(self, rows: np.ndarray, old: np.ndarray, none: np.ndarray) -> np.ndarray:
+        """Rows of the pool: a target's copy (``old`` >= 0), else its row's own stream
+        (``none``), else the corrupted stream."""
+        own = len(self.pool) - 1 - self.rows
+        return np.where(old >= 0, old, np.where(none, own + rows, len(self.pool) - 1))
+
+    def read(self, end: int, first: int, n: int) -> torch.Tensor:
+        """``[B, n, T, D]`` (``[B, 1, T, D]`` when all read their row's own): what targets
+        ``first ..`` read, all of whose sources are ``0 .. end``."""
+        mixed, none = self._status(end, first, n)
+        own = self.pool[len(self.pool) - 1 - self.rows : -1]
+        if none.all():
+            return own[:, None]
+        rows = np.arange(self.rows)[:, None]
+        index = self._index(rows, np.where(mixed, self.where[:, first : first + n], -1), none)
+        index_t = torch.from_numpy(index.reshape(-1)).to(self.pool.device)
+        return self.pool[index_t].view(self.rows, n, *own.shape[1:])
+
+    def advance(
+        self, w: int, first: int, also: torch.Tensor, also_corrupted: torch.Tensor, norm
+    ) -> None:
+        """Through write point ``w`` (targets ``first ..``): every stream adds ``also``
+        (``[B, T, D]``; the corrupted one ``also_corrupted``), each copy its row's corrupted
+        edges there too (one product per row), then all go through ``norm`` in one call."""
+        sources, b = _sources_at(w, self.heads), self.rows
+        mixed, _ = self._status(sources.stop, first, self.counts.shape[2] - first)
+        rows, targets = np.nonzero(mixed)
+        targets += first
+        before = self.counts[rows, sources.start - 1, targets] == 0  # nothing corrupted yet
+        index = self._index(rows, self.where[rows, targets], before)
+        edges = self.corrupt[
+            rows[:, None], np.arange(sources.start, sources.stop), targets[:, None]
+        ]
+        # targets of a row that read the same stream and whose edges here agree share a copy
+        placed, (first_of, which) = (rows, targets), _distinct(rows, index, edges, len(self.pool))
+        rows, index, edges = rows[first_of], index[first_of], edges[first_of]
+        p = len(rows)
+        out = self.pool.new_empty((p + b + 1, *self.pool.shape[1:]))
+        index_t = torch.from_numpy(index).to(self.pool.device)
+        torch.index_select(self.pool, 0, index_t, out=out[:p])
+        torch.add(self.pool[-1 - b : -1], also, out=out[p : p + b])
+        torch.add(self.pool[-1], also_corrupted, out=out[-1])
+        acts = torch.stack(self.run.acts[sources], dim=1)  # (B, s, T, D)
+        corrupted = self.corrupted_acts[sources].to(acts.dtype)
+        diffs = torch.cat([(corrupted[None] - acts).flatten(2), also.flatten(1)[:, None]], 1)
+        weights = torch.from_numpy(np.concatenate([edges, np.ones((p, 1), bool)], 1))
+        weights = weights.to(out.device, out.dtype)  # (P, s + 1): this point's edges, and also
+        flat, starts = out.view(len(out), -1), np.searchsorted(rows, np.arange(b + 1))
+        for row in range(b):  # a row's copies add also and its corrupted edges: one product
+            lo, hi = starts[row], starts[row + 1]
+            if hi > lo:
+                flat[lo:hi].addmm_(weights[lo:hi], diffs[row])  # (P_b, s + 1) x (s + 1, T D)
+        self.pool = norm(out)
+        self.where[:] = -1
+        self.where[placed] = which.reshape(-1)
+
+
+def _distinct(
+    rows: np.ndarray, index: np.ndarray, edges: np.ndarray, streams: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(first, which)``: the first of each distinct ``(row, index, edges)`` (in row order)
+    and which of them each is; one integer key per row while it fits in ``KEY_BITS``."""
+    bits, top = edges.shape[1], int(rows.max()) + 1 if len(rows) else 1
+    if top * streams < 2 ** (KEY_BITS - bits):
+        key = (rows * streams + index) << bits | (edges @ (1 << np.arange(bits)))
+        _, first, which = np.unique(key, return_index=True, return_inverse=True)
+    else:
+        keys = np.concatenate([rows[:, None], index[:, None], edges], 1)
+        _, first, which = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    return first, which.reshape(-1)
+
+
+def _run_mixed(model: PostNormModel, run: _Run, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """``_run_rows`` of a run that corrupts edges and probes nothing, with copies only where a
+    row's target has mixed edges (``_Mixed``): at MIB's smallest circuits nearly every target
+    reads the corrupted run's stream, at the largest the row's own, and neither needs a copy."""
+    x0, mask = _start(model, run, inputs)
+    heads, group = model.num_heads, 3 * model.num_heads + 1
+    streams = _Mixed(model, run, x0)
+    corrupted = streams.corrupted_acts
+    for layer, block in enumerate(model.blocks):
+        first, w = layer * group, 1 + 2 * layer
+        x = streams.read(_sources_at(w - 1, heads).stop, first, 3 * heads)  # (B, 3H or 1, T, D)
+        q, k, v = _heads(model, layer, x)
+        context, _ = attention_core(q, k, v, mask, scale=block.ours.scale, need_weights=False)
+        outs = torch.einsum("bhtk,hkd->bhtd", context, model.w_o[layer].to(context.dtype))
+        run.acts.extend(outs.unbind(1))
+        b_o = model.b_o[layer].to(outs.dtype)
+        attn = outs.sum(1) + b_o
+        attn_corrupted = corrupted[_sources_at(w, heads)].to(outs.dtype).sum(0) + b_o
+        streams.advance(w, first + 3 * heads, attn, attn_corrupted, model.ln_attn[layer])
+        y = streams.read(_sources_at(w, heads).stop, first + 3 * heads, 1)[:, 0]
+        mlp = model.mlps[layer](y)
+        run.acts.append(mlp)
+        mlp_corrupted = corrupted[_sources_at(w + 1, heads)][0].to(mlp.dtype)
+        streams.advance(w + 1, first + group, mlp, mlp_corrupted, model.ln_mlp[layer])
+    end = _sources_at(2 * model.num_layers, heads).stop
+    return streams.read(end, model.num_layers * group, 1)[:, 0]
 
 
 def pooled(hidden: torch.Tensor, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -353,3 +353,83 @@ def test_rows_beyond_the_copies_memory_budget_run_in_chunks_with_the_same_values
     np.testing.assert_allclose(
         again.points["faithfulness"], curve.points["faithfulness"], rtol=1e-5, atol=1e-6
     )
+
+
+# --- copies only where a target's edges are mixed ----------------------------------------------
+
+
+def _wired_run(lm: mhsa.LoadedModel, corrupt: np.ndarray) -> tuple[torch.Tensor, list, Any]:
+    """The clean text run with ``corrupt [rows, sources, targets]``: the last hidden state the
+    logits read, every source's output ``[rows, T, D]`` and the pair."""
+    from mhsa.circuit_pairs import circuit_pair
+    from mhsa.circuit_runs import CircuitRun, run_circuit
+
+    with lm.lock, torch.inference_mode():
+        pair = circuit_pair(lm, CLEAN, CORRUPTED, None, None, None)
+        run = CircuitRun(
+            pair.graph.upstream, corrupt=torch.as_tensor(corrupt), corrupted=pair.acts_corrupted
+        )
+        hidden = run_circuit(pair.wired, run, pair.ids(len(corrupt)))
+    return hidden, run.acts, pair
+
+
+@pytest.mark.parametrize("mixed_only", [True, False], ids=["mixed-only", "every-copy"])
+def test_a_target_whose_edges_are_all_corrupted_reads_the_corrupted_runs_stream(
+    bert, monkeypatch, mixed_only
+):
+    """The claim ``_Mixed`` rests on, checked on every target's own copy (``every-copy``) and
+    on the run that relies on it: a target all of whose edges carry the corrupted outputs reads
+    the corrupted forward of the plain model, whatever the row's other edges do. L0H1's only
+    source is the input node; the logits read all 16 sources."""
+    monkeypatch.setattr("mhsa.circuit_postnorm.COPIES_ONLY_WHERE_MIXED", mixed_only)
+    graph = circuits.circuit_graph(bert)
+    rng = np.random.default_rng(0)
+    corrupt = graph.mask[None] & (rng.random((3, *graph.mask.shape)) < 0.4)
+    whole = [("L0H1", p) for p in "qkv"] + [("L2H3", p) for p in "qkv"]
+    whole += [("M1", ""), ("logits", "")]
+    for target in whole:  # rows 0 and 2: every edge into these; row 1: none
+        t = graph.targets.index(target)
+        corrupt[[0, 2], :, t], corrupt[1, :, t] = graph.mask[:, t], False
+    hidden, acts, _ = _wired_run(bert, corrupt.astype(np.float32))
+    with torch.no_grad():
+        plain, by_hand = _hand_run(bert, CORRUPTED, {})  # hooks on the plain model
+        clean, _ = _hand_run(bert, CLEAN, {})
+    for node in ("L0H1", "L2H3", "M1"):
+        got = acts[graph.sources.index(node)]
+        for row in (0, 2):
+            torch.testing.assert_close(got[row], by_hand[node][0], atol=2e-5, rtol=1e-4)
+        assert (got[1] - by_hand[node][0]).abs().max() > 1e-3, node  # row 1 is not corrupted
+    for row in (0, 2):
+        torch.testing.assert_close(hidden[row], plain[0], atol=2e-5, rtol=1e-4)
+    assert (hidden[1] - plain[0]).abs().max() > 1e-3
+    assert (plain - clean).abs().max() > 1e-2  # the two runs differ where it is checked
+
+
+@pytest.mark.parametrize("key_bits", [62, 0], ids=["integer-keys", "row-keys"])
+def test_copies_only_where_mixed_give_every_copys_values(bert, monkeypatch, key_bits):
+    """Rows of every kind: random edges at three densities, the edges from the input and layer
+    0 only (copies branch off the corrupted stream at layer 1), those from layer 1 on only
+    (they branch off the row's own stream there), one edge, all but one: the values (the metric
+    and every node's output) equal those of the run that carries every target's copy, with the
+    shared copies told apart by integer keys or (keys too wide) by rows of integers."""
+    monkeypatch.setattr("mhsa.circuit_postnorm.KEY_BITS", key_bits)
+    graph = circuits.circuit_graph(bert)
+    rng = np.random.default_rng(1)
+    rows = [graph.mask & (rng.random(graph.mask.shape) < p) for p in (0.05, 0.5, 0.95)]
+    early = np.zeros_like(graph.mask)
+    early[: graph.sources.index("L1H0")] = True
+    rows += [graph.mask & early, graph.mask & ~early]
+    one, all_but_one = np.zeros_like(graph.mask), graph.mask.copy()
+    one[graph.edge("L0H2", "L2H1", "v")] = True
+    all_but_one[graph.edge("M1", "logits")] = False
+    corrupt = np.stack([*rows, one, all_but_one]).astype(np.float32)
+    runs = {}
+    for mixed_only in (True, False):
+        monkeypatch.setattr("mhsa.circuit_postnorm.COPIES_ONLY_WHERE_MIXED", mixed_only)
+        runs[mixed_only] = _wired_run(bert, corrupt)
+    (hidden, acts, pair), (every, every_acts, _) = runs[True], runs[False]
+    torch.testing.assert_close(hidden, every, atol=1e-5, rtol=1e-5)
+    for got, expected in zip(acts, every_acts, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    m = pair.measure(hidden).numpy()
+    assert np.ptp(m) > 1e-2 and np.abs(m - pair.measure(every).numpy()).max() < 1e-6
