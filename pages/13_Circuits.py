@@ -234,5 +234,9 @@ with page.run("Circuits", PARAMS) as sidebar:
             f"{rank} of {total} here."
         )
     page.table(
-        circuits.edge_table(view.scores), "circuit-edges", label="Download edges (.csv)", height=300
+        circuits.edge_table(view.scores),
+        "circuit-edges",
+        label="Download edges (.csv)",
+        height=300,
+        shown=circuits.EDGES_SHOWN,
     )

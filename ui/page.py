@@ -411,11 +411,22 @@ def _find(result: mhsa.AttentionResult) -> None:
     state[_FOUND] = found
 
 
-def table(frame: pd.DataFrame, name: str, *, label: str, height: int = 400) -> None:
-    """A sortable table with its CSV download."""
-    st.dataframe(frame, width="stretch", height=height)
+def table(
+    frame: pd.DataFrame, name: str, *, label: str, height: int = 400, shown: int | None = None
+) -> None:
+    """A sortable table with its CSV download. ``shown``: the browser gets only the first
+    ``shown`` rows (a caption says so); the CSV has every row, written when it is downloaded
+    (Streamlit's deferred ``data``), not on every rerun."""
+    if shown is not None and len(frame) > shown:
+        st.caption(f"The first {shown:,} of {len(frame):,} rows; the CSV has them all.")
+        st.dataframe(frame.head(shown), width="stretch", height=height)
+    else:
+        st.dataframe(frame, width="stretch", height=height)
     st.download_button(
-        label, frame.to_csv(index_label="name"), file_name=f"{name}.csv", mime="text/csv"
+        label,
+        lambda: frame.to_csv(index_label="name"),
+        file_name=f"{name}.csv",
+        mime="text/csv",
     )
 
 

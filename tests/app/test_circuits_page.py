@@ -19,7 +19,7 @@ from tests.app.test_hostile_links import (
 from tests.app.test_importance_page import charts, decode
 from tests.app.test_pages import run as run_page
 from tests.hostile import CASES, rendered
-from ui.views.circuits import CIRCUIT_EXAMPLES
+from ui.views.circuits import CIRCUIT_EXAMPLES, EDGES_SHOWN
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = "pages/13_Circuits.py"
@@ -81,6 +81,12 @@ def test_minilm_example_draws_the_librarys_top_edges_for_the_embedding_target(mi
     assert "cosine similarity of the run's sentence embedding to the clean run's" in caption
     assert f"corrupted run {scores.attrs['corrupted']:.4g}" in caption
     assert any(t.startswith("Faithfulness of the top-n") for t in shown)
+    # 7,588 edges: the browser gets the first EDGES_SHOWN of them, largest |score| first
+    (frame,) = at.dataframe
+    assert len(frame.value) == EDGES_SHOWN < len(scores)
+    order = scores["score"].abs().sort_values(ascending=False, kind="stable")
+    np.testing.assert_allclose(frame.value["score"].abs(), order.to_numpy()[:EDGES_SHOWN])
+    assert any(f"The first {EDGES_SHOWN} of {len(scores):,} rows" in c.value for c in at.caption)
     # a clicked edge is path-patched on the embedding target
     edge = tuple(top[["source", "target", "input"]].iloc[0])
     at.session_state["_circuit_edge"] = edge

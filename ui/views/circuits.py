@@ -16,6 +16,7 @@ from ui.core import LIMITS, Progress, Query, loaded_model, shared
 
 __all__ = [
     "CIRCUIT_EXAMPLES",
+    "EDGES_SHOWN",
     "MAX_DRAWN",
     "MAX_EXACT_EDGES",
     "CircuitSettings",
@@ -188,6 +189,10 @@ def path_patched(
             query.text, settings.corrupted, *edge, **_arguments(query, settings)
         ),
     )
+
+
+#: the edges the page's table sends to the browser (largest |score| first); the CSV has all
+EDGES_SHOWN = 500
 
 
 def edge_table(scores: pd.DataFrame) -> pd.DataFrame:
