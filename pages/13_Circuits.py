@@ -191,7 +191,9 @@ with page.run("Circuits", PARAMS) as sidebar:
     if n > MAX_DRAWN:
         st.caption(f"The drawing shows the top {MAX_DRAWN} of the {n} edges.")
     page.figure(
-        plots.circuit_figure(drawn, graph.layers, graph.heads),
+        plots.circuit_figure(
+            drawn, graph.layers, graph.heads, output="logits" if causal else "last hidden state"
+        ),
         "circuit",
         key="circuit-graph",
         on_select=_clicked,

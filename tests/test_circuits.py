@@ -353,6 +353,12 @@ def test_circuit_figure_draws_each_edge_into_its_input_coloured_by_sign():
     assert list(mids.text) == ["q", "", "k"]
     nodes = next(t for t in fig.data if t.name == "nodes")
     assert ["node", "L1H3"] in [list(c) for c in nodes.customdata]
+    assert nodes.text[-1] == fig.layout.yaxis.ticktext[-1] == "logits"
+    # an encoder's output node is named for what it is; clicks still carry the graph's name
+    named = plots.circuit_figure(edges, layers=2, heads=4, output="last hidden state")
+    nodes = next(t for t in named.data if t.name == "nodes")
+    assert nodes.text[-1] == named.layout.yaxis.ticktext[-1] == "last hidden state"
+    assert list(nodes.customdata[-1]) == ["node", "logits"] and "logits" not in nodes.text
 
 
 def test_faithfulness_figure_marks_the_chosen_size():

@@ -46,13 +46,20 @@ def _color(score: float, bound: float) -> str:
 
 
 def circuit_figure(
-    edges: pd.DataFrame, layers: int, heads: int, *, title: str | None = None
+    edges: pd.DataFrame,
+    layers: int,
+    heads: int,
+    *,
+    title: str | None = None,
+    output: str = "logits",
 ) -> go.Figure:
     """The edges (``source``, ``target``, ``input``, ``score``: the circuit's) drawn between the
     model's nodes: each a line coloured by its signed score (width by |score|) ending at its
     target's q, k or v input, its midpoint labelled q/k/v. Clickable markers carry
     ``customdata``: nodes ``["node", name]``, edge midpoints ``["edge", source, target,
-    input]``."""
+    input]``. ``output``: what the graph's ``logits`` node is called on the figure (an
+    encoder's is the last hidden state the sentence embedding pools); its customdata keeps the
+    graph's name."""
     fig = go.Figure()
     scores = edges["score"].to_numpy(float)
     bound = float(np.abs(scores).max()) if len(scores) else 1.0
@@ -107,7 +114,7 @@ def circuit_figure(
             x=[p[0] for p in xy],
             y=[p[1] for p in xy],
             mode="markers+text",
-            text=nodes,
+            text=[output if n == "logits" else n for n in nodes],
             textposition="top center",
             marker={
                 "size": [13 if n in used else 8 for n in nodes],
@@ -128,7 +135,7 @@ def circuit_figure(
         yaxis={
             "tickmode": "array",
             "tickvals": levels,
-            "ticktext": [*names, "logits"],
+            "ticktext": [*names, output],
             "showgrid": True,
             "zeroline": False,
         },

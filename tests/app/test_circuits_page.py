@@ -75,6 +75,7 @@ def test_minilm_example_draws_the_librarys_top_edges_for_the_embedding_target(mi
     graph = next(s for t, s in shown.items() if t.startswith("Circuit: the top 20 edges"))
     mids = next(d for d in graph["data"] if d.get("name") == "edges")
     drawn = {tuple(c[1:]) for c in mids["customdata"]}
+    assert graph["layout"]["yaxis"]["ticktext"][-1] == "last hidden state"  # no logits here
     top = mhsa.top_edges(scores, 20)
     assert drawn == set(top[["source", "target", "input"]].itertuples(index=False, name=None))
     caption = next(t for t in (rendered(c.value)[0] for c in at.caption) if "Metric:" in t)
