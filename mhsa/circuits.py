@@ -187,10 +187,6 @@ def _exact(pair: CircuitPair, batch: int, progress) -> np.ndarray:
     return scores
 
 
-def _frame(graph: CircuitGraph, scores: np.ndarray) -> pd.DataFrame:
-    return graph.edges(scores)
-
-
 def edge_attribution(
     clean: str,
     corrupted: str,
@@ -267,7 +263,7 @@ def edge_attribution(
             scores = _exact(pair, batch_size, progress)
         else:
             scores = _attribution(pair, method, steps, batch_size, progress)
-    frame = _frame(pair.graph, scores)
+    frame = pair.graph.edges(scores)
     frame.attrs.update(pair.attrs(), method=method, steps=steps if method == "eap-ig" else None)
     return frame
 
@@ -322,7 +318,7 @@ def edge_attribution_ids(
                 scores = _exact(pair, 32, None)
         else:
             scores = _attribution(pair, method, steps, 32, None)
-    frame = _frame(pair.graph, scores)
+    frame = pair.graph.edges(scores)
     frame.attrs.update(pair.attrs(), method=method, steps=steps if method == "eap-ig" else None)
     return frame
 
