@@ -12,9 +12,11 @@ from streamlit.testing.v1 import AppTest
 
 import mhsa
 from tests.app.test_hostile_links import (
+    FORBIDDEN,
     assert_link_value_ignored,
     assert_same_texts_refused,
     own_link_keys,
+    rendered_tags,
 )
 from tests.app.test_importance_page import charts, decode
 from tests.app.test_pages import run as run_page
@@ -169,6 +171,24 @@ def test_every_circuits_key_has_hostile_values() -> None:
 def test_circuits_link_values_fall_back_with_a_notice(key: str, value: str) -> None:
     at = toy(**{key: value})
     assert_link_value_ignored(at, key)
+
+
+def test_a_markup_second_sentence_from_a_link_is_used_as_text_and_renders_no_tag(tiny_bert):
+    """The similarity target's second sentence is text, not markup: a link's payload is kept
+    literally in its box, the circuit is scored against it, and no tag renders anywhere."""
+    payload = "<b>A</b> [cat](https://e.org) **sat** <script>x</script>"
+    at = run(
+        model=tiny_bert,
+        clean="The cat sat on the mat.",
+        corrupted="The dog sat on the mat.",
+        circuit_target="similarity",
+        circuit_method="eap",
+        pair=payload,
+    )
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    assert at.text_input(key="pair").value == payload
+    assert any(t.startswith("Circuit: the top") for t in charts(at))
+    assert not rendered_tags(at) & FORBIDDEN
 
 
 @pytest.mark.parametrize(("name", "text", "expected"), CASES, ids=[c[0] for c in CASES])
