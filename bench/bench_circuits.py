@@ -2,7 +2,7 @@
 the model itself, interleaved in one run.
 
     python -m bench.bench_circuits [--model toy:induction] [--device cpu|cuda] [--threads N]
-                                   [--no-gpt2] [--no-minilm] [--cpu-time]
+                                   [--no-gpt2] [--gpt2-tokens 64 ...] [--no-minilm] [--cpu-time]
 
 Models: ``--model`` (the shipped toy:induction by default, 110 edges) with a repeat and the
 repeat broken, then a random GPT-2 of GPT-2 small's shape (12 layers of 12 heads, width 768;
@@ -71,23 +71,24 @@ def _plain(lm: mhsa.LoadedModel, text: str, answer: str, wrong: str, backward: b
     return float(value.detach())
 
 
-def _gpt2_small_shape(folder: str, device: str) -> mhsa.LoadedModel:
+def _gpt2_small_shape(folder: str, device: str, positions: int = 128) -> mhsa.LoadedModel:
     """A random GPT-2 of GPT-2 small's shape, saved with the embedded model's tokenizer."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    sizes = {"n_positions": 128, "n_embd": 768, "n_layer": 12, "n_head": 12}
+    sizes = {"n_positions": max(128, positions), "n_embd": 768, "n_layer": 12, "n_head": 12}
     config = GPT2Config(vocab_size=30522, bos_token_id=101, eos_token_id=102, **sizes)
     return mhsa.load_model(save_tiny(folder, GPT2LMHeadModel(config)), device=device)
 
 
-def _big(device: str, clock) -> None:
-    """EAP over GPT-2 small's 32,491 edges at 64 tokens against one forward+backward."""
-    words = ("the cat sat on the mat and " * 9).split()[:62]  # [CLS] + 62 + [SEP]: 64 tokens
-    clean = " ".join(words)
+def _big(device: str, clock, tokens: int = 64) -> None:
+    """EAP over GPT-2 small's 32,491 edges at ``tokens`` tokens (64 by default) against one
+    forward+backward."""
+    words = ("the cat sat on the mat and " * (tokens // 7 + 2)).split()[: tokens - 2]
+    clean = " ".join(words)  # [CLS] + the words + [SEP]
     corrupted = " ".join(["dog" if w == "cat" else w for w in words[:-4]] + words[-4:])
     with tempfile.TemporaryDirectory() as folder:
-        lm = _gpt2_small_shape(folder, device)
+        lm = _gpt2_small_shape(folder, device, tokens)
         kw = {"model": lm, "answer": "cat", "wrong": "dog"}
         edges = len(mhsa.edge_attribution(clean, corrupted, **kw))
         tokens = len(lm.tokenizer(clean)["input_ids"])
@@ -154,6 +155,8 @@ def _minilm(device: str, clock) -> None:
         with torch.no_grad():
             for _ in range(10):
                 lm.model(**lm.tokenizer(clean, return_tensors="pt").to(lm.device))
+        if lm.device.type == "cuda":
+            torch.cuda.synchronize()
 
     times = median_times(
         {
@@ -206,6 +209,9 @@ def main() -> None:
     parser.add_argument("--no-gpt2", action="store_true", help="skip GPT-2 small's shape")
     parser.add_argument("--no-minilm", action="store_true", help="skip MiniLM (an encoder)")
     parser.add_argument(
+        "--gpt2-tokens", type=int, nargs="+", default=[64], help="GPT-2 small's text lengths"
+    )
+    parser.add_argument(
         "--cpu-time", action="store_true", help="time this process's CPU (steadier under load)"
     )
     args = parser.parse_args()
@@ -248,7 +254,8 @@ def main() -> None:
     )
     print_table(rows, ["what", "ms", "baseline", "ratio", "target"])
     if not args.no_gpt2:
-        _big(args.device, clock)
+        for tokens in args.gpt2_tokens:
+            _big(args.device, clock, tokens)
     if not args.no_minilm:
         _minilm(args.device, clock)
 
