@@ -1,8 +1,8 @@
 """The same agreement on a CUDA GPU, in float32 and half precision. Skipped without CUDA.
 
-Run on an NVIDIA H100 (2026-11-26, torch 2.11+cu130, transformers 5.23; BENCHMARKS.md §18):
-these tests pass there, except the MiniLM engine test, whose weights could not travel to that
-machine. The 16-bit
+Run on an NVIDIA H100 (2026-11-26, torch 2.11+cu130, transformers 5.23; BENCHMARKS.md §19):
+all pass there, the MiniLM engine test on the float16-rounded stand-in that
+``scripts/device/prepare.sh`` carries. The 16-bit
 tolerances are those of ``tests/test_attention_half.py``, set from CPU measurements and the
 dtype's rounding; GPU kernels round at the same steps, but cuBLAS may also reduce in 16 bits:
 ``python -m bench.bench_half --device cuda`` measures the GPU's own maxima.
