@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ui.navigation import PAGES as APP_PAGES
+from ui.serve import PRODUCTION_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("MHSA_CHROMIUM", "/usr/lib/chromium/chromium")
@@ -70,7 +71,8 @@ def streamlit_server(
 ) -> Iterator[ServerURL]:
     """Serve ``root``'s app.py (this checkout's by default) on 127.0.0.1 at a free port; yields
     the base URL, stops the server after. ``options`` are Streamlit settings given on the command
-    line (``{"runner.postScriptGC": "true"}``), over ``.streamlit/config.toml``'s."""
+    line (``{"runner.postScriptGC": "true"}``), over ``.streamlit/config.toml``'s; the process
+    environment has ``ui.serve.PRODUCTION_ENV`` unless this one or ``env`` sets it."""
     port = free_port()
     cmd = [
         sys.executable,
@@ -86,6 +88,7 @@ def streamlit_server(
         *(f"--{name}={value}" for name, value in (options or {}).items()),
     ]
     full_env = {
+        **PRODUCTION_ENV,  # as ui.serve starts a deployment
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",

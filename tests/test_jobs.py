@@ -234,3 +234,28 @@ def test_a_running_job_without_a_rate_leaves_the_wait_unknown() -> None:
     finally:
         release.set()
     assert first.wait(5) and second.wait(5)
+
+
+@pytest.mark.parametrize("preset", [None, "4"])
+def test_the_server_starts_streamlit_with_malloc_arenas_capped_unless_the_operator_says(
+    preset: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ui.serve`` execs Streamlit with ``MALLOC_ARENA_MAX=2`` in its environment (glibc reads it
+    when the new process starts); an operator's own value is kept."""
+    from ui import serve
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", preset or "")  # restored after the test
+    if preset is None:
+        monkeypatch.delenv("MALLOC_ARENA_MAX")
+    monkeypatch.delenv("MHSA_MAX_HEAVY", raising=False)
+    started: list[tuple[str, list[str], str | None]] = []
+    monkeypatch.setattr(
+        serve.os,
+        "execv",
+        lambda path, args: started.append((path, args, os.environ.get("MALLOC_ARENA_MAX"))),
+    )
+    monkeypatch.chdir(ROOT)  # main changes the working directory: monkeypatch restores it
+    assert serve.main(["--server.port=1"]) == 0
+    ((_, args, arenas),) = started
+    assert args[1:4] == ["-m", "streamlit", "run"] and args[-1] == "--server.port=1"
+    assert arenas == (preset or "2")

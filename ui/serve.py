@@ -1,6 +1,6 @@
 """Serve the app as a deployment runs it: check the operator's settings, then start Streamlit
 with the production settings of ``.streamlit/config.toml`` (no source watcher, no full garbage
-collection after each run; see BENCHMARKS.md §8).
+collection after each run) and ``PRODUCTION_ENV`` (malloc's arenas); see BENCHMARKS.md §8.
 
     python -m ui.serve [--dev] [Streamlit options, e.g. --server.port=8502]
 
@@ -17,6 +17,11 @@ from pathlib import Path
 from mhsa.jobs import max_heavy_from_env
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
+#: the process environment a deployment runs with, unless the operator sets these: glibc's
+#: malloc keeps at most 2 arenas (its default is 8 per core, each holding on to the memory freed
+#: by the threads Streamlit starts for page runs: the server's memory climbed for about 20 rounds
+#: of sessions coming and going, and with the core count; BENCHMARKS.md §8)
+PRODUCTION_ENV = {"MALLOC_ARENA_MAX": "2"}
 #: what ``--dev`` adds: Streamlit's live reload
 DEV_OPTIONS = ("--server.fileWatcherType=auto", "--server.runOnSave=true")
 
@@ -42,6 +47,8 @@ def main(argv: list[str]) -> int:
     command = [sys.executable, "-m", "streamlit", "run", str(APP)]
     command += [*(DEV_OPTIONS if dev else ()), *options]
     os.chdir(APP.parent)  # Streamlit reads .streamlit/config.toml from the working directory
+    for name, value in PRODUCTION_ENV.items():
+        os.environ.setdefault(name, value)  # read by glibc when the new process image starts
     os.execv(sys.executable, command)
     return 0  # not reached: the process is Streamlit's now
 
