@@ -2,7 +2,8 @@
 the model itself, interleaved in one run.
 
     python -m bench.bench_circuits [--model toy:induction] [--device cpu|cuda] [--threads N]
-                                   [--no-gpt2] [--gpt2-tokens 64 ...] [--no-minilm] [--cpu-time]
+                                   [--no-gpt2] [--gpt2-tokens 64 ...] [--llama-1b-tokens N ...]
+                                   [--no-minilm] [--cpu-time]
 
 Models: ``--model`` (the shipped toy:induction by default, 110 edges) with a repeat and the
 repeat broken, then a random GPT-2 of GPT-2 small's shape (12 layers of 12 heads, width 768;
@@ -81,16 +82,61 @@ def _gpt2_small_shape(folder: str, device: str, positions: int = 128) -> mhsa.Lo
     return mhsa.load_model(save_tiny(folder, GPT2LMHeadModel(config)), device=device)
 
 
-def _big(device: str, clock, tokens: int = 64) -> None:
-    """EAP over GPT-2 small's 32,491 edges at ``tokens`` tokens (64 by default) against one
-    forward+backward."""
+def _llama_1b_shape(folder: str, device: str, positions: int = 2048) -> mhsa.LoadedModel:
+    """A random Llama of TinyLlama-1.1B's shape (22 layers of 32 query heads sharing 4
+    key/value heads, width 2048, MLP 5632), float32, built on ``device``, saved with the
+    embedded model's tokenizer (30,522 words instead of 32,000)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=30522,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        max_position_embeddings=max(2048, positions),
+        bos_token_id=101,
+        eos_token_id=102,
+    )
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
+    folder = save_tiny(folder, model)
+    del model
+    return mhsa.load_model(folder, device=device)
+
+
+#: the shapes ``_big`` times: a builder and a description
+SHAPES = {
+    "gpt2": (_gpt2_small_shape, "random GPT-2 small shape (12 x 12, width 768)"),
+    "llama-1b": (_llama_1b_shape, "random TinyLlama-1.1B shape (22 x 32, width 2048, GQA 4)"),
+}
+
+
+def _big(device: str, clock, tokens: int = 64, shape: str = "gpt2") -> None:
+    """EAP over every edge of a real-size model (GPT-2 small's 32,491 edges by default) at
+    ``tokens`` tokens against one forward+backward; on a GPU, the peak memory of each."""
     words = ("the cat sat on the mat and " * (tokens // 7 + 2)).split()[: tokens - 2]
     clean = " ".join(words)  # [CLS] + the words + [SEP]
     corrupted = " ".join(["dog" if w == "cat" else w for w in words[:-4]] + words[-4:])
+    build, description = SHAPES[shape]
+    cuda = torch.device(device).type == "cuda"
     with tempfile.TemporaryDirectory() as folder:
-        lm = _gpt2_small_shape(folder, device, tokens)
+        lm = build(folder, device, tokens)
         kw = {"model": lm, "answer": "cat", "wrong": "dog"}
-        edges = len(mhsa.edge_attribution(clean, corrupted, **kw))
+        peaks = {}
+        for name, fn in (
+            ("forward+backward", lambda: _plain(lm, clean, "cat", "dog", True)),
+            ("eap", lambda: mhsa.edge_attribution(clean, corrupted, **kw)),
+        ):
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            edges = fn()
+            if cuda:
+                peaks[name] = torch.cuda.max_memory_allocated() / 2**20
+        edges = len(edges)
         tokens = len(lm.tokenizer(clean)["input_ids"])
         times = median_times(
             {
@@ -103,10 +149,12 @@ def _big(device: str, clock, tokens: int = 64) -> None:
             clock=clock,
         )
     one, eap = times["forward+backward"], times["eap"]
-    print(
-        f"\nrandom GPT-2 small shape (12 x 12, width 768), {tokens} tokens: {edges} edges; "
-        f"forward+backward {1000 * one:.1f} ms"
-    )
+    print(f"\n{description}, {tokens} tokens: {edges} edges; forward+backward {1000 * one:.1f} ms")
+    if peaks:
+        print(
+            f"GPU peak MiB: forward+backward {peaks['forward+backward']:.0f}, "
+            f"eap {peaks['eap']:.0f}"
+        )
     rows = [{"what": "eap", "ms": 1000 * eap, "baseline": "forward+backward", "ratio": eap / one}]
     print_table(rows, ["what", "ms", "baseline", "ratio"])
 
@@ -212,6 +260,13 @@ def main() -> None:
         "--gpt2-tokens", type=int, nargs="+", default=[64], help="GPT-2 small's text lengths"
     )
     parser.add_argument(
+        "--llama-1b-tokens",
+        type=int,
+        nargs="*",
+        default=[],
+        help="TinyLlama-1.1B's shape at these lengths (a GPU's work: 4.4 GB of float32 weights)",
+    )
+    parser.add_argument(
         "--cpu-time", action="store_true", help="time this process's CPU (steadier under load)"
     )
     args = parser.parse_args()
@@ -256,6 +311,8 @@ def main() -> None:
     if not args.no_gpt2:
         for tokens in args.gpt2_tokens:
             _big(args.device, clock, tokens)
+    for tokens in args.llama_1b_tokens:
+        _big(args.device, clock, tokens, "llama-1b")
     if not args.no_minilm:
         _minilm(args.device, clock)
 
