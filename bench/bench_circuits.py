@@ -82,6 +82,17 @@ def _gpt2_small_shape(folder: str, device: str, positions: int = 128) -> mhsa.Lo
     return mhsa.load_model(save_tiny(folder, GPT2LMHeadModel(config)), device=device)
 
 
+#: TinyLlama-1.1B's sizes, and the embedded WordPiece tokenizer's vocabulary and ids
+TINYLLAMA_SHAPE = {
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+}
+_WORDPIECE = {"vocab_size": 30522, "bos_token_id": 101, "eos_token_id": 102}
+
+
 def _llama_1b_shape(folder: str, device: str, positions: int = 2048) -> mhsa.LoadedModel:
     """A random Llama of TinyLlama-1.1B's shape (22 layers of 32 query heads sharing 4
     key/value heads, width 2048, MLP 5632), float32, built on ``device``, saved with the
@@ -89,17 +100,8 @@ def _llama_1b_shape(folder: str, device: str, positions: int = 2048) -> mhsa.Loa
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=30522,
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_hidden_layers=22,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        max_position_embeddings=max(2048, positions),
-        bos_token_id=101,
-        eos_token_id=102,
-    )
+    positions = max(2048, positions)
+    config = LlamaConfig(**TINYLLAMA_SHAPE, max_position_embeddings=positions, **_WORDPIECE)
     with torch.device(device):
         model = LlamaForCausalLM(config)
     folder = save_tiny(folder, model)

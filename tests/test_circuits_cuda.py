@@ -19,7 +19,7 @@ import torch
 
 import mhsa
 from mhsa import circuits
-from tests.tiny import DECODER_SIZES, perturbed_biases, save_tiny
+from tests.tiny import DECODER_SIZES, perturbed_biases, save_tiny, tiny_bert
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -81,19 +81,9 @@ def llama(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory):
-    from transformers import BertConfig, BertForMaskedLM
-
     torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        initializer_range=0.4,
-    )
-    return _pair(_saved(tmp_path_factory, "bert", BertForMaskedLM(config)))
+    model = tiny_bert("BertForMaskedLM", layers=3, positions=64, initializer_range=0.4)
+    return _pair(_saved(tmp_path_factory, "bert", model))
 
 
 def _close(got, want) -> None:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import mhsa
 from mhsa import circuits
-from tests.tiny import perturbed_biases, save_tiny
+from tests.tiny import perturbed_biases, save_tiny, tiny_bert
 
 CLEAN, CORRUPTED = "the cat sat on the mat", "the dog sat on the rug"
 PAIR = "a bird flew over the house"
@@ -28,19 +28,9 @@ HEADS, WIDTH = 4, 32
 def bert(tmp_path_factory: pytest.TempPathFactory) -> mhsa.LoadedModel:
     """BERT (3 layers of 4 heads, with its masked-LM head) with weights of std 0.4 and random
     biases and norm weights: the corrupted words move the sentence embedding visibly."""
-    from transformers import BertConfig, BertForMaskedLM
-
     torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=WIDTH,
-        num_hidden_layers=3,
-        num_attention_heads=HEADS,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        initializer_range=0.4,
-    )
-    folder = save_tiny(tmp_path_factory.mktemp("bert"), BertForMaskedLM(config))
+    model = tiny_bert("BertForMaskedLM", layers=3, positions=64, initializer_range=0.4)
+    folder = save_tiny(tmp_path_factory.mktemp("bert"), model)
     return perturbed_biases(mhsa.load_model(folder, device="cpu"))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import mhsa
 
@@ -71,22 +72,26 @@ _PAD, _CLS, _SEP = 0, 101, 102
 SEQ2SEQ_FAMILIES = ("bart", "mbart", "marian", "t5", "t5-gated")
 
 
-def tiny_bert(model_class: str = "BertModel", *, layers: int = 2, positions: int = 512):
+def tiny_bert(
+    model_class: str = "BertModel", *, layers: int = 2, positions: int = 512, **config: Any
+):
     """A tiny random BERT of the embedded model's architecture and vocabulary (30522 WordPiece
     tokens): ``layers`` layers of 4 heads, width 32, feed-forward 64, ``positions`` positions,
-    as ``transformers.<model_class>`` (``"BertForMaskedLM"`` with its masked-LM head). Not
-    seeded: the caller seeds torch first."""
+    as ``transformers.<model_class>`` (``"BertForMaskedLM"`` with its masked-LM head); ``config``
+    adds to ``BertConfig`` (``initializer_range=0.4``). Not seeded: the caller seeds torch
+    first."""
     import transformers as tf
 
-    config = tf.BertConfig(
+    bert_config = tf.BertConfig(
         vocab_size=30522,
         hidden_size=32,
         num_hidden_layers=layers,
         num_attention_heads=4,
         intermediate_size=64,
         max_position_embeddings=positions,
+        **config,
     )
-    return getattr(tf, model_class)(config)
+    return getattr(tf, model_class)(bert_config)
 
 
 def tiny_seq2seq(family: str):
