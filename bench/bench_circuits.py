@@ -44,7 +44,7 @@ import torch
 
 import mhsa
 from bench.common import median_times, print_table
-from mhsa import circuit_postnorm
+from mhsa import circuit_postnorm, circuits
 from tests.tiny import save_tiny
 
 #: a repeat of 10 symbols up to its 5th, and the same with that symbol's first occurrence
@@ -127,37 +127,38 @@ def _big(device: str, clock, tokens: int = 64, shape: str = "gpt2") -> None:
     with tempfile.TemporaryDirectory() as folder:
         lm = build(folder, device, tokens)
         kw = {"model": lm, "answer": "cat", "wrong": "dog"}
+        fns = {
+            "forward+backward": lambda: _plain(lm, clean, "cat", "dog", True),
+            "eap": lambda: mhsa.edge_attribution(clean, corrupted, **kw),
+            "eap, copies": _switched_off(
+                circuits,
+                "TAPPED_GRADIENTS",
+                lambda: mhsa.edge_attribution(clean, corrupted, **kw),
+            ),
+        }
         peaks = {}
-        for name, fn in (
-            ("forward+backward", lambda: _plain(lm, clean, "cat", "dog", True)),
-            ("eap", lambda: mhsa.edge_attribution(clean, corrupted, **kw)),
-        ):
+        for name, fn in fns.items():  # once each, alone: each one's peak memory on a GPU
             if cuda:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-            edges = fn()
+            fn()
             if cuda:
                 peaks[name] = torch.cuda.max_memory_allocated() / 2**20
-        edges = len(edges)
+        edges = len(mhsa.edge_attribution(clean, corrupted, **kw))
         tokens = len(lm.tokenizer(clean)["input_ids"])
-        times = median_times(
-            {
-                "forward+backward": lambda: _plain(lm, clean, "cat", "dog", True),
-                "eap": lambda: mhsa.edge_attribution(clean, corrupted, **kw),
-            },
-            repeat=7,
-            warmup=1,
-            budget_s=90,
-            clock=clock,
-        )
-    one, eap = times["forward+backward"], times["eap"]
+        times = median_times(fns, repeat=7, warmup=1, budget_s=90, clock=clock)
+    one = times["forward+backward"]
     print(f"\n{description}, {tokens} tokens: {edges} edges; forward+backward {1000 * one:.1f} ms")
     if peaks:
-        print(
-            f"GPU peak MiB: forward+backward {peaks['forward+backward']:.0f}, "
-            f"eap {peaks['eap']:.0f}"
+        print("GPU peak MiB: " + ", ".join(f"{name} {mib:.0f}" for name, mib in peaks.items()))
+    rows = [
+        {"what": name, "ms": 1000 * times[name], "baseline": base, "ratio": times[name] / ref}
+        for name, base, ref in (
+            ("eap", "forward+backward", one),
+            ("eap, copies", "forward+backward", one),
+            ("eap", "eap, copies", times["eap, copies"]),
         )
-    rows = [{"what": "eap", "ms": 1000 * eap, "baseline": "forward+backward", "ratio": eap / one}]
+    ]
     print_table(rows, ["what", "ms", "baseline", "ratio"])
 
 
@@ -176,16 +177,17 @@ def _plain_encoder(lm: mhsa.LoadedModel, text: str, reference: torch.Tensor) -> 
     return float(value.detach())
 
 
-def _every_copy(fn):
-    """``fn`` run with every target's copy in every row (``mhsa.circuit_postnorm``'s
-    ``COPIES_ONLY_WHERE_MIXED`` off: the code before copies were kept only where mixed)."""
+def _switched_off(module: object, switch: str, fn):
+    """``fn`` run with ``module.switch`` False (the code before that switch), then True again:
+    ``circuits.TAPPED_GRADIENTS`` (EAP's gradients from the probe's copy of the residual per
+    target), ``circuit_postnorm.COPIES_ONLY_WHERE_MIXED`` (every target's copy in every row)."""
 
     def run() -> None:
-        circuit_postnorm.COPIES_ONLY_WHERE_MIXED = False
+        setattr(module, switch, False)
         try:
             fn()
         finally:
-            circuit_postnorm.COPIES_ONLY_WHERE_MIXED = True
+            setattr(module, switch, True)
 
     return run
 
@@ -221,8 +223,10 @@ def _minilm(device: str, clock) -> None:
             "curve (10 sizes)": lambda: mhsa.faithfulness_curve(
                 clean, corrupted, scores, **similarity
             ),
-            "curve, every copy": _every_copy(
-                lambda: mhsa.faithfulness_curve(clean, corrupted, scores, **similarity)
+            "curve, every copy": _switched_off(
+                circuit_postnorm,
+                "COPIES_ONLY_WHERE_MIXED",
+                lambda: mhsa.faithfulness_curve(clean, corrupted, scores, **similarity),
             ),
         },
         repeat=11,

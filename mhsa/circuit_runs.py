@@ -61,6 +61,7 @@ __all__ = [
     "CircuitModel",
     "CircuitPair",
     "CircuitRun",
+    "Tap",
     "circuit_model",
     "probe_gradients",
     "run_circuit",
@@ -213,6 +214,27 @@ def _with_hidden(args: tuple, kwargs: dict, x: torch.Tensor) -> tuple[tuple, dic
 
 
 @dataclass
+class Tap:
+    """Where a tapped run (``CircuitRun(tap=True)``) finds the gradients of ``count`` targets
+    from column ``start`` on.
+
+    An MLP's or the logits' input: ``tensors`` holds one view of the tensor its norm reads, that
+    nothing else reads (so its gradient is the target's: dm/d of a zero added there). A layer's
+    3H head inputs (q of every head, then k, then v): ``tensors`` holds our module's per-head
+    Q, K and V, ``[B, H, T, Dh]``; the target's gradient is that of the norm ``norm`` at the
+    layer's input ``x`` with the cotangent ``dm/dQ_h W_Q^h`` (likewise K, V; ``weights`` the
+    per-head ``(W_Q, W_K, W_V)``, ``[H, Dh, D]`` each).
+    """
+
+    start: int
+    count: int
+    tensors: list[torch.Tensor]
+    x: torch.Tensor | None = None
+    norm: nn.Module | None = None
+    weights: tuple[torch.Tensor, ...] = ()
+
+
+@dataclass
 class CircuitRun:
     """One forward pass (B rows) of a ``CircuitModel``, and what it leaves.
 
@@ -223,9 +245,11 @@ class CircuitRun:
         probe: add a zero to every target input and keep it, for gradients.
         embeddings: ``[B, T, D]`` put in place of the residual entering layer 0 (IG steps).
         upstream: per target, how many sources feed it (the graph's prefix lengths).
+        tap: instead of the probe's copies, keep the tensors whose gradients give dm/d(each
+            target input) (``Tap``; ``mhsa.circuit_taps``): pre-norm models only.
 
-    Filled by the pass: ``acts`` (each source's activation ``[B, T, D]``, in the graph's order)
-    and ``zeros`` (the added zeros, ``[B, n, T, D]`` per group of targets, in order).
+    Filled by the pass: ``acts`` (each source's activation ``[B, T, D]``, in the graph's order),
+    ``zeros`` (the added zeros, ``[B, n, T, D]`` per group of targets, in order) and ``taps``.
     """
 
     upstream: Sequence[int]
@@ -233,11 +257,19 @@ class CircuitRun:
     corrupted: torch.Tensor | None = None
     probe: bool = False
     embeddings: torch.Tensor | None = None
+    tap: bool = False
     acts: list[torch.Tensor] = field(default_factory=list)
     zeros: list[torch.Tensor] = field(default_factory=list)
+    taps: list[Tap] = field(default_factory=list)
     _x: dict[int, torch.Tensor] = field(default_factory=dict)
     _y: torch.Tensor | None = None
     _next: int = 0
+
+    def tapped(self, count: int, tensor: torch.Tensor, **head_parts: Any) -> torch.Tensor:
+        """Keep ``tensor`` as the tap of the next ``count`` targets (see ``Tap``)."""
+        self.taps.append(Tap(self._next, count, [tensor], **head_parts))
+        self._next += count
+        return tensor
 
     def extra(self, count: int, like: torch.Tensor) -> torch.Tensor | None:
         """What the next ``count`` targets' inputs get added (``[B, count, T, D]``): the
@@ -268,6 +300,9 @@ def _layer_pre_hook(run: CircuitRun, layer: int) -> Callable[..., Any]:
             if run.embeddings is not None:
                 x = run.embeddings.to(x.dtype)
                 changed = _with_hidden(args, kwargs, x)
+            if run.tap and not x.requires_grad:  # the gradients start here
+                x = x.detach().requires_grad_(True)
+                changed = _with_hidden(args, kwargs, x)
             run.acts.append(x)  # the input node
         run._x[layer] = x
         return changed
@@ -288,6 +323,12 @@ def _observer(model: CircuitModel, run: CircuitRun, layer: int) -> Callable[...,
         return out if b is None else out + b.to(out.dtype)
 
     def observe(name: str, tensor: torch.Tensor) -> torch.Tensor | None:
+        if run.tap and name == "per-head Q":
+            run.tapped(3 * heads, tensor, x=run._x[layer], norm=ln1, weights=(w_q, w_k, w_v))
+            return None
+        if run.tap and name in ("per-head K", "per-head V"):
+            run.taps[-1].tensors.append(tensor)
+            return None
         if name == "per-head Q":
             x = run._x[layer]
             extra = run.extra(3 * heads, x)  # q of every head, then k, then v
@@ -307,6 +348,8 @@ def _observer(model: CircuitModel, run: CircuitRun, layer: int) -> Callable[...,
 
 def _ln2_pre_hook(run: CircuitRun) -> Callable[..., Any]:
     def hook(_module: nn.Module, args: tuple) -> tuple | None:
+        if run.tap:  # a view that only this norm reads: its gradient is the target's
+            return (run.tapped(1, args[0].view_as(args[0])), *args[1:])
         extra = run.extra(1, args[0])
         return None if extra is None else (args[0] + extra[:, 0], *args[1:])
 
@@ -321,6 +364,8 @@ def _parallel_mlp_pre_hook(run: CircuitRun, layer: int, norm: nn.Module) -> Call
 
     def hook(_module: nn.Module, args: tuple) -> tuple | None:
         x = run._x[layer]
+        if run.tap:
+            return (norm(run.tapped(1, x.view_as(x))), *args[1:])
         extra = run.extra(1, x)
         return None if extra is None else (norm(x + extra[:, 0]), *args[1:])
 

@@ -56,6 +56,7 @@ from mhsa.circuit_graph import CircuitGraph
 from mhsa.circuit_pairs import EAP_ONE_PASS_MAX, circuit_pair
 from mhsa.circuit_postnorm import PostNormModel, postnorm_edge_scores, rows_per_pass
 from mhsa.circuit_runs import (
+    CircuitModel,
     CircuitPair,
     CircuitRun,
     circuit_model,
@@ -63,6 +64,7 @@ from mhsa.circuit_runs import (
     run_circuit,
     run_pair,
 )
+from mhsa.circuit_taps import tapped_scores
 from mhsa.errors import InputError
 from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.registry import lookup
@@ -95,6 +97,10 @@ EDGE_METHODS: dict[str, str] = {
     "exact": "each edge patched alone: m with the edge carrying the corrupted activation minus "
     "m of the clean run (get_scores_exact)",
 }
+#: pre-norm models take EAP's and EAP-IG's gradients from a plain pass with taps
+#: (``mhsa.circuit_taps``) unless the pair's own pass has them (small models); False: from the
+#: probe's copy of the residual per target (the reference ``bench.bench_circuits`` compares with)
+TAPPED_GRADIENTS = True
 #: the circuit sizes of MIB's faithfulness curve, as fractions of all edges
 MIB_PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
@@ -130,36 +136,66 @@ def _gradients(pair: CircuitPair, embeddings: torch.Tensor | None, rows: int) ->
         return probe_gradients(value, run.zeros, None)
 
 
+def _gradient_runs(
+    pair: CircuitPair, method: str, steps: int, batch: int
+) -> list[tuple[torch.Tensor | None, int]]:
+    """The runs of the clean text whose gradients the method sums: ``(embeddings, rows)`` per
+    pass; EAP: the text itself, once; EAP-IG: ``steps`` rows of embeddings from the corrupted
+    text's towards the clean text's, ``batch`` per pass."""
+    if method == "eap":
+        return [(None, 1)]
+    clean, corrupted = pair.acts_clean[0], pair.acts_corrupted[0]  # the input node
+    alphas = torch.arange(steps, dtype=clean.dtype, device=clean.device) / steps
+    if isinstance(pair.wired, PostNormModel):  # every row carries every target's copy
+        batch = min(batch, rows_per_pass(pair.wired, clean.shape[0], probe=True))
+    chunks = [alphas[i : i + batch] for i in range(0, steps, batch)]
+    return [
+        (corrupted + chunk[:, None, None] * (clean - corrupted), len(chunk)) for chunk in chunks
+    ]
+
+
+def _summed(
+    fn: Callable[[torch.Tensor | None, int], torch.Tensor],
+    runs: Sequence[tuple[torch.Tensor | None, int]],
+    progress: Progress | None,
+) -> torch.Tensor:
+    """``fn(embeddings, rows)`` summed over ``runs`` (at least one), ``progress`` after each."""
+    total = torch.zeros(0)
+    for done, run in enumerate(runs, start=1):
+        part = fn(*run)
+        total = part if done == 1 else total + part
+        if progress is not None:
+            progress(done, len(runs))
+    return total
+
+
 def _attribution(pair: CircuitPair, method: str, steps: int, batch: int, progress) -> np.ndarray:
     """``[sources, targets]`` EAP or EAP-IG scores."""
-    if method == "eap":
-        grads = pair.grads if pair.grads is not None else _gradients(pair, None, 1)
-        done = 1
+    graph, scale = pair.graph, 1 / steps if method == "eap-ig" else 1.0
+    diff = (pair.acts_corrupted - pair.acts_clean).flatten(1)  # (sources, T D)
+    runs = (
+        []
+        if method == "eap" and pair.grads is not None
+        else _gradient_runs(pair, method, steps, batch)
+    )
+    if runs and TAPPED_GRADIENTS and isinstance(pair.wired, CircuitModel):  # no copy per target
+        diff = diff.double()
+        scores = _summed(lambda e, rows: tapped_scores(pair, diff, e, rows), runs, progress)
+        return np.where(graph.mask, (scores * scale).cpu().numpy(), 0.0)
+    if runs:
+        grads = _summed(lambda e, rows: _gradients(pair, e, rows), runs, progress)
+    else:  # the pair's own pass had them
+        grads = pair.grads
         if progress is not None:
             progress(1, 1)
-    else:
-        clean, corrupted = pair.acts_clean[0], pair.acts_corrupted[0]  # the input node
-        alphas = torch.arange(steps, dtype=clean.dtype, device=clean.device) / steps
-        if isinstance(pair.wired, PostNormModel):  # every row carries every target's copy
-            batch = min(batch, rows_per_pass(pair.wired, clean.shape[0], probe=True))
-        grads = torch.zeros(0)
-        chunks = [alphas[i : i + batch] for i in range(0, steps, batch)]
-        for done, chunk in enumerate(chunks, start=1):
-            embeddings = corrupted + chunk[:, None, None] * (clean - corrupted)  # (k, T, D)
-            g = _gradients(pair, embeddings, len(chunk))
-            grads = g if done == 1 else grads + g
-            if progress is not None:
-                progress(done, len(chunks))
-        grads = grads / steps
+    grads = grads * scale
     if isinstance(pair.wired, PostNormModel):  # (probe rows, T D), about 6x the targets: float32
-        graph, diff = pair.graph, (pair.acts_corrupted - pair.acts_clean).flatten(1)
         scores = postnorm_edge_scores(graph.layers, graph.heads, diff, grads.flatten(1))
         return np.where(graph.mask, scores.double().cpu().numpy(), 0.0)
-    diff = (pair.acts_corrupted - pair.acts_clean).flatten(1).double()  # (sources, T D)
-    grads = grads.flatten(1).double()  # (targets, T D)
+    diff, grads = diff.double(), grads.flatten(1).double()  # (targets, T D)
     # only the edges: each run of targets with the same upstream sources is one product (about
     # half the work of all sources x all targets)
-    upstream = pair.graph.upstream
+    upstream = graph.upstream
     scores = torch.zeros(diff.shape[0], grads.shape[0], dtype=torch.float64, device=diff.device)
     start = 0
     for end in range(1, len(upstream) + 1):
@@ -167,7 +203,7 @@ def _attribution(pair: CircuitPair, method: str, steps: int, batch: int, progres
             p = upstream[start]
             scores[:p, start:end] = diff[:p] @ grads[start:end].T
             start = end
-    return np.where(pair.graph.mask, scores.cpu().numpy(), 0.0)
+    return np.where(graph.mask, scores.cpu().numpy(), 0.0)
 
 
 def _exact(pair: CircuitPair, batch: int, progress) -> np.ndarray:

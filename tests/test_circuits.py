@@ -178,9 +178,14 @@ def test_graph_of_one_head_lists_its_edges():
 # --- scores against the hand computation --------------------------------------------------------
 
 
+@pytest.mark.parametrize("one_pass", [True, False], ids=["pair's pass", "tapped"])
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_eap_equals_autograd_by_hand(name: str, request: pytest.FixtureRequest):
+def test_eap_equals_autograd_by_hand(name: str, one_pass: bool, request, monkeypatch):
+    """Both ways to the gradients: the pair's own pass with a zero on every target's copy (small
+    models), and a plain pass with taps (``mhsa.circuit_taps``, above ``EAP_ONE_PASS_MAX``)."""
     lm = request.getfixturevalue(name)
+    if not one_pass:
+        monkeypatch.setattr(mhsa.circuit_pairs, "EAP_ONE_PASS_MAX", 0)
     frame = mhsa.edge_attribution(CLEAN, CORRUPTED, model=lm, answer=ANSWER, wrong=WRONG)
     assert list(frame.columns) == ["source", "target", "input", "score"]
     assert len(frame) == circuits.circuit_graph(lm).n_edges == 110
