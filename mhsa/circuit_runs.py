@@ -32,6 +32,7 @@ target input from the same pass); ``mhsa.circuits`` scores edges and circuits fr
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -383,12 +384,19 @@ def _mlp_hook(run: CircuitRun, copy: bool) -> Callable[..., None]:
     return hook
 
 
+def _last_logits_only(head_model: nn.Module) -> dict[str, int]:
+    """``{"logits_to_keep": 1}`` where the head's forward takes it (transformers' causal LMs):
+    the logits of the last position only, not ``[T, V]`` of which the metric reads one row."""
+    accepts = "logits_to_keep" in inspect.signature(head_model.forward).parameters
+    return {"logits_to_keep": 1} if accepts else {}
+
+
 def run_circuit(
     model: CircuitModel | PostNormModel, run: CircuitRun, inputs: Mapping[str, torch.Tensor]
 ) -> torch.Tensor:
-    """``inputs`` through ``model`` wired as ``run`` asks; returns the logits ``[B, T, V]`` (an
-    encoder: the logits node's last hidden state ``[B, T, D]``, ``run_postnorm``) and fills
-    ``run``. Caller holds the lock (and picks the grad mode)."""
+    """``inputs`` through ``model`` wired as ``run`` asks; returns the logits ``[B, T, V]``
+    (``[B, 1, V]``, the last position's, where the head takes ``logits_to_keep``; an encoder:
+    the logits node's last hidden state ``[B, T, D]``, ``run_postnorm``) and fills ``run``. Caller holds the lock (and picks the grad mode)."""
     if isinstance(model, PostNormModel):
         return run_postnorm(model, run, inputs)
     handles = []
@@ -405,15 +413,17 @@ def run_circuit(
             handles.append(layer.mlp.register_forward_hook(_mlp_hook(run, model.parallel)))
         handles.append(model.final_norm.register_forward_pre_hook(_ln2_pre_hook(run)))
         observers = {b.layer: _observer(model, run, i) for i, b in enumerate(model.blocks)}
+        last = _last_logits_only(model.lm.head_model)  # the metric reads the last position
         if model.running is None:
             our_pass = OurPass(need_weights=False, observers=observers)
-            out = run_with_our_blocks(model.lm, model.blocks, our_pass, inputs, with_head=True)
+            lm, blocks = model.lm, model.blocks
+            out = run_with_our_blocks(lm, blocks, our_pass, inputs, with_head=True, **last)
         else:  # our blocks already stand in the model: observe through their pass
             kept = model.running.observers
             model.running.observers = observers
             try:
                 device = model.lm.device
-                out = model.lm.head_model(**{k: v.to(device) for k, v in inputs.items()})
+                out = model.lm.head_model(**{k: v.to(device) for k, v in inputs.items()}, **last)
             finally:
                 model.running.observers = kept
     finally:

@@ -557,15 +557,18 @@ def run_with_our_blocks(
     inputs: Mapping[str, torch.Tensor],
     *,
     with_head: bool = False,
+    **options: Any,
 ) -> Any:
     """``lm.model(**inputs)`` with ``blocks`` standing in for its attention blocks, doing
     ``our_pass``; returns the model's outputs (``with_head``: the language-model head's, with
-    ``logits``). The caller holds ``lm.lock``."""
+    ``logits``). ``options`` go to the forward as they are (``logits_to_keep=1``). The caller
+    holds ``lm.lock``."""
     module = lm.head_model if with_head else lm.model
     if module is None:
         raise UnsupportedModelError(f"{lm.display_name!r} has no language-model head.")
     with through_our_module(lm, blocks, our_pass):
-        return module(**{k: v.to(lm.device) for k, v in inputs.items()}, return_dict=True)
+        tensors = {k: v.to(lm.device) for k, v in inputs.items()}
+        return module(**tensors, **options, return_dict=True)
 
 
 def forward_through_ours(
