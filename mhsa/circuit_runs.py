@@ -32,7 +32,6 @@ target input from the same pass); ``mhsa.circuits`` scores edges and circuits fr
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,7 +54,7 @@ from mhsa.errors import InputError, UnsupportedModelError
 from mhsa.layer_parts import final_norm_of
 from mhsa.metrics import logit_difference
 from mhsa.models import LoadedModel
-from mhsa.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
+from mhsa.swap import OurBlock, OurPass, last_logits_only, our_blocks, run_with_our_blocks
 
 __all__ = [
     "TOOLS_NEEDING_PRE_NORM",
@@ -384,19 +383,13 @@ def _mlp_hook(run: CircuitRun, copy: bool) -> Callable[..., None]:
     return hook
 
 
-def _last_logits_only(head_model: nn.Module) -> dict[str, int]:
-    """``{"logits_to_keep": 1}`` where the head's forward takes it (transformers' causal LMs):
-    the logits of the last position only, not ``[T, V]`` of which the metric reads one row."""
-    accepts = "logits_to_keep" in inspect.signature(head_model.forward).parameters
-    return {"logits_to_keep": 1} if accepts else {}
-
-
 def run_circuit(
     model: CircuitModel | PostNormModel, run: CircuitRun, inputs: Mapping[str, torch.Tensor]
 ) -> torch.Tensor:
     """``inputs`` through ``model`` wired as ``run`` asks; returns the logits ``[B, T, V]``
     (``[B, 1, V]``, the last position's, where the head takes ``logits_to_keep``; an encoder:
-    the logits node's last hidden state ``[B, T, D]``, ``run_postnorm``) and fills ``run``. Caller holds the lock (and picks the grad mode)."""
+    the logits node's last hidden state ``[B, T, D]``, ``run_postnorm``) and fills ``run``.
+    Caller holds the lock (and picks the grad mode)."""
     if isinstance(model, PostNormModel):
         return run_postnorm(model, run, inputs)
     handles = []
@@ -413,16 +406,18 @@ def run_circuit(
             handles.append(layer.mlp.register_forward_hook(_mlp_hook(run, model.parallel)))
         handles.append(model.final_norm.register_forward_pre_hook(_ln2_pre_hook(run)))
         observers = {b.layer: _observer(model, run, i) for i, b in enumerate(model.blocks)}
-        last = _last_logits_only(model.lm.head_model)  # the metric reads the last position
-        if model.running is None:
+        if model.running is None:  # the metric reads the last position's logits only
             our_pass = OurPass(need_weights=False, observers=observers)
             lm, blocks = model.lm, model.blocks
-            out = run_with_our_blocks(lm, blocks, our_pass, inputs, with_head=True, **last)
+            out = run_with_our_blocks(
+                lm, blocks, our_pass, inputs, with_head=True, last_logits=True
+            )
         else:  # our blocks already stand in the model: observe through their pass
             kept = model.running.observers
             model.running.observers = observers
             try:
                 device = model.lm.device
+                last = last_logits_only(model.lm.head_model)
                 out = model.lm.head_model(**{k: v.to(device) for k, v in inputs.items()}, **last)
             finally:
                 model.running.observers = kept

@@ -86,7 +86,12 @@ class PatchSetup:
             record=record,
         )
         outputs = run_with_our_blocks(
-            self.lm, self.blocks, our_pass, inputs, with_head=self.metric.with_head
+            self.lm,
+            self.blocks,
+            our_pass,
+            inputs,
+            with_head=self.metric.with_head,
+            last_logits=True,
         )
         return self.metric(outputs, inputs)
 
@@ -110,7 +115,12 @@ class PatchSetup:
             record=record,
         )
         outputs = run_with_our_blocks(
-            self.lm, self.blocks, our_pass, inputs, with_head=self.metric.with_head
+            self.lm,
+            self.blocks,
+            our_pass,
+            inputs,
+            with_head=self.metric.with_head,
+            last_logits=True,
         )
         return acts, outputs
 

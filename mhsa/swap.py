@@ -12,6 +12,7 @@ lock in a context manager that always puts the model's blocks back, also when th
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ __all__ = [
     "OurBlock",
     "OurPass",
     "forward_through_ours",
+    "last_logits_only",
     "our_blocks",
     "our_blocks_of",
     "run_with_our_blocks",
@@ -557,18 +559,28 @@ def run_with_our_blocks(
     inputs: Mapping[str, torch.Tensor],
     *,
     with_head: bool = False,
-    **options: Any,
+    last_logits: bool = False,
 ) -> Any:
     """``lm.model(**inputs)`` with ``blocks`` standing in for its attention blocks, doing
     ``our_pass``; returns the model's outputs (``with_head``: the language-model head's, with
-    ``logits``). ``options`` go to the forward as they are (``logits_to_keep=1``). The caller
-    holds ``lm.lock``."""
+    ``logits``; ``last_logits``: of the last position only where the head can, see
+    ``last_logits_only``). The caller holds ``lm.lock``."""
     module = lm.head_model if with_head else lm.model
     if module is None:
         raise UnsupportedModelError(f"{lm.display_name!r} has no language-model head.")
+    options = last_logits_only(module) if with_head and last_logits else {}
     with through_our_module(lm, blocks, our_pass):
         tensors = {k: v.to(lm.device) for k, v in inputs.items()}
         return module(**tensors, **options, return_dict=True)
+
+
+def last_logits_only(head_model: nn.Module) -> dict[str, int]:
+    """``{"logits_to_keep": 1}`` where the head's forward takes it (transformers' causal LMs),
+    else nothing: a metric that reads the last position (patching's and circuits' logit
+    difference) needs one row of the ``[T, V]`` logits, which on a real vocabulary cost more
+    than the rest of a small model's forward."""
+    accepts = "logits_to_keep" in inspect.signature(head_model.forward).parameters
+    return {"logits_to_keep": 1} if accepts else {}
 
 
 def forward_through_ours(
