@@ -66,6 +66,14 @@ class PatchSetup:
     def layers(self) -> int:
         return len(self.blocks)
 
+    def _outputs(self, our_pass: OurPass, inputs: Mapping[str, torch.Tensor]) -> Any:
+        """The model's outputs doing ``our_pass`` (a logit metric: the last position's
+        logits only, all it reads)."""
+        head = self.metric.with_head
+        return run_with_our_blocks(
+            self.lm, self.blocks, our_pass, inputs, with_head=head, last_logits=True
+        )
+
     def run(
         self,
         inputs: Mapping[str, torch.Tensor],
@@ -85,15 +93,7 @@ class PatchSetup:
             replay={k: v for k, v in (replay or {}).items() if k < layer},
             record=record,
         )
-        outputs = run_with_our_blocks(
-            self.lm,
-            self.blocks,
-            our_pass,
-            inputs,
-            with_head=self.metric.with_head,
-            last_logits=True,
-        )
-        return self.metric(outputs, inputs)
+        return self.metric(self._outputs(our_pass, inputs), inputs)
 
     def activations(
         self, inputs: Mapping[str, torch.Tensor], record: dict[int, Any] | None = None
@@ -114,15 +114,7 @@ class PatchSetup:
             observers={i: keeper(i) for i in range(self.layers)},
             record=record,
         )
-        outputs = run_with_our_blocks(
-            self.lm,
-            self.blocks,
-            our_pass,
-            inputs,
-            with_head=self.metric.with_head,
-            last_logits=True,
-        )
-        return acts, outputs
+        return acts, self._outputs(our_pass, inputs)
 
 
 def _row(value: Any, row: int) -> Any:
