@@ -248,8 +248,9 @@ class CircuitRun:
         tap: instead of the probe's copies, keep the tensors whose gradients give dm/d(each
             target input) (``Tap``; ``mhsa.circuit_taps``): pre-norm models only.
 
-    Filled by the pass: ``acts`` (each source's activation ``[B, T, D]``, in the graph's order),
-    ``zeros`` (the added zeros, ``[B, n, T, D]`` per group of targets, in order) and ``taps``.
+    Filled by the pass: ``acts`` (each source's activation ``[B, T, D]``, in the graph's order;
+    a tapped run keeps none but the input), ``zeros`` (the added zeros, ``[B, n, T, D]`` per
+    group of targets, in order) and ``taps``.
     """
 
     upstream: Sequence[int]
@@ -338,7 +339,7 @@ def _observer(model: CircuitModel, run: CircuitRun, layer: int) -> Callable[...,
             return project(1, w_k, b_k)
         if name == "per-head V":
             return project(2, w_v, b_v)
-        if name == "per-head context":
+        if name == "per-head context" and not run.tap:  # a tapped run needs no sources
             outs = torch.einsum("bhtk,hkd->bhtd", tensor, w_o.to(tensor.dtype))
             run.acts.extend(outs.unbind(1))
         return None
@@ -377,6 +378,8 @@ def _mlp_hook(run: CircuitRun, copy: bool) -> Callable[..., None]:
     ``mlp_output += attention_output``)."""
 
     def hook(_module: nn.Module, _args: tuple, output: Any) -> None:
+        if run.tap:  # a tapped run needs no sources
+            return
         out = output[0] if isinstance(output, tuple) else output
         run.acts.append(out.clone() if copy else out)
 

@@ -26,7 +26,7 @@ Tested equal to the probe's scores (``tests/test_circuits.py``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -51,12 +51,16 @@ def _head_gradients(tap: Tap, grads: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def tapped_scores(
-    pair: CircuitPair, diff: torch.Tensor, embeddings: torch.Tensor | None, rows: int
+    pair: CircuitPair,
+    diff: Callable[[], torch.Tensor],
+    embeddings: torch.Tensor | None,
+    rows: int,
 ) -> torch.Tensor:
     """``[sources, targets]`` (float64): for each edge (u, v) of the graph, ``diff[u] .
     dm/d in_v`` summed over ``rows`` runs of the clean text (with ``embeddings`` ``[rows, T,
-    D]`` in place of its own, when given: EAP-IG's steps); 0 off the graph's edges. ``diff``:
-    ``[sources, T D]`` float64, each source's corrupted minus clean output. One forward and one
+    D]`` in place of its own, when given: EAP-IG's steps); 0 off the graph's edges. ``diff()``:
+    ``[sources, T D]`` float64, each source's corrupted minus clean output, asked for after the
+    backward pass (so that it need not sit beside the pass's activations). One forward and one
     backward of the plain model; lock held."""
     graph = pair.graph
     run = CircuitRun(graph.upstream, tap=True, embeddings=embeddings)
@@ -66,8 +70,9 @@ def tapped_scores(
         grads = torch.autograd.grad(value, tensors, allow_unused=True)
     # an input nothing reads (an MLP frozen at zero output) has no gradient: zero
     grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, tensors, strict=True)]
+    differences = diff()
     scores = torch.zeros(
-        diff.shape[0], len(graph.upstream), dtype=torch.float64, device=diff.device
+        differences.shape[0], len(graph.upstream), dtype=torch.float64, device=differences.device
     )
     first = 0
     for tap in run.taps:
@@ -79,5 +84,5 @@ def tapped_scores(
             per_target = _head_gradients(tap, mine)  # (3H, T, D)
         p = graph.upstream[tap.start]  # every target of a tap has the same sources
         cols = slice(tap.start, tap.start + tap.count)
-        scores[:p, cols] = diff[:p] @ per_target.flatten(1).double().T
+        scores[:p, cols] = differences[:p] @ per_target.flatten(1).double().T
     return scores

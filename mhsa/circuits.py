@@ -44,6 +44,7 @@ one batch, each row with its own corrupted edges, as leave-one-out batches heads
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -154,6 +155,11 @@ def _gradient_runs(
     ]
 
 
+def _differences(pair: CircuitPair) -> torch.Tensor:
+    """``[sources, T D]``: each source's output on the corrupted text minus on the clean one."""
+    return (pair.acts_corrupted - pair.acts_clean).flatten(1)
+
+
 def _summed(
     fn: Callable[[torch.Tensor | None, int], torch.Tensor],
     runs: Sequence[tuple[torch.Tensor | None, int]],
@@ -172,16 +178,17 @@ def _summed(
 def _attribution(pair: CircuitPair, method: str, steps: int, batch: int, progress) -> np.ndarray:
     """``[sources, targets]`` EAP or EAP-IG scores."""
     graph, scale = pair.graph, 1 / steps if method == "eap-ig" else 1.0
-    diff = (pair.acts_corrupted - pair.acts_clean).flatten(1)  # (sources, T D)
     runs = (
         []
         if method == "eap" and pair.grads is not None
         else _gradient_runs(pair, method, steps, batch)
     )
     if runs and TAPPED_GRADIENTS and isinstance(pair.wired, CircuitModel):  # no copy per target
-        diff = diff.double()
+        # (sources, T D) in float64, made once, after the first backward pass (not beside it)
+        diff = functools.cache(lambda: _differences(pair).double())
         scores = _summed(lambda e, rows: tapped_scores(pair, diff, e, rows), runs, progress)
         return np.where(graph.mask, (scores * scale).cpu().numpy(), 0.0)
+    diff = _differences(pair)
     if runs:
         grads = _summed(lambda e, rows: _gradients(pair, e, rows), runs, progress)
     else:  # the pair's own pass had them
