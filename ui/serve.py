@@ -18,9 +18,9 @@ from mhsa.jobs import max_heavy_from_env
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 #: the process environment a deployment runs with, unless the operator sets these: glibc's
-#: malloc keeps at most 2 arenas (its default is 8 per core, each holding on to the memory freed
-#: by the threads Streamlit starts for page runs: the server's memory climbed for about 20 rounds
-#: of sessions coming and going, and with the core count; BENCHMARKS.md §8)
+#: malloc keeps at most 2 arenas (its default is 8 per core, each holding on to pages freed by
+#: the threads Streamlit starts for page runs until ``ui.runtime.release_freed_memory``; 18 MB
+#: lower on 2 cores, more on more cores; BENCHMARKS.md §8)
 PRODUCTION_ENV = {"MALLOC_ARENA_MAX": "2"}
 #: what ``--dev`` adds: Streamlit's live reload
 DEV_OPTIONS = ("--server.fileWatcherType=auto", "--server.runOnSave=true")
