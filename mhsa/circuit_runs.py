@@ -301,8 +301,8 @@ def _layer_pre_hook(run: CircuitRun, layer: int) -> Callable[..., Any]:
             if run.embeddings is not None:
                 x = run.embeddings.to(x.dtype)
                 changed = _with_hidden(args, kwargs, x)
-            if run.tap and not x.requires_grad:  # the gradients start here
-                x = x.detach().requires_grad_(True)
+            if run.tap and not x.requires_grad:  # the gradients start here (a copy: the
+                x = x.detach().clone().requires_grad_(True)  # IG steps may be inference tensors)
                 changed = _with_hidden(args, kwargs, x)
             run.acts.append(x)  # the input node
         run._x[layer] = x

@@ -21,7 +21,8 @@ The plain pass keeps ``[B, H, T, Dh]`` per head part and one ``[B, T, D]`` per M
 products run one layer and one part at a time after the backward pass, and each target's
 gradient is turned into its edges' scores (sum over positions of the source's corrupted minus
 clean output, dot the gradient) at once, so no ``[targets, T, D]`` tensor is ever whole.
-Tested equal to the probe's scores (``tests/test_circuits.py``).
+Tested against autograd by hand on the plain transformers models (``tests/test_circuits.py``,
+``tests/test_circuits_families.py``) and against the probe's scores (``TAPPED_GRADIENTS`` off).
 """
 
 from __future__ import annotations

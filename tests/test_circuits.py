@@ -212,6 +212,23 @@ def test_eap_ig_averages_gradients_along_the_embeddings_by_hand(gpt2: mhsa.Loade
     np.testing.assert_allclose(again["score"], frame["score"], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("method", ["eap", "eap-ig"])
+def test_taps_give_the_probes_scores_also_inside_inference_mode(llama, method, monkeypatch):
+    """The gradients from taps (``mhsa.circuit_taps``) against those from a copy of the
+    residual per target (``circuits.TAPPED_GRADIENTS`` off), on grouped-query attention, for
+    every edge; and a caller's ``torch.inference_mode()`` around the call changes nothing (the
+    IG steps' embeddings are inference tensors there)."""
+    monkeypatch.setattr(mhsa.circuit_pairs, "EAP_ONE_PASS_MAX", 0)  # both from their own pass
+    kw = {"model": llama, "answer": ANSWER, "wrong": WRONG, "method": method, "steps": 3}
+    with torch.inference_mode():
+        tapped = mhsa.edge_attribution(CLEAN, CORRUPTED, **kw)
+    monkeypatch.setattr(circuits, "TAPPED_GRADIENTS", False)
+    copies = mhsa.edge_attribution(CLEAN, CORRUPTED, **kw)
+    scale = np.abs(copies["score"]).max()
+    assert scale > 1e-3
+    np.testing.assert_allclose(tapped["score"], copies["score"], rtol=0, atol=1e-5 * scale)
+
+
 def test_exact_scores_equal_path_patching_by_hand(gpt2: mhsa.LoadedModel):
     frame = mhsa.edge_attribution(
         CLEAN, CORRUPTED, model=gpt2, answer=ANSWER, wrong=WRONG, method="exact", batch_size=40

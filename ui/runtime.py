@@ -88,8 +88,8 @@ def release_freed_memory() -> bool:
     """glibc's ``malloc_trim(0)``: hand the heap pages that freed objects left back to the
     system. glibc keeps them otherwise, in every arena, so that a server's resident memory
     climbs with its visitors' churn though nothing is alive in it (the many-sessions load test:
-    about 20 MB over 20 rounds, all of it given back by a trim; BENCHMARKS.md §8). False where
-    there is no glibc."""
+    about 24 MB over 20 rounds, all but 5 MB of it given back by one trim; BENCHMARKS.md §8).
+    False where there is no glibc."""
     if _MALLOC_TRIM is None:
         return False
     _MALLOC_TRIM(0)
