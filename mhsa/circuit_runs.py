@@ -411,9 +411,8 @@ def run_circuit(
         observers = {b.layer: _observer(model, run, i) for i, b in enumerate(model.blocks)}
         if model.running is None:  # the metric reads the last position's logits only
             our_pass = OurPass(need_weights=False, observers=observers)
-            lm, blocks = model.lm, model.blocks
             out = run_with_our_blocks(
-                lm, blocks, our_pass, inputs, with_head=True, last_logits=True
+                model.lm, model.blocks, our_pass, inputs, with_head=True, last_logits=True
             )
         else:  # our blocks already stand in the model: observe through their pass
             kept = model.running.observers

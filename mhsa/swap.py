@@ -12,6 +12,7 @@ lock in a context manager that always puts the model's blocks back, also when th
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -579,8 +580,13 @@ def last_logits_only(head_model: nn.Module) -> dict[str, int]:
     else nothing: a metric that reads the last position (patching's and circuits' logit
     difference) needs one row of the ``[T, V]`` logits, which on a real vocabulary cost more
     than the rest of a small model's forward."""
-    accepts = "logits_to_keep" in inspect.signature(head_model.forward).parameters
-    return {"logits_to_keep": 1} if accepts else {}
+    return {"logits_to_keep": 1} if _takes_logits_to_keep(type(head_model)) else {}
+
+
+@functools.cache
+def _takes_logits_to_keep(head_class: type) -> bool:
+    """Once per class: every patching and circuit pass asks."""
+    return "logits_to_keep" in inspect.signature(head_class.forward).parameters
 
 
 def forward_through_ours(

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.app.test_pages import run
-from ui import core
+from tests.app.test_runtime import rss_mb
+from ui import core, runtime
 
 pytestmark = pytest.mark.slow
 
@@ -14,12 +15,8 @@ pytestmark = pytest.mark.slow
 def _rss_mb() -> float:
     """Resident memory, after handing freed heap pages back to the system (glibc keeps them
     otherwise, which would measure the allocator rather than what the app holds)."""
-    import ctypes
-
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    with open("/proc/self/status") as fh:
-        line = next(ln for ln in fh if ln.startswith("VmRSS:"))
-    return int(line.split()[1]) / 1024
+    runtime.release_freed_memory()
+    return rss_mb()
 
 
 def test_long_texts_stay_within_the_result_budget(monkeypatch) -> None:

@@ -11,7 +11,8 @@ import pytest
 from ui import runtime
 
 
-def _rss_mb() -> float:
+def rss_mb() -> float:
+    """This process's resident memory (``VmRSS``), in MB."""
     with open("/proc/self/status") as fh:
         return int(next(ln for ln in fh if ln.startswith("VmRSS:")).split()[1]) / 1024
 
@@ -26,9 +27,9 @@ def test_freed_heap_pages_go_back_to_the_system() -> None:
     objects = [bytes(2000) for _ in range(100_000)]
     kept = objects[::10]
     del objects
-    before = _rss_mb()
+    before = rss_mb()
     assert runtime.release_freed_memory() is True
-    after = _rss_mb()
+    after = rss_mb()
     assert before - after > 60, (before, after)
     assert len(kept) == 10_000
 
