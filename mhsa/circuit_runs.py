@@ -53,8 +53,8 @@ from mhsa.circuit_postnorm import (
 from mhsa.errors import InputError, UnsupportedModelError
 from mhsa.layer_parts import final_norm_of
 from mhsa.metrics import logit_difference
-from mhsa.models import LoadedModel
-from mhsa.swap import OurBlock, OurPass, last_logits_only, our_blocks, run_with_our_blocks
+from mhsa.models import LoadedModel, last_logits_only
+from mhsa.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
 
 __all__ = [
     "TOOLS_NEEDING_PRE_NORM",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ __all__ = [
     "cpu_threads",
     "default_model_path",
     "get_model",
+    "last_logits_only",
     "load_model",
     "pick_device",
     "resolve_model",
@@ -391,3 +393,17 @@ def resolve_model(model: str | LoadedModel, device: str = "auto") -> LoadedModel
     """``model`` itself when it is loaded, else the shared copy of it (``get_model``) on
     ``device``; an empty name is the embedded default."""
     return model if isinstance(model, LoadedModel) else get_model(model or DEFAULT_MODEL, device)
+
+
+def last_logits_only(head_model: torch.nn.Module) -> dict[str, int]:
+    """``{"logits_to_keep": 1}`` where the head's forward takes it (transformers' causal LMs),
+    else nothing: a metric that reads the last position (patching's and circuits' logit
+    difference) needs one row of the ``[T, V]`` logits, which on a real vocabulary cost more
+    than the rest of a small model's forward."""
+    return {"logits_to_keep": 1} if _takes_logits_to_keep(type(head_model)) else {}
+
+
+@functools.cache
+def _takes_logits_to_keep(head_class: type) -> bool:
+    """Once per class: every patching and circuit pass asks."""
+    return "logits_to_keep" in inspect.signature(head_class.forward).parameters

@@ -12,8 +12,6 @@ lock in a context manager that always puts the model's blocks back, also when th
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,14 +31,13 @@ from mhsa.block_search import (
     unsupported,
 )
 from mhsa.errors import UnsupportedModelError
-from mhsa.models import LoadedModel
+from mhsa.models import LoadedModel, last_logits_only
 
 __all__ = [
     "BLOCK_KINDS",
     "OurBlock",
     "OurPass",
     "forward_through_ours",
-    "last_logits_only",
     "our_blocks",
     "our_blocks_of",
     "run_with_our_blocks",
@@ -573,20 +570,6 @@ def run_with_our_blocks(
     with through_our_module(lm, blocks, our_pass):
         tensors = {k: v.to(lm.device) for k, v in inputs.items()}
         return module(**tensors, **options, return_dict=True)
-
-
-def last_logits_only(head_model: nn.Module) -> dict[str, int]:
-    """``{"logits_to_keep": 1}`` where the head's forward takes it (transformers' causal LMs),
-    else nothing: a metric that reads the last position (patching's and circuits' logit
-    difference) needs one row of the ``[T, V]`` logits, which on a real vocabulary cost more
-    than the rest of a small model's forward."""
-    return {"logits_to_keep": 1} if _takes_logits_to_keep(type(head_model)) else {}
-
-
-@functools.cache
-def _takes_logits_to_keep(head_class: type) -> bool:
-    """Once per class: every patching and circuit pass asks."""
-    return "logits_to_keep" in inspect.signature(head_class.forward).parameters
 
 
 def forward_through_ours(
