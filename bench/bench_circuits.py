@@ -44,7 +44,8 @@ import torch
 
 import mhsa
 from bench.common import median_times, print_table
-from mhsa import circuit_postnorm, circuits
+from mhsa.circuits import discovery as circuits
+from mhsa.circuits import postnorm as circuit_postnorm
 from tests.tiny import save_tiny
 
 #: a repeat of 10 symbols up to its 5th, and the same with that symbol's first occurrence

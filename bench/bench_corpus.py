@@ -26,8 +26,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import mhsa
 from bench.common import print_table
-from mhsa.corpus import Corpus, Entry, corpus_stats
-from mhsa.importance import corpus_importance
+from mhsa.causal.importance import corpus_importance
+from mhsa.corpus.stats import corpus_stats
+from mhsa.engine.batches import Corpus, Entry
 
 SENTENCES = Path(__file__).resolve().parents[1] / "data" / "sentences.txt"
 
@@ -100,7 +101,7 @@ def print_ray_rows(lm: mhsa.LoadedModel, texts: list[str]) -> None:
     """Ray on a local instance (2 workers) against the batched local path; prints its table."""
     import ray
 
-    from mhsa.distributed import RayTask, run_on_ray
+    from mhsa.corpus.distributed import RayTask, run_on_ray
 
     start_s, _ = timed(lambda: ray.init(num_cpus=os.cpu_count(), include_dashboard=False))
     corpus = Corpus.of(texts)

@@ -22,8 +22,8 @@ import torch
 
 import mhsa
 from bench.common import median_times, print_table
-from mhsa.attribution import head_attribution, logit_lens
-from mhsa.flow import flow_contributions, flow_graph
+from mhsa.causal.attribution import head_attribution, logit_lens
+from mhsa.causal.flow import flow_contributions, flow_graph
 from tests.tiny import save_tiny
 
 

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     lm = build(args.layers, args.tokens, getattr(torch, args.dtype))
     text, n, last = bench_long.long_text(args.tokens), args.tokens, args.layers - 1
-    ids = mhsa.encoding.encode(lm, text, None, n).inputs["input_ids"].cuda()
+    ids = mhsa.engine.encoding.encode(lm, text, None, n).inputs["input_ids"].cuda()
 
     def plain() -> None:
         lm.model.set_attn_implementation("sdpa")

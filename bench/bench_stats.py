@@ -20,7 +20,7 @@ import torch
 import mhsa
 from bench.bench_attend import text_of
 from bench.common import median_times, print_table
-from mhsa.similarity import js_divergences
+from mhsa.analysis.similarity import js_divergences
 
 
 def js_before(a: np.ndarray, chunk_elems: int = 2**24) -> np.ndarray:

@@ -20,15 +20,16 @@ import numpy as np
 import pandas as pd
 
 import mhsa
-from mhsa.corpus import corpus_stats, read_corpus
-from mhsa.importance import corpus_importance, rank_correlation
+from mhsa.causal.importance import corpus_importance, rank_correlation
+from mhsa.corpus.stats import corpus_stats
+from mhsa.engine.batches import read_corpus
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "sentences.txt"
 
 
 def print_roles(stats: pd.DataFrame) -> None:
     """Head roles, and the positional heads."""
-    print("## Head roles (Clark et al.'s thresholds, `mhsa.stats.ROLE_THRESHOLDS`)\n")
+    print("## Head roles (Clark et al.'s thresholds, `mhsa.analysis.stats.ROLE_THRESHOLDS`)\n")
     print("| role | heads | of which in layers 0-2 |")
     print("|---|---|---|")
     for role, group in stats.groupby("role"):

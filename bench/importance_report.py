@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 import mhsa
-from mhsa.importance import rank_correlation
+from mhsa.causal.importance import rank_correlation
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus.txt"
 THRESHOLD = 0.05

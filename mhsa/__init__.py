@@ -4,15 +4,30 @@ Never imports streamlit; only ``mhsa.plots`` imports plotly.
 """
 
 import mhsa.compat  # noqa: F401  (old names kept for a release: mhsa.deprecation)
-from mhsa.adapters import SUPPORTED_FOR_MHSA
-from mhsa.attention import (
-    MultiHeadSelfAttention,
-    RotaryEmbedding,
-    TraceStep,
-    attention_core,
-    scaled_dot_product_attention,
+from mhsa.analysis.roles import (
+    AttentionSinks,
+    attention_sinks,
+    detect_heads,
+    head_composition,
+    induction_scores,
+    sink_value_norms,
+    strongest_inputs,
 )
-from mhsa.attribution import HeadAttribution, LogitLens, head_attribution, logit_lens
+from mhsa.analysis.similarity import HeadClusters, head_clusters, head_map, head_similarity
+from mhsa.analysis.stats import attention_rollout, head_stats, top_attended
+from mhsa.analysis.stream import streamed_head_similarity, streamed_head_stats
+from mhsa.causal.attribution import HeadAttribution, LogitLens, head_attribution, logit_lens
+from mhsa.causal.flow import FlowGraph, information_flow
+from mhsa.causal.importance import Ablation, ablate, head_importance
+from mhsa.causal.patching import (
+    PATCH_POINTS,
+    PATCH_TARGETS,
+    attribution_patching,
+    patch_heads,
+    patch_positions,
+    patching_correlation,
+)
+from mhsa.causal.pruning import pruning_curve
 from mhsa.circuits import (
     EDGE_METHODS,
     MIB_PERCENTAGES,
@@ -26,8 +41,15 @@ from mhsa.circuits import (
     path_patch,
     top_edges,
 )
-from mhsa.errors import InputError, MHSAError, ModelLoadError, UnsupportedModelError
-from mhsa.extract import (
+from mhsa.engine.adapters import SUPPORTED_FOR_MHSA
+from mhsa.engine.attention import (
+    MultiHeadSelfAttention,
+    RotaryEmbedding,
+    TraceStep,
+    attention_core,
+    scaled_dot_product_attention,
+)
+from mhsa.engine.extract import (
     ENGINE_DESCRIPTIONS,
     ENGINE_LABELS,
     ENGINE_SPECS,
@@ -41,10 +63,7 @@ from mhsa.extract import (
     generate,
     generate_ids,
 )
-from mhsa.flow import FlowGraph, information_flow
-from mhsa.heads import head_label, parse_head_label
-from mhsa.importance import Ablation, ablate, head_importance
-from mhsa.models import (
+from mhsa.engine.models import (
     DEFAULT_MODEL,
     DEVICES,
     LoadedModel,
@@ -53,31 +72,12 @@ from mhsa.models import (
     load_model,
     pick_device,
 )
-from mhsa.norms import norms_as_attention
-from mhsa.patching import (
-    PATCH_POINTS,
-    PATCH_TARGETS,
-    attribution_patching,
-    patch_heads,
-    patch_positions,
-    patching_correlation,
-)
-from mhsa.pruning import pruning_curve
-from mhsa.result import ATTENTION_KINDS, AttentionResult
-from mhsa.roles import (
-    AttentionSinks,
-    attention_sinks,
-    detect_heads,
-    head_composition,
-    induction_scores,
-    sink_value_norms,
-    strongest_inputs,
-)
-from mhsa.selection import ATTENTION_DTYPES, Selection
-from mhsa.similarity import HeadClusters, head_clusters, head_map, head_similarity
-from mhsa.stats import attention_rollout, head_stats, top_attended
-from mhsa.stream import streamed_head_similarity, streamed_head_stats
-from mhsa.tokens import find_tokens
+from mhsa.engine.norms import norms_as_attention
+from mhsa.engine.result import ATTENTION_KINDS, AttentionResult
+from mhsa.engine.selection import ATTENTION_DTYPES, Selection
+from mhsa.engine.tokens import find_tokens
+from mhsa.errors import InputError, MHSAError, ModelLoadError, UnsupportedModelError
+from mhsa.heads import head_label, parse_head_label
 from mhsa.training import (
     TASKS,
     TrainConfig,

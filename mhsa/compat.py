@@ -2,26 +2,45 @@
 ``DeprecationWarning`` naming its new name, then does what the new name does.
 
 - ``MultiHeadSelfAttention.from_bert`` / ``from_distilbert`` / ``from_gpt2`` / ``from_llama``
-  (removed when the family registry arrived): ``mhsa.adapters.load_bert`` ... ``load_llama``.
+  (removed when the family registry arrived): ``mhsa.engine.adapters.load_bert`` ... ``load_llama``.
 - ``attn_mask=`` / ``attention_mask=`` of ``MultiHeadSelfAttention.forward``,
   ``attention_weights`` and ``combine_masks`` (renamed ``mask=`` / ``padding_mask=``): at their
   definitions, ``mhsa.deprecation.renamed_kwargs``.
+- Every module path of ``mhsa`` before issue 45 grouped the package by concern
+  (``mhsa.circuit_runs``, ``mhsa.models``, ``mhsa.families.neox``...): importing one gives the
+  moved module itself (``MOVED_MODULES``, ``MOVED_PACKAGES``) and a ``DeprecationWarning``
+  naming its new path, through one import hook (``MovedModuleFinder``, on ``sys.meta_path``).
+  ``mhsa.analysis``, ``mhsa.circuits`` and ``mhsa.corpus`` are packages now, and each still
+  exports the old module's names.
 
-The constructors are set on the class here, not in ``mhsa.attention``: they call the family
-loaders of ``mhsa.adapters``, which imports ``mhsa.attention`` (no import cycle). ``import mhsa``
+The constructors are set on the class here, not in ``mhsa.engine.attention``: they call the family
+loaders of ``mhsa.engine.adapters``, which imports ``mhsa.engine.attention`` (no import cycle).
+``import mhsa``
 imports this module, as does any ``mhsa.<module>`` import (the package is imported first).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
-from mhsa.adapters import load_bert, load_distilbert, load_gpt2, load_llama
-from mhsa.attention import MultiHeadSelfAttention
-from mhsa.deprecation import deprecated_alias
+from mhsa.deprecation import REMOVED_IN, deprecated_alias
+from mhsa.engine.adapters import load_bert, load_distilbert, load_gpt2, load_llama
+from mhsa.engine.attention import MultiHeadSelfAttention
 
-__all__ = ["DEPRECATED_CONSTRUCTORS"]
+__all__ = [
+    "DEPRECATED_CONSTRUCTORS",
+    "MOVED_MODULES",
+    "MOVED_PACKAGES",
+    "MovedModuleFinder",
+    "moved_to",
+]
 
 #: old classmethod of ``MultiHeadSelfAttention`` -> the loader that replaces it
 DEPRECATED_CONSTRUCTORS: dict[str, Callable[..., MultiHeadSelfAttention]] = {
@@ -34,7 +53,7 @@ DEPRECATED_CONSTRUCTORS: dict[str, Callable[..., MultiHeadSelfAttention]] = {
 
 def _constructor(old: str, load: Callable[..., MultiHeadSelfAttention]) -> classmethod:
     alias = deprecated_alias(
-        load, f"MultiHeadSelfAttention.{old}", f"mhsa.adapters.{load.__name__}", stacklevel=3
+        load, f"MultiHeadSelfAttention.{old}", f"mhsa.engine.adapters.{load.__name__}", stacklevel=3
     )
 
     def construct(_cls: type, *args: Any, **kwargs: Any) -> MultiHeadSelfAttention:
@@ -47,3 +66,113 @@ def _constructor(old: str, load: Callable[..., MultiHeadSelfAttention]) -> class
 
 for _old, _load in DEPRECATED_CONSTRUCTORS.items():
     setattr(MultiHeadSelfAttention, _old, _constructor(_old, _load))
+
+
+#: old module path -> its home since the package was grouped by concern (issue 45)
+MOVED_MODULES: dict[str, str] = {
+    "mhsa.adapters": "mhsa.engine.adapters",
+    "mhsa.attention": "mhsa.engine.attention",
+    "mhsa.attribution": "mhsa.causal.attribution",
+    "mhsa.block_search": "mhsa.engine.block_search",
+    "mhsa.cache": "mhsa.engine.cache",
+    "mhsa.circuit_graph": "mhsa.circuits.graph",
+    "mhsa.circuit_layers": "mhsa.circuits.layers",
+    "mhsa.circuit_pairs": "mhsa.circuits.pairs",
+    "mhsa.circuit_postnorm": "mhsa.circuits.postnorm",
+    "mhsa.circuit_runs": "mhsa.circuits.runs",
+    "mhsa.circuit_taps": "mhsa.circuits.taps",
+    "mhsa.classroom": "mhsa.analysis.classroom",
+    "mhsa.composition": "mhsa.analysis.composition",
+    "mhsa.core": "mhsa.engine.core",
+    "mhsa.detection": "mhsa.analysis.detection",
+    "mhsa.distributed": "mhsa.corpus.distributed",
+    "mhsa.encoding": "mhsa.engine.encoding",
+    "mhsa.extract": "mhsa.engine.extract",
+    "mhsa.flow": "mhsa.causal.flow",
+    "mhsa.forward": "mhsa.engine.forward",
+    "mhsa.frozen_norm": "mhsa.engine.frozen_norm",
+    "mhsa.generation": "mhsa.engine.generation",
+    "mhsa.importance": "mhsa.causal.importance",
+    "mhsa.jobs": "mhsa.corpus.jobs",
+    "mhsa.layer_files": "mhsa.engine.layer_files",
+    "mhsa.layer_parts": "mhsa.engine.layer_parts",
+    "mhsa.limits": "mhsa.engine.limits",
+    "mhsa.metrics": "mhsa.causal.metrics",
+    "mhsa.model_names": "mhsa.engine.model_names",
+    "mhsa.models": "mhsa.engine.models",
+    "mhsa.norms": "mhsa.engine.norms",
+    "mhsa.partial": "mhsa.engine.partial",
+    "mhsa.patch_runs": "mhsa.causal.patch_runs",
+    "mhsa.patching": "mhsa.causal.patching",
+    "mhsa.pruning": "mhsa.causal.pruning",
+    "mhsa.repeats": "mhsa.analysis.repeats",
+    "mhsa.residual": "mhsa.engine.residual",
+    "mhsa.result": "mhsa.engine.result",
+    "mhsa.rmsnorm": "mhsa.engine.rmsnorm",
+    "mhsa.roles": "mhsa.analysis.roles",
+    "mhsa.rotary": "mhsa.engine.rotary",
+    "mhsa.selection": "mhsa.engine.selection",
+    "mhsa.similarity": "mhsa.analysis.similarity",
+    "mhsa.stats": "mhsa.analysis.stats",
+    "mhsa.stream": "mhsa.analysis.stream",
+    "mhsa.support": "mhsa.engine.support",
+    "mhsa.swap": "mhsa.engine.swap",
+    "mhsa.tables": "mhsa.analysis.tables",
+    "mhsa.targets": "mhsa.causal.targets",
+    "mhsa.tokens": "mhsa.engine.tokens",
+    "mhsa.trained": "mhsa.engine.trained",
+}
+
+#: old package path -> new: the package and every module under it
+MOVED_PACKAGES: dict[str, str] = {"mhsa.families": "mhsa.engine.families"}
+
+
+def moved_to(old: str) -> str | None:
+    """The module path that ``old`` moved to, or None when it did not move."""
+    if old in MOVED_MODULES:
+        return MOVED_MODULES[old]
+    for package, new in MOVED_PACKAGES.items():
+        if old == package or old.startswith(package + "."):
+            return new + old[len(package) :]
+    return None
+
+
+class _MovedModuleLoader(importlib.abc.Loader):
+    """Gives the moved module itself (one object under both names: a monkeypatch or an
+    ``isinstance`` through either path sees the same thing), warning once per process."""
+
+    def __init__(self, new: str) -> None:
+        self.new = new
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        warnings.warn(
+            f"The module {spec.name} is deprecated and will be removed in mhsa {REMOVED_IN}: "
+            f"use {self.new} instead.",
+            DeprecationWarning,
+            stacklevel=2,  # importlib's own frames are skipped: the importing line
+        )
+        module = importlib.import_module(self.new)
+        self._spec = module.__spec__
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__spec__ = self._spec  # importlib set the alias's spec on the real module
+
+
+class MovedModuleFinder(importlib.abc.MetaPathFinder):
+    """An import hook that answers the old paths of moved modules (and nothing else)."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        new = moved_to(fullname)
+        if new is None:
+            return None
+        is_package = importlib.util.find_spec(new).submodule_search_locations is not None
+        return importlib.util.spec_from_loader(
+            fullname, _MovedModuleLoader(new), is_package=is_package
+        )
+
+
+if not any(isinstance(finder, MovedModuleFinder) for finder in sys.meta_path):
+    sys.meta_path.insert(0, MovedModuleFinder())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mhsa.models import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.training.tasks import Example, task_examples
 
 __all__ = [
@@ -43,7 +43,7 @@ def model_examples(name: str) -> tuple[Example, ...]:
     """The examples the model called ``name`` brings: the default model's
     (``DEFAULT_EXAMPLES``), a toy model's or a model trained here on a task (its task's,
     ``task_examples``); none for any other model (its own text is the user's)."""
-    from mhsa.trained import is_trained_name, trained_store
+    from mhsa.engine.trained import is_trained_name, trained_store
     from mhsa.training.toy import toy_task
 
     if name == DEFAULT_MODEL:
@@ -103,7 +103,7 @@ def cross_opening(name: str) -> CrossOpening | None:
     """How the shipped encoder-decoder toy model ``name`` opens (None for any other model): its
     first example's target length, and the layer of the head with the highest anti-diagonal
     score (``mhsa.training.anti_diagonal_scores``) on that example, teacher-forced."""
-    from mhsa.extract import attend
+    from mhsa.engine.extract import attend
     from mhsa.training.scores import anti_diagonal_scores
     from mhsa.training.toy import toy_task
 

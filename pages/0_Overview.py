@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 import mhsa
-from mhsa.tables import agreement_table, token_table
+from mhsa.analysis.tables import agreement_table, token_table
 from ui import exports, lessons, page
 from ui.views import long_inputs
 

@@ -3,9 +3,6 @@ detectors), where heads sink their attention, and which heads compose with which
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
-
 import streamlit as st
 
 import mhsa
@@ -30,51 +27,6 @@ PARAMS = {
     "role_head": Param("", head_label_param),
 }
 TOP_HEADS = 3
-T = TypeVar("T")
-RANDOM_NOTE = (
-    "Induction on repeated random tokens: ten sequences of random token ids (seeded by the "
-    "sidebar's seed), each repeated once, no BOS; the score is the mean attention from each "
-    "repeated token to the token after its first occurrence. The error measure and the "
-    "exclusions do not apply to this test."
-)
-SINK_NORMS_NOTE = (
-    "What the sinks carry: one row per sink (head, position), with the mean attention the "
-    "position receives and the norm ‖f_h(x_j)‖ of the value the head reads there (its value "
-    "vector after its slice of the output projection; Kobayashi et al. 2020), beside the "
-    "head's median over the sentence's positions and their ratio. A ratio well below 1: the "
-    "head attends to the sink but takes little from it."
-)
-CROSS_NOTE = (
-    "Head roles are defined on self-attention: each detector compares where a head looks in a "
-    "sequence with a pattern of that same sequence's tokens (the token before, an earlier copy, "
-    "the token after it), and a sink is a position of that sequence. Cross attention relates "
-    "two sequences (decoder tokens to the sentence's), so none of them applies: choose the "
-    "encoder's or the decoder's attention in the sidebar."
-)
-COMPOSITION_NOTE = (
-    "Composition reads one residual stream, and an encoder-decoder has two (the encoder's and "
-    "the decoder's, joined by cross attention): it is computed for encoder or decoder models."
-)
-EXPLANATION = """\
-**Detection scores** (TransformerLens's `detect_head`): each text's token ids, special tokens
-included, give a 0/1 **detection pattern** (which key each query should attend to):
-**previous token** (the key just before the query), **duplicate token** (earlier keys with the
-query's token), **induction** (the key just after an earlier occurrence of the query's token).
-Error measure **mul**: the share of a head's attention that falls on the pattern; **abs**:
-1 − mean |attention − pattern| × n (causal models only). **Exclude BOS** ignores attention to
-the first token, **exclude the current token** attention to the query itself.
-
-**Repeat random tokens** is the standard induction test: random token ids from the model's
-vocabulary, repeated once; a head scores its mean attention from each token of the repeat to
-the token after its first occurrence.
-
-**Attention sinks**: the mean attention a key receives from the queries at or after it; a head
-sinks on a key when that exceeds the threshold (Gu et al. 2025).
-
-**Composition** (weights only, no text): how much a later head's queries (Q), keys (K) or
-values (V) read what an earlier head writes: ‖W_A W_B‖_F / (‖W_A‖_F ‖W_B‖_F) with the heads'
-OV and QK matrices (Elhage et al. 2021; TransformerLens's definitions).
-"""
 
 
 def _options() -> RoleOptions:
@@ -96,24 +48,15 @@ def _random_tokens_button() -> None:
         st.rerun()
 
 
-def _or_error(compute: Callable[..., T], *args: Any) -> T | None:
-    """``compute(*args)``, or None after showing what went wrong (the page goes on)."""
-    try:
-        return compute(*args)
-    except mhsa.MHSAError as e:
-        page.error(e)
-        return None
-
-
 def _detection_maps(
     query: Query, options: RoleOptions, *, random_test: bool
 ) -> tuple[role_views.RoleTable | None, role_views.RoleTable | None]:
     """One layers x heads map per detector; the induction map on repeated random tokens when
     that test is on (and ``random_test``: the model takes it). Returns the sentence's scores
     and the random test's (each None when not run, after showing what went wrong)."""
-    roles = _or_error(role_views.head_roles, query, options)
+    roles = page.or_error(role_views.head_roles, query, options)
     random = random_test and st.session_state["random_tokens"]
-    induction = _or_error(role_views.random_induction, query) if random else None
+    induction = page.or_error(role_views.random_induction, query) if random else None
     maps = [
         (f"{name.capitalize()} score", roles.scores, name)
         for name in role_views.ROLE_DETECTORS
@@ -125,7 +68,7 @@ def _detection_maps(
         title = f"Detection scores (error measure {options.error_measure})"
         page.figure(plots.role_maps(maps, title=title), "role-maps", key="role-maps")
     if induction is not None:
-        st.caption(RANDOM_NOTE)
+        st.caption(role_views.RANDOM_NOTE)
     return roles, induction
 
 
@@ -201,7 +144,7 @@ def _top_heads(
 def _top_heads_on_repeats(query: Query, induction: role_views.RoleTable) -> None:
     """The induction test's best heads on its first repeated random sequence, beside that
     sequence's induction pattern."""
-    repeated = _or_error(repeats.repeated_sequence, query)
+    repeated = page.or_error(repeats.repeated_sequence, query)
     if repeated is None:
         return
     st.caption(
@@ -235,7 +178,7 @@ def _sinks(query: Query, *, value_norms: bool = True) -> None:
     """The share of sinking heads and where they sink (``value_norms``: and what the sinks
     carry, where the model's value norms are computed)."""
     st.subheader("Attention sinks")
-    sinks = _or_error(role_views.attention_sinks, query)
+    sinks = page.or_error(role_views.attention_sinks, query)
     if sinks is None:
         return
     st.metric(
@@ -250,17 +193,17 @@ def _sinks(query: Query, *, value_norms: bool = True) -> None:
     if not value_norms:
         st.caption("What the sinks carry (value norms) is not computed for encoder-decoders yet.")
         return
-    carried = _or_error(role_views.sink_value_norms, query)
+    carried = page.or_error(role_views.sink_value_norms, query)
     if carried is None:
         return
-    st.caption(SINK_NORMS_NOTE)
+    st.caption(role_views.SINK_NORMS_NOTE)
     page.table(carried, "sink-value-norms", label="Download the sinks' value norms (.csv)")
 
 
 def _composition(query: Query) -> None:
     """Q/K/V composition between heads, and a chosen head's strongest inputs."""
     st.subheader("Head composition")
-    composition = _or_error(role_views.head_composition, query)
+    composition = page.or_error(role_views.head_composition, query)
     if composition is None:
         return
     columns = st.columns(len(composition.kinds))
@@ -292,13 +235,13 @@ with page.run("Head roles", PARAMS, kinds=True) as query:
         "switch."
     )
     with st.expander("What these scores mean"):
-        st.markdown(EXPLANATION)
+        st.markdown(role_views.EXPLANATION)
     result = page.load(query)
     if result is None:
         page.stop()
     seq2seq = core.is_encoder_decoder(query.model, query.device)
     if query.kind == "cross":
-        st.info(CROSS_NOTE, icon="ℹ️")
+        st.info(role_views.CROSS_NOTE, icon="ℹ️")
     else:
         st.subheader("Detected heads")
         if seq2seq:
@@ -311,6 +254,6 @@ with page.run("Head roles", PARAMS, kinds=True) as query:
         _sinks(query, value_norms=not seq2seq)
     if seq2seq:
         st.subheader("Head composition")
-        st.info(COMPOSITION_NOTE, icon="ℹ️")
+        st.info(role_views.COMPOSITION_NOTE, icon="ℹ️")
     else:
         _composition(query)

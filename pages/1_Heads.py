@@ -6,8 +6,8 @@ import streamlit as st
 
 import mhsa
 from mhsa import plots
+from mhsa.causal.targets import TARGET_SPECS
 from mhsa.heads import head_label, kind_head_label
-from mhsa.targets import TARGET_SPECS
 from ui import core, page
 from ui.core import Query
 from ui.state import Param, bounded_int, choice, clamp, heads_param

@@ -8,7 +8,7 @@ import streamlit as st
 
 import mhsa
 from mhsa import plots
-from mhsa import stats as head_analysis
+from mhsa.analysis import stats as head_analysis
 from ui import core, page
 from ui.state import Param, choice
 from ui.views import statistics

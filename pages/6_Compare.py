@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from mhsa import plots
-from mhsa.stats import stats_difference
+from mhsa.analysis.stats import stats_difference
 from ui import page
 from ui.state import Param, bounded_int, text_param
 from ui.views import long_inputs

@@ -7,9 +7,9 @@ import streamlit as st
 
 import mhsa
 from mhsa import plots
-from mhsa.importance import METHODS, rank_correlation
-from mhsa.stats import STAT_COLUMNS
-from mhsa.targets import TARGET_SPECS
+from mhsa.analysis.stats import STAT_COLUMNS
+from mhsa.causal.importance import METHODS, rank_correlation
+from mhsa.causal.targets import TARGET_SPECS
 from ui import page
 from ui.state import Param, bounded_int, choice, flag, text_param
 from ui.views import importance

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from mhsa.jobs import JobState
+from mhsa.corpus.jobs import JobState
 from mhsa.training import MODEL_FAMILIES, PHASE_CHANGE_SCORE, TASKS, TOY_PREFIX, TrainConfig
 from ui import page, training
 from ui.state import Param, choice, flag, md_escape

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from mhsa import MultiHeadSelfAttention
-from mhsa.adapters import load_bert, load_distilbert, load_gpt2
-from mhsa.attention import RotaryEmbedding
+from mhsa.engine.adapters import load_bert, load_distilbert, load_gpt2
+from mhsa.engine.attention import RotaryEmbedding
 
 TOL = 1e-5
 

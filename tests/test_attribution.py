@@ -1,4 +1,5 @@
-"""Direct logit attribution and the logit lens (``mhsa.attribution``): the components sum to the
+"""Direct logit attribution and the logit lens (``mhsa.causal.attribution``): the components sum to
+the
 model's logit difference; a head's share equals a computation from plain hooks on the plain
 transformers model; the lens's last stage is the model's logits; post-norm models refused."""
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 import mhsa
-from mhsa.attribution import answer_tokens, head_attribution, logit_lens, residual_pass
+from mhsa.causal.attribution import answer_tokens, head_attribution, logit_lens, residual_pass
 from tests.tiny import DECODER_SIZES, perturbed_biases, save_tiny
 
 TEXT = "the cat sat on the mat and the cat"
@@ -215,7 +216,7 @@ def test_a_generation_runs_over_the_ids_the_model_chose(toy: mhsa.LoadedModel):
 def test_predicted_words_drop_the_word_marks():
     import numpy as np
 
-    from mhsa.attribution import LogitLens, predicted_words
+    from mhsa.causal.attribution import LogitLens, predicted_words
 
     tops = np.array([[["Ġcat", "\n", "▁dog", "x"]]], dtype=object)
     lens = LogitLens(("a",), ("L0",), tops, np.zeros((1, 1, 4)), np.zeros((1, 1, 4)))

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mhsa.cache import ResultCache, result_nbytes, value_nbytes
+from mhsa.engine.cache import ResultCache, result_nbytes, value_nbytes
 from tests.test_stats import _result
 
 

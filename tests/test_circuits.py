@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import mhsa
-from mhsa import circuits, plots
+from mhsa import plots
+from mhsa.circuits import discovery as circuits
 from tests.circuits_by_hand import hand_run
 from tests.tiny import DECODER_SIZES, perturbed_biases, save_tiny
 
@@ -182,10 +183,10 @@ def test_graph_of_one_head_lists_its_edges():
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_eap_equals_autograd_by_hand(name: str, one_pass: bool, request, monkeypatch):
     """Both ways to the gradients: the pair's own pass with a zero on every target's copy (small
-    models), and a plain pass with taps (``mhsa.circuit_taps``, above ``EAP_ONE_PASS_MAX``)."""
+    models), and a plain pass with taps (``mhsa.circuits.taps``, above ``EAP_ONE_PASS_MAX``)."""
     lm = request.getfixturevalue(name)
     if not one_pass:
-        monkeypatch.setattr(mhsa.circuit_pairs, "EAP_ONE_PASS_MAX", 0)
+        monkeypatch.setattr(mhsa.circuits.pairs, "EAP_ONE_PASS_MAX", 0)
     frame = mhsa.edge_attribution(CLEAN, CORRUPTED, model=lm, answer=ANSWER, wrong=WRONG)
     assert list(frame.columns) == ["source", "target", "input", "score"]
     assert len(frame) == circuits.circuit_graph(lm).n_edges == 110
@@ -214,11 +215,11 @@ def test_eap_ig_averages_gradients_along_the_embeddings_by_hand(gpt2: mhsa.Loade
 
 @pytest.mark.parametrize("method", ["eap", "eap-ig"])
 def test_taps_give_the_probes_scores_also_inside_inference_mode(llama, method, monkeypatch):
-    """The gradients from taps (``mhsa.circuit_taps``) against those from a copy of the
+    """The gradients from taps (``mhsa.circuits.taps``) against those from a copy of the
     residual per target (``circuits.TAPPED_GRADIENTS`` off), on grouped-query attention, for
     every edge; and a caller's ``torch.inference_mode()`` around the call changes nothing (the
     IG steps' embeddings are inference tensors there)."""
-    monkeypatch.setattr(mhsa.circuit_pairs, "EAP_ONE_PASS_MAX", 0)  # both from their own pass
+    monkeypatch.setattr(mhsa.circuits.pairs, "EAP_ONE_PASS_MAX", 0)  # both from their own pass
     kw = {"model": llama, "answer": ANSWER, "wrong": WRONG, "method": method, "steps": 3}
     with torch.inference_mode():
         tapped = mhsa.edge_attribution(CLEAN, CORRUPTED, **kw)
@@ -408,7 +409,7 @@ def plotly_rgb(color: str) -> tuple[float, ...]:
 
 
 def test_scores_on_ids_inside_a_running_swap_equal_the_texts_scores(toy: mhsa.LoadedModel):
-    from mhsa.swap import OurPass, through_our_module, trainable_our_blocks
+    from mhsa.engine.swap import OurPass, through_our_module, trainable_our_blocks
 
     kw = {"model": toy, "answer": TOY_ANSWER, "wrong": TOY_WRONG}
     expected = mhsa.edge_attribution(TOY_CLEAN, TOY_CORRUPTED, **kw)
@@ -467,7 +468,7 @@ def test_training_probe_pair_breaks_the_repeat_at_the_last_symbols_first_occurre
 
 
 def test_k_edge_scores_during_training_are_the_libraries_and_the_series_follows_them(toy):
-    from mhsa.swap import OurPass, through_our_module, trainable_our_blocks
+    from mhsa.engine.swap import OurPass, through_our_module, trainable_our_blocks
     from mhsa.training.circuit_probe import (
         EdgeProbe,
         k_composition_series,

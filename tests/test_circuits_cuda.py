@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import mhsa
-from mhsa import circuits
+from mhsa.circuits import discovery as circuits
 from tests.tiny import DECODER_SIZES, perturbed_biases, save_tiny, tiny_bert
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -1,4 +1,4 @@
-"""Circuits on post-norm encoders (``mhsa.circuit_postnorm``): every score against a hand
+"""Circuits on post-norm encoders (``mhsa.circuits.postnorm``): every score against a hand
 computation on the plain transformers BERT model (its own attention, LayerNorm and MLP modules,
 with torch hooks; not our module, not our copy code): each target's own copy of the post-norm
 chain rebuilt by hand from the run's node outputs; EAP and EAP-IG by autograd through it, exact
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import mhsa
-from mhsa import circuits
+from mhsa.circuits import discovery as circuits
 from tests.tiny import perturbed_biases, save_tiny, tiny_bert
 
 CLEAN, CORRUPTED = "the cat sat on the mat", "the dog sat on the rug"
@@ -329,11 +329,11 @@ def test_the_wired_run_is_the_models_own_forward_in_the_bert_family(family, tmp_
 
 
 def test_rows_beyond_the_copies_memory_budget_run_in_chunks_with_the_same_values(bert, monkeypatch):
-    from mhsa import circuit_postnorm
+    from mhsa.circuits import postnorm as circuit_postnorm
 
     scores = mhsa.edge_attribution(CLEAN, CORRUPTED, model=bert, method="eap-ig", steps=3)
     curve = mhsa.faithfulness_curve(CLEAN, CORRUPTED, scores, model=bert)
-    wired = mhsa.circuit_runs.circuit_model(bert)
+    wired = mhsa.circuits.runs.circuit_model(bert)
     assert circuit_postnorm.rows_per_pass(wired, 8, probe=False) > 11  # one pass above
     monkeypatch.setattr(circuit_postnorm, "COPY_BUDGET_BYTES", 1)
     assert circuit_postnorm.rows_per_pass(wired, 8, probe=True) == 1
@@ -351,8 +351,8 @@ def test_rows_beyond_the_copies_memory_budget_run_in_chunks_with_the_same_values
 def _wired_run(lm: mhsa.LoadedModel, corrupt: np.ndarray) -> tuple[torch.Tensor, list, Any]:
     """The clean text run with ``corrupt [rows, sources, targets]``: the last hidden state the
     logits read, every source's output ``[rows, T, D]`` and the pair."""
-    from mhsa.circuit_pairs import circuit_pair
-    from mhsa.circuit_runs import CircuitRun, run_circuit
+    from mhsa.circuits.pairs import circuit_pair
+    from mhsa.circuits.runs import CircuitRun, run_circuit
 
     with lm.lock, torch.inference_mode():
         pair = circuit_pair(lm, CLEAN, CORRUPTED, None, None, None)
@@ -371,7 +371,7 @@ def test_a_target_whose_edges_are_all_corrupted_reads_the_corrupted_runs_stream(
     on the run that relies on it: a target all of whose edges carry the corrupted outputs reads
     the corrupted forward of the plain model, whatever the row's other edges do. L0H1's only
     source is the input node; the logits read all 16 sources."""
-    monkeypatch.setattr("mhsa.circuit_postnorm.COPIES_ONLY_WHERE_MIXED", mixed_only)
+    monkeypatch.setattr("mhsa.circuits.postnorm.COPIES_ONLY_WHERE_MIXED", mixed_only)
     graph = circuits.circuit_graph(bert)
     rng = np.random.default_rng(0)
     corrupt = graph.mask[None] & (rng.random((3, *graph.mask.shape)) < 0.4)
@@ -402,7 +402,7 @@ def test_copies_only_where_mixed_give_every_copys_values(bert, monkeypatch, key_
     (they branch off the row's own stream there), one edge, all but one: the values (the metric
     and every node's output) equal those of the run that carries every target's copy, with the
     shared copies told apart by integer keys or (keys too wide) by rows of integers."""
-    monkeypatch.setattr("mhsa.circuit_postnorm.KEY_BITS", key_bits)
+    monkeypatch.setattr("mhsa.circuits.postnorm.KEY_BITS", key_bits)
     graph = circuits.circuit_graph(bert)
     rng = np.random.default_rng(1)
     rows = [graph.mask & (rng.random(graph.mask.shape) < p) for p in (0.05, 0.5, 0.95)]
@@ -415,7 +415,7 @@ def test_copies_only_where_mixed_give_every_copys_values(bert, monkeypatch, key_
     corrupt = np.stack([*rows, one, all_but_one]).astype(np.float32)
     runs = {}
     for mixed_only in (True, False):
-        monkeypatch.setattr("mhsa.circuit_postnorm.COPIES_ONLY_WHERE_MIXED", mixed_only)
+        monkeypatch.setattr("mhsa.circuits.postnorm.COPIES_ONLY_WHERE_MIXED", mixed_only)
         runs[mixed_only] = _wired_run(bert, corrupt)
     (hidden, acts, pair), (every, every_acts, _) = runs[True], runs[False]
     torch.testing.assert_close(hidden, every, atol=1e-5, rtol=1e-5)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import mhsa
-from mhsa import circuits
+from mhsa.circuits import discovery as circuits
 from tests.circuits_by_hand import hand_run, model_parts
 from tests.tiny_families import loaded_tiny
 
@@ -146,10 +146,10 @@ def test_every_edge_is_faithful_and_no_edge_is_the_corrupted_run(family):
 @pytest.mark.parametrize("one_pass", [True, False], ids=["pair's pass", "tapped"])
 def test_eap_equals_autograd_by_hand(family, one_pass, monkeypatch):
     """Both ways to the gradients: the pair's own pass with a zero on every target's copy (small
-    models), and a plain pass with taps (``mhsa.circuit_taps``, above ``EAP_ONE_PASS_MAX``)."""
+    models), and a plain pass with taps (``mhsa.circuits.taps``, above ``EAP_ONE_PASS_MAX``)."""
     _, lm = family
     if not one_pass:
-        monkeypatch.setattr(mhsa.circuit_pairs, "EAP_ONE_PASS_MAX", 0)
+        monkeypatch.setattr(mhsa.circuits.pairs, "EAP_ONE_PASS_MAX", 0)
     frame = mhsa.edge_attribution(CLEAN, CORRUPTED, model=lm, answer=ANSWER, wrong=WRONG)
     with torch.no_grad():
         logits, _ = hand_run(lm, CLEAN, {})

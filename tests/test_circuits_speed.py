@@ -1,4 +1,5 @@
-"""EAP's two ways to its gradient (``mhsa.circuits.EAP_ONE_PASS_MAX``): from the pair's own pass
+"""EAP's two ways to its gradient (``mhsa.circuits.discovery.EAP_ONE_PASS_MAX``): from the pair's
+own pass
 of two rows (small models; checked against autograd by hand in test_circuits.py) and from a
 separate forward and backward of the clean row (large models) give the same scores."""
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 import mhsa
-from mhsa import circuits
+from mhsa.circuits import discovery as circuits
 
 CLEAN = "ba ke mo di fu lo ni pa su te ba ke mo di fu"
 CORRUPTED = "ba ke mo di ra lo ni pa su te ba ke mo di fu"

@@ -17,8 +17,8 @@ from transformers import (
 )
 
 from mhsa import MultiHeadSelfAttention
-from mhsa.adapters import load_bert, load_distilbert, load_gpt2, load_llama
-from mhsa.core import combine_masks
+from mhsa.engine.adapters import load_bert, load_distilbert, load_gpt2, load_llama
+from mhsa.engine.core import combine_masks
 
 
 def _module() -> MultiHeadSelfAttention:

@@ -1,5 +1,7 @@
-"""Head detection on a computed result (mhsa.detection, ``detect_heads(..., result=...)``) and
-the tables of a result (mhsa.tables), against hand computations: patterns written out cell by
+"""Head detection on a computed result (mhsa.analysis.detection, ``detect_heads(..., result=...)``)
+and
+the tables of a result (mhsa.analysis.tables), against hand computations: patterns written out cell
+by
 cell, TransformerLens's "mul" score as a loop, the tokenizer called directly."""
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import numpy as np
 import pytest
 
 import mhsa
-from mhsa import detection, roles, tables
+from mhsa.analysis import detection, roles, tables
 
 TOY = Path(__file__).resolve().parent.parent / "data" / "toy" / "induction"
 REPEAT = "ba ke mo di lu ba ke mo di"  # a repeat: induction heads look one past the first copy

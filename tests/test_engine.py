@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import mhsa
-from mhsa.swap import OurPass, forward_through_ours, our_blocks
+from mhsa.engine.swap import OurPass, forward_through_ours, our_blocks
 from tests.tiny import DECODER_SIZES, ENGINE_MODELS, save_tiny
 
 TEXT = "The quick brown fox jumps over the lazy dog, then sleeps."
@@ -213,7 +213,7 @@ def test_a_config_flag_our_module_does_not_reproduce_is_refused_by_name(tmp_path
 def test_classroom_reads_the_layer_input_of_the_run_and_shows_gqa_and_rope(
     tiny_llama_path,
 ) -> None:
-    from mhsa.classroom import walkthrough
+    from mhsa.analysis.classroom import walkthrough
 
     lm = _loaded(tiny_llama_path)
     walk = walkthrough(TEXT, model=lm, layer=1, causal=True)

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import mhsa
-from mhsa.families.fused import join_qkv, split_qkv, value_rows
-from mhsa.swap import (
+from mhsa.engine.families.fused import join_qkv, split_qkv, value_rows
+from mhsa.engine.swap import (
     our_blocks,
     store_our_weights,
     trainable_our_blocks,

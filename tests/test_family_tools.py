@@ -1,6 +1,6 @@
-"""Every tool on a tiny random model of every registered family (``mhsa.adapters.FAMILIES``),
+"""Every tool on a tiny random model of every registered family (``mhsa.engine.adapters.FAMILIES``),
 saved to a folder and opened by path: one parametrised test per tool, so the README's Models
-table (``mhsa.support``) cannot claim what does not run. A cell the table claims must give
+table (``mhsa.engine.support``) cannot claim what does not run. A cell the table claims must give
 values checked against an independent computation (the model's own forward, a second code
 path); a cell it does not claim must be refused with a message (``MHSAError``), never a
 traceback.
@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import mhsa
-from mhsa.adapters import FAMILIES
-from mhsa.support import TOOLS, models_table, runs_on
-from mhsa.swap import our_blocks, store_our_weights, trainable_our_blocks
+from mhsa.engine.adapters import FAMILIES
+from mhsa.engine.support import TOOLS, models_table, runs_on
+from mhsa.engine.swap import our_blocks, store_our_weights, trainable_our_blocks
 from tests.tiny_families import TINY_FAMILIES, check_engine, loaded_tiny
 
 TEXT = "the cat sat on the mat and the dog"
@@ -78,7 +78,7 @@ def _own_logit_diff(lm: mhsa.LoadedModel, text: str, *, before_cap: bool = False
 
 def test_the_readme_table_is_the_generated_one() -> None:
     block = re.search(
-        r"<!-- models table: python -m mhsa.support -->\n(.*?)<!-- end of models table -->",
+        r"<!-- models table: python -m mhsa.engine.support -->\n(.*?)<!-- end of models table -->",
         README.read_text(),
         re.S,
     )
@@ -259,8 +259,8 @@ def test_logit_lens(family) -> None:
 def test_flow(family) -> None:
     """Each layer's parts (its input, attention and MLP outputs) sum to the layer's output in
     the model's own forward; each block's contributions sum to 1."""
-    from mhsa.attribution import residual_pass
-    from mhsa.flow import block_contributions
+    from mhsa.causal.attribution import residual_pass
+    from mhsa.causal.flow import block_contributions
 
     name, lm = family
     if _refused("flow", name, lambda: mhsa.information_flow(TEXT, model=lm)):

@@ -1,4 +1,5 @@
-"""Information flow routes (``mhsa.flow``): contributions on hand-made vectors, a one-layer graph
+"""Information flow routes (``mhsa.causal.flow``): contributions on hand-made vectors, a one-layer
+graph
 computed by hand with explicit loops, the threshold, and the toy induction model's route."""
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ import torch
 from torch import nn
 
 import mhsa
-from mhsa.attribution import ResidualPass, residual_pass
-from mhsa.flow import (
+from mhsa.causal.attribution import ResidualPass, residual_pass
+from mhsa.causal.flow import (
     EPS,
     FlowNode,
     block_contributions,

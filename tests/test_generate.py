@@ -148,7 +148,7 @@ def test_a_cut_generation_keeps_the_first_tokens_and_counts_the_rest(tiny_gpt2_p
 
 
 def test_the_walkthrough_runs_over_the_generated_ids(tiny_gpt2_path) -> None:
-    from mhsa.classroom import walkthrough
+    from mhsa.analysis.classroom import walkthrough
 
     lm = mhsa.get_model(tiny_gpt2_path, "cpu")
     g = mhsa.generate_ids(PROMPT, model=lm, max_new_tokens=8)

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 import mhsa
-from mhsa.encoding import encode
-from mhsa.importance import target_value
-from mhsa.swap import OurPass, forward_through_ours
-from mhsa.targets import MASK_FRACTION, mask_tokens
+from mhsa.causal.importance import target_value
+from mhsa.causal.targets import MASK_FRACTION, mask_tokens
+from mhsa.engine.encoding import encode
+from mhsa.engine.swap import OurPass, forward_through_ours
 
 TEXT = "The quick brown fox jumps over the lazy dog near the bank."
 PAIR = "A fast fox leaps over a sleepy dog by the river."

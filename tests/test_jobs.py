@@ -1,4 +1,5 @@
-"""The per-process queue of heavy jobs (``mhsa.jobs``): its limit, order, cancelling, failures,
+"""The per-process queue of heavy jobs (``mhsa.corpus.jobs``): its limit, order, cancelling,
+failures,
 shared jobs, and the ``MHSA_MAX_HEAVY`` setting."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mhsa.jobs import JobCancelled, JobQueue, JobState, max_heavy_from_env, seconds_left
+from mhsa.corpus.jobs import JobCancelled, JobQueue, JobState, max_heavy_from_env, seconds_left
 
 ROOT = Path(__file__).resolve().parents[1]
 

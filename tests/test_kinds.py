@@ -8,7 +8,7 @@ import pytest
 
 import mhsa
 from mhsa import plots
-from mhsa.result import ATTENTION_KINDS
+from mhsa.engine.result import ATTENTION_KINDS
 
 SOURCE = "the cat sat on the mat"  # 8 tokens with [CLS] and [SEP]
 TARGET = "le chat"  # 4: a transpose of the cross array cannot pass for it
@@ -167,7 +167,7 @@ def test_generated_target_keeps_the_decoders_own_ids(bart) -> None:
 def test_cross_walkthrough_takes_queries_from_the_decoder_and_keys_from_the_encoder(
     minilm,
 ) -> None:
-    from mhsa.classroom import cross_walkthrough
+    from mhsa.analysis.classroom import cross_walkthrough
 
     w = cross_walkthrough(SOURCE, TARGET, model=minilm, d_model=16, num_heads=2)
     m, n = 4, 8
@@ -192,7 +192,7 @@ def test_cross_walkthrough_takes_queries_from_the_decoder_and_keys_from_the_enco
 def test_cross_walkthrough_of_an_encoder_decoder_is_its_own_cross_attention(
     tiny_seq2seq_path: str,
 ) -> None:
-    from mhsa.classroom import cross_walkthrough
+    from mhsa.analysis.classroom import cross_walkthrough
 
     out, enc_tokens, dec_tokens = _own_attentions(tiny_seq2seq_path)
     lm = mhsa.load_model(tiny_seq2seq_path, device="cpu")

@@ -1,4 +1,5 @@
-"""The layers' import rules (CONTRIBUTING.md): pages -> ui -> mhsa, read from the source.
+"""The layers' import rules (CONTRIBUTING.md, docs/architecture.md): pages -> ui -> mhsa, and
+within ``mhsa`` its concerns in one direction (``LAYERS``), read from the source.
 
 Every ``import`` statement counts, those inside functions too (a lazy import is still an
 import). ``tests/app/test_views_page.py::test_pages_do_no_numerics`` adds that pages import no
@@ -38,7 +39,7 @@ def _offenders(files: list[Path], forbidden: set[str]) -> dict[str, set[str]]:
 def test_the_rules_read_real_imports() -> None:
     """The checker sees imports at any depth (else the rules below would pass vacuously)."""
     assert {"streamlit", "plotly"} <= _imports(ROOT / "ui" / "page.py")
-    assert "torch" in _imports(ROOT / "mhsa" / "attention.py")
+    assert "torch" in _imports(ROOT / "mhsa" / "engine" / "attention.py")
     assert len(_files("mhsa")) >= 10 and len(_files("pages")) >= 5
 
 
@@ -67,23 +68,6 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
-    """Every node of ``tree`` but those under ``if TYPE_CHECKING:`` (annotations only: never
-    imported when the program runs)."""
-    found: list[ast.AST] = []
-    todo = [tree]
-    while todo:
-        node = todo.pop()
-        found.append(node)
-        for child in ast.iter_child_nodes(node):
-            test = child.test if isinstance(child, ast.If) else None
-            if test is not None and "TYPE_CHECKING" in ast.unparse(test):
-                todo.extend(child.orelse)
-            else:
-                todo.append(child)
-    return found
-
-
 def _mhsa_import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """Which ``mhsa`` modules each ``mhsa`` module imports (lazy imports too). Importing
     ``mhsa.training.toy`` also runs ``mhsa/training/__init__.py``: a module outside a
@@ -94,7 +78,7 @@ def _mhsa_import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         direct = set()
-        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 direct |= {a.name for a in node.names if a.name in files}
             elif isinstance(node, ast.ImportFrom):
@@ -156,11 +140,11 @@ def test_the_cycle_finder_finds_a_planted_cycle() -> None:
 
 def test_the_import_graph_reads_real_imports(tmp_path: Path) -> None:
     graph = _mhsa_import_graph()
-    assert "mhsa.models" in graph["mhsa.swap"]  # a module-level import
-    assert "mhsa.model_names" in graph["mhsa.limits"]
+    assert "mhsa.engine.models" in graph["mhsa.engine.swap"]  # a module-level import
+    assert "mhsa.engine.model_names" in graph["mhsa.engine.limits"]
     assert "mhsa.training.tasks" in graph["mhsa.training.card"]
-    # card.py's TrainResult is imported for annotations only (under TYPE_CHECKING)
-    assert "mhsa.training.trainer" not in graph["mhsa.training.card"]
+    # card.py's TrainResult is imported for annotations only: it counts (issue 45)
+    assert "mhsa.training.trainer" in graph["mhsa.training.card"]
     # a planted tree: importing mhsa.sub.b runs mhsa/sub/__init__.py, which imports mhsa.a
     files = {
         "__init__.py": "from mhsa import a\n",
@@ -174,15 +158,16 @@ def test_the_import_graph_reads_real_imports(tmp_path: Path) -> None:
         (tmp_path / "mhsa" / name).write_text(text)
     planted = _mhsa_import_graph(tmp_path)
     assert planted["mhsa.a"] == {"mhsa.sub", "mhsa.sub.b"}
-    assert planted["mhsa.sub.b"] == set()  # TYPE_CHECKING: not imported when run
+    assert planted["mhsa.sub.b"] == {"mhsa.c"}  # under TYPE_CHECKING: counted all the same
     assert planted["mhsa.c"] == {"mhsa.sub", "mhsa.sub.b"}
-    assert _cycles(planted) == [["mhsa.a", "mhsa.sub"]]
+    assert _cycles(planted) == [["mhsa.a", "mhsa.c", "mhsa.sub", "mhsa.sub.b"]]
 
 
 def test_no_import_cycle_among_mhsa_modules() -> None:
-    """Issue 37: "what a model name means" lived in four modules that imported each other
+    """Imports under ``if TYPE_CHECKING:`` count (issue 45: three circles ran through them).
+    Issue 37: "what a model name means" lived in four modules that imported each other
     (limits, models, swap, trained, training/toy, training/trainer); now in
-    ``mhsa.model_names``, a leaf."""
+    ``mhsa.engine.model_names``, a leaf."""
     assert _cycles(_mhsa_import_graph()) == []
 
 
@@ -242,9 +227,9 @@ def test_modules_stay_small(folder: str) -> None:
 @pytest.mark.parametrize(
     ("old_home", "name", "new_home"),
     [
-        ("mhsa.attention", "RotaryEmbedding", "mhsa.rotary"),
-        ("mhsa.attribution", "ResidualPass", "mhsa.residual"),
-        ("mhsa.attribution", "residual_pass", "mhsa.residual"),
+        ("mhsa.engine.attention", "RotaryEmbedding", "mhsa.engine.rotary"),
+        ("mhsa.causal.attribution", "ResidualPass", "mhsa.engine.residual"),
+        ("mhsa.causal.attribution", "residual_pass", "mhsa.engine.residual"),
     ],
 )
 def test_split_modules_keep_their_public_names(old_home: str, name: str, new_home: str) -> None:
@@ -253,3 +238,84 @@ def test_split_modules_keep_their_public_names(old_home: str, name: str, new_hom
     assert name in old.__all__ and name in new.__all__
     assert getattr(old, name) is getattr(new, name)
     assert getattr(new, name).__module__ == new_home
+
+
+#: ``mhsa``'s concerns from the bottom up (docs/architecture.md; issue 45): a module imports its
+#: own group's modules and those of the groups below it, never above. ``base``: the top-level
+#: modules every layer shares; ``front``: the top-level modules over everything (the package's
+#: re-exports, the old names, the example texts); ``main``: ``python -m mhsa``.
+LAYERS = [
+    "base",
+    "engine",
+    "analysis",
+    "causal",
+    "circuits",
+    "training",
+    "corpus",
+    "plots",
+    "front",
+    "cli",
+    "main",
+]
+BASE = {"mhsa.errors", "mhsa.registry", "mhsa.deprecation", "mhsa.heads"}
+FRONT = {"mhsa", "mhsa.compat", "mhsa.examples"}
+
+
+def _group(module: str) -> str:
+    if module in BASE:
+        return "base"
+    if module in FRONT:
+        return "front"
+    if module == "mhsa.__main__":
+        return "main"
+    group = module.split(".")[1]
+    assert group in LAYERS, f"{module} belongs to no layer: add its folder to LAYERS"
+    return group
+
+
+def test_mhsa_concerns_import_only_downwards() -> None:
+    graph = _mhsa_import_graph()
+    assert "mhsa.engine.models" in graph["mhsa.causal.patching"]  # the graph reads them
+    upward = {
+        (name, target)
+        for name, targets in graph.items()
+        for target in targets
+        if LAYERS.index(_group(target)) > LAYERS.index(_group(name))
+    }
+    assert upward == set()
+
+
+def test_the_direction_rule_catches_an_upward_import(tmp_path: Path) -> None:
+    """A planted engine module that imports an analysis: the rule above would see it."""
+    files = {
+        "engine/__init__.py": "",
+        "engine/low.py": "def f():\n    from mhsa.analysis.high import g\n",
+        "analysis/__init__.py": "",
+        "analysis/high.py": "g = 1\n",
+    }
+    for name, text in files.items():
+        (tmp_path / "mhsa" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "mhsa" / name).write_text(text)
+    graph = _mhsa_import_graph(tmp_path)
+    assert graph["mhsa.engine.low"] == {"mhsa.analysis", "mhsa.analysis.high"}
+    assert LAYERS.index(_group("mhsa.analysis.high")) > LAYERS.index(_group("mhsa.engine.low"))
+
+
+def test_mhsa_top_level_holds_at_most_20_modules() -> None:
+    """Issue 45: the folder shows the architecture; what stays at the top is what every layer
+    shares (``BASE``) and the front doors (``FRONT``), each placed in a layer."""
+    top = {p.stem for p in (ROOT / "mhsa").glob("*.py")} - {"__init__"}
+    assert 0 < len(top) <= 20
+    assert {f"mhsa.{m}" for m in top} <= BASE | FRONT | {"mhsa.__main__"}
+    for package in [p for p in (ROOT / "mhsa").iterdir() if (p / "__init__.py").exists()]:
+        doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+        assert package.name in LAYERS, package.name
+        assert "May import" in doc or package.name in {"plots", "cli", "training"}, package
+
+
+@pytest.mark.parametrize("folder", ["pages"])
+def test_pages_stay_small(folder: str) -> None:
+    """Pages only arrange widgets and figures (issue 45): none runs past 250 lines."""
+    sizes = {p.name: len(p.read_text().splitlines()) for p in _files(folder)}
+    assert len(sizes) >= 10
+    assert {name: n for name, n in sizes.items() if n > 250} == {}

@@ -1,4 +1,4 @@
-"""The one module that says what "the output" is (``mhsa.metrics``): its measures against
+"""The one module that says what "the output" is (``mhsa.causal.metrics``): its measures against
 independent computations, and the analyses reading it rather than a copy of their own."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import mhsa
-from mhsa import attribution, metrics, patching, targets
-from mhsa.models import get_model
+from mhsa.causal import attribution, metrics, patching, targets
+from mhsa.engine.models import get_model
 
 
 def test_the_analyses_read_the_one_definition() -> None:

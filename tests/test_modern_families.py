@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 import mhsa
-from mhsa.attention import RMSNorm, attention_core
-from mhsa.swap import OurPass, forward_through_ours, our_blocks
+from mhsa.engine.attention import RMSNorm, attention_core
+from mhsa.engine.swap import OurPass, forward_through_ours, our_blocks
 from tests.tiny import FAMILY_MODELS, save_tiny, tiny_family
 
 TEXT = "The quick brown fox jumps over the lazy dog, then sleeps."
@@ -498,8 +498,8 @@ def test_logit_lens_last_stage_is_the_models_logits(decoder) -> None:
 
 
 def test_information_flow_parts_sum_to_each_blocks_output(decoder) -> None:
-    from mhsa.attribution import residual_pass
-    from mhsa.flow import flow_contributions
+    from mhsa.causal.attribution import residual_pass
+    from mhsa.causal.flow import flow_contributions
 
     run = residual_pass(TEXT, model=decoder)
     tok = decoder.tokenizer
@@ -531,7 +531,7 @@ def test_flow_terms_through_a_norm_after_attention_sum_to_its_output(folder) -> 
     """Gemma 2: the (key, head) terms each through the post-attention norm frozen at their
     query add up to the norm's output (the value biases are none)."""
     lm = _model("gemma2", folder)
-    from mhsa.attribution import residual_pass
+    from mhsa.causal.attribution import residual_pass
 
     run = residual_pass(TEXT, model=lm)
     norm = run.post_attention_norm(0)
@@ -571,7 +571,7 @@ def test_untrained_heads_keep_the_options_with_norms_at_identity(folder) -> None
 def test_window_of_reads_the_block_then_its_config() -> None:
     from types import SimpleNamespace as NS
 
-    from mhsa.families.parts import window_of
+    from mhsa.engine.families.parts import window_of
 
     assert window_of(NS(sliding_window=None, config=NS(sliding_window=8))) is None  # full layer
     assert window_of(NS(sliding_window=5, config=NS(sliding_window=8))) == 5  # the block's own
@@ -584,7 +584,7 @@ def test_window_of_reads_the_block_then_its_config() -> None:
 def test_weights_trained_through_our_module_write_back_into_the_model(lm) -> None:
     """Training's write-back: our modules' weights (q/k norms included) changed, stored into
     the model's blocks (``store_our_weights``); the model's own forward then equals ours."""
-    from mhsa.swap import store_our_weights, trainable_our_blocks
+    from mhsa.engine.swap import store_our_weights, trainable_our_blocks
 
     copy = mhsa.load_model(lm.name, device="cpu")  # a copy whose weights may change
     before = mhsa.attend(TEXT, model=copy, engine="transformers").attention

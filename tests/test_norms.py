@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import mhsa
-from mhsa.cache import result_nbytes
-from mhsa.encoding import encode
-from mhsa.norms import recording_value_norms
-from mhsa.swap import our_blocks
+from mhsa.engine.cache import result_nbytes
+from mhsa.engine.encoding import encode
+from mhsa.engine.norms import recording_value_norms
+from mhsa.engine.swap import our_blocks
 
 TEXT = "The keys of the cabinet are on the table."
 

@@ -1,4 +1,5 @@
-"""Selected layers and heads (``attend(layers=, heads=, attention_dtype=)``, ``mhsa.partial``).
+"""Selected layers and heads (``attend(layers=, heads=, attention_dtype=)``,
+``mhsa.engine.partial``).
 
 The reference is always the model's own eager forward (``output_attentions=True``, through
 ``attend``'s ordinary path): the selected weights equal its weights of those layers and heads,
@@ -13,8 +14,8 @@ import pytest
 import torch
 
 import mhsa
-import mhsa.core
-from mhsa.selection import check_attention_budget, parse_indices, select
+import mhsa.engine.core
+from mhsa.engine.selection import check_attention_budget, parse_indices, select
 from tests.tiny import ENGINE_MODELS, hand_result
 
 TEXT = "The quick brown fox jumps over the lazy dog, then sleeps."
@@ -60,7 +61,7 @@ def test_blocks_not_selected_run_fused_and_the_pass_stops_after_the_last_selecte
     """Engine mhsa: our module's sdpa backend below the selected layer, the eager steps in it,
     nothing above it; engine transformers: the model's own blocks run with sdpa meanwhile."""
     calls: list[str] = []
-    backends = dict(mhsa.core.ATTENTION_BACKENDS)
+    backends = dict(mhsa.engine.core.ATTENTION_BACKENDS)
 
     def counting(name):
         def run(*args, **kwargs):
@@ -69,7 +70,7 @@ def test_blocks_not_selected_run_fused_and_the_pass_stops_after_the_last_selecte
 
         return run
 
-    mhsa.core.ATTENTION_BACKENDS.update({name: counting(name) for name in backends})
+    mhsa.engine.core.ATTENTION_BACKENDS.update({name: counting(name) for name in backends})
     try:
         mhsa.attend(TEXT, model=llama, engine="mhsa", layers=1)
         assert calls == ["sdpa", "eager-inplace"]  # layer 0 fused, layer 1 with its weights
@@ -77,7 +78,7 @@ def test_blocks_not_selected_run_fused_and_the_pass_stops_after_the_last_selecte
         mhsa.attend(TEXT, model=llama, engine="mhsa", layers=0)
         assert calls == ["eager-inplace"]  # layer 1 never ran
     finally:
-        mhsa.core.ATTENTION_BACKENDS.update(backends)
+        mhsa.engine.core.ATTENTION_BACKENDS.update(backends)
     seen: list[str] = []
     block = llama.model.layers[0].self_attn
     handle = block.register_forward_pre_hook(
@@ -253,10 +254,10 @@ def test_streamed_statistics_equal_the_whole_results(llama):
 def test_the_eager_fallback_reads_the_models_own_blocks(llama):
     """A model our module cannot load runs its own eager blocks, the selected ones read by a
     hook (here forced through ``eager=True``, the path ``verify`` compares with)."""
-    from mhsa.partial import selected_forward
+    from mhsa.engine.partial import selected_forward
 
     full = mhsa.attend(TEXT, model=llama)
-    inputs = dict(mhsa.encoding.encode(llama, TEXT, None, None).inputs)
+    inputs = dict(mhsa.engine.encoding.encode(llama, TEXT, None, None).inputs)
     selection = select(2, 4, 1, "0,3")
     with torch.inference_mode():
         got = selected_forward(llama, inputs, selection, our_module=False, eager=True)
@@ -265,7 +266,7 @@ def test_the_eager_fallback_reads_the_models_own_blocks(llama):
 
 
 def test_a_file_written_layer_by_layer_loads_as_the_result(llama, tmp_path):
-    from mhsa.layer_files import save_layers
+    from mhsa.engine.layer_files import save_layers
 
     full = mhsa.attend(TEXT, model=llama)
     header = save_layers(
@@ -321,7 +322,7 @@ def test_a_long_heads_heatmap_is_block_averaged_with_token_spans():
 
 
 def test_head_detection_reads_a_partial_result(llama):
-    from mhsa.detection import head_table
+    from mhsa.analysis.detection import head_table
 
     full = mhsa.attend(TEXT, model=llama)
     part = mhsa.attend(TEXT, model=llama, layers=1, heads="1,3")

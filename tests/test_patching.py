@@ -1,4 +1,4 @@
-"""Activation and attribution patching (``mhsa.patching``) against patching done by hand with
+"""Activation and attribution patching (``mhsa.causal.patching``) against patching done by hand with
 plain torch hooks on the transformers model itself (its own eager attention, not our module)."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 import mhsa
-from mhsa import patching, roles
+from mhsa.analysis import roles
+from mhsa.causal import patching
 
 TOY = Path(__file__).resolve().parent.parent / "data" / "toy" / "induction"
 

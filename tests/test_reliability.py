@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mhsa
-from mhsa.limits import Limits
+from mhsa.engine.limits import Limits
 from tests.hostile import CASES
 
 
@@ -122,7 +122,7 @@ def test_classroom_and_attend_tokenize_only_under_the_model_lock(minilm) -> None
     and attend's full-length call must never overlap. Every call holds the model's lock."""
     import dataclasses
 
-    from mhsa.classroom import walkthrough
+    from mhsa.analysis.classroom import walkthrough
 
     lock = threading.Lock()
     guard = _LockCheckingTokenizer(minilm.tokenizer, lock)
@@ -134,7 +134,7 @@ def test_classroom_and_attend_tokenize_only_under_the_model_lock(minilm) -> None
 
 @pytest.mark.slow
 def test_classroom_truncation_and_attend_run_concurrently(minilm) -> None:
-    from mhsa.classroom import walkthrough
+    from mhsa.analysis.classroom import walkthrough
 
     text = "Attention heads look at the previous token, the separator and commas, often."
     full = mhsa.attend(text, model=minilm).tokens

@@ -1,4 +1,5 @@
-"""Head roles (mhsa.roles) against hand computations: TransformerLens's detection definitions
+"""Head roles (mhsa.analysis.roles) against hand computations: TransformerLens's detection
+definitions
 written out as loops, sinks counted by hand, composition from the model's own full matrices."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 import mhsa
-from mhsa import repeats, roles
+from mhsa.analysis import repeats, roles
 from tests.tiny import hand_result
 
 TOY = Path(__file__).resolve().parent.parent / "data" / "toy" / "induction"

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import mhsa
-from mhsa.adapters import load_bart, load_t5, store_bart, store_t5
-from mhsa.swap import OurPass, our_blocks, through_our_module, trainable_our_blocks
+from mhsa.engine.adapters import load_bart, load_t5, store_bart, store_t5
+from mhsa.engine.swap import OurPass, our_blocks, through_our_module, trainable_our_blocks
 from tests.tiny import SEQ2SEQ_FAMILIES, save_tiny, tiny_seq2seq
 
 SOURCE = "the cat sat on the mat"
@@ -298,7 +298,7 @@ def test_encoder_decoder_heads_are_named_by_their_attention(loaded) -> None:
 
 
 def test_the_walk_through_shows_an_encoder_layer_and_composition_is_refused(loaded) -> None:
-    from mhsa.classroom import walkthrough
+    from mhsa.analysis.classroom import walkthrough
 
     lm = loaded["bart"]
     walk = walkthrough(SOURCE, model=lm, layer=1)

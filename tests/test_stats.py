@@ -7,7 +7,7 @@ import pytest
 
 import mhsa
 from mhsa import AttentionResult
-from mhsa.stats import HeadStatsAccumulator
+from mhsa.analysis.stats import HeadStatsAccumulator
 
 
 def _result(
@@ -132,7 +132,8 @@ def test_js_of_every_pair_matches_scipy_over_many_blocks_and_threads(
     five unrelated heads against scipy, computed one row at a time in float64."""
     from scipy.spatial.distance import jensenshannon
 
-    from mhsa import analysis, similarity
+    from mhsa.analysis import blocks as analysis
+    from mhsa.analysis import similarity
 
     monkeypatch.setattr(analysis, "BLOCK_ELEMS", 5 * 5 * 37)  # 5 heads x 5 rows x 37 keys
     rng = np.random.default_rng(7)
@@ -322,7 +323,7 @@ def test_positional_share_is_a_mean_over_sentences() -> None:
 
 
 def test_stats_difference_is_second_minus_first_with_labels_side_by_side() -> None:
-    from mhsa.stats import stats_difference
+    from mhsa.analysis.stats import stats_difference
 
     n = 12
     first = np.zeros((n, n))

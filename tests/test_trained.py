@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import mhsa
-from mhsa.limits import Limits
-from mhsa.trained import TrainedModelStore, trained_store
+from mhsa.engine.limits import Limits
+from mhsa.engine.trained import TrainedModelStore, trained_store
 
 
 def _write(folder: Path) -> None:

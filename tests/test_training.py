@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import mhsa
+from mhsa.engine.limits import Limits
+from mhsa.engine.swap import OurBlock, OurPass, through_our_module, trainable_our_blocks
 from mhsa.errors import ModelLoadError
-from mhsa.limits import Limits
-from mhsa.swap import OurBlock, OurPass, through_our_module, trainable_our_blocks
 from mhsa.training import (
     TASKS,
     TrainConfig,

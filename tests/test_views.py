@@ -15,7 +15,7 @@ import torch
 
 import mhsa
 from mhsa import plots
-from mhsa.classroom import walkthrough
+from mhsa.analysis.classroom import walkthrough
 from tests.hostile import PLACEHOLDER
 
 SENTENCE = "The cat sat on the mat."

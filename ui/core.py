@@ -21,9 +21,9 @@ from typing import Any, NamedTuple, TypeVar
 import streamlit as st
 
 import mhsa
-from mhsa.cache import ResultCache
-from mhsa.jobs import JobQueue, max_heavy_from_env
-from mhsa.limits import Limits
+from mhsa.corpus.jobs import JobQueue, max_heavy_from_env
+from mhsa.engine.cache import ResultCache
+from mhsa.engine.limits import Limits
 from ui.runtime import freeze_long_lived_objects, page_work
 
 __all__ = [

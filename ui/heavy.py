@@ -10,7 +10,7 @@ from typing import Any
 
 import streamlit as st
 
-from mhsa.jobs import Job, JobQueue, JobState
+from mhsa.corpus.jobs import Job, JobQueue, JobState
 from ui import core
 from ui.state import error
 

@@ -20,7 +20,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -63,6 +63,7 @@ __all__ = [
     "load",
     "md_escape",
     "open_head",
+    "or_error",
     "patch_texts",
     "queue_place",
     "run",
@@ -72,6 +73,8 @@ __all__ = [
     "table",
     "values_switch",
 ]
+
+T = TypeVar("T")
 
 #: session key of the figures drawn in this run: (file stem, figure)
 _FIGURES = "_mhsa_figures"
@@ -176,6 +179,15 @@ def stop() -> NoReturn:
     """End the page body now (inside ``run``, which still finishes the page): a guard for what
     the page cannot show, after saying why (``st.info``), instead of nesting the rest."""
     raise Stop
+
+
+def or_error(compute: Callable[..., T], *args: Any) -> T | None:
+    """``compute(*args)``, or None after showing what went wrong (the page goes on)."""
+    try:
+        return compute(*args)
+    except mhsa.MHSAError as e:
+        error(e)
+        return None
 
 
 def heavy_or_stop(name: str, key: tuple, compute: Callable[[Any], Any], label: str) -> Any:

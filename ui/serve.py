@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from mhsa.jobs import max_heavy_from_env
+from mhsa.corpus.jobs import max_heavy_from_env
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 #: the process environment a deployment runs with, unless the operator sets these: glibc's

@@ -19,7 +19,7 @@ MOVED = {
         ),
         "ui.runtime": "GC_EVERY_RUNS collect_now_and_then",
         "ui.exports": "figure_csv figures_zip file_stem result_file",
-        "mhsa.tables": "agreement_table token_table",
+        "mhsa.analysis.tables": "agreement_table token_table",
         "ui.views.statistics": "corpus_stats first_sentence_stats head_stats head_stats_and_roles",
         "ui.views.similarity": "head_clusters head_map head_similarity",
         "ui.views.importance": (

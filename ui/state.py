@@ -12,15 +12,15 @@ from urllib.parse import quote
 
 import streamlit as st
 
+from mhsa.engine.extract import ENGINES, MAX_NEW_TOKENS
+from mhsa.engine.limits import Limits
+from mhsa.engine.model_names import allowed_description
+from mhsa.engine.models import DEVICES
+from mhsa.engine.result import ATTENTION_KINDS
+from mhsa.engine.selection import parse_indices
+from mhsa.engine.trained import is_trained_name, trained_store
 from mhsa.errors import MHSAError
-from mhsa.extract import ENGINES, MAX_NEW_TOKENS
 from mhsa.heads import head_label, parse_head_label, parse_layer_head_label
-from mhsa.limits import Limits
-from mhsa.model_names import allowed_description
-from mhsa.models import DEVICES
-from mhsa.result import ATTENTION_KINDS
-from mhsa.selection import parse_indices
-from mhsa.trained import is_trained_name, trained_store
 
 DEFAULT_TEXT = "The cat sat on the mat."
 #: Longest value (percent-encoded bytes) a link carries: nginx's default request line is 8 KiB,
@@ -173,7 +173,7 @@ def text_param(raw: str) -> str:
 def model_param(raw: str) -> str:
     """A model named in a link loads only if the operator allowed it (``MHSA_ALLOWED_MODELS``);
     the refusal says the same whether or not such a folder or model exists. A ``trained:<id>``
-    model opens only while this process holds it (``mhsa.trained``)."""
+    model opens only while this process holds it (``mhsa.engine.trained``)."""
     raw = raw.strip()
     if not raw or len(raw) > 300:
         raise ValueError("must be a model id or folder")

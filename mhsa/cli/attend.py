@@ -17,7 +17,7 @@ HELP = "compute per-head attention of a text and save it"
 
 
 def add_arguments(attend: argparse.ArgumentParser) -> None:
-    from mhsa.extract import ENGINES
+    from mhsa.engine.extract import ENGINES
 
     attend.add_argument("text", help="the sentence")
     add_model_options(attend)
@@ -57,14 +57,15 @@ def add_arguments(attend: argparse.ArgumentParser) -> None:
 
 
 def _streamed(args: argparse.Namespace) -> bool:
-    """A selection written to ``--out``: layer by layer (``mhsa.layer_files``), never held."""
+    """A selection written to ``--out``: layer by layer (``mhsa.engine.layer_files``), never
+    held."""
     selected = args.layers is not None or args.heads is not None or args.dtype != "float32"
     return bool(args.out) and selected and not (args.verify or args.norms or args.pair)
 
 
 def _selection(args: argparse.Namespace) -> dict:
     """The model, engine, device, tokens, layers, heads, dtype and seed that both ways of
-    running (``mhsa.attend``, ``mhsa.layer_files.save_layers``) take."""
+    running (``mhsa.attend``, ``mhsa.engine.layer_files.save_layers``) take."""
     return {
         "model": args.model,
         "engine": args.engine,
@@ -78,7 +79,7 @@ def _selection(args: argparse.Namespace) -> dict:
 
 
 def _run_streamed(args: argparse.Namespace) -> None:
-    from mhsa.layer_files import save_layers
+    from mhsa.engine.layer_files import save_layers
 
     start = time.perf_counter()
     header = save_layers(args.out, args.text, **_selection(args))

@@ -82,7 +82,7 @@ def add_corpus_arguments(parser: argparse.ArgumentParser, corpus_help: str) -> N
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """--model and --device: every subcommand loads a model."""
-    from mhsa.models import DEVICES
+    from mhsa.engine.models import DEVICES
 
     parser.add_argument(
         "--model",
@@ -93,14 +93,15 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_metric_options(parser: argparse.ArgumentParser, *, targets: bool = True) -> None:
-    """What is measured (``mhsa.metrics``): the logit difference of two answer words for causal
+    """What is measured (``mhsa.causal.metrics``): the logit difference of two answer words for
+    causal
     language models, or (``targets``) an embedding target for encoders."""
     parser.add_argument(
         "--answer", default=None, help="causal LMs: the right next word (one token after a space)"
     )
     parser.add_argument("--wrong", default=None, help="causal LMs: the competing next word")
     if targets:
-        from mhsa.metrics import PATCH_TARGETS
+        from mhsa.causal.metrics import PATCH_TARGETS
 
         parser.add_argument(
             "--target",
@@ -187,7 +188,7 @@ def progress_bar(desc: str):
 
 
 def read_corpus_args(args: argparse.Namespace, pairs: bool = False):
-    from mhsa.corpus import read_corpus
+    from mhsa.engine.batches import read_corpus
 
     return read_corpus(args.corpus, column=args.column, pairs=pairs)
 
@@ -221,7 +222,7 @@ def check_corpus_args(args: argparse.Namespace) -> dict:
 
 
 def on_ray(args: argparse.Namespace, kind: str, corpus, options: dict):
-    from mhsa.distributed import RayTask, connect, run_on_ray
+    from mhsa.corpus.distributed import RayTask, connect, run_on_ray
 
     connect(args.ray or None)  # before the bar: a dead address is one line, at once
     bar, progress = progress_bar(f"{kind} on Ray")

@@ -1,5 +1,5 @@
 """``flow``: direct logit attribution (CSV) and information-flow routes (JSON) of a text, as the
-Information flow page computes them (``mhsa.attribution``, ``mhsa.flow``)."""
+Information flow page computes them (``mhsa.causal.attribution``, ``mhsa.causal.flow``)."""
 
 from __future__ import annotations
 

@@ -26,8 +26,8 @@ DESCRIPTION = (
 
 
 def add_arguments(importance: argparse.ArgumentParser) -> None:
-    from mhsa.importance import METHODS
-    from mhsa.metrics import TARGET_SPECS
+    from mhsa.causal.importance import METHODS
+    from mhsa.causal.metrics import TARGET_SPECS
 
     add_corpus_arguments(
         importance,
@@ -75,7 +75,7 @@ def _importance_here(args: argparse.Namespace, corpus, options: dict) -> tuple:
     """Head importance (and with ``--pruning`` the curve) on this machine, behind a progress
     bar: ``(table or None when no sentence was usable, curve or None, problems)``."""
     import mhsa
-    from mhsa.importance import corpus_importance
+    from mhsa.causal.importance import corpus_importance
 
     model = mhsa.load_model(args.model, device=args.device)
     problems = list(corpus.problems)

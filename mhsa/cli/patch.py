@@ -1,5 +1,5 @@
 """``patch``: activation patching per head and per position, and attribution patching, as the
-Patching page runs them (``mhsa.patching``), as CSV."""
+Patching page runs them (``mhsa.causal.patching``), as CSV."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ DESCRIPTION = (
 
 
 def add_arguments(patch: argparse.ArgumentParser) -> None:
-    from mhsa.patching import PATCH_POINTS
+    from mhsa.causal.patching import PATCH_POINTS
 
     add_patching_inputs(
         patch,

@@ -1,6 +1,6 @@
 """``roles``: what heads do, as the Head roles page shows it: detection scores (previous-token,
 duplicate-token, induction heads; TransformerLens's ``detect_head``), attention sinks (Gu et al.
-2025) and Q/K/V composition (Elhage et al. 2021), as CSV (``mhsa.roles``)."""
+2025) and Q/K/V composition (Elhage et al. 2021), as CSV (``mhsa.analysis.roles``)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ DESCRIPTION = (
 
 
 def add_arguments(roles: argparse.ArgumentParser) -> None:
-    from mhsa.extract import ENGINES
-    from mhsa.roles import COMPOSITION_KINDS, ERROR_MEASURES, SINK_THRESHOLD
+    from mhsa.analysis.roles import COMPOSITION_KINDS, ERROR_MEASURES, SINK_THRESHOLD
+    from mhsa.engine.extract import ENGINES
 
     roles.add_argument("texts", nargs="*", help="the texts (none: random repeated tokens)")
     add_model_options(roles)
@@ -55,7 +55,7 @@ def add_arguments(roles: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     import mhsa
-    from mhsa.roles import DETECTION_PATTERNS
+    from mhsa.analysis.roles import DETECTION_PATTERNS
 
     texts = list(args.texts) or None
     if args.sinks is not None and texts is None:  # before any work

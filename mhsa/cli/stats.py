@@ -1,4 +1,5 @@
-"""``stats``: per-head statistics over a corpus (``mhsa.corpus.corpus_stats``), here or on Ray."""
+"""``stats``: per-head statistics over a corpus (``mhsa.corpus.stats.corpus_stats``), here or on
+Ray."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ HELP = "per-head statistics over a corpus (text file, folder of .txt files or Pa
 
 
 def add_arguments(stats: argparse.ArgumentParser) -> None:
-    from mhsa.extract import ENGINES
+    from mhsa.engine.extract import ENGINES
 
     add_corpus_arguments(stats, "text file (one sentence per line), folder, .parquet")
     stats.add_argument("--engine", default="transformers", choices=ENGINES)
@@ -38,7 +39,7 @@ def add_arguments(stats: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     import mhsa
-    from mhsa.corpus import corpus_stats
+    from mhsa.corpus.stats import corpus_stats
 
     options = check_corpus_args(args)
     corpus = read_corpus_args(args)

@@ -57,7 +57,8 @@ def step_heatmap(
 def neuron_figure(
     neuron: Any, tokens: Sequence[str], *, queries: Sequence[str] | None = None
 ) -> go.Figure:
-    """BertViz's neuron view for one query token and head (a ``mhsa.classroom.Neuron``): the
+    """BertViz's neuron view for one query token and head (a ``mhsa.analysis.classroom.Neuron``):
+    the
     query vector, each key vector, their elementwise product, q·k, the scaled score and the
     softmax, values on hover. ``tokens``: the keys'; ``queries``: the queries' where they are
     other tokens (cross-attention: the decoder's)."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from mhsa.attribution import HeadAttribution, LogitLens
-from mhsa.flow import FlowGraph, FlowNode
+from mhsa.causal.attribution import HeadAttribution, LogitLens
+from mhsa.causal.flow import FlowGraph, FlowNode
 from mhsa.plots.common import SIGNED_COLORSCALE, apply_layout, label
 
 __all__ = ["attribution_figure", "flow_figure", "logit_lens_figure"]

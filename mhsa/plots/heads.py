@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 import plotly.graph_objects as go
 
+from mhsa.engine.result import AttentionResult
 from mhsa.plots.common import (
     COLORSCALE,
     apply_layout,
@@ -16,7 +17,6 @@ from mhsa.plots.common import (
     square_height,
 )
 from mhsa.plots.marks import mark_token_axes
-from mhsa.result import AttentionResult
 
 __all__ = [
     "GRID_THUMB",

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from mhsa.engine.result import AttentionResult
 from mhsa.heads import layer_name
 from mhsa.plots.common import apply_layout, label
-from mhsa.result import AttentionResult
 
 __all__ = ["head_value_grid", "importance_scatter", "layer_change_figure", "pruning_figure"]
 

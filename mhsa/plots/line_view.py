@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from mhsa.engine.result import AttentionResult
 from mhsa.plots.common import apply_layout, label
-from mhsa.result import AttentionResult
 
 __all__ = [
     "HEAD_COLORS",

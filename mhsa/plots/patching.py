@@ -22,7 +22,7 @@ def _limit(values: np.ndarray) -> float:
 
 
 def patching_maps(panels: Sequence[tuple[str, pd.DataFrame]], *, title: str) -> go.Figure:
-    """Each table's ``effect`` (``mhsa.patching``: one row per head) as a layers x heads map,
+    """Each table's ``effect`` (``mhsa.causal.patching``: one row per head) as a layers x heads map,
     side by side on one signed colour scale centred on 0."""
     return role_maps(
         [(name, table, "effect") for name, table in panels],

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-from mhsa.models import LoadedModel
-from mhsa.swap import (
+from mhsa.engine.models import LoadedModel
+from mhsa.engine.swap import (
     OurBlock,
     OurPass,
     store_our_weights,
@@ -21,12 +21,10 @@ from mhsa.swap import (
 from mhsa.training.families import ModelFamily, model_family
 from mhsa.training.tasks import BOS_ID, PAD_ID, SEP_ID, VOCAB
 
-if TYPE_CHECKING:
-    from mhsa.training.config import TrainConfig
-
 __all__ = [
     "MAX_ENCODER_DECODER_POSITIONS",
     "MAX_POSITIONS",
+    "ModelShape",
     "as_loaded_model",
     "build_model",
     "trained_through_ours",
@@ -41,7 +39,19 @@ MAX_ENCODER_DECODER_POSITIONS = 32
 INIT_STD = 0.02
 
 
-def build_model(config: TrainConfig, *, device: str | torch.device = "cpu") -> Any:
+class ModelShape(Protocol):
+    """What building a model reads of a run's settings (``mhsa.training.config.TrainConfig``
+    has these and more): the family, its size, whether it has MLPs, and the seed."""
+
+    family: str
+    layers: int
+    heads: int
+    width: int
+    mlp: bool
+    seed: int
+
+
+def build_model(config: ModelShape, *, device: str | torch.device = "cpu") -> Any:
     """A fresh transformers model for ``config`` (weights from ``config.seed``; with
     ``mlp=False`` the feed-forward output weights are zero and frozen), in training mode."""
     family = model_family(config.family)
@@ -137,7 +147,7 @@ def _skipped_mlps(model: Any, skip: bool) -> Iterator[None]:
 
 @contextlib.contextmanager
 def trained_through_ours(
-    model: Any, config: TrainConfig
+    model: Any, config: ModelShape
 ) -> Iterator[tuple[list[OurBlock], OurPass]]:
     """Within the block the model's attention runs as our modules (with gradients) and frozen
     zero MLPs are skipped; on the way out (also on an error) our weights are written back and

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from mhsa.engine.swap import OurBlock, OurPass
 from mhsa.heads import head_label, parse_head_label
-from mhsa.swap import OurBlock, OurPass
 
 __all__ = ["EdgeProbe", "induction_edge_probe", "k_composition_series", "k_edge_scores"]
 
@@ -59,7 +59,7 @@ def k_edge_scores(
     head's key input (NaN where there is none), on the model while a training run holds it
     (its blocks ``ours`` already standing in)."""
     from mhsa.circuits import edge_attribution_ids
-    from mhsa.models import LoadedModel
+    from mhsa.engine.models import LoadedModel
 
     lm = LoadedModel(
         name="training",

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mhsa.engine.swap import OurBlock, OurPass
 from mhsa.errors import InputError
-from mhsa.swap import OurBlock, OurPass
 from mhsa.training.circuit_probe import induction_edge_probe, k_edge_scores
 from mhsa.training.results import Evaluation, TrainSnapshot
 from mhsa.training.scores import HeadScores, anti_diagonal_scores, head_scores

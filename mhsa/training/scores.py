@@ -23,7 +23,8 @@ An encoder-decoder task (``reverse-seq2seq``) is scored on its cross attention i
   scored decoder position weighs the same.
 
 These are the training's own yardsticks, averaged over the positions a task scores. The Head
-roles page and ``mhsa.roles`` use TransformerLens's definitions instead (``detect_heads``: the
+roles page and ``mhsa.analysis.roles`` use TransformerLens's definitions instead (``detect_heads``:
+the
 attention on the pattern over *all* attention of the text, so the first half of a repeated
 sequence, where no induction is possible, lowers it; ``induction_scores``: the demo's repeated
 random tokens): the same heads stand out, with smaller numbers.

@@ -11,7 +11,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import mhsa
-from mhsa.jobs import JobState
+from mhsa.corpus.jobs import JobState
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = "The cat sat.\nDogs bark loudly, all night."

@@ -124,7 +124,9 @@ def test_statistics_and_similarity_are_per_kind(bart: str, kind: str) -> None:
     # the detectors score self-attention on its own tokens (the decoder's: the target's)
     assert table["previous token"].isna().all() == (kind == "cross")
     if kind == "decoder":
-        previous = mhsa.roles.detection_scores(result.attention, np.eye(4, k=-1)).reshape(-1)
+        previous = mhsa.analysis.roles.detection_scores(result.attention, np.eye(4, k=-1)).reshape(
+            -1
+        )
         np.testing.assert_allclose(table["previous token"].to_numpy(), previous, rtol=1e-5)
     at = _open("pages/2_Head_similarity.py", bart, kind=kind, metric="cosine")
     flat = a.reshape(8, -1)
@@ -318,7 +320,7 @@ def test_head_roles_detect_on_the_decoders_own_tokens(bart: str) -> None:
     np.testing.assert_array_equal(_z(pattern), np.eye(4, k=-1))
     result = mhsa.attend(TEXT, text_pair=TARGET, model=bart).of_kind("decoder")
     maps = _titled(at, "Detection scores")
-    scores = mhsa.roles.detection_scores(result.attention, np.eye(4, k=-1))  # TL's "mul"
+    scores = mhsa.analysis.roles.detection_scores(result.attention, np.eye(4, k=-1))  # TL's "mul"
     np.testing.assert_allclose(_z({"data": [maps["data"][0]]}), scores, rtol=1e-5)
     assert not any(b.label.startswith("Repeat random tokens") for b in at.button)
     assert any("Composition reads one residual stream" in i.value for i in at.info)

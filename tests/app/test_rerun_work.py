@@ -21,7 +21,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from mhsa.cache import ResultCache
+from mhsa.engine.cache import ResultCache
 from ui import navigation
 
 ROOT = Path(__file__).resolve().parents[2]

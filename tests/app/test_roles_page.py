@@ -13,7 +13,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 import mhsa
-import mhsa.repeats
+import mhsa.analysis.repeats
 from tests.app.test_importance_page import charts, decode
 from tests.hostile import markup_tags, rendered
 
@@ -170,7 +170,7 @@ def test_sinks_value_norms_table_is_the_librarys(tiny_bert, tiny_bert_model) -> 
     at = run(model=tiny_bert)
     tables = [d.value for d in at.dataframe if "value_norm" in d.value.columns]
     assert len(tables) == 1
-    want = mhsa.roles.sink_value_norms(mhsa.attend(CAT, model=tiny_bert_model, norms=True))
+    want = mhsa.analysis.roles.sink_value_norms(mhsa.attend(CAT, model=tiny_bert_model, norms=True))
     got = tables[0]
     assert got[["head", "position", "token"]].values.tolist() == (
         want[["head", "position", "token"]].values.tolist()
@@ -247,8 +247,8 @@ def test_figures_follow_the_random_token_test() -> None:
     assert not at.exception and not at.error, errors(at)
     lm = mhsa.load_model("toy:induction", device="cpu")
     scores = mhsa.detect_heads(None, "induction", model=lm, seed=3)["score"]
-    n = mhsa.repeats.repeat_length(lm, None)  # half of the toy model's 64 positions
-    ids = mhsa.repeats.random_repeats(lm, n, 1, seed=3)[0]
+    n = mhsa.analysis.repeats.repeat_length(lm, None)  # half of the toy model's 64 positions
+    ids = mhsa.analysis.repeats.random_repeats(lm, n, 1, seed=3)[0]
     with torch.no_grad():
         own = lm.model(input_ids=ids[None], output_attentions=True).attentions
     best = scores.sort_values(ascending=False, kind="stable").index[:3]

@@ -16,7 +16,7 @@ from ui.views import similarity
 def test_page_analyses_run_on_one_core_fewer_in_their_own_thread_only(monkeypatch) -> None:
     seen: dict[str, int] = {}
 
-    class Recording(mhsa.stats.HeadSimilarityAccumulator):
+    class Recording(mhsa.analysis.stats.HeadSimilarityAccumulator):
         def add(self, result: mhsa.AttentionResult) -> None:
             seen["analysis"] = torch.get_num_threads()
             seen["other thread"] = _in_new_thread(torch.get_num_threads)

@@ -14,8 +14,8 @@ import time
 import pytest
 
 import mhsa
-from mhsa.jobs import JobState
-from mhsa.trained import trained_store
+from mhsa.corpus.jobs import JobState
+from mhsa.engine.trained import trained_store
 from mhsa.training import TrainConfig, TrainSnapshot
 from tests.app.test_train_page import RUN, SHORT, button, open_page
 from ui import core, training

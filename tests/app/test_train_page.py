@@ -13,8 +13,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import mhsa
-from mhsa.jobs import JobState
-from mhsa.trained import trained_store
+from mhsa.corpus.jobs import JobState
+from mhsa.engine.trained import trained_store
 from mhsa.training import RECIPES, TrainConfig
 from tests.app.test_importance_page import charts, decode
 from tests.app.test_pages import ROOT

@@ -13,7 +13,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 import mhsa
-from mhsa.classroom import walkthrough
+from mhsa.analysis.classroom import walkthrough
 from tests.app.test_pages import PAGES, ROOT, run, specs
 from ui import navigation
 

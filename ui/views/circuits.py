@@ -11,7 +11,7 @@ import pandas as pd
 
 import mhsa
 from mhsa.circuits import top_edges
-from mhsa.encoding import check_text, encode
+from mhsa.engine.encoding import check_text, encode
 from ui.core import LIMITS, Progress, Query, loaded_model, shared
 
 __all__ = [

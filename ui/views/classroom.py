@@ -1,11 +1,11 @@
 """The Inside MHSA page's values: the classroom walk-through of one attention layer, step by
-step (``mhsa.classroom``), self- and cross-attention."""
+step (``mhsa.analysis.classroom``), self- and cross-attention."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from mhsa.classroom import Walkthrough, cross_walkthrough, walkthrough
+from mhsa.analysis.classroom import Walkthrough, cross_walkthrough, walkthrough
 from ui.core import LIMITS, Query, generation, loaded_model, model_input
 
 __all__ = ["classroom", "classroom_cross"]
@@ -15,7 +15,7 @@ __all__ = ["classroom", "classroom_cross"]
 def classroom(
     query: Query, layer: int | None, d_model: int, num_heads: int, causal: bool
 ) -> Walkthrough:
-    """``mhsa.classroom.walkthrough`` of the query's input (its generated tokens too)."""
+    """``mhsa.analysis.classroom.walkthrough`` of the query's input (its generated tokens too)."""
     return walkthrough(
         model_input(query),
         model=loaded_model(query.model, query.device),
@@ -31,7 +31,7 @@ def classroom(
 def classroom_cross(
     query: Query, target: str, layer: int, d_model: int, num_heads: int
 ) -> Walkthrough:
-    """``mhsa.classroom.cross_walkthrough`` of the sentence (an encoder-decoder's generated
+    """``mhsa.analysis.classroom.cross_walkthrough`` of the sentence (an encoder-decoder's generated
     target when the query asks for one) and ``target``; ``layer``: an encoder-decoder's
     decoder layer."""
     return cross_walkthrough(

@@ -1,5 +1,6 @@
 """The Information flow page's values: the flow's contributions and routes
-(``mhsa.flow``), direct logit attribution per head and the logit lens (``mhsa.attribution``)
+(``mhsa.causal.flow``), direct logit attribution per head and the logit lens
+(``mhsa.causal.attribution``)
 of the sentence, each kept in the shared cache."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import mhsa
-from mhsa import attribution, flow
+from mhsa.causal import attribution, flow
 from ui.core import Progress, Query, generation, loaded_model, shared
 from ui.runtime import page_work
 
@@ -41,7 +42,7 @@ def flow_key(query: Query) -> tuple:
 
 
 def flow_contributions(query: Query, progress: Progress | None = None) -> flow.FlowContributions:
-    """``mhsa.flow.flow_contributions`` of the query's text (a heavy job's body: the caller
+    """``mhsa.causal.flow.flow_contributions`` of the query's text (a heavy job's body: the caller
     keeps it with ``compute_and_keep``)."""
     if progress is not None:
         progress(0, 1)
@@ -85,12 +86,13 @@ def _with_answers(
 
 
 def head_attribution(query: Query, answer: str, wrong: str) -> attribution.HeadAttribution:
-    """``mhsa.attribution.head_attribution`` of the query's text, kept in the shared cache."""
+    """``mhsa.causal.attribution.head_attribution`` of the query's text, kept in the shared
+    cache."""
     return _with_answers("dla", attribution.head_attribution, query, answer, wrong)
 
 
 def logit_lens(query: Query, answer: str | None, wrong: str | None) -> attribution.LogitLens:
-    """``mhsa.attribution.logit_lens`` of the query's text, kept in the shared cache."""
+    """``mhsa.causal.attribution.logit_lens`` of the query's text, kept in the shared cache."""
     return _with_answers("lens", attribution.logit_lens, query, answer, wrong)
 
 

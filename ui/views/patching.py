@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 import mhsa
-from mhsa.encoding import check_text, encode
+from mhsa.engine.encoding import check_text, encode
 from ui.core import LIMITS, Progress, Query, loaded_model, shared
 
 __all__ = [
@@ -78,7 +78,9 @@ class PatchingView:
         unless both were computed): what a correlation can hide."""
         if self.exact is None or self.attribution is None:
             return None
-        joined = self.exact[["effect"]].join(mhsa.patching.attribution_effect(self.attribution))
+        joined = self.exact[["effect"]].join(
+            mhsa.causal.patching.attribution_effect(self.attribution)
+        )
         gap = (joined["effect"] - joined["effect_attribution"]).abs().dropna()
         if gap.empty:
             return None
@@ -106,7 +108,10 @@ class PatchingView:
         if self.exact is None or self.attribution is None:
             return self.shown
         return self.exact.join(
-            [self.attribution[["attribution"]], mhsa.patching.attribution_effect(self.attribution)]
+            [
+                self.attribution[["attribution"]],
+                mhsa.causal.patching.attribution_effect(self.attribution),
+            ]
         )
 
 

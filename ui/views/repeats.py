@@ -1,6 +1,6 @@
 """The Head roles page's repeated-random-tokens test as figures: the sequence the test ran on
 (the first of its ten), so that the top heads' maps and the detection pattern show the input
-the scores came from (``mhsa.repeats.repeated_tokens``)."""
+the scores came from (``mhsa.analysis.repeats.repeated_tokens``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 import mhsa
-from mhsa.repeats import repeated_tokens
-from mhsa.roles import detection_pattern
+from mhsa.analysis.repeats import repeated_tokens
+from mhsa.analysis.roles import detection_pattern
 from ui import core
 from ui.core import Query
 

@@ -1,6 +1,7 @@
 """The Head roles page's values (and the Head statistics' role columns): detection scores and
 patterns of the sentence, the repeated-random-tokens induction test, custom rules, attention
-sinks and head composition. The definitions live in ``mhsa.roles`` and ``mhsa.detection``."""
+sinks and head composition. The definitions live in ``mhsa.analysis.roles`` and
+``mhsa.analysis.detection``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 import mhsa
-from mhsa import detection, roles
+from mhsa.analysis import detection, roles
 from ui.core import (
     LIMITS,
     Query,
@@ -25,12 +26,17 @@ from ui.core import (
 )
 
 __all__ = [
+    "COMPOSITION_NOTE",
+    "CROSS_NOTE",
     "CUSTOM_ROLE",
     "CUSTOM_RULES",
     "ERROR_MEASURES",
+    "EXPLANATION",
     "MAX_RULE_K",
+    "RANDOM_NOTE",
     "ROLE_DETECTORS",
     "RULES_WITH_K",
+    "SINK_NORMS_NOTE",
     "TYPED_RULE",
     "CompositionView",
     "RoleMeans",
@@ -57,6 +63,52 @@ TYPED_RULE = detection.TYPED_RULE
 RULES_WITH_K = detection.RULES_WITH_K
 CUSTOM_RULES = detection.CUSTOM_RULES
 MAX_RULE_K = detection.MAX_RULE_K
+
+#: the page's explanations (what the scores mean, what each section shows)
+RANDOM_NOTE = (
+    "Induction on repeated random tokens: ten sequences of random token ids (seeded by the "
+    "sidebar's seed), each repeated once, no BOS; the score is the mean attention from each "
+    "repeated token to the token after its first occurrence. The error measure and the "
+    "exclusions do not apply to this test."
+)
+SINK_NORMS_NOTE = (
+    "What the sinks carry: one row per sink (head, position), with the mean attention the "
+    "position receives and the norm ‖f_h(x_j)‖ of the value the head reads there (its value "
+    "vector after its slice of the output projection; Kobayashi et al. 2020), beside the "
+    "head's median over the sentence's positions and their ratio. A ratio well below 1: the "
+    "head attends to the sink but takes little from it."
+)
+CROSS_NOTE = (
+    "Head roles are defined on self-attention: each detector compares where a head looks in a "
+    "sequence with a pattern of that same sequence's tokens (the token before, an earlier copy, "
+    "the token after it), and a sink is a position of that sequence. Cross attention relates "
+    "two sequences (decoder tokens to the sentence's), so none of them applies: choose the "
+    "encoder's or the decoder's attention in the sidebar."
+)
+COMPOSITION_NOTE = (
+    "Composition reads one residual stream, and an encoder-decoder has two (the encoder's and "
+    "the decoder's, joined by cross attention): it is computed for encoder or decoder models."
+)
+EXPLANATION = """\
+**Detection scores** (TransformerLens's `detect_head`): each text's token ids, special tokens
+included, give a 0/1 **detection pattern** (which key each query should attend to):
+**previous token** (the key just before the query), **duplicate token** (earlier keys with the
+query's token), **induction** (the key just after an earlier occurrence of the query's token).
+Error measure **mul**: the share of a head's attention that falls on the pattern; **abs**:
+1 − mean |attention − pattern| × n (causal models only). **Exclude BOS** ignores attention to
+the first token, **exclude the current token** attention to the query itself.
+
+**Repeat random tokens** is the standard induction test: random token ids from the model's
+vocabulary, repeated once; a head scores its mean attention from each token of the repeat to
+the token after its first occurrence.
+
+**Attention sinks**: the mean attention a key receives from the queries at or after it; a head
+sinks on a key when that exceeds the threshold (Gu et al. 2025).
+
+**Composition** (weights only, no text): how much a later head's queries (Q), keys (K) or
+values (V) read what an earlier head writes: ‖W_A W_B‖_F / (‖W_A‖_F ‖W_B‖_F) with the heads'
+OV and QK matrices (Elhage et al. 2021; TransformerLens's definitions).
+"""
 
 
 class RoleOptions(NamedTuple):
@@ -87,7 +139,7 @@ def token_attention(query: Query) -> mhsa.AttentionResult:
 
 
 def _checked_ids(query: Query, result: mhsa.AttentionResult) -> list[int]:
-    """The sentence's token ids (``mhsa.detection.sequence_ids``: for an encoder-decoder's
+    """The sentence's token ids (``mhsa.analysis.detection.sequence_ids``: for an encoder-decoder's
     decoder attention, ``Query.kind``, the decoder's), which must be the tokens of ``result``."""
     text = generation(query) if query.generate else query.text  # generation takes the lock
     ids = detection.sequence_ids(
@@ -108,7 +160,8 @@ def _checked_ids(query: Query, result: mhsa.AttentionResult) -> list[int]:
 def _scored(
     result: mhsa.AttentionResult, patterns: dict[str, np.ndarray], options: RoleOptions
 ) -> pd.DataFrame:
-    """Every head's score against each of ``patterns`` (``mhsa.detection.detection_table``)."""
+    """Every head's score against each of ``patterns``
+    (``mhsa.analysis.detection.detection_table``)."""
     return detection.detection_table(result, patterns, **options._asdict())
 
 
@@ -178,7 +231,8 @@ def random_induction(query: Query) -> RoleTable:
 
 
 def custom_role(query: Query, rule: str, k: int, rows: str, options: RoleOptions) -> RoleTable:
-    """Every head's score against the custom rule's pattern (``mhsa.detection.rule_pattern``)
+    """Every head's score against the custom rule's pattern
+    (``mhsa.analysis.detection.rule_pattern``)
     on the sentence, under the column ``CUSTOM_ROLE``."""
     key = ("custom-role", query._replace(words=False), rule, k, rows, options)
 
@@ -231,7 +285,8 @@ def attention_sinks(query: Query) -> SinkView:
 
 def sink_value_norms(query: Query) -> pd.DataFrame:
     """Each attention sink of the sentence with the value norm its head reads there, beside
-    the head's median (``mhsa.roles.sink_value_norms``), on the sentence's attention computed
+    the head's median (``mhsa.analysis.roles.sink_value_norms``), on the sentence's attention
+    computed
     with value norms (``Query.norms``) whatever the sidebar's switch."""
     key = ("sink-norms", query)
 

@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 import mhsa
-from mhsa.stats import HeadSimilarityAccumulator
+from mhsa.analysis.stats import HeadSimilarityAccumulator
 from ui.core import LIMITS, Query
 from ui.views.statistics import accumulated
 

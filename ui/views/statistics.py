@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 import mhsa
-from mhsa.stats import HeadSimilarityAccumulator, HeadStatsAccumulator
+from mhsa.analysis.stats import HeadSimilarityAccumulator, HeadStatsAccumulator
 from ui.core import (
     LIMITS,
     Progress,
@@ -68,7 +68,7 @@ def accumulated(
 
 @st.cache_data(max_entries=LIMITS.result_cache, show_spinner="Analysing heads…")
 def head_stats(queries: tuple[Query, ...]) -> pd.DataFrame:
-    """``mhsa.stats`` per head over the sentences (``HeadStatsAccumulator``)."""
+    """``mhsa.analysis.stats`` per head over the sentences (``HeadStatsAccumulator``)."""
     return accumulated(HeadStatsAccumulator(), queries)
 
 
