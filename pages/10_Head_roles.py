@@ -12,7 +12,6 @@ from ui.core import Query
 from ui.state import Param, bounded_int, choice, flag, head_label_param, text_param
 from ui.views import repeats
 from ui.views import roles as role_views
-from ui.views.roles import RoleOptions
 
 DETECTORS = [*role_views.ROLE_DETECTORS, role_views.CUSTOM_ROLE]
 PARAMS = {
@@ -29,14 +28,14 @@ PARAMS = {
 TOP_HEADS = 3
 
 
-def _options() -> RoleOptions:
+def _options() -> role_views.RoleOptions:
     """The detection settings: error measure and the exclusions."""
     left, mid, right = st.columns(3)
     left.radio("Error measure", role_views.ERROR_MEASURES, key="error_measure", horizontal=True)
     mid.toggle("Exclude BOS (the first token)", key="exclude_bos")
     right.toggle("Exclude the current token", key="exclude_current")
     state = st.session_state
-    return RoleOptions(state["error_measure"], state["exclude_bos"], state["exclude_current"])
+    return role_views.RoleOptions(state["error_measure"], state["exclude_bos"], state["exclude_current"])
 
 
 def _random_tokens_button() -> None:
@@ -49,7 +48,7 @@ def _random_tokens_button() -> None:
 
 
 def _detection_maps(
-    query: Query, options: RoleOptions, *, random_test: bool
+    query: Query, options: role_views.RoleOptions, *, random_test: bool
 ) -> tuple[role_views.RoleTable | None, role_views.RoleTable | None]:
     """One layers x heads map per detector; the induction map on repeated random tokens when
     that test is on (and ``random_test``: the model takes it). Returns the sentence's scores
@@ -90,7 +89,7 @@ def _custom_rule() -> tuple[str, int, str]:
 
 def _top_heads(
     query: Query,
-    options: RoleOptions,
+    options: role_views.RoleOptions,
     roles: role_views.RoleTable | None,
     induction: role_views.RoleTable | None,
 ) -> None:
@@ -147,10 +146,7 @@ def _top_heads_on_repeats(query: Query, induction: role_views.RoleTable) -> None
     repeated = page.or_error(repeats.repeated_sequence, query)
     if repeated is None:
         return
-    st.caption(
-        "On the first of the test's repeated random sequences (the scores average ten): each "
-        "head's stripe below the diagonal is the induction pattern."
-    )
+    st.caption(role_views.REPEATED_NOTE)
     best = role_views.top_heads(induction.scores, "induction", TOP_HEADS)
     columns = st.columns(1 + len(best))
     tokens = repeated.result.tokens
@@ -228,12 +224,7 @@ def _composition(query: Query) -> None:
 
 
 with page.run("Head roles", PARAMS, kinds=True) as query:
-    st.caption(
-        "What each head does, in the field's terms: previous-token, duplicate-token and induction "
-        "heads detected by TransformerLens's definitions, attention sinks, and which heads read "
-        "what earlier heads write. Detection works on tokens, whatever the sidebar's whole-words "
-        "switch."
-    )
+    st.caption(role_views.INTRO)
     with st.expander("What these scores mean"):
         st.markdown(role_views.EXPLANATION)
     result = page.load(query)

@@ -32,8 +32,10 @@ __all__ = [
     "CUSTOM_RULES",
     "ERROR_MEASURES",
     "EXPLANATION",
+    "INTRO",
     "MAX_RULE_K",
     "RANDOM_NOTE",
+    "REPEATED_NOTE",
     "ROLE_DETECTORS",
     "RULES_WITH_K",
     "SINK_NORMS_NOTE",
@@ -65,6 +67,16 @@ CUSTOM_RULES = detection.CUSTOM_RULES
 MAX_RULE_K = detection.MAX_RULE_K
 
 #: the page's explanations (what the scores mean, what each section shows)
+INTRO = (
+    "What each head does, in the field's terms: previous-token, duplicate-token and induction "
+    "heads detected by TransformerLens's definitions, attention sinks, and which heads read "
+    "what earlier heads write. Detection works on tokens, whatever the sidebar's whole-words "
+    "switch."
+)
+REPEATED_NOTE = (
+    "On the first of the test's repeated random sequences (the scores average ten): each "
+    "head's stripe below the diagonal is the induction pattern."
+)
 RANDOM_NOTE = (
     "Induction on repeated random tokens: ten sequences of random token ids (seeded by the "
     "sidebar's seed), each repeated once, no BOS; the score is the mean attention from each "
