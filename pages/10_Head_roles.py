@@ -34,8 +34,8 @@ def _options() -> role_views.RoleOptions:
     left.radio("Error measure", role_views.ERROR_MEASURES, key="error_measure", horizontal=True)
     mid.toggle("Exclude BOS (the first token)", key="exclude_bos")
     right.toggle("Exclude the current token", key="exclude_current")
-    state = st.session_state
-    return role_views.RoleOptions(state["error_measure"], state["exclude_bos"], state["exclude_current"])
+    keys = ("error_measure", "exclude_bos", "exclude_current")
+    return role_views.RoleOptions(*(st.session_state[key] for key in keys))
 
 
 def _random_tokens_button() -> None:
