@@ -252,6 +252,7 @@ LAYERS = [
     "circuits",
     "training",
     "corpus",
+    "atlas",
     "plots",
     "front",
     "cli",

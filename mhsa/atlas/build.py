@@ -1,0 +1,457 @@
+"""Building a head atlas: the corpus streamed through the model in shards of texts, each shard's
+summaries (``mhsa.atlas.collect``) written to its own file, then merged into the atlas folder.
+
+A shard is a fixed range of text ids, so a build that is killed resumes with the shards not yet
+written and ends with the same atlas as an uninterrupted one; on Ray (``ray=True``) actors write
+the same shard files. Files appear atomically (written under a temporary name, then renamed),
+and the manifest is written last: a folder without one is not an atlas.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mhsa.atlas.collect import BatchLayout, HeadSummaries
+from mhsa.atlas.index import build_index
+from mhsa.engine.batches import batch_tokens_for, length_batches, pad_inputs
+from mhsa.engine.encoding import Encoded, encode, encode_many
+from mhsa.engine.forward import StopPass
+from mhsa.engine.models import LoadedModel, get_model
+from mhsa.engine.norms import value_norms
+from mhsa.engine.swap import OurPass, our_blocks, run_with_our_blocks
+from mhsa.engine.tokens import is_punctuation
+from mhsa.errors import InputError, UnsupportedModelError
+from mhsa.heads import head_label
+
+__all__ = [
+    "FORMAT",
+    "SAMPLE_SIZE",
+    "SHARD_TEXTS",
+    "AtlasPlan",
+    "build_shard",
+    "merge_shards",
+    "plan_atlas",
+    "read_texts",
+]
+
+#: the atlas folder's format; a reader refuses a newer one
+FORMAT = 1
+#: texts per shard: the unit of resuming and of Ray's work
+SHARD_TEXTS = 512
+#: the largest uniform sample of pairs kept
+SAMPLE_SIZE = 4096
+#: tokens per text the atlas reads at most (longer texts are cut, and counted)
+MAX_TOKENS = 512
+
+Progress = Callable[[int, int, float], None]
+
+
+def read_texts(corpus: str | Path | Sequence[str]) -> tuple[list[str], str]:
+    """The corpus's texts (one a line of a text file; ``text_id`` is the line's 0-based number,
+    blank lines keep their number and hold no tokens) and a description of where they came from.
+
+    Raises:
+        InputError: no such file, a binary or non-UTF-8 file, or no text at all.
+    """
+    if isinstance(corpus, str | Path):
+        path = Path(corpus)
+        if not path.is_file():
+            raise InputError(f"No corpus file at {str(path)!r}: give a text file, one text a line.")
+        data = path.read_bytes()
+        if b"\x00" in data[:1_000_000]:
+            raise InputError(
+                f"{path.name!r} is a binary file, not text: an atlas reads a UTF-8 text file, "
+                "one text a line."
+            )
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(
+                f"{path.name!r} is not UTF-8 text (byte {e.start}): an atlas reads a UTF-8 text "
+                "file, one text a line."
+            ) from e
+        texts, source = text.splitlines(), str(path)
+    else:
+        texts = [t if isinstance(t, str) else None for t in corpus]
+        if any(t is None for t in texts):
+            raise InputError("The corpus must be a text file or a list of strings.")
+        texts, source = [t.replace("\n", " ") for t in texts], "texts"
+    if not any(t.strip() for t in texts):
+        raise InputError("The corpus holds no text: give at least one line with words.")
+    return texts, source
+
+
+@dataclass(frozen=True)
+class AtlasPlan:
+    """What a build computes: the model, the heads, the settings, the corpus (by hash)."""
+
+    model: str
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+    top_k: int
+    sample_size: int
+    max_tokens: int
+    texts: int
+    corpus_sha256: str
+    source: str
+    d_head: int
+    causal: bool
+    batch_tokens: int
+    shard_texts: int = SHARD_TEXTS
+
+    @property
+    def labels(self) -> list[str]:
+        return [head_label(layer, h) for layer in self.layers for h in self.heads]
+
+    @property
+    def shards(self) -> int:
+        return -(-self.texts // self.shard_texts)
+
+    def json(self) -> dict[str, Any]:
+        return {**self.__dict__, "layers": list(self.layers), "heads": list(self.heads)}
+
+
+def plan_atlas(
+    texts: list[str],
+    source: str,
+    lm: LoadedModel,
+    *,
+    model: str,
+    top_k: int,
+    layers: Sequence[int] | int | None,
+    heads: Sequence[int] | int | None,
+    batch_size: int | None,
+    max_tokens: int = MAX_TOKENS,
+    sample_size: int = SAMPLE_SIZE,
+    shard_texts: int = SHARD_TEXTS,
+) -> AtlasPlan:
+    """Check the settings against the model and fix what the build will do.
+
+    Raises:
+        InputError: a layer or head the model does not have, or a bad ``top_k``.
+        UnsupportedModelError: an encoder-decoder model (its attentions are not in atlases yet).
+    """
+    if lm.is_encoder_decoder:
+        raise UnsupportedModelError(
+            f"{lm.display_name!r} is an encoder-decoder model: atlases cover encoders and "
+            "decoders for now. Its heads are on every page of the app, one text at a time."
+        )
+    if not isinstance(top_k, int) or not 1 <= top_k <= 10_000:
+        raise InputError(f"top_k must be a whole number from 1 to 10000, got {top_k!r}.")
+    for name, value in (("sample_size", sample_size), ("shard_texts", shard_texts)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"{name} must be a whole number of at least 1, got {value!r}.")
+    with lm.lock:
+        blocks = our_blocks(lm)
+    n_layers, n_heads = len(blocks), blocks[0].ours.num_heads
+    chosen_layers = _choose(layers, n_layers, "layer")
+    chosen_heads = _choose(heads, n_heads, "head")
+    digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
+    limit = min(max_tokens, lm.max_positions or max_tokens)
+    return AtlasPlan(
+        model=model,
+        layers=tuple(chosen_layers),
+        heads=tuple(chosen_heads),
+        top_k=top_k,
+        sample_size=sample_size,
+        max_tokens=limit,
+        texts=len(texts),
+        corpus_sha256=digest,
+        source=source,
+        d_head=blocks[0].ours.d_head,
+        causal=bool(blocks[0].causal),
+        batch_tokens=int(batch_size) if batch_size else batch_tokens_for(lm),
+        shard_texts=shard_texts,
+    )
+
+
+def _choose(value: Sequence[int] | int | None, count: int, what: str) -> list[int]:
+    if value is None:
+        return list(range(count))
+    chosen = [value] if isinstance(value, int) else list(value)
+    bad = [v for v in chosen if not isinstance(v, int) or not 0 <= v < count]
+    if bad or not chosen:
+        raise InputError(
+            f"The model has {count} {what}s (0 to {count - 1}): {what}s={value!r} is not among "
+            "them."
+        )
+    return sorted(set(chosen))
+
+
+# --- one shard ---------------------------------------------------------------------------------
+
+
+def _encode(lm: LoadedModel, texts: list[str], limit: int) -> list[Encoded | None]:
+    """Each text tokenized (None for a blank one), cut to ``limit`` tokens where longer."""
+    out: list[Encoded | None] = [None] * len(texts)
+    todo = [i for i, t in enumerate(texts) if t.strip()]
+    done = encode_many(lm, [texts[i] for i in todo]) if todo else []
+    for i, value in zip(todo, done, strict=True):
+        if isinstance(value, Encoded) and value.inputs["input_ids"].shape[1] <= limit:
+            out[i] = value
+        else:  # over the model's or the atlas's limit: cut, and counted
+            try:
+                out[i] = encode(lm, texts[i], None, limit)
+            except InputError:
+                out[i] = None
+    return out
+
+
+def build_shard(lm: LoadedModel, plan: AtlasPlan, texts: list[str], shard: int) -> dict:
+    """The arrays of one shard of the corpus (text ids ``shard * plan.shard_texts`` on): its
+    summaries, its tokens, and per head and token the strongest key and the output z."""
+    first = shard * plan.shard_texts
+    chunk = texts[first : first + plan.shard_texts]
+    with lm.lock:
+        encoded = _encode(lm, chunk, plan.max_tokens)
+    lengths = np.array([0 if e is None else e.inputs["input_ids"].shape[1] for e in encoded])
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    n = int(lengths.sum())
+    hs = len(plan.labels)
+    token_ids = np.zeros(n, np.int32)
+    special = np.zeros(n, bool)
+    for i, e in enumerate(encoded):
+        if e is not None:
+            token_ids[starts[i] : starts[i] + lengths[i]] = e.inputs["input_ids"][0].numpy()
+            special[starts[i] : starts[i] + lengths[i]] = e.tokens.special
+    strongest_key = np.zeros((hs, n), np.uint16)
+    strongest_weight = np.zeros((hs, n), np.float16)
+    z = np.zeros((hs, n, plan.d_head), np.float16)
+    summaries = HeadSummaries(hs, plan.top_k, plan.sample_size)
+    usable = [i for i in range(len(chunk)) if encoded[i] is not None]
+    for batch in length_batches([int(lengths[i]) for i in usable], plan.batch_tokens):
+        rows = [usable[j] for j in batch]
+        _run_batch(
+            lm,
+            plan,
+            [encoded[i] for i in rows],
+            rows,
+            first,
+            starts,
+            summaries,
+            (strongest_key, strongest_weight, z),
+        )
+    truncated = [(first + i, e.truncated) for i, e in enumerate(encoded) if e and e.truncated]
+    return {
+        **summaries.arrays(),
+        "lengths": lengths.astype(np.int32),
+        "token_ids": token_ids,
+        "special": special,
+        "strongest_key": strongest_key,
+        "strongest_weight": strongest_weight,
+        "z": z,
+        "truncated": np.array(truncated, np.int64).reshape(-1, 2),
+    }
+
+
+def _run_batch(
+    lm: LoadedModel,
+    plan: AtlasPlan,
+    items: list[Encoded],
+    rows: list[int],
+    first: int,
+    starts: np.ndarray,
+    summaries: HeadSummaries,
+    per_token: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> None:
+    """One padded batch through our module: every selected layer's weights, value norms and
+    head outputs handed to the summaries as soon as the layer has computed them."""
+    strongest_key, strongest_weight, z_out = per_token
+    tokens = [e.tokens for e in items]
+    t = max(len(x) for x in tokens)
+    ids = torch.full((len(items), t), -1, dtype=torch.long)
+    special = torch.zeros(len(items), t, dtype=torch.bool)
+    punct = torch.zeros(len(items), t, dtype=torch.bool)
+    for b, (e, tok) in enumerate(zip(items, tokens, strict=True)):
+        m = len(tok)
+        ids[b, :m] = e.inputs["input_ids"][0]
+        special[b, :m] = torch.tensor(tok.special)
+        punct[b, :m] = torch.tensor(
+            [is_punctuation(s) and not sp for s, sp in zip(tok.strings, tok.special, strict=True)]
+        )
+    layout = BatchLayout(
+        text=np.array([first + r for r in rows], np.int64),
+        lengths=torch.tensor([len(x) for x in tokens]),
+        starts=starts[rows],
+        ids=ids,
+        special=special,
+        punctuation=punct,
+        causal=plan.causal,
+    )
+    sample = summaries.sample_candidates(layout)
+    sampled: dict[str, list[np.ndarray]] = {"weight": [], "norm": []}
+    heads = list(plan.heads)
+    token_index = layout.token_index.numpy()
+    seen: dict[int, dict[str, torch.Tensor]] = {}
+
+    def observer(layer: int) -> Callable[[str, torch.Tensor], None]:
+        def observe(name: str, tensor: torch.Tensor) -> None:
+            if name == "per-head V":
+                seen.setdefault(layer, {})["norms"] = value_norms(blocks[layer].ours, tensor)
+            elif name == "per-head context":
+                seen.setdefault(layer, {})["z"] = tensor
+
+        return observe
+
+    def sink(layer: int) -> Callable[[torch.Tensor], None]:
+        def take(weights: torch.Tensor) -> None:
+            got = seen.pop(layer)
+            first_head = plan.layers.index(layer) * len(heads)
+            w = weights[:, heads].float().cpu()
+            norms = got["norms"][:, heads].float().cpu()
+            keys, best = summaries.add_layer(first_head, layout, w, norms, sample, sampled)
+            span = slice(first_head, first_head + len(heads))
+            strongest_key[span, token_index] = keys.numpy().astype(np.uint16)
+            strongest_weight[span, token_index] = best.numpy().astype(np.float16)
+            ctx = got["z"][:, heads].float().cpu()  # [B, Hs, T, Dh]
+            z_out[span, token_index] = (
+                ctx[layout.rows, :, layout.cols].transpose(0, 1).numpy().astype(np.float16)
+            )
+
+        return take
+
+    with lm.lock, torch.inference_mode():
+        blocks = our_blocks(lm)
+        our_pass = OurPass(
+            need_weights=False,
+            sinks={layer: sink(layer) for layer in plan.layers},
+            observers={layer: observer(layer) for layer in plan.layers},
+        )
+        inputs = pad_inputs(lm, [e.inputs for e in items])
+        last = blocks[plan.layers[-1]]
+        handle = last.register_forward_hook(_stop)
+        try:
+            run_with_our_blocks(lm, blocks, our_pass, inputs)
+        except StopPass:
+            pass
+        finally:
+            handle.remove()
+    summaries.finish_batch(layout, sample, sampled)
+
+
+def _stop(*_args: Any) -> None:
+    raise StopPass
+
+
+# --- merging -----------------------------------------------------------------------------------
+
+
+def shard_path(out: Path, shard: int) -> Path:
+    return out / ".shards" / f"shard-{shard:05d}.npz"
+
+
+def save_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """``arrays`` as ``path`` (an ``.npz``), which appears whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, extra: dict) -> None:
+    """The shards' files merged into the atlas folder: token arrays in text order (head-major
+    per-token arrays, memory-mapped on reading), the summaries, the index, then the manifest."""
+    work = out / ".merge"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    lengths = []
+    for s in range(plan.shards):
+        with np.load(shard_path(out, s)) as f:
+            lengths.append(f["lengths"])
+    lengths_all = np.concatenate(lengths).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths_all)]).astype(np.int64)
+    n, hs = int(offsets[-1]), len(plan.labels)
+    if n == 0:
+        raise InputError("No text of the corpus has tokens for this model: nothing to index.")
+    mm = np.lib.format.open_memmap
+    token_ids = mm(work / "token_ids.npy", "w+", np.int32, (n,))
+    special = mm(work / "special.npy", "w+", bool, (n,))
+    key = mm(work / "strongest_key.npy", "w+", np.uint16, (hs, n))
+    weight = mm(work / "strongest_weight.npy", "w+", np.float16, (hs, n))
+    z = mm(work / "z.npy", "w+", np.float16, (hs, n, plan.d_head))
+    summaries: HeadSummaries | None = None
+    truncated = []
+    for s in range(plan.shards):
+        size = plan.shard_texts
+        a, b = offsets[s * size], offsets[min((s + 1) * size, plan.texts)]
+        with np.load(shard_path(out, s)) as f:
+            token_ids[a:b] = f["token_ids"]
+            special[a:b] = f["special"]
+            key[:, a:b] = f["strongest_key"]
+            weight[:, a:b] = f["strongest_weight"]
+            z[:, a:b] = f["z"]
+            truncated.append(f["truncated"])
+            part = HeadSummaries.from_arrays(dict(f))
+        summaries = part if summaries is None else summaries.merge(part)
+    assert summaries is not None
+    for array in (token_ids, special, key, weight, z):
+        array.flush()
+    del token_ids, special, key, weight, z
+    np.save(work / "text_offsets.npy", offsets)
+    np.savez(work / "heads.npz", **summaries.arrays())
+    cut = np.concatenate(truncated) if truncated else np.zeros((0, 2), np.int64)
+    vocab = _vocabulary(plan, np.load(work / "token_ids.npy", mmap_mode="r"))
+    (work / "vocab.json").write_text(json.dumps(vocab))
+    with open(work / "texts.jsonl", "w", encoding="utf-8") as f:
+        for text in texts:
+            f.write(json.dumps(text) + "\n")
+    index = build_index(np.load(work / "z.npy", mmap_mode="r"), work)
+    manifest = {
+        "kind": "mhsa-atlas",
+        "format": FORMAT,
+        "plan": plan.json(),
+        "heads": plan.labels,
+        "tokens": n,
+        "texts_with_tokens": int((lengths_all > 0).sum()),
+        "blank_texts": int((lengths_all == 0).sum()),
+        "truncated_texts": len(cut),
+        "truncated_tokens": int(cut[:, 1].sum()) if len(cut) else 0,
+        "index": index,
+        "build_seconds": round(seconds, 3),
+        "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "versions": _versions(),
+        **extra,
+    }
+    for p in work.iterdir():
+        os.replace(p, out / p.name)
+    tmp = out / ".manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, out / "manifest.json")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+_LM_CACHE: dict[str, Any] = {}
+
+
+def _vocabulary(plan: AtlasPlan, token_ids: np.ndarray) -> dict[str, str]:
+    """Every token id of the atlas with its string as ``mhsa.attend`` shows it."""
+    lm = get_model(plan.model)
+    ids = np.unique(np.asarray(token_ids)).tolist()
+    return dict(zip(map(str, ids), lm.tokenizer.convert_ids_to_tokens(ids), strict=True))
+
+
+def _versions() -> dict[str, str]:
+    import transformers
+
+    from mhsa.deprecation import REMOVED_IN
+
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": np.__version__,
+        "mhsa_removes": REMOVED_IN,
+    }

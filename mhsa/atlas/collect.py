@@ -1,0 +1,422 @@
+"""What a head does over a corpus, gathered batch by batch: the per-head summaries of an atlas
+(``mhsa.atlas.build`` runs the batches; ``mhsa.atlas.reader`` reads the result).
+
+Every summary is *mergeable*: a shard of the corpus gives the same kind of summary as the whole,
+and merging shards in any order gives the whole's (top lists are kept with a total order, the
+random sample is a bottom-m sketch of a hash of the pair, the rest are sums). That is what makes
+a build resumable and the same on Ray.
+
+Per head, over every (text, query, key) pair a query may attend to (padding and, for causal
+models, later keys left out):
+
+- the ``top_k`` pairs by attention weight, and by norm ``alpha_ij * ||f_h(x_j)||`` (Kobayashi et
+  al. 2020, "Attention is Not Only a Weight", as ``attend(norms=True)`` computes it; OpenAI's
+  Transformer Debugger ranks a head's pairs by the same "attention write norm"), ties broken by
+  (text, query, key). Pairs whose query may attend to one key only (a causal model's first
+  token: weight 1 by construction) are left out of the lists, the sample and the weight
+  histogram;
+- a uniform random sample: the ``sample_size`` pairs with the smallest hash of (text, query,
+  key), the same pairs for every head;
+- histograms: of the weight (20 bins of 0.05), of the attention mass by offset ``key - query``
+  (clipped to +-``MAX_OFFSET``), and the mass on keys of each kind (first, special,
+  punctuation, previous token, the query itself);
+- sums for the head's corpus-wide scores: entropy and distance per query, and TransformerLens's
+  detection scores ("mul": attention on the pattern / total attention, per text;
+  ``transformer_lens/head_detector.py``) for previous-token, duplicate-token and induction heads.
+
+Per corpus token and head: the strongest key (its position and weight: what ``Atlas.search``
+reads) and the head's output ``z`` at that token (TransformerLens's ``hook_z``: the weighted sum
+of the values, before ``W_O``; what ``Atlas.similar`` compares, as exBERT does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+__all__ = [
+    "DETECTORS",
+    "KEY_KINDS",
+    "MAX_OFFSET",
+    "WEIGHT_BINS",
+    "BatchLayout",
+    "HeadSummaries",
+    "TopList",
+    "pair_hash",
+]
+
+#: weight histogram bins: [0, 0.05), [0.05, 0.1) ... [0.95, 1]
+WEIGHT_BINS = 20
+#: offsets ``key - query`` beyond this are counted at the edge bins
+MAX_OFFSET = 64
+#: the kinds of key whose attention mass a head keeps (not exclusive)
+KEY_KINDS = ("first", "special", "punctuation", "previous", "self")
+#: TransformerLens's detection patterns the atlas scores
+DETECTORS = ("previous token", "duplicate token", "induction")
+
+_MASK64 = (1 << 64) - 1
+
+
+def pair_hash(text: np.ndarray, query: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each (text, query, key) (splitmix64's finaliser): the random order of
+    the uniform sample, the same in every process and shard."""
+    x = (text.astype(np.uint64) << np.uint64(32)) | (query.astype(np.uint64) << np.uint64(16))
+    x = x | key.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+@dataclass
+class TopList:
+    """The best pairs of each head by one value, in a total order (value descending, then text,
+    query, key ascending). Arrays ``[heads, k]``; unused slots have value -inf and text -1."""
+
+    value: np.ndarray
+    text: np.ndarray
+    query: np.ndarray
+    key: np.ndarray
+    weight: np.ndarray
+    norm: np.ndarray
+
+    @classmethod
+    def empty(cls, heads: int, k: int) -> TopList:
+        return cls(
+            np.full((heads, k), -np.inf, np.float32),
+            np.full((heads, k), -1, np.int64),
+            np.zeros((heads, k), np.int32),
+            np.zeros((heads, k), np.int32),
+            np.zeros((heads, k), np.float32),
+            np.zeros((heads, k), np.float32),
+        )
+
+    def offer(self, head: int, cand: dict[str, np.ndarray]) -> None:
+        """Merge candidate pairs (arrays ``value, text, query, key, weight, norm``) into
+        ``head``'s list."""
+        k = self.value.shape[1]
+        cols = ("value", "text", "query", "key", "weight", "norm")
+        merged = {c: np.concatenate([getattr(self, c)[head], cand[c]]) for c in cols}
+        real = merged["text"] >= 0
+        merged = {c: v[real] for c, v in merged.items()}
+        order = np.lexsort((merged["key"], merged["query"], merged["text"], -merged["value"]))
+        order = order[:k]
+        for c in cols:
+            row = getattr(self, c)[head]
+            row[: len(order)] = merged[c][order]
+            if c == "value":
+                row[len(order) :] = -np.inf
+            elif c == "text":
+                row[len(order) :] = -1
+
+    def merge(self, other: TopList) -> TopList:
+        for h in range(self.value.shape[0]):
+            self.offer(
+                h,
+                {
+                    c: getattr(other, c)[h]
+                    for c in ("value", "text", "query", "key", "weight", "norm")
+                },
+            )
+        return self
+
+
+@dataclass
+class BatchLayout:
+    """One padded batch as the collector needs it: per row its text id, its length, where its
+    tokens go in the shard's token arrays, and per position its token id and kind."""
+
+    text: np.ndarray  # [B] text ids
+    lengths: torch.Tensor  # [B]
+    starts: np.ndarray  # [B] offset of the row's first token in the shard's token arrays
+    ids: torch.Tensor  # [B, T] token ids (padding: -1)
+    special: torch.Tensor  # [B, T] bool
+    punctuation: torch.Tensor  # [B, T] bool
+    causal: bool
+
+    def __post_init__(self) -> None:
+        t = self.ids.shape[1]
+        pos = torch.arange(t)
+        self.valid_query = pos[None, :] < self.lengths[:, None]  # [B, T]
+        pair = self.valid_query[:, :, None] & self.valid_query[:, None, :]
+        if self.causal:
+            pair = pair & torch.ones(t, t, dtype=torch.bool).tril()
+        self.valid_pair = pair  # [B, T, T]
+        choices = pair.sum(-1)  # keys each query may attend to
+        self.ranked_pair = pair & (choices > 1)[:, :, None]  # [B, T, T]
+        self.offset = pos[None, :] - pos[:, None]  # [T, T]: key - query
+        same = (self.ids[:, :, None] == self.ids[:, None, :]) & pair
+        below = torch.ones(t, t, dtype=torch.bool).tril(-1)
+        duplicate = same & below
+        induction = torch.zeros_like(duplicate)
+        induction[:, :, 1:] = duplicate[:, :, :-1]
+        induction &= torch.ones(t, t, dtype=torch.bool).tril()
+        previous = (self.offset == -1)[None] & pair
+        self.patterns = [p.float() for p in (previous, duplicate, induction)]  # as DETECTORS
+        # the token arrays' index of every valid (row, position)
+        rows, cols = self.valid_query.nonzero(as_tuple=True)
+        self.rows, self.cols = rows, cols
+        self.token_index = torch.from_numpy(self.starts)[rows] + cols
+
+
+@dataclass
+class HeadSummaries:
+    """The mergeable per-head summaries of ``heads`` heads (see the module docstring)."""
+
+    heads: int
+    top_k: int
+    sample_size: int
+    by_weight: TopList = field(init=False)
+    by_norm: TopList = field(init=False)
+    sample_hash: np.ndarray = field(init=False)  # [m] uint64, ascending
+    sample_text: np.ndarray = field(init=False)
+    sample_query: np.ndarray = field(init=False)
+    sample_key: np.ndarray = field(init=False)
+    sample_weight: np.ndarray = field(init=False)  # [m, heads]
+    sample_norm: np.ndarray = field(init=False)
+    weight_hist: np.ndarray = field(init=False)  # [heads, WEIGHT_BINS] pairs
+    offset_mass: np.ndarray = field(init=False)  # [heads, 2 MAX_OFFSET + 1]
+    kind_mass: np.ndarray = field(init=False)  # [heads, len(KEY_KINDS)]
+    entropy: np.ndarray = field(init=False)  # [heads] summed over queries
+    distance: np.ndarray = field(init=False)  # [heads] summed over queries
+    detection: np.ndarray = field(init=False)  # [heads, len(DETECTORS)] summed over texts
+    queries: int = 0
+    texts: int = 0
+
+    def __post_init__(self) -> None:
+        h = self.heads
+        self.by_weight = TopList.empty(h, self.top_k)
+        self.by_norm = TopList.empty(h, self.top_k)
+        self.sample_hash = np.zeros(0, np.uint64)
+        self.sample_text = np.zeros(0, np.int64)
+        self.sample_query = np.zeros(0, np.int32)
+        self.sample_key = np.zeros(0, np.int32)
+        self.sample_weight = np.zeros((0, h), np.float32)
+        self.sample_norm = np.zeros((0, h), np.float32)
+        self.weight_hist = np.zeros((h, WEIGHT_BINS), np.int64)
+        self.offset_mass = np.zeros((h, 2 * MAX_OFFSET + 1), np.float64)
+        self.kind_mass = np.zeros((h, len(KEY_KINDS)), np.float64)
+        self.entropy = np.zeros(h, np.float64)
+        self.distance = np.zeros(h, np.float64)
+        self.detection = np.zeros((h, len(DETECTORS)), np.float64)
+
+    # --- one batch ---------------------------------------------------------------------------
+
+    def sample_candidates(self, layout: BatchLayout) -> tuple[torch.Tensor, ...]:
+        """The batch's pairs that may enter the sample (its ``sample_size`` smallest hashes):
+        ``(rows, queries, keys, hashes)``."""
+        rows, queries, keys = layout.ranked_pair.nonzero(as_tuple=True)
+        text = layout.text[rows.numpy()]
+        hashes = pair_hash(text, queries.numpy(), keys.numpy())
+        if len(hashes) > self.sample_size:
+            keep = np.argpartition(hashes, self.sample_size - 1)[: self.sample_size]
+            keep = torch.from_numpy(np.sort(keep))
+            rows, queries, keys, hashes = rows[keep], queries[keep], keys[keep], hashes[keep]
+        return rows, queries, keys, torch.from_numpy(hashes.view(np.int64))
+
+    def add_layer(
+        self,
+        first_head: int,
+        layout: BatchLayout,
+        weights: torch.Tensor,
+        value_norms: torch.Tensor,
+        sample: tuple[torch.Tensor, ...],
+        sampled: dict[str, list[np.ndarray]],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add one layer's selected heads of a batch: ``weights [B, Hs, T, T]`` (float32 on the
+        CPU), ``value_norms [B, Hs, T]``; the summaries of head ``first_head + i`` get head i.
+        The sample's pairs' values go to ``sampled`` (merged once the batch is done). Returns
+        the strongest key of every valid (row, position) per head, ``(keys, weights)`` as
+        ``[Hs, tokens]``."""
+        hs = weights.shape[1]
+        w = weights.masked_fill(~layout.valid_pair[:, None], 0.0)
+        norms = w * value_norms[:, :, None, :]
+        ranked = layout.ranked_pair[:, None].expand_as(w)
+        text_of_row = torch.from_numpy(layout.text)
+        for i in range(hs):
+            for top, values in ((self.by_weight, w[:, i]), (self.by_norm, norms[:, i])):
+                cand = _top_candidates(values, layout.ranked_pair, self.top_k)
+                rows, q, k = cand
+                top.offer(
+                    first_head + i,
+                    {
+                        "value": values[rows, q, k].numpy(),
+                        "text": text_of_row[rows].numpy(),
+                        "query": q.numpy().astype(np.int32),
+                        "key": k.numpy().astype(np.int32),
+                        "weight": w[rows, i, q, k].numpy(),
+                        "norm": norms[rows, i, q, k].numpy(),
+                    },
+                )
+        s_rows, s_q, s_k, _ = sample
+        sampled["weight"].append(w[s_rows, :, s_q, s_k].numpy())
+        sampled["norm"].append(norms[s_rows, :, s_q, s_k].numpy())
+        heads = slice(first_head, first_head + hs)
+        # weight histogram over the ranked pairs
+        bins = (w * WEIGHT_BINS).long().clamp_(0, WEIGHT_BINS - 1)
+        bins = bins + (torch.arange(hs) * WEIGHT_BINS)[None, :, None, None]
+        self.weight_hist[heads] += (
+            torch.bincount(bins[ranked], minlength=hs * WEIGHT_BINS).view(hs, -1).numpy()
+        )
+        # attention mass by offset
+        span = 2 * MAX_OFFSET + 1
+        off = layout.offset.clamp(-MAX_OFFSET, MAX_OFFSET) + MAX_OFFSET  # [T, T]
+        idx = off[None, None] + (torch.arange(hs) * span)[None, :, None, None]
+        valid = layout.valid_pair[:, None].expand_as(w)
+        mass = torch.bincount(
+            idx.expand_as(w)[valid], weights=w[valid].double(), minlength=hs * span
+        )
+        self.offset_mass[heads] += mass.view(hs, span).numpy()
+        # mass on kinds of key, entropy and distance per query
+        q_ok = layout.valid_query[:, None, :].float()  # [B, 1, T]
+        eye = layout.offset == 0
+        prev = layout.offset == -1  # (i, i - 1)
+        kinds = [
+            w[..., 0],
+            (w * layout.special[:, None, None, :]).sum(-1),
+            (w * layout.punctuation[:, None, None, :]).sum(-1),
+            (w * prev).sum(-1),
+            (w * eye).sum(-1),
+        ]
+        for j, per_query in enumerate(kinds):
+            self.kind_mass[heads, j] += (per_query * q_ok).sum((0, 2)).double().numpy()
+        logs = torch.where(w > 0, w.clamp_min(1e-30).log(), torch.zeros_like(w))
+        self.entropy[heads] += (-(w * logs).sum(-1) * q_ok).sum((0, 2)).double().numpy()
+        dist = (w * layout.offset.abs()[None, None].float()).sum(-1)
+        self.distance[heads] += (dist * q_ok).sum((0, 2)).double().numpy()
+        # TransformerLens's detection scores, one per text, summed
+        n = layout.lengths.float()[:, None]  # total attention of a text: one per query
+        for j, pattern in enumerate(layout.patterns):
+            per_text = (w * pattern[:, None]).sum((2, 3)) / n  # [B, Hs]
+            self.detection[heads, j] += per_text.sum(0).double().numpy()
+        # strongest key of every valid query
+        best_w, best_k = w.max(-1)  # [B, Hs, T]
+        rows, cols = layout.rows, layout.cols
+        return best_k[rows, :, cols].T.contiguous(), best_w[rows, :, cols].T.contiguous()
+
+    def finish_batch(
+        self, layout: BatchLayout, sample: tuple[torch.Tensor, ...], sampled: dict
+    ) -> None:
+        """After every layer of a batch: its queries and texts counted, its sample merged."""
+        self.queries += int(layout.valid_query.sum())
+        self.texts += len(layout.text)
+        rows, q, k, hashes = sample
+        if not len(rows):
+            return
+        self._merge_sample(
+            hashes.numpy().view(np.uint64),
+            layout.text[rows.numpy()],
+            q.numpy().astype(np.int32),
+            k.numpy().astype(np.int32),
+            np.concatenate(sampled["weight"], axis=1),
+            np.concatenate(sampled["norm"], axis=1),
+        )
+
+    def _merge_sample(self, hashes, text, query, key, weight, norm) -> None:
+        hashes = np.concatenate([self.sample_hash, hashes])
+        order = np.argsort(hashes, kind="stable")[: self.sample_size]
+        self.sample_hash = hashes[order]
+        self.sample_text = np.concatenate([self.sample_text, text])[order]
+        self.sample_query = np.concatenate([self.sample_query, query])[order]
+        self.sample_key = np.concatenate([self.sample_key, key])[order]
+        self.sample_weight = np.concatenate([self.sample_weight, weight])[order]
+        self.sample_norm = np.concatenate([self.sample_norm, norm])[order]
+
+    # --- shards ------------------------------------------------------------------------------
+
+    def merge(self, other: HeadSummaries) -> HeadSummaries:
+        """Add another shard's summaries (any order gives the same result)."""
+        self.by_weight.merge(other.by_weight)
+        self.by_norm.merge(other.by_norm)
+        self._merge_sample(
+            other.sample_hash,
+            other.sample_text,
+            other.sample_query,
+            other.sample_key,
+            other.sample_weight,
+            other.sample_norm,
+        )
+        for name in ("weight_hist", "offset_mass", "kind_mass", "entropy", "distance", "detection"):
+            getattr(self, name).__iadd__(getattr(other, name))
+        self.queries += other.queries
+        self.texts += other.texts
+        return self
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Everything as named arrays (an ``.npz``'s contents)."""
+        out = {
+            "top_k": np.array(self.top_k),
+            "sample_size": np.array(self.sample_size),
+            "queries": np.array(self.queries),
+            "texts": np.array(self.texts),
+        }
+        for prefix, top in (("by_weight", self.by_weight), ("by_norm", self.by_norm)):
+            for c in ("value", "text", "query", "key", "weight", "norm"):
+                out[f"{prefix}_{c}"] = getattr(top, c)
+        for name in (
+            "sample_hash",
+            "sample_text",
+            "sample_query",
+            "sample_key",
+            "sample_weight",
+            "sample_norm",
+            "weight_hist",
+            "offset_mass",
+            "kind_mass",
+            "entropy",
+            "distance",
+            "detection",
+        ):
+            out[name] = getattr(self, name)
+        return out
+
+    @classmethod
+    def from_arrays(cls, a: dict[str, np.ndarray]) -> HeadSummaries:
+        heads = a["by_weight_value"].shape[0]
+        out = cls(heads, int(a["top_k"]), int(a["sample_size"]))
+        out.queries, out.texts = int(a["queries"]), int(a["texts"])
+        for prefix in ("by_weight", "by_norm"):
+            setattr(
+                out,
+                prefix,
+                TopList(
+                    *(
+                        a[f"{prefix}_{c}"]
+                        for c in ("value", "text", "query", "key", "weight", "norm")
+                    )
+                ),
+            )
+        for name in (
+            "sample_hash",
+            "sample_text",
+            "sample_query",
+            "sample_key",
+            "sample_weight",
+            "sample_norm",
+            "weight_hist",
+            "offset_mass",
+            "kind_mass",
+            "entropy",
+            "distance",
+            "detection",
+        ):
+            setattr(out, name, np.array(a[name]))
+        return out
+
+
+def _top_candidates(
+    values: torch.Tensor, allowed: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(rows, queries, keys)`` of the allowed pairs whose value is at least the ``k``-th
+    largest (ties at the edge all included, so that the total order decides)."""
+    flat = values.masked_fill(~allowed, -torch.inf).reshape(-1)
+    count = int(allowed.sum())
+    if count == 0:
+        empty = torch.zeros(0, dtype=torch.long)
+        return empty, empty, empty
+    edge = torch.topk(flat, min(k, count)).values[-1]
+    chosen = (values >= edge) & allowed
+    return chosen.nonzero(as_tuple=True)

@@ -1,0 +1,376 @@
+"""Reading a head atlas: a head's top examples, samples, histograms and corpus-wide scores,
+search by token and offset, and similar contexts (``open_atlas``)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from mhsa.atlas.build import FORMAT
+from mhsa.atlas.collect import DETECTORS, KEY_KINDS, MAX_OFFSET, WEIGHT_BINS
+from mhsa.atlas.index import exact_neighbours, rows_of, search_index
+from mhsa.errors import InputError
+
+__all__ = ["WINDOW", "Atlas", "open_atlas"]
+
+#: tokens shown on each side of an example's query and key
+WINDOW = 6
+EXAMPLE_COLUMNS = ["text_id", "query", "key", "query_token", "key_token", "weight", "norm", "text"]
+
+
+def open_atlas(out: str | Path) -> Atlas:
+    """The atlas in folder ``out``.
+
+    Raises:
+        InputError: no such folder, a folder that is not a (finished) atlas, or one written by
+            a newer version.
+    """
+    folder = Path(out)
+    manifest_path = folder / "manifest.json"
+    if not manifest_path.is_file():
+        more = (
+            " (a build is under way or was stopped: build again to resume)"
+            if (folder / ".shards").is_dir()
+            else ""
+        )
+        raise InputError(f"{str(folder)!r} is not an atlas: it has no manifest.json{more}.")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        kind, version = manifest["kind"], int(manifest["format"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise InputError(f"The atlas manifest in {str(folder)!r} is unreadable ({e}).") from e
+    if kind != "mhsa-atlas":
+        raise InputError(f"{str(folder)!r} holds a {kind!r}, not an atlas.")
+    if version > FORMAT:
+        raise InputError(
+            f"The atlas in {str(folder)!r} was written by a newer MHSA Explorer (format "
+            f"{version}; this one reads up to {FORMAT}): upgrade, or build it again."
+        )
+    return Atlas(folder, manifest)
+
+
+class Atlas:
+    """A built atlas (see ``mhsa.atlas``): every method reads memory-mapped arrays, so opening
+    one costs little whatever the corpus's size."""
+
+    def __init__(self, folder: Path, manifest: dict[str, Any]) -> None:
+        self.folder = folder
+        self.manifest = manifest
+        self.labels: list[str] = list(manifest["heads"])
+        self._head_index = {label: i for i, label in enumerate(self.labels)}
+        load = functools.partial(np.load, mmap_mode="r")
+        self.token_ids = load(folder / "token_ids.npy")
+        self.special = load(folder / "special.npy")
+        self.offsets = np.load(folder / "text_offsets.npy")
+        self.strongest_key = load(folder / "strongest_key.npy")
+        self.strongest_weight = load(folder / "strongest_weight.npy")
+        self.z = load(folder / "z.npy")
+        with np.load(folder / "heads.npz") as f:
+            self.summaries = {k: f[k] for k in f.files}
+        vocab = json.loads((folder / "vocab.json").read_text())
+        self.vocab = {int(k): v for k, v in vocab.items()}
+        self._ids_of = {}
+        for i, token in self.vocab.items():
+            self._ids_of.setdefault(token, []).append(i)
+
+    def __repr__(self) -> str:
+        plan = self.manifest["plan"]
+        return (
+            f"Atlas({plan['model']!r}, {len(self.labels)} heads, {self.tokens} tokens of "
+            f"{plan['texts']} texts)"
+        )
+
+    @property
+    def tokens(self) -> int:
+        return int(self.manifest["tokens"])
+
+    @property
+    def model(self) -> str:
+        return str(self.manifest["plan"]["model"])
+
+    @functools.cached_property
+    def _texts(self) -> list[str]:
+        with open(self.folder / "texts.jsonl", encoding="utf-8") as f:
+            return [json.loads(line) for line in f]
+
+    def text(self, text_id: int) -> str:
+        """The corpus's text ``text_id`` as it was read."""
+        self._check_text(text_id)
+        return self._texts[text_id]
+
+    def text_tokens(self, text_id: int) -> list[str]:
+        """Text ``text_id``'s tokens, as ``mhsa.attend`` shows them."""
+        self._check_text(text_id)
+        a, b = self.offsets[text_id], self.offsets[text_id + 1]
+        return [self.vocab[int(i)] for i in self.token_ids[a:b]]
+
+    def head(self, head: str) -> int:
+        """The atlas's index of a head label (``"L3H4"``).
+
+        Raises:
+            InputError: the atlas has no such head.
+        """
+        if head not in self._head_index:
+            shown = ", ".join(self.labels[:4]) + (" ..." if len(self.labels) > 4 else "")
+            raise InputError(
+                f"The atlas has no head {head!r}: its heads are {shown} "
+                f"({len(self.labels)} in all), written as L<layer>H<head>."
+            )
+        return self._head_index[head]
+
+    # --- examples --------------------------------------------------------------------------
+
+    def top(self, head: str, k: int = 10, by: str = "weight") -> pd.DataFrame:
+        """The head's ``k`` strongest (text, query, key) pairs of the corpus by attention
+        ``"weight"`` or by ``"norm"`` (``weight * ||f(x_key)||``, Kobayashi et al. 2020),
+        strongest first; ``text`` is a window of the text with the query and key marked."""
+        if by not in ("weight", "norm"):
+            raise InputError(f"by must be 'weight' or 'norm', got {by!r}.")
+        i = self.head(head)
+        k = self._check_k(k, int(self.summaries["top_k"]))
+        s = self.summaries
+        cols = {c: s[f"by_{by}_{c}"][i] for c in ("text", "query", "key", "weight", "norm")}
+        real = cols["text"] >= 0
+        frame = pd.DataFrame({c: v[real][:k] for c, v in cols.items()})
+        return self._examples(frame)
+
+    def sample(self, head: str, k: int = 10, decile: int | None = None) -> pd.DataFrame:
+        """``k`` pairs of the corpus drawn uniformly at random (the same pairs for every head),
+        or from one ``decile`` (0-9) of the head's weight distribution over all pairs (estimated
+        from the uniform sample), in the sample's order."""
+        i = self.head(head)
+        s = self.summaries
+        weights = s["sample_weight"][:, i]
+        chosen = np.arange(len(weights))
+        if decile is not None:
+            if not isinstance(decile, int) or not 0 <= decile <= 9:
+                raise InputError(f"decile must be a whole number from 0 to 9, got {decile!r}.")
+            edges = np.quantile(weights, np.linspace(0, 1, 11)) if len(weights) else np.zeros(11)
+            upper = weights <= edges[decile + 1] if decile < 9 else np.ones_like(weights, bool)
+            chosen = np.flatnonzero((weights >= edges[decile]) & upper)
+        chosen = chosen[: self._check_k(k, len(weights))]
+        frame = pd.DataFrame(
+            {
+                "text": s["sample_text"][chosen],
+                "query": s["sample_query"][chosen],
+                "key": s["sample_key"][chosen],
+                "weight": weights[chosen],
+                "norm": s["sample_norm"][chosen, i],
+            }
+        )
+        return self._examples(frame)
+
+    def _examples(self, frame: pd.DataFrame) -> pd.DataFrame:
+        rows = []
+        for text_id, q, k in zip(frame["text"], frame["query"], frame["key"], strict=True):
+            tokens = self.text_tokens(int(text_id))
+            rows.append((self._window(tokens, int(q), int(k)), tokens[q], tokens[k]))
+        out = pd.DataFrame(
+            {
+                "text_id": frame["text"].astype(np.int64),
+                "query": frame["query"].astype(np.int64),
+                "key": frame["key"].astype(np.int64),
+                "query_token": [r[1] for r in rows],
+                "key_token": [r[2] for r in rows],
+                "weight": frame["weight"].astype(np.float64),
+                "norm": frame["norm"].astype(np.float64),
+                "text": [r[0] for r in rows],
+            }
+        )
+        return out[EXAMPLE_COLUMNS]
+
+    @staticmethod
+    def _window(tokens: list[str], q: int, k: int) -> str:
+        """The tokens around query and key, the query in [[ ]] and the key in << >> (both
+        when they are the same token)."""
+        a, b = max(0, min(q, k) - WINDOW), min(len(tokens), max(q, k) + WINDOW + 1)
+        shown = []
+        for j in range(a, b):
+            t = tokens[j]
+            if j == q and j == k:
+                t = f"[[<<{t}>>]]"
+            elif j == q:
+                t = f"[[{t}]]"
+            elif j == k:
+                t = f"<<{t}>>"
+            shown.append(t)
+        return ("... " if a else "") + " ".join(shown) + (" ..." if b < len(tokens) else "")
+
+    # --- the head over the corpus ----------------------------------------------------------
+
+    def summary(self, head: str) -> dict[str, Any]:
+        """The head's histograms (weight: pairs per bin of 0.05; offset ``key - query``:
+        attention mass, edges clipped at +-64; key kinds: share of the attention) and its
+        corpus-wide scores (see ``heads``)."""
+        i = self.head(head)
+        s = self.summaries
+        offsets = np.arange(-MAX_OFFSET, MAX_OFFSET + 1)
+        mass = s["offset_mass"][i]
+        return {
+            "head": head,
+            **self.heads().loc[head].to_dict(),
+            "weight_histogram": pd.Series(
+                s["weight_hist"][i],
+                index=np.round(np.arange(WEIGHT_BINS) / WEIGHT_BINS, 2),
+                name="pairs",
+            ),
+            "offset_histogram": pd.Series(
+                mass / max(mass.sum(), 1e-12), index=offsets, name="share"
+            ),
+            "key_kinds": pd.Series(
+                s["kind_mass"][i] / max(int(s["queries"]), 1), index=list(KEY_KINDS), name="share"
+            ),
+        }
+
+    @functools.cache  # noqa: B019  (one atlas object per folder; a small frame)
+    def heads(self) -> pd.DataFrame:
+        """Per head over the corpus: mean entropy of a query's attention (nats), mean distance
+        ``|query - key|`` weighted by attention, the share of attention on the first token, the
+        previous token, special tokens, and TransformerLens's detection scores (``detect_head``,
+        "mul", averaged over texts) for previous-token, duplicate-token and induction heads."""
+        s = self.summaries
+        queries, texts = max(int(s["queries"]), 1), max(int(s["texts"]), 1)
+        kinds = s["kind_mass"] / queries
+        frame = pd.DataFrame(
+            {
+                "entropy": s["entropy"] / queries,
+                "distance": s["distance"] / queries,
+                "first": kinds[:, KEY_KINDS.index("first")],
+                "previous": kinds[:, KEY_KINDS.index("previous")],
+                "special": kinds[:, KEY_KINDS.index("special")],
+                **{f"{d} score": s["detection"][:, j] / texts for j, d in enumerate(DETECTORS)},
+            },
+            index=pd.Index(self.labels, name="head"),
+        )
+        return frame
+
+    # --- search ----------------------------------------------------------------------------
+
+    def token_ids_of(self, token: str, what: str = "token") -> list[int]:
+        """The ids of a token string as ``mhsa.attend`` shows it (``"the"``, ``"##ing"``,
+        ``"Ġcat"``), among the atlas's tokens.
+
+        Raises:
+            InputError: no token of the corpus is written so.
+        """
+        if not isinstance(token, str) or token not in self._ids_of:
+            raise InputError(
+                f"No {what} {token!r} in this atlas's corpus: write a token as the model's "
+                "tokenizer shows it (as in the Heads page's axis), e.g. 'the' or '##ing'."
+            )
+        return self._ids_of[token]
+
+    def search(
+        self,
+        head: str,
+        query_token: str | None = None,
+        key_token: str | None = None,
+        offset: int | None = None,
+        k: int | None = 20,
+    ) -> pd.DataFrame:
+        """Every corpus token (the query) whose strongest key under ``head`` matches: the
+        query is ``query_token``, the strongest key is ``key_token`` and lies at ``offset``
+        (``key - query``: -1 is the token before); any left None is not checked. Strongest
+        first (ties by corpus order); ``k`` rows (None: all). Exact."""
+        i = self.head(head)
+        if k is not None:
+            k = self._check_k(k, self.tokens)
+        if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int)):
+            raise InputError(f"offset must be a whole number (key - query), got {offset!r}.")
+        if query_token is not None:
+            candidates = np.flatnonzero(
+                np.isin(self.token_ids, self.token_ids_of(query_token, "query token"))
+            )
+        else:
+            candidates = np.arange(self.tokens)
+        text = np.searchsorted(self.offsets, candidates, side="right") - 1
+        query = candidates - self.offsets[text]
+        key = self.strongest_key[i][candidates].astype(np.int64)
+        keep = np.ones(len(candidates), bool)
+        if key_token is not None:
+            wanted = self.token_ids_of(key_token, "key token")
+            keep &= np.isin(self.token_ids[self.offsets[text] + key], wanted)
+        if offset is not None:
+            keep &= (key - query) == offset
+        candidates, text, query, key = candidates[keep], text[keep], query[keep], key[keep]
+        weight = self.strongest_weight[i][candidates].astype(np.float32)
+        order = np.lexsort((candidates, -weight))[:k]
+        frame = pd.DataFrame(
+            {
+                "text": text[order],
+                "query": query[order],
+                "key": key[order],
+                "weight": weight[order],
+                "norm": np.nan,
+            }
+        )
+        return self._examples(frame).drop(columns="norm")
+
+    def similar(
+        self, text_id: int, position: int, head: str | list[str] | None = None, k: int | None = 10
+    ) -> pd.DataFrame:
+        """The corpus tokens whose head output z is nearest (cosine) the token at ``position``
+        of text ``text_id``: under ``head``, the heads of a list, or every head at once
+        (None: exBERT's concatenation, from the approximate index); the token itself left
+        out."""
+        self._check_text(text_id)
+        a, b = int(self.offsets[text_id]), int(self.offsets[text_id + 1])
+        if not isinstance(position, int) or not 0 <= position < b - a:
+            raise InputError(
+                f"Text {text_id} has {b - a} tokens: position must be from 0 to {b - a - 1}, "
+                f"got {position!r}."
+            )
+        token = a + position
+        heads = (
+            None
+            if head is None
+            else [self.head(h) for h in ([head] if isinstance(head, str) else head)]
+        )
+        if k is not None:
+            k = self._check_k(k, self.tokens)
+        query = rows_of(self.z, np.array([token]), heads)[0]
+        if heads is None and k is not None:
+            found, sims = search_index(self._index, self.z, query, k + 1)
+            keep = found != token
+            found, sims = found[keep][:k], sims[keep][:k]
+        else:
+            found, sims = exact_neighbours(self.z, heads, query, k, token)
+        text = np.searchsorted(self.offsets, found, side="right") - 1
+        return pd.DataFrame(
+            {
+                "text_id": text.astype(np.int64),
+                "position": (found - self.offsets[text]).astype(np.int64),
+                "token": [self.vocab[int(i)] for i in self.token_ids[found]],
+                "similarity": sims.astype(np.float64),
+            }
+        )
+
+    @functools.cached_property
+    def _index(self) -> Any:
+        import faiss
+
+        return faiss.read_index(str(self.folder / "index.faiss"))
+
+    # --- checks ----------------------------------------------------------------------------
+
+    def _check_text(self, text_id: object) -> None:
+        texts = len(self.offsets) - 1
+        if (
+            isinstance(text_id, bool)
+            or not isinstance(text_id, int | np.integer)
+            or not (0 <= int(text_id) < texts)
+        ):
+            raise InputError(
+                f"text_id must be a text of the corpus, 0 to {texts - 1}, got {text_id!r}."
+            )
+
+    @staticmethod
+    def _check_k(k: object, most: int) -> int:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InputError(f"k must be a whole number of at least 1, got {k!r}.")
+        return min(k, max(most, 1))

@@ -1,0 +1,205 @@
+"""``build_atlas``: plan, run the shards here or on Ray (resuming from those already written),
+merge. A lock file keeps two builders of one folder apart: the second waits, then reuses."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mhsa.atlas.build import (
+    SAMPLE_SIZE,
+    SHARD_TEXTS,
+    AtlasPlan,
+    build_shard,
+    merge_shards,
+    plan_atlas,
+    read_texts,
+    save_atomic,
+    shard_path,
+)
+from mhsa.atlas.reader import Atlas, open_atlas
+from mhsa.engine.models import get_model
+from mhsa.errors import InputError
+
+__all__ = ["build_atlas"]
+
+Progress = Callable[[int, int, int], None]  # (texts done, texts, tokens done)
+
+
+def build_atlas(
+    corpus: str | Path | Sequence[str],
+    out: str | Path,
+    *,
+    model: str = "default",
+    top_k: int = 32,
+    batch_size: int | None = None,
+    layers: Sequence[int] | int | None = None,
+    heads: Sequence[int] | int | None = None,
+    progress: bool | Progress = True,
+    resume: bool = True,
+    ray: bool = False,
+    workers: int = 2,
+    sample_size: int = SAMPLE_SIZE,
+    shard_texts: int = SHARD_TEXTS,
+) -> Atlas:
+    """Build the head atlas of ``model`` over ``corpus`` into the folder ``out``.
+
+    Args:
+        corpus: a text file (one text a line; ``text_id`` is the line's 0-based number) or a
+            list of strings.
+        out: the atlas's folder (created; an atlas already there for the same model, corpus and
+            settings is reused).
+        model: a model name as everywhere (``"default"``, ``"toy:induction"``, a folder...).
+        top_k: pairs kept per head by weight and by norm.
+        batch_size: padded tokens per forward pass (None: by device).
+        layers, heads: build part of a large model (None: all).
+        progress: a bar on stderr (True), none (False), or ``progress(texts_done, texts,
+            tokens_done)``.
+        resume: continue a stopped build from its written shards (False: start over).
+        ray: compute the shards on Ray (``workers`` actors; a local instance unless Ray is
+            already connected) with the same result.
+        sample_size: pairs of the uniform sample (the same pairs for every head).
+        shard_texts: texts per shard (the unit of resuming and of Ray's work).
+
+    Raises:
+        InputError: bad corpus, settings or folder (nothing is written).
+        UnsupportedModelError: a model whose attention atlases do not cover.
+    """
+    texts, source = read_texts(corpus)
+    lm = get_model(model)
+    plan = plan_atlas(
+        texts,
+        source,
+        lm,
+        model=model,
+        top_k=top_k,
+        layers=layers,
+        heads=heads,
+        batch_size=batch_size,
+        sample_size=sample_size,
+        shard_texts=shard_texts,
+    )
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"{str(folder)!r} is a file: give a folder for the atlas.")
+    folder.mkdir(parents=True, exist_ok=True)
+    from filelock import FileLock
+
+    with FileLock(str(folder / ".lock")):
+        done = _finished(folder, plan)
+        if done is not None:
+            return done
+        _start(folder, plan, resume)
+        start = time.perf_counter()
+        todo = [s for s in range(plan.shards) if not shard_path(folder, s).exists()]
+        report = _reporter(progress, plan)
+        report(plan.shards - len(todo))
+        if ray:
+            _on_ray(plan, texts, folder, todo, workers, report)
+        else:
+            for s in todo:
+                save_atomic(shard_path(folder, s), build_shard(lm, plan, texts, s))
+                report(1)
+        report.close()
+        merge_shards(folder, plan, texts, time.perf_counter() - start, {"ray": bool(ray)})
+        shutil.rmtree(folder / ".shards", ignore_errors=True)
+        return open_atlas(folder)
+
+
+def _finished(folder: Path, plan: AtlasPlan) -> Atlas | None:
+    """The atlas already in ``folder`` when it was built with ``plan``."""
+    if not (folder / "manifest.json").is_file():
+        return None
+    try:
+        atlas = open_atlas(folder)
+    except InputError:
+        return None
+    if atlas.manifest.get("plan") == plan.json():
+        return atlas
+    raise InputError(
+        f"{str(folder)!r} holds an atlas of other settings or another corpus: choose another "
+        "folder, or remove it to build again."
+    )
+
+
+def _start(folder: Path, plan: AtlasPlan, resume: bool) -> None:
+    """Make the shards folder ready: kept when it belongs to ``plan`` and ``resume``."""
+    shards = folder / ".shards"
+    plan_file = shards / "plan.json"
+    same = plan_file.is_file() and json.loads(plan_file.read_text()) == plan.json()
+    if shards.exists() and not (resume and same):
+        shutil.rmtree(shards)
+    shards.mkdir(parents=True, exist_ok=True)
+    for tmp in shards.glob(".*.tmp"):  # a writer killed mid-write
+        tmp.unlink()
+    if not plan_file.is_file():
+        plan_file.write_text(json.dumps(plan.json()))
+
+
+class _Report:
+    def __init__(self, progress: bool | Progress, plan: AtlasPlan) -> None:
+        self.plan, self.done, self.bar = plan, 0, None
+        self.callback = progress if callable(progress) else None
+        if progress is True:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=plan.shards, desc="atlas", unit="shard")
+
+    def __call__(self, shards: int, tokens: int = 0) -> None:
+        self.done += shards
+        if self.bar is not None:
+            self.bar.update(shards)
+        if self.callback is not None:
+            texts = min(self.done * self.plan.shard_texts, self.plan.texts)
+            self.callback(texts, self.plan.texts, tokens)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _reporter(progress: bool | Progress, plan: AtlasPlan) -> _Report:
+    return _Report(progress, plan)
+
+
+def _on_ray(
+    plan: AtlasPlan, texts: list[str], folder: Path, todo: list[int], workers: int, report: _Report
+) -> None:
+    """The shards computed by ``workers`` Ray actors (one model each), written where the
+    local build writes them."""
+    from mhsa.corpus.distributed import connect
+
+    ray = connect(None)
+
+    @ray.remote
+    class ShardActor:
+        def __init__(self, model: str) -> None:
+            import torch
+
+            torch.set_num_threads(1)
+            self.lm = get_model(model)
+
+        def run(self, shard: int, texts_ref: Any) -> int:
+            save_atomic(shard_path(folder, shard), build_shard(self.lm, plan, texts_ref, shard))
+            return shard
+
+    actors = [ShardActor.remote(plan.model) for _ in range(max(1, workers))]
+    texts_ref = ray.put(texts)
+    pending = {}
+    queue = list(todo)
+    for actor in actors:
+        if queue:
+            pending[actor.run.remote(queue.pop(0), texts_ref)] = actor
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        actor = pending.pop(ready[0])
+        ray.get(ready[0])
+        report(1)
+        if queue:
+            pending[actor.run.remote(queue.pop(0), texts_ref)] = actor
+    for actor in actors:
+        ray.kill(actor)

@@ -1,0 +1,348 @@
+"""The head atlas (``mhsa.atlas``) against brute force: every (text, query, key) of a small
+corpus enumerated from ``mhsa.attend(..., engine="transformers", norms=True)`` (the model's own
+eager attention and its own V through hooks, not the module the atlas runs), and head outputs z
+read with plain forward hooks on the transformers model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import mhsa
+from mhsa.analysis.roles import detection_pattern, detection_scores
+from mhsa.atlas import build_atlas, open_atlas
+from mhsa.atlas.collect import pair_hash
+from mhsa.atlas.corpora import clean_brown_line, task_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = [
+    line
+    for line in (ROOT / "data" / "sentences.txt").read_text().splitlines()
+    if 4 <= len(line.split()) <= 14
+][:14]
+
+
+def _brute(texts: list[str], model: str | mhsa.LoadedModel) -> list[dict]:
+    """Per text: attention ``[L, H, n, n]``, norms, token strings and ids, causal flag."""
+    lm = model if isinstance(model, mhsa.LoadedModel) else mhsa.get_model(model)
+    out = []
+    for text in texts:
+        r = mhsa.attend(text, model=lm, engine="transformers", norms=True, max_tokens=512)
+        ids = lm.tokenizer(text, return_tensors="pt")["input_ids"][0].tolist()[: len(r.tokens)]
+        out.append(
+            {"a": r.attention, "n": r.norms, "tokens": r.tokens, "ids": ids, "causal": r.causal}
+        )
+    return out
+
+
+def _pairs(brute: list[dict], layer: int, head: int) -> list[tuple]:
+    """Every (weight, norm, text, query, key) a query may attend to, queries with one choice
+    left out."""
+    rows = []
+    for t, b in enumerate(brute):
+        a, nrm = b["a"][layer, head], b["n"][layer, head]
+        n = a.shape[0]
+        for q in range(n):
+            keys = range(q + 1) if b["causal"] else range(n)
+            if len(keys) < 2:
+                continue
+            rows.extend((float(a[q, k]), float(nrm[q, k]), t, q, k) for k in keys)
+    return rows
+
+
+def _check_top(atlas, brute, label: str, by: str, k: int) -> None:
+    layer, head = mhsa.parse_head_label(label)
+    pairs = _pairs(brute, layer, head)
+    col = 0 if by == "weight" else 1
+    best = sorted(pairs, key=lambda p: (-p[col], p[2], p[3], p[4]))[:k]
+    got = atlas.top(label, k=k, by=by)
+    assert len(got) == k
+    np.testing.assert_allclose(got[by], [p[col] for p in best], rtol=1e-4, atol=1e-6)
+    for row in got.itertuples():  # each listed pair is real, with its weight and norm
+        b = brute[row.text_id]
+        assert b["tokens"][row.query] == row.query_token and b["tokens"][row.key] == row.key_token
+        assert row.weight == pytest.approx(b["a"][layer, head, row.query, row.key], abs=1e-5)
+        assert row.norm == pytest.approx(
+            b["n"][layer, head, row.query, row.key], rel=1e-4, abs=1e-6
+        )
+    assert list(got[by]) == sorted(got[by], reverse=True)
+
+
+@pytest.fixture(scope="module")
+def minilm_atlas(tmp_path_factory, minilm):
+    out = tmp_path_factory.mktemp("atlas") / "minilm"
+    atlas = build_atlas(
+        TEXTS, out, model="default", top_k=6, progress=False, sample_size=40, shard_texts=5
+    )
+    return atlas, _brute(TEXTS, minilm)
+
+
+def test_minilm_top_pairs_by_weight_and_norm_equal_brute_force(minilm_atlas) -> None:
+    atlas, brute = minilm_atlas
+    assert atlas.tokens == sum(len(b["tokens"]) for b in brute)
+    for label in ("L0H0", "L3H7", "L5H11"):
+        _check_top(atlas, brute, label, "weight", 6)
+        _check_top(atlas, brute, label, "norm", 6)
+
+
+def test_minilm_sample_is_the_pairs_of_smallest_hash(minilm_atlas) -> None:
+    atlas, brute = minilm_atlas
+    pairs = _pairs(brute, 2, 5)
+    text, q, k = (np.array([p[i] for p in pairs]) for i in (2, 3, 4))
+    order = np.argsort(pair_hash(text, q, k), kind="stable")[:40]
+    got = atlas.sample("L2H5", k=40)
+    assert list(zip(got["text_id"], got["query"], got["key"], strict=True)) == [
+        (text[i], q[i], k[i]) for i in order
+    ]
+    np.testing.assert_allclose(got["weight"], [pairs[i][0] for i in order], atol=1e-5)
+    top = atlas.sample("L2H5", k=40, decile=9)
+    assert len(top) >= 1 and top["weight"].min() >= np.quantile(got["weight"], 0.9) - 1e-6
+
+
+def test_minilm_search_equals_the_argmax_of_every_row(minilm_atlas) -> None:
+    atlas, brute = minilm_atlas
+    layer, head = 4, 2
+    want = []
+    for t, b in enumerate(brute):
+        a = b["a"][layer, head]
+        for q, token in enumerate(b["tokens"]):
+            if token == "the":
+                want.append((float(a[q].max()), t, q, int(a[q].argmax())))
+    want.sort(key=lambda w: (-w[0], w[1], w[2]))
+    got = atlas.search("L4H2", query_token="the", k=None)
+    assert len(got) == len(want) > 3
+    assert list(zip(got["text_id"], got["query"], got["key"], strict=True)) == [w[1:] for w in want]
+    np.testing.assert_allclose(got["weight"], [w[0] for w in want], atol=2e-3)  # stored float16
+    # offset and key-token filters
+    prev = atlas.search("L4H2", query_token="the", offset=-1, k=None)
+    assert list(zip(prev["text_id"], prev["query"], strict=True)) == [
+        (t, q) for _, t, q, key in want if key == q - 1
+    ]
+    cls = atlas.search("L4H2", key_token="[CLS]", k=5)
+    assert (cls["key"] == 0).all() and (cls["key_token"] == "[CLS]").all()
+
+
+def test_minilm_corpus_scores_equal_transformerlens_definitions(minilm_atlas) -> None:
+    atlas, brute = minilm_atlas
+    table = atlas.heads()
+    for name in ("previous token", "duplicate token", "induction"):
+        per_text = [
+            detection_scores(b["a"], detection_pattern(name, b["ids"])).reshape(-1) for b in brute
+        ]
+        np.testing.assert_allclose(table[f"{name} score"], np.mean(per_text, axis=0), atol=1e-5)
+    entropy = np.concatenate(
+        [
+            -(b["a"] * np.log(np.where(b["a"] > 0, b["a"], 1))).sum(-1).reshape(72, -1)
+            for b in brute
+        ],
+        axis=1,
+    )
+    np.testing.assert_allclose(table["entropy"], entropy.mean(1), rtol=1e-4)
+    first = np.concatenate([b["a"][..., 0].reshape(72, -1) for b in brute], axis=1)
+    np.testing.assert_allclose(table["first"], first.mean(1), atol=1e-5)
+    summary = atlas.summary("L1H1")
+    assert summary["offset_histogram"].sum() == pytest.approx(1.0)
+    assert int(summary["weight_histogram"].sum()) == len(_pairs(brute, 1, 1))
+
+
+def _hooked_z(texts: list[str], model) -> np.ndarray:
+    """Every token's z (all heads) from a forward hook on BERT's self-attention (its context
+    layer, before the output dense): ``[tokens, layers * D]``."""
+    lm = mhsa.get_model(model)
+    rows = []
+    for text in texts:
+        got = []
+        hooks = [
+            layer.attention.self.register_forward_hook(
+                lambda _m, _i, out, got=got: got.append(out[0][0].detach().float())
+            )
+            for layer in lm.model.encoder.layer
+        ]
+        try:
+            with torch.no_grad():
+                lm.model(**lm.tokenizer(text, return_tensors="pt"))
+        finally:
+            for h in hooks:
+                h.remove()
+        rows.append(torch.cat(got, dim=-1).numpy())
+    return np.concatenate(rows)
+
+
+def test_minilm_similar_equals_exact_search_over_hooked_z(minilm_atlas) -> None:
+    atlas, _ = minilm_atlas
+    z = _hooked_z(TEXTS, "default")  # [N, L * 384]: heads in label order
+    assert z.shape == (atlas.tokens, 6 * 384)
+    text_id, position = 3, 2
+    token = int(atlas.offsets[text_id]) + position
+
+    def nearest(columns: np.ndarray) -> list[int]:
+        v = z[:, columns] / np.linalg.norm(z[:, columns], axis=1, keepdims=True)
+        sims = v @ v[token]
+        sims[token] = -np.inf
+        return list(np.argsort(-sims, kind="stable")[:8])
+
+    def found(frame) -> list[int]:
+        return list(atlas.offsets[frame["text_id"].to_numpy()] + frame["position"].to_numpy())
+
+    assert atlas.manifest["index"]["kind"] == "exact"
+    assert found(atlas.similar(text_id, position, k=8)) == nearest(np.arange(z.shape[1]))
+    head = 2 * 12 + 7  # L2H7
+    cols = np.arange(head * 32, head * 32 + 32)
+    got = atlas.similar(text_id, position, head="L2H7", k=8)
+    assert found(got) == nearest(cols)
+    assert got["similarity"].is_monotonic_decreasing
+
+
+def test_toy_induction_head_finds_the_repeat(tmp_path) -> None:
+    """On the toy task's own sequences, the induction head's strongest key for a repeated token
+    is the token after its first occurrence (offset: minus the period), and its corpus score is
+    high; the top pairs equal brute force on a decoder."""
+    texts = task_corpus("induction", count=6, seed=3)
+    atlas = build_atlas(texts, tmp_path / "toy", model="toy:induction", top_k=5, progress=False)
+    brute = _brute(texts, "toy:induction")
+    scores = atlas.heads()["induction score"]
+    best = scores.idxmax()
+    assert best.startswith("L1") and scores[best] > 0.3
+    _check_top(atlas, brute, best, "weight", 5)
+    _check_top(atlas, brute, best, "norm", 5)
+    assert all(p[3] > 0 for p in _pairs(brute, 1, 0))  # the first query is never ranked
+
+
+def test_gpt2_top_and_truncation(tmp_path, tiny_gpt2_path) -> None:
+    """Another decoder family; a text over its 64 positions is cut and counted."""
+    long = " ".join(["the cat sat on the mat"] * 20)
+    texts = [*TEXTS[:5], long, ""]
+    atlas = build_atlas(texts, tmp_path / "gpt2", model=tiny_gpt2_path, top_k=4, progress=False)
+    assert atlas.manifest["truncated_texts"] == 1 and atlas.manifest["truncated_tokens"] > 50
+    assert atlas.manifest["blank_texts"] == 1
+    brute = _brute(texts[:6], tiny_gpt2_path)
+    assert len(brute[5]["tokens"]) == 64
+    _check_top(atlas, brute, "L1H2", "weight", 4)
+    assert atlas.text_tokens(5) == brute[5]["tokens"]
+
+
+def _arrays(folder: Path) -> dict[str, np.ndarray]:
+    out = {p.name: np.load(p) for p in folder.glob("*.npy")}
+    with np.load(folder / "heads.npz") as f:
+        out.update({f"heads/{k}": f[k] for k in f.files})
+    return out
+
+
+def _same(a: Path, b: Path, *, exact: bool = True) -> None:
+    left, right = _arrays(a), _arrays(b)
+    assert left.keys() == right.keys()
+    for name in left:
+        if exact:
+            np.testing.assert_array_equal(left[name], right[name], err_msg=name)
+        else:
+            np.testing.assert_allclose(
+                left[name].astype(float),
+                right[name].astype(float),
+                rtol=1e-3,
+                atol=2e-3,
+                err_msg=name,
+            )
+
+
+BUILD = """
+import sys
+from mhsa.atlas import build_atlas
+texts = [l for l in open(sys.argv[1]).read().splitlines()]
+build_atlas(texts, sys.argv[2], model="toy:induction", top_k=4, progress=False, shard_texts=2)
+"""
+
+
+def test_a_build_killed_halfway_resumes_to_the_same_atlas(tmp_path) -> None:
+    texts = task_corpus("induction", count=40, seed=5)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(texts) + "\n")
+    whole = tmp_path / "whole"
+    build_atlas(texts, whole, model="toy:induction", top_k=4, progress=False, shard_texts=2)
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", BUILD, str(corpus), str(out)], env=env)
+    deadline = time.monotonic() + 120
+    while len(list((out / ".shards").glob("shard-*.npz"))) < 6:
+        assert proc.poll() is None and time.monotonic() < deadline, "the build ended too soon"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    with pytest.raises(mhsa.InputError, match=r"not an atlas.*resume"):
+        open_atlas(out)
+    written = len(list((out / ".shards").glob("shard-*.npz")))
+    assert 6 <= written < 20
+    resumed = build_atlas(
+        corpus, out, model="toy:induction", top_k=4, progress=False, shard_texts=2
+    )
+    assert resumed.tokens == open_atlas(whole).tokens
+    _same(whole, out)
+    assert not (out / ".shards").exists()
+
+
+def test_ray_build_equals_the_local_one(tmp_path) -> None:
+    texts = task_corpus("induction", count=12, seed=7)
+    local = tmp_path / "local"
+    build_atlas(texts, local, model="toy:induction", top_k=4, progress=False, shard_texts=3)
+    on_ray = tmp_path / "ray"
+    atlas = build_atlas(
+        texts,
+        on_ray,
+        model="toy:induction",
+        top_k=4,
+        progress=False,
+        shard_texts=3,
+        ray=True,
+        workers=2,
+    )
+    assert atlas.manifest["ray"] is True
+    _same(local, on_ray, exact=False)
+    assert open_atlas(local).top("L1H0", 4).equals(atlas.top("L1H0", 4)) or np.allclose(
+        open_atlas(local).top("L1H0", 4).weight, atlas.top("L1H0", 4).weight, atol=1e-4
+    )
+
+
+def test_bad_input_gets_one_clear_message_and_writes_nothing(tmp_path, minilm_atlas) -> None:
+    atlas, _ = minilm_atlas
+    with pytest.raises(mhsa.InputError, match="holds no text"):
+        build_atlas(["", "  "], tmp_path / "a", progress=False)
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(b"\x00\x01\x02abc")
+    with pytest.raises(mhsa.InputError, match="binary file"):
+        build_atlas(binary, tmp_path / "b", progress=False)
+    with pytest.raises(mhsa.InputError, match="layers"):
+        build_atlas(TEXTS, tmp_path / "c", layers=[9], progress=False)
+    assert not any((tmp_path / d).exists() for d in ("a", "b"))
+    assert not list((tmp_path / "c").glob("*.npy")) if (tmp_path / "c").exists() else True
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(mhsa.InputError, match="not an atlas"):
+        open_atlas(tmp_path / "plain")
+    with pytest.raises(mhsa.InputError, match="no head 'L9H0'"):
+        atlas.top("L9H0")
+    with pytest.raises(mhsa.InputError, match="No query token 'zebraqq'"):
+        atlas.search("L0H0", query_token="zebraqq")
+    with pytest.raises(mhsa.InputError, match="position must be"):
+        atlas.similar(0, 999)
+    newer = tmp_path / "newer"
+    newer.mkdir()
+    (newer / "manifest.json").write_text(json.dumps({"kind": "mhsa-atlas", "format": 99}))
+    with pytest.raises(mhsa.InputError, match="newer"):
+        open_atlas(newer)
+
+
+def test_brown_lines_are_cleaned_of_tags() -> None:
+    tagged = (
+        "The/at jury/nn said/vbd ``/`` it/pps did/dod n't/* find/vb it/ppo ''/'' ,/, "
+        "and/cc Atlanta's/np$ mayor/nn (/( Ivan/np )/) agreed/vbd ./."
+    )
+    assert clean_brown_line(tagged) == (
+        "The jury said \"it didn't find it\", and Atlanta's mayor (Ivan) agreed."
+    )
