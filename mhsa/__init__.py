@@ -16,6 +16,7 @@ from mhsa.analysis.roles import (
 from mhsa.analysis.similarity import HeadClusters, head_clusters, head_map, head_similarity
 from mhsa.analysis.stats import attention_rollout, head_stats, top_attended
 from mhsa.analysis.stream import streamed_head_similarity, streamed_head_stats
+from mhsa.atlas import Atlas, build_atlas, open_atlas
 from mhsa.causal.attribution import HeadAttribution, LogitLens, head_attribution, logit_lens
 from mhsa.causal.flow import FlowGraph, information_flow
 from mhsa.causal.importance import Ablation, ablate, head_importance
@@ -105,6 +106,7 @@ __all__ = [
     "SUPPORTED_FOR_MHSA",
     "TASKS",
     "Ablation",
+    "Atlas",
     "AttentionResult",
     "AttentionSinks",
     "CircuitGraph",
@@ -136,6 +138,7 @@ __all__ = [
     "attention_rollout",
     "attention_sinks",
     "attribution_patching",
+    "build_atlas",
     "circuit_faithfulness",
     "circuit_graph",
     "cpu_threads",
@@ -159,6 +162,7 @@ __all__ = [
     "load_model",
     "logit_lens",
     "norms_as_attention",
+    "open_atlas",
     "parse_head_label",
     "patch_heads",
     "patch_positions",

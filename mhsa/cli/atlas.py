@@ -1,0 +1,127 @@
+"""``atlas``: build a head atlas over a corpus, and read one: a head's top pairs, a search by
+token and offset, similar contexts (``mhsa.atlas``). Tables as CSV (or JSON) on stdout or in
+``--out``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mhsa.errors import MHSAError
+
+EXAMPLES = (
+    "python -m mhsa atlas build data/sentences.txt --out atlases/minilm",
+    "python -m mhsa atlas build --default      # the app's atlases: MiniLM on the Brown Corpus, "
+    "toy:induction on its task",
+    "python -m mhsa atlas top atlases/minilm L3H4 --by norm",
+    "python -m mhsa atlas search atlases/minilm L3H4 --query-token the --offset -1",
+    "python -m mhsa atlas similar atlases/minilm 12 3 --head L3H4",
+)
+HELP = "head atlases: what each head does over a whole corpus (build, top, search, similar)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    build = actions.add_parser("build", help="build an atlas (resumes a stopped build)")
+    build.add_argument("corpus", nargs="?", type=Path, help="text file, one text a line")
+    build.add_argument("--out", type=Path, help="the atlas's folder")
+    build.add_argument(
+        "--default", action="store_true", help="build the app's atlases into MHSA_ATLAS_DIR"
+    )
+    build.add_argument(
+        "--sentences",
+        type=int,
+        default=None,
+        help="with --default: Brown Corpus sentences (default 4000; 0: all)",
+    )
+    build.add_argument("--model", default="default")
+    build.add_argument("--top-k", type=int, default=32)
+    build.add_argument("--layers", type=int, nargs="+", default=None)
+    build.add_argument("--heads", type=int, nargs="+", default=None)
+    build.add_argument("--batch-tokens", type=int, default=None)
+    build.add_argument("--ray", action="store_true", help="compute the shards on Ray")
+    build.add_argument("--workers", type=int, default=2, help="Ray actors")
+    build.add_argument("--restart", action="store_true", help="do not resume a stopped build")
+    top = actions.add_parser("top", help="a head's strongest pairs")
+    _reader(top)
+    top.add_argument("head", help="as L3H4")
+    top.add_argument("--by", choices=("weight", "norm"), default="weight")
+    top.add_argument("-k", type=int, default=10)
+    search = actions.add_parser("search", help="tokens whose strongest key matches")
+    _reader(search)
+    search.add_argument("head", help="as L3H4")
+    search.add_argument("--query-token", default=None)
+    search.add_argument("--key-token", default=None)
+    search.add_argument("--offset", type=int, default=None, help="key - query (-1: previous)")
+    search.add_argument("-k", type=int, default=20)
+    similar = actions.add_parser("similar", help="contexts whose head outputs are nearest")
+    _reader(similar)
+    similar.add_argument("text_id", type=int)
+    similar.add_argument("position", type=int)
+    similar.add_argument(
+        "--head",
+        action="append",
+        default=None,
+        help="a head (repeat for several; none: every head)",
+    )
+    similar.add_argument("-k", type=int, default=10)
+
+
+def _reader(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("atlas", type=Path, help="the atlas's folder")
+    parser.add_argument("--json", action="store_true", help="JSON lines instead of CSV")
+    parser.add_argument("--out", type=Path, default=None, help="write here instead of stdout")
+
+
+def run(args: argparse.Namespace) -> None:
+    from mhsa.atlas import open_atlas
+
+    if args.action == "build":
+        _build(args)
+        return
+    atlas = open_atlas(args.atlas)
+    if args.action == "top":
+        frame = atlas.top(args.head, k=args.k, by=args.by)
+    elif args.action == "search":
+        frame = atlas.search(
+            args.head,
+            query_token=args.query_token,
+            key_token=args.key_token,
+            offset=args.offset,
+            k=args.k,
+        )
+    else:
+        heads = None if not args.head else (args.head[0] if len(args.head) == 1 else args.head)
+        frame = atlas.similar(args.text_id, args.position, head=heads, k=args.k)
+    text = frame.to_json(orient="records", lines=True) if args.json else frame.to_csv(index=False)
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        args.out.write_text(text)
+        print(f"wrote {args.out} ({len(frame)} rows)", file=sys.stderr)
+
+
+def _build(args: argparse.Namespace) -> None:
+    from mhsa.atlas import build_atlas
+    from mhsa.atlas.shipped import build_default_atlases
+
+    if args.default:
+        for name, folder in build_default_atlases(sentences=args.sentences).items():
+            print(f"{name}: {folder}", file=sys.stderr)
+        return
+    if args.corpus is None or args.out is None:
+        raise MHSAError("atlas build needs a CORPUS and --out (or --default).")
+    atlas = build_atlas(
+        args.corpus,
+        args.out,
+        model=args.model,
+        top_k=args.top_k,
+        layers=args.layers,
+        heads=args.heads,
+        batch_size=args.batch_tokens,
+        ray=args.ray,
+        workers=args.workers,
+        resume=not args.restart,
+    )
+    print(f"wrote {args.out}: {atlas}", file=sys.stderr)
