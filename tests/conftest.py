@@ -3,14 +3,33 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub look-ups (and no 25 s of retries) in tests
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# the app's atlases (the Head atlas page): a small one built once per session, never the user's
+_ATLASES = os.path.join(tempfile.mkdtemp(prefix="mhsa-test-atlases-"), "atlases")
+os.environ["MHSA_ATLAS_DIR"] = _ATLASES
 
-import pytest
+import pytest  # noqa: E402  (after the environment above)
 
-import mhsa
-from tests.tiny import DECODER_SIZES, save_tiny, tiny_bert, tiny_seq2seq
+import mhsa  # noqa: E402
+from tests.tiny import DECODER_SIZES, save_tiny, tiny_bert, tiny_seq2seq  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def app_atlas() -> str:
+    """The Head atlas page's atlas for the tests: MiniLM over 24 sentences of the project's own
+    corpus, under the shipped atlas's name (the page opens it for the default model)."""
+    from pathlib import Path
+
+    from mhsa.atlas import build_atlas
+    from mhsa.atlas.shipped import DEFAULT_ATLASES
+
+    lines = (Path(__file__).parent.parent / "data" / "sentences.txt").read_text().splitlines()
+    folder = Path(_ATLASES) / DEFAULT_ATLASES["default"]
+    build_atlas(lines[:24], folder, model="default", top_k=8, progress=False, sample_size=200)
+    return str(folder)
 
 
 @pytest.fixture(scope="session")

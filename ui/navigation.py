@@ -47,6 +47,14 @@ PAGES: tuple[AppPage, ...] = (
     ),
     AppPage("Compare", "pages/6_Compare.py", "Compare", "Explore", ":material/compare:", 2),
     AppPage(
+        "Head atlas",
+        "pages/14_Head_atlas.py",
+        "Head_atlas",
+        "Explore",
+        ":material/travel_explore:",
+        4,
+    ),
+    AppPage(
         "Head similarity",
         "pages/2_Head_similarity.py",
         "Head_similarity",

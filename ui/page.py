@@ -63,6 +63,7 @@ __all__ = [
     "load",
     "md_escape",
     "open_head",
+    "open_text_head",
     "or_error",
     "patch_texts",
     "queue_place",
@@ -287,6 +288,13 @@ def open_head(query: Query, block: int, head: int) -> None:
     if kind != "self":
         opening["kind"] = kind
     st.session_state[_OPENING] = opening
+    st.switch_page("pages/1_Heads.py")
+
+
+def open_text_head(text: str, layer: int, head: int) -> None:
+    """Open ``text`` on the Heads page with ``layer`` and ``head`` selected (an atlas's
+    example in its own sentence)."""
+    st.session_state[_OPENING] = {"text": text, "layer": layer, "head": head}
     st.switch_page("pages/1_Heads.py")
 
 

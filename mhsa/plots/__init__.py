@@ -13,6 +13,7 @@ streamlit; the only part of ``mhsa`` that imports plotly.
 Every public name is re-exported here: ``from mhsa.plots import head_heatmap``.
 """
 
+from mhsa.plots.atlas import atlas_histogram, example_heatmap
 from mhsa.plots.circuits import (
     circuit_figure,
     circuit_node_xy,
@@ -91,6 +92,7 @@ __all__ = [
     "TEMPLATE",
     "WEIGHTED_BY_NORM",
     "WEIGHTS",
+    "atlas_histogram",
     "attribution_figure",
     "circuit_figure",
     "circuit_node_xy",
@@ -99,6 +101,7 @@ __all__ = [
     "detection_pattern_figure",
     "downsample",
     "enlarge_fonts",
+    "example_heatmap",
     "faithfulness_figure",
     "figure_data",
     "fit_margins",

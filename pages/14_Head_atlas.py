@@ -1,0 +1,241 @@
+"""Head atlas: what one head does over a whole corpus (``mhsa.atlas``): its strongest pairs by
+norm and by weight (as OpenAI's Transformer Debugger shows a head), random and per-decile
+samples, histograms and corpus-wide scores, a search by token and offset, and similar contexts
+(exBERT's search)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import mhsa
+from mhsa import plots
+from ui import page
+from ui.state import (
+    Param,
+    bounded_int,
+    choice,
+    head_label_param,
+    md_escape,
+    word_param,
+)
+from ui.views import atlas as views
+
+PARAMS = {
+    "atlas": Param("", word_param),
+    "atlas_head": Param("", head_label_param),
+    "atlas_by": Param("norm", choice("norm", "weight")),
+    "atlas_decile": Param(9, bounded_int(0, 9)),
+    "atlas_example": Param(0, bounded_int(0, 99)),
+    "atlas_query": Param("", word_param),
+    "atlas_key": Param("", word_param),
+    "atlas_offset": Param("", word_param),
+    "atlas_position": Param(0, bounded_int(0, 4095)),
+}
+INTRO = (
+    "A head over a whole corpus, not one sentence: its strongest (query, key) pairs, samples, "
+    "histograms and scores, computed once into an atlas and searched here. Tokens are shown "
+    "as the model's tokenizer writes them; in an example the query is in [[ ]] and the key in "
+    "<< >>."
+)
+
+
+def _notice(message: str) -> None:
+    """A link value that does not apply here, and what is shown instead (literally)."""
+    st.warning(md_escape(message), icon="⚠️")
+
+
+def _choose_atlas(model: str) -> mhsa.Atlas | None:
+    """The atlas picker (the sidebar model's atlas first); None when the server holds none."""
+    names = views.atlas_names()
+    state = st.session_state
+    for name, reason in views.problems().items():
+        st.caption(md_escape(f"Atlas folder {name!r} skipped: {reason}"))
+    if state["atlas"] and state["atlas"] not in names:
+        _notice(f"This server holds no atlas called {state['atlas']!r}: showing another.")
+        state["atlas"] = ""
+    if not state["atlas"]:
+        state["atlas"] = views.default_atlas_for(model) or (names[0] if names else "")
+    if not names:
+        return None
+    st.selectbox("Atlas", names, key="atlas", format_func=lambda n: _describe(n))
+    return views.open_named(state["atlas"])
+
+
+def _describe(name: str) -> str:
+    a = views.open_named(name)
+    plan = a.manifest["plan"]
+    return f"{name}: {a.model}, {a.tokens:,} tokens of {plan['texts']:,} texts"
+
+
+def _build_offer(model: str) -> None:
+    """No atlas yet: how to get one, and a build from the page through the heavy queue."""
+    st.info(
+        f"This server holds no atlas of {model!r} yet. Build one here (on "
+        f"{views.BUILD_SENTENCES:,} sentences of the Brown Corpus; toy models on their task), "
+        "or on the command line: python -m mhsa atlas build --default",
+        icon="ℹ️",
+    )
+    if st.button("Build an atlas of this model", key="atlas-build"):
+        st.session_state["_atlas_build"] = model
+    if st.session_state.get("_atlas_build") == model:
+        query = page.heavy_or_stop(
+            "atlas-build",
+            ("atlas-build", model),
+            lambda progress: views.build(model, "auto", progress),
+            f"Building the atlas of {model}",
+        )
+        st.session_state.pop("_atlas_build", None)
+        st.session_state["atlas"] = query
+        st.rerun()
+
+
+def _pick_head(atlas: mhsa.Atlas) -> str:
+    state = st.session_state
+    if state["atlas_head"] not in atlas.labels:
+        if state["atlas_head"]:
+            _notice(f"The atlas has no head {state['atlas_head']}: showing the first.")
+        state["atlas_head"] = atlas.labels[0]
+    st.selectbox("Head", atlas.labels, key="atlas_head")
+    return state["atlas_head"]
+
+
+def _examples(atlas: mhsa.Atlas, name: str, head: str) -> None:
+    """The head's top pairs (by norm or weight), one example's neighbourhood, open in Heads."""
+    st.subheader("Top examples")
+    st.radio(
+        "Rank by",
+        ["norm", "weight"],
+        key="atlas_by",
+        horizontal=True,
+        captions=["weight × ‖value after W_O‖ (Kobayashi et al.)", "attention weight"],
+    )
+    top = atlas.top(head, k=20, by=st.session_state["atlas_by"])
+    page.table(top, f"atlas-top-{head}", label="Download the top pairs (.csv)", height=300)
+    if top.empty:
+        return
+    state = st.session_state
+    state["atlas_example"] = min(state["atlas_example"], len(top) - 1)
+    st.number_input("Example (row)", 0, len(top) - 1, key="atlas_example")
+    row = top.iloc[state["atlas_example"]]
+    left, right = st.columns(2)
+    with left:
+        sub, rows, cols = views.neighbourhood(
+            name, head, int(row.text_id), int(row["query"]), int(row["key"])
+        )
+        title = f"{head} around text {row.text_id}: query {row['query']}, key {row['key']}"
+        page.figure(
+            plots.example_heatmap(sub, rows, cols, title=title),
+            "atlas-example",
+            key="atlas-example-map",
+        )
+    with right:
+        st.text(atlas.text(int(row.text_id)))
+        layer, h = mhsa.parse_head_label(head)
+        if st.button("Open this text in Heads", key="atlas-open"):
+            page.open_text_head(atlas.text(int(row.text_id)), layer, h)
+        st.number_input(
+            "Token (position) for similar contexts",
+            0,
+            len(atlas.text_tokens(int(row.text_id))) - 1,
+            key="atlas_position",
+        )
+    _similar(atlas, head, int(row.text_id))
+
+
+def _similar(atlas: mhsa.Atlas, head: str, text_id: int) -> None:
+    position = min(st.session_state["atlas_position"], len(atlas.text_tokens(text_id)) - 1)
+    token = atlas.text_tokens(text_id)[position]
+    st.caption(
+        md_escape(
+            f"Contexts whose {head} output is nearest token {position} "
+            f"({token!r}) of text {text_id} (cosine; exBERT's search)."
+        )
+    )
+    near = page.or_error(atlas.similar, text_id, position, head, 10)
+    if near is not None:
+        page.table(near, f"atlas-similar-{head}", label="Download the contexts (.csv)", height=240)
+
+
+def _samples(atlas: mhsa.Atlas, head: str) -> None:
+    st.subheader("Samples")
+    left, right = st.columns(2)
+    with left:
+        st.caption("Drawn uniformly from every (query, key) pair of the corpus.")
+        page.table(
+            atlas.sample(head, k=10), f"atlas-sample-{head}", label="Download (.csv)", height=240
+        )
+    with right:
+        st.slider("Decile of the head's weights", 0, 9, key="atlas_decile")
+        decile = st.session_state["atlas_decile"]
+        page.table(
+            atlas.sample(head, k=10, decile=decile),
+            f"atlas-decile-{head}",
+            label="Download the decile (.csv)",
+            height=240,
+        )
+
+
+def _histograms(atlas: mhsa.Atlas, head: str) -> None:
+    st.subheader("Over the corpus")
+    summary = atlas.summary(head)
+    st.dataframe(views.scores_table(atlas, head), hide_index=True)
+    figures = [
+        (summary["weight_histogram"], "Weights of every pair", "weight from", "pairs"),
+        (summary["offset_histogram"], "Where the attention goes", "key − query", "share"),
+        (summary["key_kinds"], "Attention on kinds of key", "key", "share"),
+    ]
+    for column, (series, title, x, y) in zip(st.columns(3), figures, strict=True):
+        with column:
+            page.figure(
+                plots.atlas_histogram(series, title=title, x_title=x, y_title=y, columns=3),
+                f"atlas-{x}",
+                key=f"atlas-hist-{x}",
+            )
+
+
+def _search(atlas: mhsa.Atlas, head: str) -> None:
+    st.subheader("Search")
+    st.caption(
+        "Tokens whose strongest key under this head matches: the query token, the key "
+        "token, the offset key − query (-1: the token before). Leave a box empty to "
+        "match any."
+    )
+    a, b, c = st.columns(3)
+    a.text_input("Query token", key="atlas_query")
+    b.text_input("Key token", key="atlas_key")
+    c.text_input("Offset", key="atlas_offset")
+    state = st.session_state
+    raw = state["atlas_offset"].strip()
+    if raw and not raw.lstrip("+-").isdigit():
+        st.warning("The offset must be a whole number, as -1.")
+        return
+    if not (state["atlas_query"] or state["atlas_key"] or raw):
+        return
+    found = page.or_error(
+        atlas.search,
+        head,
+        state["atlas_query"] or None,
+        state["atlas_key"] or None,
+        int(raw) if raw else None,
+        50,
+    )
+    if found is not None:
+        st.caption(f"{len(found)} found (at most 50 shown, strongest first).")
+        page.table(found, f"atlas-search-{head}", label="Download the matches (.csv)", height=300)
+
+
+with page.run("Head atlas", PARAMS) as query:
+    st.caption(INTRO)
+    atlas = _choose_atlas(query.model)
+    if atlas is None:
+        _build_offer(query.model)
+        page.stop()
+    if atlas.model != query.model:
+        st.caption(
+            md_escape(f"This atlas is of {atlas.model!r}; the sidebar's model is {query.model!r}.")
+        )
+    head = _pick_head(atlas)
+    _examples(atlas, st.session_state["atlas"], head)
+    _samples(atlas, head)
+    _histograms(atlas, head)
+    _search(atlas, head)

@@ -1,0 +1,94 @@
+"""The Head atlas page (``pages/14_Head_atlas.py``) under AppTest, on the session's atlas
+(``tests/conftest.py``'s ``app_atlas``: MiniLM over 24 sentences): what it shows equals what
+the library reads, links carry the head and the search, bad links fall back with a notice, and
+a server without atlases offers a build that runs through the heavy queue."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import mhsa
+from tests.app.test_importance_page import decode
+from tests.app.test_pages import run
+from ui.views import atlas as views
+
+PAGE = "pages/14_Head_atlas.py"
+
+
+def _tables(at) -> list[pd.DataFrame]:
+    return [d.value for d in at.dataframe]
+
+
+def test_the_page_shows_the_libraries_top_pairs_and_the_example_around_them(app_atlas) -> None:
+    atlas = mhsa.open_atlas(app_atlas)
+    at = run(PAGE, atlas_head="L2H5")
+    assert not at.exception, at.exception
+    assert at.selectbox(key="atlas").value == "minilm-brown"
+    assert at.selectbox(key="atlas_head").value == "L2H5"
+    top = _tables(at)[0]
+    want = atlas.top("L2H5", k=20, by="norm")
+    assert list(top["text"]) == list(want["text"])
+    np.testing.assert_allclose(top["norm"], want["norm"])
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert len(specs) == 4
+    # the example's neighbourhood as drawn: the head's own attention on that text, from the
+    # model's eager attention (the atlas ran our module)
+    row = want.iloc[0]
+    result = mhsa.attend(atlas.text(int(row.text_id)), model="default", engine="transformers")
+    q, k = int(row["query"]), int(row["key"])
+    rows = list(range(max(0, q - 5), min(len(result.tokens), q + 6)))
+    cols = list(range(max(0, k - 5), min(len(result.tokens), k + 6)))
+    drawn = decode(specs[0]["data"][0]["z"]).reshape(len(rows), len(cols))
+    np.testing.assert_allclose(drawn, result.attention[2, 5][np.ix_(rows, cols)], atol=1e-5)
+    # the corpus-wide scores table: this head's numbers are the library's
+    scores = next(t for t in _tables(at) if "this head" in t.columns)
+    assert scores["this head"].iloc[-1] == pytest.approx(
+        atlas.heads().loc["L2H5", "induction score"]
+    )
+
+
+def test_a_link_carries_the_search_and_the_ranking(app_atlas) -> None:
+    atlas = mhsa.open_atlas(app_atlas)
+    at = run(PAGE, atlas_head="L4H2", atlas_by="weight", atlas_query="the")
+    assert not at.exception
+    tables = _tables(at)
+    assert list(tables[0]["weight"]) == list(atlas.top("L4H2", 20, by="weight")["weight"])
+    found = tables[-1]
+    want = atlas.search("L4H2", query_token="the", k=50)
+    assert list(zip(found.text_id, found["query"], strict=True)) == list(
+        zip(want.text_id, want["query"], strict=True)
+    )
+
+
+def test_bad_links_fall_back_with_a_notice() -> None:
+    at = run(PAGE, atlas="no-such-atlas", atlas_head="L99H0", atlas_offset="x*")
+    assert not at.exception
+    shown = " ".join(str(m.value) for m in [*at.warning, *at.info, *at.caption]).replace("\\", "")
+    assert "no atlas called 'no-such-atlas'" in shown
+    assert "no head L99H0" in shown
+    assert at.selectbox(key="atlas_head").value == "L0H0"
+    assert "The offset must be a whole number" in shown
+
+
+def test_without_atlases_the_page_offers_a_build_through_the_heavy_queue(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("MHSA_ATLAS_DIR", str(tmp_path / "none"))
+    views._listing.clear()
+    try:
+        at = run(PAGE, model="toy:induction")
+        assert not at.exception
+        assert any("holds no atlas of 'toy:induction'" in str(i.value) for i in at.info)
+        assert not at.get("plotly_chart")
+        at.button(key="atlas-build").click().run(timeout=300)
+        assert not at.exception, at.exception
+        built = mhsa.open_atlas(tmp_path / "none" / "toy-induction")
+        assert built.model == "toy:induction" and built.manifest["plan"]["texts"] == 2000
+        assert at.selectbox(key="atlas").value == "toy-induction"
+        assert len(at.get("plotly_chart")) == 4
+    finally:
+        views._listing.clear()

@@ -1,0 +1,139 @@
+"""The Head atlas page's values: the atlases the server holds (``mhsa.atlas``), a head's examples,
+samples, histograms and scores, searches, similar contexts, and the attention around one
+example (``mhsa.attend`` on its text, kept in the shared cache)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+import mhsa
+from mhsa.atlas.corpora import default_corpus
+from mhsa.atlas.shipped import DEFAULT_ATLASES, atlas_dir, list_atlases
+from ui.core import LIMITS, Progress, loaded_model, shared
+
+__all__ = [
+    "BUILD_SENTENCES",
+    "SCORE_LABELS",
+    "atlas_names",
+    "build",
+    "default_atlas_for",
+    "neighbourhood",
+    "open_named",
+    "problems",
+]
+
+#: the corpus of an atlas built from the page: Brown Corpus sentences (toy models: their task)
+BUILD_SENTENCES = 2000
+#: the corpus-wide scores in words, by column of ``Atlas.heads()``
+SCORE_LABELS = {
+    "entropy": "Entropy (nats)",
+    "distance": "Mean distance",
+    "first": "On the first token",
+    "previous": "On the previous token",
+    "special": "On special tokens",
+    "previous token score": "Previous-token score",
+    "duplicate token score": "Duplicate-token score",
+    "induction score": "Induction score",
+}
+
+
+@st.cache_resource(ttl=15, show_spinner=False)
+def _listing() -> dict[str, mhsa.Atlas | mhsa.InputError]:
+    """The atlas directory's folders, opened (looked at again every 15 s: one built by another
+    server or the command line appears)."""
+    return list_atlases()
+
+
+def atlas_names() -> list[str]:
+    """The atlases that open, by folder name."""
+    return [name for name, a in _listing().items() if isinstance(a, mhsa.Atlas)]
+
+
+def problems() -> dict[str, str]:
+    """Folders of the atlas directory that do not open, with the reason (one line each)."""
+    return {name: str(a) for name, a in _listing().items() if not isinstance(a, mhsa.Atlas)}
+
+
+def open_named(name: str) -> mhsa.Atlas:
+    """The atlas ``name`` of the atlas directory, opened once per process (memory-mapped: the
+    arrays are shared by every session).
+
+    Raises:
+        InputError: no such atlas, or it does not open.
+    """
+    found = _listing().get(name)
+    if not isinstance(found, mhsa.Atlas):
+        raise mhsa.InputError(f"This server holds no atlas called {name!r}.")
+    return found
+
+
+def default_atlas_for(model: str) -> str | None:
+    """The atlas of the sidebar's model when the server holds one (its shipped atlas first)."""
+    names = atlas_names()
+    shipped = DEFAULT_ATLASES.get(model)
+    if shipped in names:
+        return shipped
+    for name in names:
+        if open_named(name).model == model:
+            return name
+    return None
+
+
+def build(model: str, device: str, progress: Progress) -> str:
+    """Build the atlas of ``model`` over its default corpus (a heavy job: ``progress`` reports
+    texts done and stops the build when cancelled; a later build resumes it). Returns its
+    folder name."""
+    name = (
+        DEFAULT_ATLASES.get(model)
+        or "model-" + "".join(c if c.isalnum() else "-" for c in model)[:60]
+    )
+    corpus = default_corpus(model, BUILD_SENTENCES)
+    loaded_model(model, device)  # the page's model, loaded where the page loads it
+
+    def report(texts: int, total: int, _tokens: int) -> None:
+        progress(texts, total)
+
+    mhsa.build_atlas(corpus, atlas_dir() / name, model=model, progress=report, shard_texts=100)
+    _listing.clear()
+    return name
+
+
+def neighbourhood(
+    atlas_name: str, head: str, text_id: int, query: int, key: int, span: int = 5
+) -> tuple[np.ndarray, list[str], list[str]]:
+    """The head's attention around one example: rows ``query +- span``, columns ``key +-
+    span`` of its text (``mhsa.attend`` on the text with the atlas's model), with the tokens."""
+    atlas = open_named(atlas_name)
+    layer, h = mhsa.parse_head_label(head)
+    text = atlas.text(text_id)
+
+    def compute() -> Any:
+        return mhsa.attend(text, model=atlas.model, layers=layer, max_tokens=LIMITS.max_tokens)
+
+    result = shared(("atlas-text", atlas.model, text, layer), compute)
+    weights = result.attention[0, h]
+    rows = range(max(0, query - span), min(len(result.tokens), query + span + 1))
+    cols = range(max(0, key - span), min(len(result.tokens), key + span + 1))
+    sub = weights[np.ix_(list(rows), list(cols))]
+    return sub, [result.tokens[i] for i in rows], [result.tokens[i] for i in cols]
+
+
+def scores_table(atlas: mhsa.Atlas, head: str) -> pd.DataFrame:
+    """The head's corpus-wide scores beside the median over the atlas's heads."""
+    table = atlas.heads()
+    return pd.DataFrame(
+        {
+            "score": [SCORE_LABELS[c] for c in SCORE_LABELS],
+            "this head": [float(table.loc[head, c]) for c in SCORE_LABELS],
+            "median head": [float(table[c].median()) for c in SCORE_LABELS],
+        }
+    )
+
+
+def folder_of(name: str) -> Path:
+    return atlas_dir() / name
