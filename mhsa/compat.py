@@ -174,5 +174,24 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder):
         )
 
 
+class _PublicNamesKept(ModuleType):
+    """``mhsa``'s own class: importing a submodule sets it as an attribute of its package, and
+    ``import mhsa.circuit_graph`` (an old path, now ``mhsa.circuits.graph``) would put the module
+    where the public function ``mhsa.circuit_graph`` is. A module never replaces a name that is
+    not a module."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        current = self.__dict__.get(name)
+        if (
+            isinstance(value, ModuleType)
+            and current is not None
+            and not isinstance(current, ModuleType)
+        ):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules["mhsa"].__class__ = _PublicNamesKept
+
 if not any(isinstance(finder, MovedModuleFinder) for finder in sys.meta_path):
     sys.meta_path.insert(0, MovedModuleFinder())

@@ -10,6 +10,7 @@ import importlib
 import pkgutil
 import subprocess
 import sys
+import types
 import warnings
 from pathlib import Path
 
@@ -117,6 +118,19 @@ def test_from_import_of_an_old_name_warns_in_a_fresh_process() -> None:
     assert "warned: The module mhsa.circuit_runs is deprecated" in out
     assert "use mhsa.circuits.runs instead" in out
     assert out.strip().endswith("True True")
+
+
+def test_an_old_path_named_as_a_public_function_keeps_the_function() -> None:
+    """``mhsa.circuit_graph`` is a function; its old module path imports, and the function
+    stays where it was (importing a submodule sets an attribute of its package)."""
+    function = mhsa.circuit_graph
+    assert callable(function) and not isinstance(function, types.ModuleType)
+    sys.modules.pop("mhsa.circuit_graph", None)
+    with pytest.warns(DeprecationWarning, match="mhsa.circuits.graph"):
+        module = importlib.import_module("mhsa.circuit_graph")
+    assert module is importlib.import_module("mhsa.circuits.graph")
+    assert mhsa.circuit_graph is function
+    assert isinstance(mhsa.circuits.graph, types.ModuleType)  # submodules still set as usual
 
 
 @pytest.mark.parametrize("package", sorted(SAME_NAME))
