@@ -34,7 +34,9 @@ def test_the_least_recently_used_model_is_dropped_with_its_folder(tmp_path) -> N
     with pytest.raises(mhsa.ModelLoadError, match=r"holds no trained model .*Train heads"):
         store.get(b.name)
     store.clear()
-    assert len(store) == 0 and list(tmp_path.iterdir()) == []
+    assert len(store) == 0 and list((store.store.root / "trained").iterdir()) == []
+    store.close()
+    assert list(tmp_path.iterdir()) == []  # the temporary store's folder is gone
 
 
 def test_a_failed_save_leaves_no_folder_and_holds_nothing(tmp_path) -> None:
@@ -46,7 +48,8 @@ def test_a_failed_save_leaves_no_folder_and_holds_nothing(tmp_path) -> None:
 
     with pytest.raises(RuntimeError, match="disk full"):
         store.add(half_written)
-    assert len(store) == 0 and list(tmp_path.iterdir()) == []
+    assert len(store) == 0 and list((store.store.root / ".tmp").iterdir()) == []
+    assert not (store.store.root / "trained").exists()
 
 
 @pytest.mark.parametrize(
