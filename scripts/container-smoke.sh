@@ -68,11 +68,11 @@ echo "build: $(( $(date +%s) - start )) s"
 podman image inspect "$IMAGE" --format 'image size: {{.Size}} bytes'
 podman image inspect "$IMAGE" --format '{{json .Config.Healthcheck}}' | grep -q _stcore/health
 # What the README promises of the image, read from the built image itself.
-config=$(podman image inspect "$IMAGE" --format '{{.Config.User}} {{json .Config.ExposedPorts}} {{json .Config.Env}}')
-for want in '^10001 ' '"8501/tcp"' '"HF_HUB_OFFLINE=1"' '"MHSA_ALLOWED_MODELS="' '"MHSA_MAX_TOKENS=512"'; do
+config=$(podman image inspect "$IMAGE" --format '{{.Config.User}} {{json .Config.ExposedPorts}} {{json .Config.Env}} {{json .Config.Volumes}}')
+for want in '^10001 ' '"8501/tcp"' '"HF_HUB_OFFLINE=1"' '"MHSA_ALLOWED_MODELS="' '"MHSA_MAX_TOKENS=512"' '"MHSA_STORE=/data"' '"/data":{}'; do
   echo "$config" | grep -q -- "$want" || { echo "image config lacks $want: $config"; exit 1; }
 done
-echo "image config: user 10001, port 8501, offline, embedded model only by default"
+echo "image config: user 10001, port 8501, offline, embedded model only by default, store volume /data"
 
 # 3. Run it, time the cold start to healthy.
 t0=$(date +%s.%N)
@@ -120,6 +120,10 @@ except ModelLoadError:
 else:
     raise SystemExit('the image loads any model')
 "
+
+# The store volume is writable by the image's user (ui.serve checked it at start).
+podman --runtime runc exec "$NAME" python3 -m mhsa store list | tail -n1 | grep -q "in /data" \
+  && echo "store: /data, writable"
 
 # 4. A heatmap renders from inside the container, in Debian's chromium.
 "$ROOT/.venv/bin/python" - "$PORT" <<'PY'

@@ -60,6 +60,7 @@ from mhsa.engine.store_entry import FORMAT, Entry, flock, folder_files, read_ent
 from mhsa.errors import MHSAError
 
 __all__ = [
+    "DEFAULT_MB",
     "FORMAT",
     "Entry",
     "EntryMissingError",
@@ -67,9 +68,12 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreFullError",
+    "store_mb",
     "store_root",
 ]
 
+#: megabytes of entries a store holds when ``MHSA_STORE_MB`` is unset
+DEFAULT_MB = 2048
 _KIND = re.compile(r"[a-z][a-z0-9-]{0,31}")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _SEP = "--"
@@ -94,10 +98,15 @@ def store_root() -> Path | None:
     return Path(raw).expanduser() if raw else None
 
 
-def _store_mb() -> int | None:
+def store_mb() -> int:
+    """The bound ``MHSA_STORE_MB`` sets, in megabytes (``DEFAULT_MB`` when unset).
+
+    Raises:
+        StoreError: it is not a whole number of 1 or more.
+    """
     raw = os.environ.get("MHSA_STORE_MB", "").strip()
     if not raw:
-        return None
+        return DEFAULT_MB
     if not raw.isdigit() or int(raw) < 1:
         raise StoreError(f"MHSA_STORE_MB={raw!r} is not a whole number of megabytes (1 or more)")
     return int(raw)
@@ -143,9 +152,13 @@ class Store:
 
     @classmethod
     def from_env(cls) -> Store | None:
-        """The store ``MHSA_STORE`` names, bounded by ``MHSA_STORE_MB`` (None: unset)."""
+        """The store ``MHSA_STORE`` names, bounded by ``MHSA_STORE_MB`` (None: unset).
+
+        Raises:
+            StoreError: the folder cannot be used, or ``MHSA_STORE_MB`` is no number.
+        """
         root = store_root()
-        return None if root is None else cls(root, max_mb=_store_mb())
+        return None if root is None else cls(root, max_mb=store_mb())
 
     def _unwritable(self, e: OSError) -> str:
         return (
@@ -234,7 +247,8 @@ class Store:
             _log.warning(line)
         return line
 
-    def _scan(self, kind: str | None = None) -> tuple[list[Entry], list[str]]:
+    def scan(self, kind: str | None = None) -> tuple[list[Entry], list[str]]:
+        """``entries`` and ``problems`` in one pass over the folders."""
         entries, problems = [], []
         kinds = [kind] if kind is not None else self.kinds()
         for k in kinds:
@@ -263,11 +277,11 @@ class Store:
     def entries(self, kind: str | None = None) -> list[Entry]:
         """The usable entries (of ``kind``; None: every kind), least recently used first. Bad
         ones are left out, reported once each in the log (``problems``)."""
-        return self._scan(kind)[0]
+        return self.scan(kind)[0]
 
     def problems(self, kind: str | None = None) -> list[str]:
         """One line per entry that ``entries`` leaves out, saying why."""
-        return self._scan(kind)[1]
+        return self.scan(kind)[1]
 
     def bytes_used(self) -> int:
         return sum(e.bytes for e in self.entries())
