@@ -52,6 +52,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,23 @@ class Pin:
             self._store._unpin(self._key)
 
 
+@dataclass
+class _InProcess:
+    """What the threads of one process share about one store folder: flock locks exclude
+    processes (on NFS, only processes), so threads take these first, and a process keeps one
+    descriptor per pinned entry (closing any descriptor drops a process's NFS locks)."""
+
+    threads: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
+    pins: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)  # (count, fd)
+    reported: set[str] = field(default_factory=set)
+    mutex: threading.Lock = field(default_factory=threading.Lock)
+    pin_lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_PROCESS: dict[Path, _InProcess] = {}
+_PROCESS_LOCK = threading.Lock()
+
+
 class Store:
     """The entries under ``root`` (see the module's docstring), at most ``max_mb`` megabytes
     (2**20 bytes) of them (None: no bound). Opening a store checks its format, and removes the
@@ -137,11 +155,10 @@ class Store:
     def __init__(self, root: str | Path, *, max_mb: int | None = None) -> None:
         self.root = Path(root).expanduser().absolute()
         self.max_mb = max_mb
-        self._threads: dict[tuple[str, str], threading.Lock] = {}
-        self._pins: dict[tuple[str, str], tuple[int, int]] = {}  # key -> (count, descriptor)
-        self._mutex = threading.Lock()
-        self._pin_lock = threading.Lock()
-        self._reported: set[str] = set()
+        with _PROCESS_LOCK:  # every Store object of one folder in this process shares these
+            shared = _PROCESS.setdefault(self.root, _InProcess())
+        self._threads, self._pins, self._reported = shared.threads, shared.pins, shared.reported
+        self._mutex, self._pin_lock = shared.mutex, shared.pin_lock
         try:
             for sub in (".tmp", ".locks"):
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
