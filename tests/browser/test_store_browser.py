@@ -6,9 +6,11 @@ the message that says what to raise."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -49,11 +51,10 @@ def test_trained_models_open_on_every_replica_and_after_a_restart(tmp_path) -> N
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         main = page.locator("[data-testid='stMain']")
-        with (
-            streamlit_server(env) as one,
-            streamlit_server(env) as two,
-            nginx_in_front([one, two], tmp_path) as url,
-        ):
+        with contextlib.ExitStack() as replicas:
+            with ThreadPoolExecutor(2) as pool:  # both start at once
+                one, two = pool.map(replicas.enter_context, [streamlit_server(env) for _ in "12"])
+            url = replicas.enter_context(nginx_in_front([one, two], tmp_path))
             _train(page, url, f"{TINY}&steps=30")
             main.get_by_text("30 of 30").wait_for(timeout=120_000)
             held = main.get_by_text(re.compile(r"trained:[0-9a-f]{12}")).first.inner_text()
