@@ -59,6 +59,8 @@ def test_trained_models_open_on_every_replica_and_after_a_restart(tmp_path) -> N
             main.get_by_text("30 of 30").wait_for(timeout=120_000)
             held = main.get_by_text(re.compile(r"trained:[0-9a-f]{12}")).first.inner_text()
             name = re.search(r"trained:[0-9a-f]{12}", held).group(0)
+            kept = main.locator("[data-testid='stAlertContentSuccess']").inner_text()
+            assert f"Kept in this server's store as {name}: " in kept, kept
             main.get_by_role("button", name="Explore this model").click()
             page.wait_for_url(re.compile(r"/Heads\?"), timeout=60_000)
             wait_for_app(page, plots=PAGE_PLOTS["Heads"])
