@@ -1,8 +1,8 @@
 """Trained models kept in one store (``MHSA_STORE``) by real servers: two replicas behind the
 shipped nginx share it, so a model trained through the page on one opens by its link on the
-other; a replica killed with SIGKILL mid-training leaves nothing half-saved; a server started
-afresh on the same store opens the link, and with a store of 1 MB refuses a bigger model with
-the message that says what to raise."""
+other; replicas killed with SIGKILL mid-training and mid-save leave nothing listed; a server
+started afresh on the same store removes the half-saved leftover, opens the link, and with a
+store of 1 MB refuses a bigger model with the message that says what to raise."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import contextlib
 import os
 import re
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -23,6 +24,7 @@ from bench.browser import (
     wait_for_app,
 )
 from mhsa.engine.store import Store
+from mhsa.engine.store_entry import flock
 
 pytestmark = pytest.mark.browser
 TINY = "layers=2&heads=2&width=16&train_seed=1"
@@ -76,11 +78,26 @@ def test_trained_models_open_on_every_replica_and_after_a_restart(tmp_path) -> N
                 timeout=60_000
             )
             os.kill(other.pid, signal.SIGKILL)
-        assert [e.id for e in Store(root).entries("trained")] == [name.split(":")[1]]
-        assert list((root / ".tmp").iterdir()) == []
+            # the trainer dies mid-save: its files are written, not yet put in place (the test
+            # holds the store's lock, as another replica putting an entry in place would)
+            busy = flock(root / ".locks" / "store.lock", exclusive=True)
+            try:
+                _train(page, trainer, f"{TINY}&steps=5")
+                deadline = time.monotonic() + 120
+                while not list((root / ".tmp").glob("trained--*/manifest.json")):
+                    assert time.monotonic() < deadline, "the save never reached its last step"
+                    time.sleep(0.05)
+                os.kill(trainer.pid, signal.SIGKILL)
+            finally:
+                os.close(busy)
+        # what is listed: the first model only; the killed save's folder is left over
+        assert [p.name for p in (root / "trained").iterdir()] == [name.split(":")[1]]
+        (leftover,) = (root / ".tmp").iterdir()
+        assert leftover.name.startswith("trained--") and (leftover / "model").is_dir()
         # every server down; one starts again, on the same store with room for 1 MB
         with streamlit_server({**env, "MHSA_STORE_MB": "1"}) as again:
             _opens_on_heads(page, f"{again}{link}", name)
+            assert not leftover.exists()  # removed when the restarted server opened the store
             _train(page, again, "layers=1&heads=2&width=128&steps=5&train_seed=1")
             refusal = main.get_by_text(re.compile(r"The store has no room for this"))
             refusal.wait_for(timeout=120_000)
