@@ -122,8 +122,10 @@ else:
 "
 
 # The store volume is writable by the image's user (ui.serve checked it at start).
-podman --runtime runc exec "$NAME" python3 -m mhsa store list | tail -n1 | grep -q "in /data" \
-  && echo "store: /data, writable"
+podman --runtime runc exec "$NAME" python3 -m mhsa store list >"$WORK/store.log" 2>&1 || true
+grep -q "0 entries, 0.00 MB of 2048 MB (MHSA_STORE_MB), in /data" "$WORK/store.log" \
+  || { echo "the image's store at /data is not usable:"; cat "$WORK/store.log"; exit 1; }
+echo "store: /data, opened by the server at start, listed by python -m mhsa store list"
 
 # 4. A heatmap renders from inside the container, in Debian's chromium.
 "$ROOT/.venv/bin/python" - "$PORT" <<'PY'
