@@ -30,7 +30,7 @@ CONF
 export CONTAINERS_STORAGE_CONF="$WORK/storage.conf"
 
 cleanup() {
-  podman --runtime runc rm -f "$NAME" "$NAME-hc" >/dev/null 2>&1 || true
+  podman --runtime runc rm -f -v "$NAME" "$NAME-hc" >/dev/null 2>&1 || true
   podman rmi -f "$IMAGE" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
@@ -96,7 +96,7 @@ if ! curl -fsS http://127.0.0.1:8501/_stcore/health >/dev/null 2>&1; then
     sleep 0.5
   done
   podman healthcheck run "$NAME-hc" && echo "image HEALTHCHECK: healthy"
-  podman --runtime runc rm -f "$NAME-hc" >/dev/null
+  podman --runtime runc rm -f -v "$NAME-hc" >/dev/null
 fi
 podman --runtime runc exec "$NAME" whoami | grep -qv root && echo "runs as non-root: $(podman --runtime runc exec "$NAME" id -u)"
 # A bad MHSA_MAX_HEAVY stops the container at start, with a message naming the variable.
