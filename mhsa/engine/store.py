@@ -300,9 +300,6 @@ class Store:
         """One line per entry that ``entries`` leaves out, saying why."""
         return self.scan(kind)[1]
 
-    def bytes_used(self) -> int:
-        return sum(e.bytes for e in self.entries())
-
     def get(self, kind: str, entry_id: str, *, touch: bool = True) -> Entry:
         """The entry (marked as used now, unless ``touch`` is False).
 
