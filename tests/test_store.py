@@ -278,3 +278,38 @@ def test_the_command_line_lists_removes_and_cleans(tmp_path, monkeypatch, capsys
     with pytest.raises(SystemExit):
         main(["store", "list"])
     assert "No store: set MHSA_STORE" in capsys.readouterr().err
+
+
+def test_the_server_refuses_to_start_on_a_store_it_cannot_use(tmp_path, monkeypatch) -> None:
+    """``ui.serve`` checks the store before Streamlit starts: one line, exit code 2."""
+    from ui.serve import check_settings
+
+    (tmp_path / "file").write_text("")
+    newer = tmp_path / "newer"
+    newer.mkdir()
+    (newer / "store.json").write_text('{"format": 2}')
+    monkeypatch.setenv("MHSA_STORE", str(newer))
+    (problem,) = check_settings()
+    assert "written by a newer version of MHSA Explorer (store format 2" in problem
+    monkeypatch.setenv("MHSA_STORE", str(tmp_path / "ok"))
+    monkeypatch.setenv("MHSA_STORE_MB", "lots")
+    assert check_settings() == [
+        "MHSA_STORE_MB='lots' is not a whole number of megabytes (1 or more)"
+    ]
+    monkeypatch.delenv("MHSA_STORE_MB")
+    assert check_settings() == [] and (tmp_path / "ok" / "store.json").is_file()
+    env = {**os.environ, "MHSA_STORE": str(tmp_path / "file" / "store")}
+    done = subprocess.run(
+        [sys.executable, "-m", "ui.serve", "--server.port=1"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == (
+        f"MHSA Explorer cannot start: The store folder '{tmp_path}/file/store' (MHSA_STORE) is "
+        "not writable (Not a directory): give a folder the server's user may write, or unset "
+        "MHSA_STORE."
+    )
