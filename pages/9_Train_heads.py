@@ -198,11 +198,7 @@ def _finished(run: TrainingRun) -> None:
     )
     if run.stopped_early:
         st.info(f"Cancelled after step {done}: the model keeps what it learned so far.", icon="⏹️")
-    st.success(
-        f"Held by this server for a while as **{run.model.name}**: "
-        "the sidebar's model box opens it on every page.",
-        icon="✅",
-    )
+    st.success(training.kept_text(run.model), icon="✅")
     st.button(
         "Explore this model",
         type="primary",

@@ -30,7 +30,7 @@ CONF
 export CONTAINERS_STORAGE_CONF="$WORK/storage.conf"
 
 cleanup() {
-  podman --runtime runc rm -f "$NAME" "$NAME-hc" >/dev/null 2>&1 || true
+  podman --runtime runc rm -f -v "$NAME" "$NAME-hc" >/dev/null 2>&1 || true
   podman rmi -f "$IMAGE" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
@@ -68,11 +68,11 @@ echo "build: $(( $(date +%s) - start )) s"
 podman image inspect "$IMAGE" --format 'image size: {{.Size}} bytes'
 podman image inspect "$IMAGE" --format '{{json .Config.Healthcheck}}' | grep -q _stcore/health
 # What the README promises of the image, read from the built image itself.
-config=$(podman image inspect "$IMAGE" --format '{{.Config.User}} {{json .Config.ExposedPorts}} {{json .Config.Env}}')
-for want in '^10001 ' '"8501/tcp"' '"HF_HUB_OFFLINE=1"' '"MHSA_ALLOWED_MODELS="' '"MHSA_MAX_TOKENS=512"'; do
+config=$(podman image inspect "$IMAGE" --format '{{.Config.User}} {{json .Config.ExposedPorts}} {{json .Config.Env}} {{json .Config.Volumes}}')
+for want in '^10001 ' '"8501/tcp"' '"HF_HUB_OFFLINE=1"' '"MHSA_ALLOWED_MODELS="' '"MHSA_MAX_TOKENS=512"' '"MHSA_STORE=/data"' '"/data":{}'; do
   echo "$config" | grep -q -- "$want" || { echo "image config lacks $want: $config"; exit 1; }
 done
-echo "image config: user 10001, port 8501, offline, embedded model only by default"
+echo "image config: user 10001, port 8501, offline, embedded model only by default, store volume /data"
 
 # 3. Run it, time the cold start to healthy.
 t0=$(date +%s.%N)
@@ -96,7 +96,7 @@ if ! curl -fsS http://127.0.0.1:8501/_stcore/health >/dev/null 2>&1; then
     sleep 0.5
   done
   podman healthcheck run "$NAME-hc" && echo "image HEALTHCHECK: healthy"
-  podman --runtime runc rm -f "$NAME-hc" >/dev/null
+  podman --runtime runc rm -f -v "$NAME-hc" >/dev/null
 fi
 podman --runtime runc exec "$NAME" whoami | grep -qv root && echo "runs as non-root: $(podman --runtime runc exec "$NAME" id -u)"
 # A bad MHSA_MAX_HEAVY stops the container at start, with a message naming the variable.
@@ -120,6 +120,12 @@ except ModelLoadError:
 else:
     raise SystemExit('the image loads any model')
 "
+
+# The store volume is writable by the image's user (ui.serve checked it at start).
+podman --runtime runc exec "$NAME" python3 -m mhsa store list >"$WORK/store.log" 2>&1 || true
+grep -q "0 entries, 0.00 MB of 2048 MB (MHSA_STORE_MB), in /data" "$WORK/store.log" \
+  || { echo "the image's store at /data is not usable:"; cat "$WORK/store.log"; exit 1; }
+echo "store: /data, opened by the server at start, listed by python -m mhsa store list"
 
 # 4. A heatmap renders from inside the container, in Debian's chromium.
 "$ROOT/.venv/bin/python" - "$PORT" <<'PY'

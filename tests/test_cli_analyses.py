@@ -172,6 +172,7 @@ def test_bad_arguments_exit_2_with_one_line(argv, message, capsys, tmp_path, mon
         ("roles", 'python -m mhsa roles "ba ke mo di ba ke mo di" --model toy:induction'),
         ("patch", "--model toy:induction --answer fu --wrong lo --out heads.csv"),
         ("flow", "--answer di --wrong lu --out dla.csv --routes routes.json"),
+        ("store", "python -m mhsa store remove trained:0123456789ab"),
     ],
 )
 def test_every_commands_help_shows_an_example(command: str, example: str, capsys) -> None:

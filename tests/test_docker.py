@@ -63,3 +63,30 @@ def test_the_image_serves_through_ui_serve_and_kubernetes_autoscales_on_cpu() ->
     assert container["resources"]["requests"]["cpu"]  # utilisation is a share of the request
     env = {e["name"]: e["value"] for e in container["env"]}
     assert int(env["MHSA_MAX_HEAVY"]) >= 1
+
+
+def test_every_deployment_keeps_its_store_on_one_shared_volume() -> None:
+    """The image keeps trained models and atlases in a volume at /data (``MHSA_STORE``); compose
+    mounts a named volume there, the scaling example one volume for every replica, and
+    Kubernetes one ReadWriteMany claim for every pod, writable by the image's user."""
+    import yaml
+
+    assert re.search(r"MHSA_STORE=/data\b", DOCKERFILE)
+    assert re.search(r'^VOLUME \["/data"\]', DOCKERFILE, re.M)
+    assert re.search(r"mkdir /data && chown app:app /data", DOCKERFILE)
+    single = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    assert "store:/data" in single["services"]["app"]["volumes"] and "store" in single["volumes"]
+    scale = yaml.safe_load((ROOT / "deploy/compose.scale.yaml").read_text())
+    apps = [s for name, s in scale["services"].items() if name.startswith("app")]
+    assert len(apps) == 3 and all(a["volumes"] == ["store:/data"] for a in apps)
+    assert {a["environment"]["MHSA_STORE"] for a in apps} == {"/data"}
+    docs = {d["kind"]: d for d in yaml.safe_load_all((ROOT / "deploy/kubernetes.yaml").read_text())}
+    claim, pod = docs["PersistentVolumeClaim"], docs["Deployment"]["spec"]["template"]["spec"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    (volume,) = pod["volumes"]
+    assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    container = pod["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    (mount,) = container["volumeMounts"]
+    assert mount == {"name": volume["name"], "mountPath": env["MHSA_STORE"]}
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]

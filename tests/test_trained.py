@@ -1,10 +1,14 @@
-"""The per-process store of trained models (``trained:<id>``): bounded, least recently used
-dropped with its folder, a failed save leaves nothing, names it does not hold refused; and a held
-model opens through ``load_model`` and is allowed whatever the operator's allow-list."""
+"""The store of trained models (``trained:<id>``): per process (no ``MHSA_STORE``) bounded, least
+recently used dropped with its folder, a failed save leaves nothing, names it does not hold
+refused; a held model opens through ``load_model`` and is allowed whatever the operator's
+allow-list; with ``MHSA_STORE``, a model another process saved opens here by name."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +17,8 @@ import pytest
 import mhsa
 from mhsa.engine.limits import Limits
 from mhsa.engine.trained import TrainedModelStore, trained_store
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _write(folder: Path) -> None:
@@ -34,7 +40,9 @@ def test_the_least_recently_used_model_is_dropped_with_its_folder(tmp_path) -> N
     with pytest.raises(mhsa.ModelLoadError, match=r"holds no trained model .*Train heads"):
         store.get(b.name)
     store.clear()
-    assert len(store) == 0 and list(tmp_path.iterdir()) == []
+    assert len(store) == 0 and list((store.store.root / "trained").iterdir()) == []
+    store.close()
+    assert list(tmp_path.iterdir()) == []  # the temporary store's folder is gone
 
 
 def test_a_failed_save_leaves_no_folder_and_holds_nothing(tmp_path) -> None:
@@ -46,7 +54,8 @@ def test_a_failed_save_leaves_no_folder_and_holds_nothing(tmp_path) -> None:
 
     with pytest.raises(RuntimeError, match="disk full"):
         store.add(half_written)
-    assert len(store) == 0 and list(tmp_path.iterdir()) == []
+    assert len(store) == 0 and list((store.store.root / ".tmp").iterdir()) == []
+    assert not (store.store.root / "trained").exists()
 
 
 @pytest.mark.parametrize(
@@ -82,3 +91,48 @@ def test_a_held_model_loads_by_name_and_passes_the_allow_list(monkeypatch, tiny_
         trained_store().clear()
     with pytest.raises(mhsa.ModelLoadError, match="holds no trained model"):
         mhsa.load_model(held.name, device="cpu")
+
+
+@pytest.fixture
+def shared_store(monkeypatch, tmp_path):
+    """``MHSA_STORE`` set to a fresh folder for this test's ``trained_store()``."""
+    monkeypatch.setenv("MHSA_STORE", str(tmp_path / "store"))
+    trained_store.cache_clear()
+    yield tmp_path / "store"
+    trained_store().release()
+    trained_store.cache_clear()
+
+
+def test_a_model_saved_by_another_process_opens_here_by_name(shared_store, tiny_gpt2_path) -> None:
+    """The other process has exited (a restart, or another replica): its model is in the
+    store, opens by ``trained:<id>`` and gives the attention of the same folder opened by path;
+    ``models()`` lists it with its settings."""
+    code = (
+        "import shutil, sys\n"
+        "from mhsa.engine.trained import trained_store\n"
+        "held = trained_store().add(lambda f: shutil.copytree(sys.argv[1], f), {'task': 'copy'})\n"
+        "print(held.name)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", code, tiny_gpt2_path], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    name = out.stdout.strip()
+    store = trained_store()
+    assert store.shared and name in store
+    (listed,) = store.models()
+    assert listed.name == name and listed.info == {"task": "copy"}
+    loaded = mhsa.load_model(name, device="cpu")
+    direct = mhsa.load_model(tiny_gpt2_path, device="cpu")
+    np.testing.assert_array_equal(
+        mhsa.attend("the cat sat", model=loaded).attention,
+        mhsa.attend("the cat sat", model=direct).attention,
+    )
+    manifest = listed.folder.parent / "manifest.json"
+    manifest.write_text("{ not json")  # damaged after this process held it: it keeps it
+    assert mhsa.load_model(name, device="cpu").display_name == name
+    trained_store().release()
+    with pytest.raises(mhsa.ModelLoadError, match=r"copy of trained model .* is damaged"):
+        trained_store().get(name)
+    assert name not in trained_store() and trained_store().models() == []

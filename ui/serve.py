@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from mhsa.corpus.jobs import max_heavy_from_env
+from mhsa.engine.store import Store, StoreError
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 #: the process environment a deployment runs with, unless the operator sets these: glibc's
@@ -27,11 +28,19 @@ DEV_OPTIONS = ("--server.fileWatcherType=auto", "--server.runOnSave=true")
 
 
 def check_settings() -> list[str]:
-    """The operator's settings that stop the server from starting, as messages."""
+    """The operator's settings that stop the server from starting, as messages: a bad
+    ``MHSA_MAX_HEAVY``; a store (``MHSA_STORE``) that is not writable or a newer version wrote,
+    or a bad ``MHSA_STORE_MB``."""
     problems = []
     try:
         max_heavy_from_env()
     except ValueError as e:
+        problems.append(str(e))
+    try:  # opening the store also removes what writers killed mid-save left behind
+        store = Store.from_env()
+        if store is not None:
+            store.check_writable()
+    except StoreError as e:
         problems.append(str(e))
     return problems
 

@@ -173,7 +173,9 @@ def text_param(raw: str) -> str:
 def model_param(raw: str) -> str:
     """A model named in a link loads only if the operator allowed it (``MHSA_ALLOWED_MODELS``);
     the refusal says the same whether or not such a folder or model exists. A ``trained:<id>``
-    model opens only while this process holds it (``mhsa.engine.trained``)."""
+    model opens only while the server's store holds it (``mhsa.engine.trained``: with
+    ``MHSA_STORE``, on every replica and after a restart; without, in the process that
+    trained it)."""
     raw = raw.strip()
     if not raw or len(raw) > 300:
         raise ValueError("must be a model id or folder")

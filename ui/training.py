@@ -62,6 +62,7 @@ __all__ = [
     "duration_text",
     "explore_state",
     "figures",
+    "kept_text",
     "phase_change_text",
     "probe_text",
     "progress_text",
@@ -457,6 +458,23 @@ def explore_state(run: TrainingRun) -> dict[str, Any]:
         "layer": layer,
         "head": head,
     }
+
+
+def kept_text(model: TrainedModel) -> str:
+    """Where the trained ``model`` is kept, in words (markdown): a store of its own
+    (``MHSA_STORE``) keeps it across restarts and for every replica sharing it; without one,
+    the server process holds it for a while."""
+    name = f"**{model.name}**"  # trained:<hex>: no markdown in it
+    if trained_store().shared:
+        return (
+            f"Kept in this server's store as {name}: the sidebar's model box opens it on every "
+            "page, and a link to it opens it on every replica of this server, after a restart "
+            "too."
+        )
+    return (
+        f"Held by this server for a while as {name}: the sidebar's model box opens it on every "
+        "page."
+    )
 
 
 def toy_state(task: str) -> dict[str, Any]:

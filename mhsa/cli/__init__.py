@@ -12,14 +12,26 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mhsa.cli import atlas, attend, circuit, flow, importance, info, patch, roles, stats, train
+from mhsa.cli import (
+    atlas,
+    attend,
+    circuit,
+    flow,
+    importance,
+    info,
+    patch,
+    roles,
+    stats,
+    store,
+    train,
+)
 from mhsa.cli.common import Parser, add_command, check_outputs
 from mhsa.errors import MHSAError
 
 __all__ = ["COMMANDS", "main", "parser"]
 
 #: every command, in the order ``--help`` lists them
-COMMANDS = (attend, info, stats, importance, train, roles, patch, flow, circuit, atlas)
+COMMANDS = (attend, info, stats, importance, train, roles, patch, flow, circuit, atlas, store)
 
 
 def parser() -> argparse.ArgumentParser:

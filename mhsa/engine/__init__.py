@@ -6,7 +6,8 @@ Holds the attention module and its parts (``attention``, ``core``, ``rotary``, `
 ``block_search``), the runs (``forward``, ``residual``, ``partial``, ``selection``,
 ``extract``, ``layer_files``, ``generation``), text in and out (``encoding``, ``tokens``),
 corpora in padded batches (``batches``), models and what their names mean (``models``,
-``model_names``, ``limits``, ``trained``), caches (``cache``), norms as attention (``norms``:
+``model_names``, ``limits``, ``trained``), the store that keeps trained models and atlases by
+id (``store``, ``store_entry``: ``MHSA_STORE``), caches (``cache``), norms as attention (``norms``:
 ``attend(norms=True)`` computes them) and the result (``result``).
 
 May import: the shared top-level modules (``mhsa.errors``, ``mhsa.registry``,

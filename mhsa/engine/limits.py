@@ -21,8 +21,11 @@
 - MHSA_MAX_CORPUS (50): sentences used from the statistics page's corpus box.
 - MHSA_MAX_TRAIN_STEPS (5000): optimizer steps of one training run (``mhsa.training``).
 - MHSA_MAX_TRAIN_PARAMETERS (5000000): parameters of a model trained here.
-- MHSA_TRAINED_MODELS (4): models trained on the Train heads page kept per process (``trained:<id>``
-  in the model box; least recently used dropped, its folder removed).
+- MHSA_TRAINED_MODELS (4): models trained on the Train heads page (``trained:<id>`` in the model
+  box) each process holds: with a store (MHSA_STORE) it keeps them pinned, without one they are
+  all it keeps (least recently used dropped, its folder removed); ``mhsa.engine.trained``.
+- MHSA_STORE (unset) and MHSA_STORE_MB (2048): the folder that keeps trained models and atlases
+  across restarts and replicas, and its bound (``mhsa.engine.store``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,20 @@
-"""Models trained in this process, held for a while so that every page and both engines can open
-them by name (``trained:<id>``) like any other model.
+"""Models trained on the Train heads page, held so that every page and both engines can open them
+by name (``trained:<id>``) like any other model.
 
-A trained model is a normal transformers folder (``mhsa.training.save_model``) in a temporary
-folder of its own. The store keeps at most ``MHSA_TRAINED_MODELS`` of them per process (least
-recently used dropped, its folder removed), so that a class training all afternoon does not fill
-the disk. Ids are random: a link naming one opens it only in the process that trained it, and
-only while it is held (``ui.state.model_param`` falls back with a notice otherwise); the link's
-training settings and seed are what let anyone else retrain the same model.
+A trained model is a normal transformers folder (``mhsa.training.save_model``), an entry of kind
+``"trained"`` in a store (``mhsa.engine.store``): written whole or not at all, with a manifest
+(its training settings, when, its size, the versions that wrote it).
+
+- ``MHSA_STORE`` set: the store is that folder, shared by every process and replica that names
+  it and kept across restarts. A ``trained:<id>`` link opens on any of them; ``models()`` lists
+  them all. Each process pins the ``MHSA_TRAINED_MODELS`` models it used last (its pages read
+  them), so that no other process evicts them under ``MHSA_STORE_MB``.
+- unset (the library's default): a temporary store of this process, removed when it exits; it
+  keeps the ``MHSA_TRAINED_MODELS`` models used last (the oldest removed), and a link naming
+  one opens only in this process (``ui.state.model_param`` falls back with a notice otherwise).
+
+Ids are random; a link's training settings and seed are what let anyone train the same model
+again.
 """
 
 from __future__ import annotations
@@ -26,9 +34,11 @@ from typing import Any
 
 from mhsa.engine.limits import Limits
 from mhsa.engine.model_names import TRAINED_PREFIX, is_trained_name
+from mhsa.engine.store import Entry, EntryMissingError, Pin, Store
 from mhsa.errors import ModelLoadError
 
 __all__ = [
+    "KIND",
     "TRAINED_PREFIX",
     "TrainedModel",
     "TrainedModelStore",
@@ -36,6 +46,8 @@ __all__ = [
     "trained_store",
 ]
 
+#: the store's kind of entry for a trained model
+KIND = "trained"
 _ID = re.compile(r"[0-9a-f]{12}")
 
 
@@ -51,88 +63,164 @@ class TrainedModel:
     def name(self) -> str:
         return f"{TRAINED_PREFIX}{self.id}"
 
+    @classmethod
+    def of(cls, entry: Entry) -> TrainedModel:
+        return cls(entry.id, entry.folder / "model", dict(entry.settings))
+
 
 class TrainedModelStore:
-    """At most ``capacity`` trained models, each in a temporary folder of its own, least
-    recently used dropped first (its folder removed). Safe to use from several threads."""
+    """Trained models in a store (``mhsa.engine.store.Store``; see the module's docstring).
 
-    def __init__(self, capacity: int, *, root: str | Path | None = None) -> None:
+    Args:
+        capacity: models this process holds (pins), least recently used dropped first: from a
+            shared store (``store``) it only unpins them; from its own temporary store it
+            removes them.
+        root: where the temporary store's folder goes (default: the system's temporary
+            folder); ignored with ``store``.
+        store: a shared store (``Store.from_env()``: ``MHSA_STORE``); None: a temporary one.
+
+    Safe to use from several threads.
+    """
+
+    def __init__(
+        self, capacity: int, *, root: str | Path | None = None, store: Store | None = None
+    ) -> None:
         if capacity < 1:
             raise ValueError(f"a store of trained models needs room for at least 1, not {capacity}")
         self.capacity = capacity
-        self._root = Path(root) if root is not None else None
+        self.shared = store is not None
+        if store is None:
+            if root is not None:
+                Path(root).mkdir(parents=True, exist_ok=True)
+            store = Store(tempfile.mkdtemp(prefix="mhsa-store-", dir=root))
+        self.store = store
         self._lock = threading.Lock()
-        self._models: OrderedDict[str, TrainedModel] = OrderedDict()
+        self._held: OrderedDict[str, tuple[TrainedModel, Pin]] = OrderedDict()
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._models)
+        return len(self.store.entries(KIND))
 
     def add(
         self, save: Callable[[Path], Any], info: Mapping[str, Any] | None = None
     ) -> TrainedModel:
-        """Hold a new model: ``save(folder)`` writes it into a fresh folder (which it must
-        create; it does not exist yet). A ``save`` that raises leaves nothing behind.
+        """Keep a new model: ``save(folder)`` writes it into a fresh folder (which it must
+        create; it does not exist yet), inside a temporary folder of the store that is renamed
+        into place once ``save`` has returned. A ``save`` that raises leaves nothing behind.
 
         Returns:
-            The held model; the least recently used one is dropped if the store was full.
+            The model, held; the least recently used one is dropped if this process holds
+            ``capacity``.
+
+        Raises:
+            mhsa.engine.store.StoreFullError: it does not fit under ``MHSA_STORE_MB``.
         """
-        if self._root is not None:
-            self._root.mkdir(parents=True, exist_ok=True)
-        home = Path(tempfile.mkdtemp(prefix="mhsa-trained-", dir=self._root))
-        try:
-            save(home / "model")
-        except BaseException:
-            shutil.rmtree(home, ignore_errors=True)
-            raise
-        model = TrainedModel(secrets.token_hex(6), home / "model", dict(info or {}))
+        model_id = secrets.token_hex(6)
+        with self.store.writing(KIND, model_id, info) as folder:
+            save(folder / "model")
         with self._lock:
-            self._models[model.id] = model
-            dropped = [
-                self._models.popitem(last=False)[1]
-                for _ in range(len(self._models) - self.capacity)
-            ]
-        for old in dropped:
-            shutil.rmtree(old.folder.parent, ignore_errors=True)
+            return self._hold(model_id)
+
+    def _hold(self, model_id: str) -> TrainedModel:
+        """Pin the entry and hold it (under ``_lock``); drop the oldest held beyond capacity."""
+        pin = self.store.pin(KIND, model_id)
+        model = TrainedModel.of(pin.entry)
+        self._held[model_id] = (model, pin)
+        while len(self._held) > self.capacity:
+            old, old_pin = self._held.popitem(last=False)[1]
+            old_pin.release()
+            if not self.shared:
+                self.store.remove(KIND, old.id)
         return model
 
     def __contains__(self, name: object) -> bool:
-        if not isinstance(name, str):
+        model_id = self._id(name) if isinstance(name, str) else None
+        if model_id is None:
             return False
         with self._lock:
-            return self._id(name) in self._models
+            if model_id in self._held:
+                return True
+        try:
+            self.store.get(KIND, model_id, touch=False)
+        except EntryMissingError:
+            return False
+        return True
 
     def get(self, name: str) -> TrainedModel:
-        """The held model named ``trained:<id>`` (or just ``<id>``), marked as recently used.
+        """The model named ``trained:<id>`` (or just ``<id>``), marked as recently used and
+        held by this process.
 
         Raises:
-            ModelLoadError: no such model is held here (never trained in this process, or
-                dropped to make room for newer ones).
+            ModelLoadError: the store has no such model (never trained with this store,
+                removed, dropped to make room, or damaged: the server's log says how).
         """
+        model_id = self._id(name)
         with self._lock:
-            model = self._models.get(self._id(name))
-            if model is not None:
-                self._models.move_to_end(model.id)
-                return model
-        raise ModelLoadError(
-            f"This server holds no trained model {name.strip()!r}: trained models live only in "
-            f"the server process that trained them, and only the {self.capacity} most recently "
-            f"used are kept. Train it again on the Train heads page (a link to it carries the "
-            f"settings and the seed), or open a shipped one such as 'toy:induction'."
+            if model_id in self._held:
+                self._held.move_to_end(model_id)
+                self.store.touch(KIND, model_id)
+                return self._held[model_id][0]
+            if model_id is not None and self.shared:
+                try:
+                    return self._hold(model_id)
+                except EntryMissingError as e:
+                    if "skipped" in str(e):
+                        raise ModelLoadError(
+                            f"This server's copy of trained model {name.strip()!r} is damaged "
+                            "and was skipped (the server's log says how). Train it again on the "
+                            "Train heads page (a link to it carries the settings and the seed)."
+                        ) from e
+        raise ModelLoadError(self._missing(name))
+
+    def _missing(self, name: str) -> str:
+        shown = name.strip()
+        if self.shared:
+            where = (
+                "its store (MHSA_STORE) has none of that name: it was removed, or dropped to "
+                "make room for newer ones"
+            )
+        else:
+            where = (
+                "trained models live only in the server process that trained them, and only "
+                f"the {self.capacity} most recently used are kept"
+            )
+        return (
+            f"This server holds no trained model {shown!r}: {where}. Train it again on the Train "
+            "heads page (a link to it carries the settings and the seed), or open a shipped one "
+            "such as 'toy:induction'."
         )
 
     def models(self) -> list[TrainedModel]:
-        """The held models, least recently used first."""
+        """Every trained model in the store (a shared store: those of every process), least
+        recently used first."""
+        return [TrainedModel.of(e) for e in self.store.entries(KIND)]
+
+    def release(self) -> None:
+        """Drop what this process holds: unpin (a temporary store: remove) every model."""
         with self._lock:
-            return list(self._models.values())
+            held = list(self._held.values())
+            self._held.clear()
+        for model, pin in held:
+            pin.release()
+            if not self.shared:
+                self.store.remove(KIND, model.id)
 
     def clear(self) -> None:
-        """Drop every model and remove its folder."""
-        with self._lock:
-            dropped = list(self._models.values())
-            self._models.clear()
-        for model in dropped:
-            shutil.rmtree(model.folder.parent, ignore_errors=True)
+        """Remove every trained model of the store (a shared store: of every process too,
+        except those another process has open)."""
+        self.release()
+        for entry in self.store.entries(KIND):
+            try:
+                self.store.remove(KIND, entry.id)
+            except (EntryMissingError, ModelLoadError):
+                continue
+            except ValueError:  # in use elsewhere (StoreError): its process keeps it
+                continue
+
+    def close(self) -> None:
+        """Release this process's models; a temporary store is removed with its folder."""
+        self.release()
+        if not self.shared:
+            shutil.rmtree(self.store.root, ignore_errors=True)
 
     @staticmethod
     def _id(name: str) -> str | None:
@@ -142,7 +230,14 @@ class TrainedModelStore:
 
 @functools.cache
 def trained_store() -> TrainedModelStore:
-    """The process's store (``MHSA_TRAINED_MODELS`` models), emptied when the process exits."""
-    store = TrainedModelStore(Limits.from_env().trained_models)
-    atexit.register(store.clear)
+    """The process's store of trained models: ``MHSA_STORE``'s folder, shared and kept, or
+    (unset) a temporary one removed when the process exits; each process holds
+    ``MHSA_TRAINED_MODELS`` of them.
+
+    Raises:
+        mhsa.engine.store.StoreError: ``MHSA_STORE`` names a folder that cannot be used.
+    """
+    shared = Store.from_env()
+    store = TrainedModelStore(Limits.from_env().trained_models, store=shared)
+    atexit.register(store.close)
     return store
