@@ -63,6 +63,7 @@ from mhsa.engine.extract import (
     generate,
     generate_ids,
 )
+from mhsa.engine.interop import from_attention
 from mhsa.engine.models import (
     DEFAULT_MODEL,
     DEVICES,
@@ -143,6 +144,7 @@ __all__ = [
     "edge_attribution",
     "faithfulness_curve",
     "find_tokens",
+    "from_attention",
     "generate",
     "generate_ids",
     "get_model",
