@@ -32,6 +32,7 @@ assert site in TOY_DIR.resolve().parents, f"toy models read from {TOY_DIR}"
 r = mhsa.attend("The cat sat on the mat.")
 assert r.attention.shape == (6, 12, len(r.tokens), len(r.tokens)), r.attention.shape
 toy = mhsa.attend("ba be bi bo ba be bi bo", model="toy:induction")
+assert 'class="mhsa-data"' in toy._repr_html_()  # the notebook view's assets are packaged
 induction = mhsa.detect_heads(None, "induction", result=toy)["score"]
 print(f"default: {r.attention.shape}; toy:induction: {toy.attention.shape}, "
       f"best induction score {induction.max():.2f} ({induction.idxmax()})")

@@ -47,6 +47,14 @@ def test_the_shipped_data_is_in_the_package_data() -> None:
     assert DATA_DIR == ROOT / "data"  # the checkout's (a wheel's is mhsa/_data)
 
 
+def test_the_notebook_views_assets_are_in_the_package_data() -> None:
+    globs = PROJECT["tool"]["setuptools"]["package-data"]["mhsa.plots"]
+    plots = ROOT / "mhsa" / "plots"
+    packaged = {p for g in globs for p in plots.glob(g)}
+    assert packaged == set((plots / "notebook_assets").iterdir())
+    assert {p.name for p in packaged} == {"view.js", "view.css"}
+
+
 @pytest.mark.parametrize(
     ("requirements", "group"),
     [("requirements.txt", None), ("requirements.txt", "app"), ("requirements-ray.txt", "ray")],
