@@ -57,7 +57,12 @@ def test_the_notebook_views_assets_are_in_the_package_data() -> None:
 
 @pytest.mark.parametrize(
     ("requirements", "group"),
-    [("requirements.txt", None), ("requirements.txt", "app"), ("requirements-ray.txt", "ray")],
+    [
+        ("requirements.txt", None),
+        ("requirements.txt", "app"),
+        ("requirements-ray.txt", "ray"),
+        ("requirements-dev.txt", "notebook"),
+    ],
 )
 def test_the_pins_satisfy_the_declared_ranges(requirements: str, group: str | None) -> None:
     declared = (
