@@ -9,6 +9,10 @@ TransformerLens ``ActivationCache`` is stood in for by an object that has only w
 
 from __future__ import annotations
 
+import io
+import os
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -16,6 +20,8 @@ import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
 import mhsa
+from mhsa.engine import interop
+from mhsa.engine.interop import read_attention_file
 from mhsa.engine.models import default_model_path
 
 TEXT = "The cat sat on the mat, and the cat slept."
@@ -221,3 +227,82 @@ def test_transformer_lens_cache() -> None:
         np.testing.assert_allclose(
             scores, mhsa.detect_heads(TOY_TEXT, name, model=toy, result=ours)["score"], atol=1e-5
         )
+
+
+# --- files: the Overview's upload ---------------------------------------------------------------
+
+
+class Exploit:
+    """An object whose unpickling would run code: a .pt must never unpickle it."""
+
+    def __reduce__(self):
+        return (Path.touch, (Path(os.environ["MHSA_TEST_MARK"]),))
+
+
+def _npz(**arrays) -> bytes:
+    out = io.BytesIO()
+    np.savez_compressed(out, **arrays)
+    return out.getvalue()
+
+
+def _pt(value) -> bytes:
+    out = io.BytesIO()
+    torch.save(value, out)
+    return out.getvalue()
+
+
+def test_files_read_the_same_attention(minilm_outputs, tmp_path) -> None:
+    attentions, tokens = minilm_outputs
+    by_hand = np.stack([a[0].numpy() for a in attentions])
+    stacked = torch.stack(attentions)  # [layers, batch, heads, n, n]
+    saved = tmp_path / "result.npz"
+    mhsa.from_attention(attentions, tokens).save(saved)
+    files = {
+        "a.npz": _npz(attention=by_hand, tokens=np.array(tokens)),
+        "b.NPZ": _npz(attention=stacked.numpy(), tokens=np.array(tokens)),
+        "c.pt": _pt({"attention": stacked[:, 0], "tokens": tokens}),
+        "d.pt": _pt({"attention": attentions, "tokens": tokens}),  # outputs.attentions as is
+        "e.npz": saved.read_bytes(),  # a result downloaded from the Overview
+    }
+    for name, data in files.items():
+        result = read_attention_file(data, name)
+        np.testing.assert_array_equal(result.attention, by_hand, err_msg=name)
+        assert result.tokens == tokens, name
+
+
+def test_a_pt_file_is_never_unpickled(tmp_path, monkeypatch, minilm_outputs) -> None:
+    attentions, tokens = minilm_outputs
+    mark = tmp_path / "ran"
+    monkeypatch.setenv("MHSA_TEST_MARK", str(mark))
+    data = _pt({"attention": attentions, "tokens": tokens, "payload": Exploit()})
+    with pytest.raises(mhsa.InputError, match="could not be read as a tensor file"):
+        read_attention_file(data, "evil.pt")
+    assert not mark.exists()
+    torch.load(io.BytesIO(data), weights_only=False)  # the payload is live: unpickled, it runs
+    assert mark.exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "message"),
+    [
+        ("a.txt", b"", "give a .npz or .pt"),
+        ("a.npz", b"not a zip", "not a zip archive"),
+        ("a.npz", _npz(attention=np.ones((1, 1, 2, 2)) / 2), "needs two arrays"),
+        ("a.npz", _npz(attention=np.ones((1, 1, 2, 2)) / 2, tokens=np.arange(2)), "strings"),
+        ("a.npz", _npz(attention=np.ones((1, 1, 2, 2)) / 2, tokens=np.array(["a", None])), "read"),
+        ("a.pt", _pt([1, 2]), "must hold a dict"),
+        ("a.pt", _pt({"attention": torch.ones(1, 1, 2, 2) / 2, "tokens": [1, 2]}), "strings"),
+        ("a.pt", _pt({"attention": torch.ones(1, 1, 2, 2), "tokens": ["a", "b"]}), "sum to 1"),
+    ],
+)
+def test_bad_files_say_what_is_wrong(name: str, data: bytes, message: str) -> None:
+    with pytest.raises(mhsa.InputError, match=message):
+        read_attention_file(data, name)
+
+
+def test_a_file_that_unpacks_too_large_is_refused_before_unpacking(monkeypatch) -> None:
+    monkeypatch.setattr(interop, "MAX_FILE_BYTES", 10_000)
+    data = _npz(attention=np.zeros((4, 4, 30, 30)), tokens=np.array(["a"] * 30))
+    assert len(data) < 10_000  # zeros compress: the archive's own size says nothing
+    with pytest.raises(mhsa.InputError, match="unpacks to"):
+        read_attention_file(data, "zeros.npz")

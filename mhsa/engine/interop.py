@@ -11,7 +11,9 @@ then runs on it. Nothing here imports TransformerLens or nnsight: they are read 
 
 from __future__ import annotations
 
+import io
 import re
+import zipfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +25,14 @@ from mhsa.engine.result import AttentionResult
 from mhsa.engine.tokens import is_punctuation
 from mhsa.errors import InputError
 
-__all__ = ["IMPORTED_ENGINE", "KNOWN_SPECIAL_TOKENS", "from_attention"]
+__all__ = [
+    "ATTENTION_FILE_TYPES",
+    "IMPORTED_ENGINE",
+    "KNOWN_SPECIAL_TOKENS",
+    "MAX_FILE_BYTES",
+    "from_attention",
+    "read_attention_file",
+]
 
 #: the ``engine`` of a result made from attention computed elsewhere
 IMPORTED_ENGINE = "imported"
@@ -51,6 +60,10 @@ KNOWN_SPECIAL_TOKENS = frozenset(
         "<|im_end|>",
     }
 )
+#: the files ``read_attention_file`` reads
+ATTENTION_FILE_TYPES = ("npz", "pt")
+#: the most bytes a file's arrays may unpack to (a compressed file is checked before unpacking)
+MAX_FILE_BYTES = 256 * 2**20
 _PATTERN_HOOK = re.compile(r"^blocks\.(\d+)\.attn\.hook_pattern$")
 _WORD_STARTS = ("Ġ", "▁", " ", "Ċ")
 _ROW_SUM_TOLERANCE = 1e-2  # 16-bit attention sums to 1 within a few thousandths
@@ -124,6 +137,8 @@ def stacked_attention(attention: Any, *, batch_index: int = 0) -> np.ndarray:
             raise InputError(f"The layers' attentions differ in shape: {sorted(shapes)}.")
         return np.stack([_one_text(a, f"layer {i}", batch_index) for i, a in enumerate(layers)])
     array = _as_array(attention, "attention")
+    if array.ndim == 5:  # transformers' tuple stacked: [layers, batch, heads, q, k]
+        return np.stack([_one_text(a, f"layer {i}", batch_index) for i, a in enumerate(array)])
     if array.ndim != 4:
         raise InputError(
             "attention must be transformers' outputs.attentions (a tuple of [batch, heads, q, k]), "
@@ -204,7 +219,8 @@ def from_attention(
 
     Args:
         attention: transformers' ``outputs.attentions`` (a tuple of ``[batch, heads, q, k]``
-            per layer), a stacked ``[layers, heads, q, k]`` tensor or array of one text, a
+            per layer, or those stacked: ``[layers, batch, heads, q, k]``), a stacked
+            ``[layers, heads, q, k]`` tensor or array of one text, a
             TransformerLens ``ActivationCache`` (its ``blocks.{layer}.attn.hook_pattern``
             entries; a dict of those names reads the same), or a list of per-layer tensors
             saved with nnsight (``[batch, heads, q, k]`` or ``[heads, q, k]``). Weights after
@@ -259,3 +275,80 @@ def from_attention(
         causal=bool(causal),
         facts={} if lm is None else lm.facts(),
     )
+
+
+def _unpacked_size(data: bytes, name: str) -> None:
+    """Refuse an archive (``.npz`` and ``.pt`` are zip files) that unpacks to more than
+    ``MAX_FILE_BYTES``, before anything is unpacked."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            size = sum(info.file_size for info in archive.infolist())
+    except zipfile.BadZipFile as e:
+        raise InputError(f"{name} is not a .npz or .pt file (not a zip archive).") from e
+    if size > MAX_FILE_BYTES:
+        raise InputError(
+            f"{name} unpacks to {size / 2**20:,.0f} MB; at most {MAX_FILE_BYTES / 2**20:.0f} MB."
+        )
+
+
+def _read_npz(data: bytes, name: str) -> AttentionResult:
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            if "header" in arrays.files:  # a result saved by AttentionResult.save
+                return AttentionResult.load(io.BytesIO(data))  # type: ignore[arg-type]
+            if not {"attention", "tokens"} <= set(arrays.files):
+                raise InputError(
+                    f"{name} needs two arrays, 'attention' [layers, heads, n, n] and 'tokens' "
+                    f"(n strings); it holds {', '.join(arrays.files) or 'none'}."
+                )
+            attention, tokens = arrays["attention"], arrays["tokens"]
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise InputError(f"{name} could not be read as .npz: {e}") from e
+    if tokens.dtype.kind not in "US":
+        raise InputError(f"{name}'s 'tokens' must be strings, got {tokens.dtype}.")
+    return from_attention(attention, [str(t) for t in tokens.reshape(-1)])
+
+
+def _read_pt(data: bytes, name: str) -> AttentionResult:
+    import pickle
+
+    import torch
+
+    try:  # weights_only: tensors and plain containers only, never arbitrary objects
+        saved = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except (RuntimeError, pickle.UnpicklingError, ValueError, EOFError) as e:
+        raise InputError(f"{name} could not be read as a tensor file: {e}") from e
+    if not isinstance(saved, dict) or not {"attention", "tokens"} <= set(saved):
+        raise InputError(
+            f"{name} must hold a dict with 'attention' (a tensor [layers, heads, n, n] or "
+            "transformers' tuple of layers) and 'tokens' (a list of strings)."
+        )
+    tokens = saved["tokens"]
+    if not isinstance(tokens, list | tuple) or not all(isinstance(t, str) for t in tokens):
+        raise InputError(f"{name}'s 'tokens' must be a list of strings.")
+    return from_attention(saved["attention"], tokens)
+
+
+def read_attention_file(data: bytes, name: str) -> AttentionResult:
+    """Attention and tokens from a file (the app's upload): ``from_attention`` of its contents.
+
+    - ``.npz``: arrays ``attention`` (``[layers, heads, n, n]``, or transformers' layout with a
+      batch of one) and ``tokens`` (n strings), read without pickle; or a result written by
+      ``AttentionResult.save``;
+    - ``.pt``: ``torch.save({"attention": ..., "tokens": [...]}, path)``, read with
+      ``torch.load(weights_only=True)``: tensors and plain containers only, never an object
+      the file asks for.
+
+    Args:
+        data: the file's bytes.
+        name: its name (the extension says which kind; shown in messages as text).
+
+    Raises:
+        InputError: another extension, a file that is not one of these or unpacks to more than
+            ``MAX_FILE_BYTES``, arrays missing, or what ``from_attention`` refuses.
+    """
+    kind = name.rsplit(".", 1)[-1].lower() if "." in name else ""
+    if kind not in ATTENTION_FILE_TYPES:
+        raise InputError(f"{name}: give a .npz or .pt file.")
+    _unpacked_size(data, name)
+    return _read_npz(data, name) if kind == "npz" else _read_pt(data, name)
