@@ -88,6 +88,14 @@ def test_every_input_reads_the_same_attention(minilm_outputs, kind: str) -> None
     assert theirs.attention.dtype == np.float32 and theirs.causal is False
 
 
+def test_16_bit_tensors_are_read_as_their_values(minilm_outputs) -> None:
+    attentions, tokens = minilm_outputs
+    half = tuple(a.to(torch.bfloat16) for a in attentions)  # rows sum to 1 within bf16's step
+    theirs = mhsa.from_attention(half, tokens)
+    assert theirs.attention.dtype == np.float32
+    np.testing.assert_array_equal(theirs.attention, torch.stack(half)[:, 0].float().numpy())
+
+
 def test_encoder_analyses_equal_attend(minilm, minilm_outputs) -> None:
     attentions, tokens = minilm_outputs
     ours = mhsa.attend(TEXT, model=minilm)
