@@ -88,4 +88,6 @@ def test_too_many_weights_are_refused_with_advice(monkeypatch) -> None:
     result = mhsa.from_attention(_attention(2, 2, 12), [f"t{i}" for i in range(12)])
     with pytest.raises(mhsa.InputError, match="select layers and heads"):
         result.show()
+    shown = result._repr_html_()  # a notebook cell ending with it: one line, no traceback
+    assert shown.startswith("<p>") and "select layers and heads" in shown
     assert MAX_VIEW_BYTES > 6 * 12 * 64 * 64 * 2

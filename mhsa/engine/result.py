@@ -394,7 +394,12 @@ class AttentionResult:
         return NotebookView(_html_view(self, view, **options))
 
     def _repr_html_(self) -> str:
-        return self.show().html
+        """The heads view where a notebook cell ends with a result; a result too large for one
+        says why in one line (and ``show`` with ``layer=``/``head=`` choices still raises)."""
+        try:
+            return self.show().html
+        except InputError as e:
+            return f"<p>{html.escape(str(e))}</p>"
 
     def to_html(self, path: str | Path, view: str = "heads", **options: Any) -> Path:
         """``show``'s view as a whole HTML document at ``path``, self-contained (it opens
