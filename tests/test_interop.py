@@ -65,6 +65,13 @@ class StandInCache:
         return self._hooks[name]
 
 
+class SavedProxy:
+    """What nnsight before 0.4 hands back from ``.save()``: the tensor is its ``value``."""
+
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+
+
 def _inputs(attentions: tuple[torch.Tensor, ...]) -> dict[str, object]:
     """The same attention in every shape ``from_attention`` reads."""
     stacked = torch.stack(attentions)[:, 0]  # (L, H, n, n)
@@ -74,11 +81,13 @@ def _inputs(attentions: tuple[torch.Tensor, ...]) -> dict[str, object]:
         "stacked array": stacked.numpy(),
         "ActivationCache": StandInCache(attentions),
         "nnsight list": [a[0] for a in attentions],  # saved per layer, batch dropped
+        "nnsight proxies": [SavedProxy(a) for a in attentions],  # nnsight < 0.4: .value
     }
 
 
 @pytest.mark.parametrize(
-    "kind", ["stacked tensor", "stacked array", "ActivationCache", "nnsight list"]
+    "kind",
+    ["stacked tensor", "stacked array", "ActivationCache", "nnsight list", "nnsight proxies"],
 )
 def test_every_input_reads_the_same_attention(minilm_outputs, kind: str) -> None:
     attentions, tokens = minilm_outputs
