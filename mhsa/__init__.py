@@ -64,6 +64,7 @@ from mhsa.engine.extract import (
     generate,
     generate_ids,
 )
+from mhsa.engine.interop import from_attention
 from mhsa.engine.models import (
     DEFAULT_MODEL,
     DEVICES,
@@ -74,7 +75,7 @@ from mhsa.engine.models import (
     pick_device,
 )
 from mhsa.engine.norms import norms_as_attention
-from mhsa.engine.result import ATTENTION_KINDS, AttentionResult
+from mhsa.engine.result import ATTENTION_KINDS, AttentionResult, set_html_view
 from mhsa.engine.selection import ATTENTION_DTYPES, Selection
 from mhsa.engine.tokens import find_tokens
 from mhsa.errors import InputError, MHSAError, ModelLoadError, UnsupportedModelError
@@ -88,6 +89,17 @@ from mhsa.training import (
     toy_model_path,
     train,
 )
+
+
+def _notebook_html(result: AttentionResult, view: str = "heads", **options: object) -> str:
+    """``mhsa.plots.notebook.result_html``, imported when a view is first drawn (plotly, which
+    ``mhsa.plots`` imports, stays out of ``import mhsa``)."""
+    from mhsa.plots.notebook import result_html
+
+    return result_html(result, view, **options)  # type: ignore[arg-type]
+
+
+set_html_view(_notebook_html)
 
 __all__ = [
     "ATTENTION_DTYPES",
@@ -146,6 +158,7 @@ __all__ = [
     "edge_attribution",
     "faithfulness_curve",
     "find_tokens",
+    "from_attention",
     "generate",
     "generate_ids",
     "get_model",

@@ -4,11 +4,13 @@ agreement with the model's own forward."""
 from __future__ import annotations
 
 import streamlit as st
+import streamlit.components.v1 as components
 
 import mhsa
 from mhsa.analysis.tables import agreement_table, token_table
-from ui import exports, lessons, page
-from ui.views import long_inputs
+from ui import exports, lessons, page, state
+from ui.state import md_escape
+from ui.views import long_inputs, uploads
 
 with page.run("MHSA Explorer") as query:
     st.caption(
@@ -17,6 +19,18 @@ with page.run("MHSA Explorer") as query:
     )
     st.subheader("Pages, in a good order for a first visit")
     st.markdown(lessons.guide_markdown())
+    with st.expander("Attention computed elsewhere: open a .npz or .pt file"):
+        upload = st.file_uploader("Attention and tokens", type=uploads.ATTENTION_FILE_TYPES)
+        st.caption(md_escape(uploads.HELP))
+        if upload is not None:
+            try:
+                shown = uploads.imported(upload.name, upload.getvalue())
+            except mhsa.MHSAError as e:
+                state.error(e)
+            else:
+                st.caption(shown.summary)
+                components.html(shown.view_html, height=shown.height, scrolling=True)
+                st.dataframe(shown.stats, width="stretch")
     result = page.load(query)
     if result is None:
         page.stop()

@@ -301,7 +301,9 @@ def detect_heads(
         repeat_length: ``texts=None``: length of each random half; 50 (the demo's) or, for
             models of fewer positions, half of them.
         result: one text's token-level attention, already computed (``texts`` is that text);
-            ``engine`` and ``seed`` are then not used.
+            ``engine`` and ``seed`` are then not used. ``texts=None`` with a result (one from
+            ``from_attention`` without its text, say): the patterns compare the result's token
+            strings, which a tokenizer maps to ids one to one, and no model is loaded.
 
     Returns:
         One row per head, indexed ``L{layer}H{head}``, with the column ``score``.
@@ -317,7 +319,7 @@ def detect_heads(
             result,
             texts,
             pattern,
-            resolve_model(model),
+            model,
             error_measure,
             exclude_bos=exclude_bos,
             exclude_current_token=exclude_current_token,
@@ -361,19 +363,35 @@ def _detect_in(
     result: AttentionResult,
     text: str | Sequence[str] | None,
     pattern: str | np.ndarray,
-    lm: LoadedModel,
+    model: str | LoadedModel,
     error_measure: str,
     **exclusions: bool,
 ) -> pd.DataFrame:
-    """``detect_heads`` of one text whose attention ``result`` is already computed."""
+    """``detect_heads`` of one text whose attention ``result`` is already computed; with
+    ``text=None``, the token ids are the result's token strings numbered (a tokenizer maps
+    ids to strings one to one, so the patterns, which compare ids, are the same)."""
     _check_measure(error_measure)
-    if not isinstance(text, str):
+    if text is not None and not isinstance(text, str):
         raise InputError("result= is one text's attention: give that text (a string) as texts.")
     if result.word_level or result.kind == "cross":
         raise InputError(
             "Head detection is defined on a sequence's own tokens: give a token-level result "
             "of self-attention (not to_words(), not cross attention)."
         )
+    if text is None:
+        numbers: dict[str, int] = {}
+        ids = [numbers.setdefault(t, len(numbers)) for t in result.tokens]
+    else:
+        ids = _token_ids(result, text, resolve_model(model))
+    if len(ids) < 2:
+        raise InputError(f"The text gives {len(ids)} token; head detection needs two or more.")
+    p = detection_pattern(pattern, ids) if isinstance(pattern, str) else np.asarray(pattern)
+    scores = detection_scores(result.attention, p, error_measure=error_measure, **exclusions)
+    return _score_frame(scores, result)
+
+
+def _token_ids(result: AttentionResult, text: str, lm: LoadedModel) -> list[int]:
+    """``text``'s token ids for ``lm``, checked to be the tokens ``result`` holds."""
     cut = result.num_tokens if result.truncated_tokens else None  # as attend cut the text
     with lm.lock:
         encoded = encode(lm, check_text(text, "the text"), None, cut)
@@ -382,12 +400,7 @@ def _detect_in(
             "result= holds the attention of other tokens than this text's for this model: "
             "give the text the result was computed from."
         )
-    ids = encoded.inputs["input_ids"][0].tolist()
-    if len(ids) < 2:
-        raise InputError(f"The text gives {len(ids)} token; head detection needs two or more.")
-    p = detection_pattern(pattern, ids) if isinstance(pattern, str) else np.asarray(pattern)
-    scores = detection_scores(result.attention, p, error_measure=error_measure, **exclusions)
-    return _score_frame(scores, result)
+    return encoded.inputs["input_ids"][0].tolist()
 
 
 def induction_scores(

@@ -17,6 +17,7 @@ from typing import Protocol
 from mhsa.errors import ModelLoadError
 
 __all__ = [
+    "DATA_DIR",
     "DEFAULT_MODEL",
     "TOY_DIR",
     "TOY_PREFIX",
@@ -44,8 +45,21 @@ DEFAULT_MODEL = "default"
 TOY_PREFIX = "toy:"
 #: the model box's name of a model trained in this process: ``trained:<id>``
 TRAINED_PREFIX = "trained:"
-#: where the shipped toy models live: ``data/toy/<task>/`` of the repository
-TOY_DIR = Path(__file__).resolve().parents[2] / "data" / "toy"
+
+
+def _data_dir() -> Path:
+    """The shipped data: ``mhsa/_data`` inside an installed wheel (pyproject.toml puts the
+    repository's ``data/`` there), else ``data/`` of the repository this module sits in."""
+    here = Path(__file__).resolve().parents[1]
+    packaged = here / "_data"
+    return packaged if packaged.is_dir() else here.parent / "data"
+
+
+#: the shipped data (toy models, example sentences): ``data/`` of the repository, or
+#: ``mhsa/_data`` of an installed wheel
+DATA_DIR = _data_dir()
+#: where the shipped toy models live: ``data/toy/<task>/`` (``DATA_DIR``)
+TOY_DIR = DATA_DIR / "toy"
 #: a task's name as a folder name: no path separators, no dots (``toy:../x`` names nothing)
 _TASK = re.compile(r"[a-z0-9][a-z0-9-]*")
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -11,10 +13,10 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from mhsa.engine.tokens import is_punctuation, word_groups
-from mhsa.errors import InputError
+from mhsa.errors import InputError, MHSAError
 from mhsa.heads import head_label
 
-__all__ = ["ARRAY_FIELDS", "ATTENTION_KINDS", "AttentionResult"]
+__all__ = ["ARRAY_FIELDS", "ATTENTION_KINDS", "AttentionResult", "NotebookView", "set_html_view"]
 
 _FORMAT = "mhsa-explorer/attention-result"
 _FORMAT_VERSION = 1
@@ -24,6 +26,28 @@ ARRAY_FIELDS = ("attention", "cross_attention", "decoder_attention", "norms")
 #: self-attention, the decoder's (causal) self-attention, and the decoder's cross-attention to
 #: the encoder (queries: decoder tokens; keys: encoder tokens)
 ATTENTION_KINDS = ("encoder", "decoder", "cross")
+#: draws a result as one self-contained piece of HTML, ``(result, view, **options) -> str``:
+#: ``mhsa.plots.notebook.result_html``, set by the front (``mhsa/__init__.py``) because the
+#: engine sits below the figures
+_html_view: Callable[..., str] | None = None
+
+
+def set_html_view(draw: Callable[..., str]) -> None:
+    """Make ``draw`` the function that ``AttentionResult.show``, ``_repr_html_`` and
+    ``to_html`` call."""
+    global _html_view
+    _html_view = draw
+
+
+@dataclass(frozen=True)
+class NotebookView:
+    """A result's view as HTML: a notebook shows it where a cell ends with it (or through
+    ``IPython.display.display``); ``html`` is the markup."""
+
+    html: str
+
+    def _repr_html_(self) -> str:
+        return self.html
 
 
 @dataclass(frozen=True, eq=False)
@@ -354,6 +378,41 @@ class AttentionResult:
             cross_attention=None,
             decoder_special=None,
         )
+
+    # --- notebook views -----------------------------------------------------------------------
+    def show(self, view: str = "heads", **options: Any) -> NotebookView:
+        """The heads in a notebook (``mhsa.plots.notebook.result_html``): every head as a small
+        map, the chosen one enlarged; hover a token to see where it attends.
+
+        Args:
+            view: ``"heads"`` (the chosen head as a map) or ``"line"`` (as lines).
+            **options: ``layer``, ``head`` (positions in ``attention``), ``theme``
+                (``"auto"``, ``"light"``, ``"dark"``).
+        """
+        if _html_view is None:
+            raise MHSAError("No notebook view is set: import mhsa (it sets one).")
+        return NotebookView(_html_view(self, view, **options))
+
+    def _repr_html_(self) -> str:
+        """The heads view where a notebook cell ends with a result; a result too large for one
+        says why in one line (and ``show`` with ``layer=``/``head=`` choices still raises)."""
+        try:
+            return self.show().html
+        except InputError as e:
+            return f"<p>{html.escape(str(e))}</p>"
+
+    def to_html(self, path: str | Path, view: str = "heads", **options: Any) -> Path:
+        """``show``'s view as a whole HTML document at ``path``, self-contained (it opens
+        offline in any browser). Returns the path."""
+        body = self.show(view, **options).html
+        title = html.escape(f"{self.model} attention")
+        out = Path(path)
+        out.write_text(
+            f'<!doctype html><html><head><meta charset="utf-8"><title>{title}</title></head>'
+            f'<body style="margin:16px">{body}</body></html>',
+            encoding="utf-8",
+        )
+        return out
 
     # --- persistence --------------------------------------------------------------------------
     def header(self) -> dict[str, Any]:
