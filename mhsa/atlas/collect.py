@@ -156,6 +156,14 @@ class BatchLayout:
         induction &= torch.ones(t, t, dtype=torch.bool).tril()
         previous = (self.offset == -1)[None] & pair
         self.patterns = [p.float() for p in (previous, duplicate, induction)]  # as DETECTORS
+        self.valid_float = pair.float()
+        self.ranked_count = int(self.ranked_pair.sum())
+        self.unranked = torch.zeros(self.ranked_pair.shape).masked_fill_(
+            ~self.ranked_pair, -torch.inf
+        )
+        self.offset_bin = self.offset.clamp(-MAX_OFFSET, MAX_OFFSET) + MAX_OFFSET  # [T, T]
+        self.abs_offset = self.offset.abs().float()
+        self.key_flags = torch.stack([self.special, self.punctuation], -1).float()  # [B, T, 2]
         # the token arrays' index of every valid (row, position)
         rows, cols = self.valid_query.nonzero(as_tuple=True)
         self.rows, self.cols = rows, cols
@@ -230,72 +238,82 @@ class HeadSummaries:
         CPU), ``value_norms [B, Hs, T]``; the summaries of head ``first_head + i`` get head i.
         The sample's pairs' values go to ``sampled`` (merged once the batch is done). Returns
         the strongest key of every valid (row, position) per head, ``(keys, weights)`` as
-        ``[Hs, tokens]``."""
-        hs = weights.shape[1]
-        w = weights.masked_fill(~layout.valid_pair[:, None], 0.0)
+        ``[Hs, tokens]``. Every step is one pass over all the layer's heads at once."""
+        b, hs = weights.shape[:2]
+        heads = slice(first_head, first_head + hs)
+        w = weights * layout.valid_float[:, None]  # padding queries' rows to 0
         norms = w * value_norms[:, :, None, :]
-        ranked = layout.ranked_pair[:, None].expand_as(w)
-        text_of_row = torch.from_numpy(layout.text)
-        for i in range(hs):
-            for top, values in ((self.by_weight, w[:, i]), (self.by_norm, norms[:, i])):
-                cand = _top_candidates(values, layout.ranked_pair, self.top_k)
-                rows, q, k = cand
-                top.offer(
-                    first_head + i,
-                    {
-                        "value": values[rows, q, k].numpy(),
-                        "text": text_of_row[rows].numpy(),
-                        "query": q.numpy().astype(np.int32),
-                        "key": k.numpy().astype(np.int32),
-                        "weight": w[rows, i, q, k].numpy(),
-                        "norm": norms[rows, i, q, k].numpy(),
-                    },
-                )
+        for top, values in ((self.by_weight, w), (self.by_norm, norms)):
+            self._offer_top(top, first_head, layout, values, w, norms)
         s_rows, s_q, s_k, _ = sample
         sampled["weight"].append(w[s_rows, :, s_q, s_k].numpy())
         sampled["norm"].append(norms[s_rows, :, s_q, s_k].numpy())
-        heads = slice(first_head, first_head + hs)
-        # weight histogram over the ranked pairs
-        bins = (w * WEIGHT_BINS).long().clamp_(0, WEIGHT_BINS - 1)
-        bins = bins + (torch.arange(hs) * WEIGHT_BINS)[None, :, None, None]
-        self.weight_hist[heads] += (
-            torch.bincount(bins[ranked], minlength=hs * WEIGHT_BINS).view(hs, -1).numpy()
-        )
-        # attention mass by offset
+        # weight histogram over the ranked pairs (the others counted in a bin left out)
+        bins = (w * WEIGHT_BINS).long().clamp_(max=WEIGHT_BINS - 1)
+        bins.masked_fill_(~layout.ranked_pair[:, None], WEIGHT_BINS)
+        bins += (torch.arange(hs) * (WEIGHT_BINS + 1))[None, :, None, None]
+        counts = torch.bincount(bins.reshape(-1), minlength=hs * (WEIGHT_BINS + 1))
+        self.weight_hist[heads] += counts.view(hs, -1)[:, :WEIGHT_BINS].numpy()
+        # attention mass by offset: each row's weights added into its offsets' bins
         span = 2 * MAX_OFFSET + 1
-        off = layout.offset.clamp(-MAX_OFFSET, MAX_OFFSET) + MAX_OFFSET  # [T, T]
-        idx = off[None, None] + (torch.arange(hs) * span)[None, :, None, None]
-        valid = layout.valid_pair[:, None].expand_as(w)
-        mass = torch.bincount(
-            idx.expand_as(w)[valid], weights=w[valid].double(), minlength=hs * span
-        )
-        self.offset_mass[heads] += mass.view(hs, span).numpy()
-        # mass on kinds of key, entropy and distance per query
-        q_ok = layout.valid_query[:, None, :].float()  # [B, 1, T]
-        eye = layout.offset == 0
-        prev = layout.offset == -1  # (i, i - 1)
+        index = layout.offset_bin.reshape(1, -1).expand(b * hs, -1)
+        mass = torch.zeros(b * hs, span).scatter_add_(1, index, w.reshape(b * hs, -1))
+        self.offset_mass[heads] += mass.view(b, hs, span).sum(0).double().numpy()
+        # mass on kinds of key (padding queries' rows are 0: sums over every query)
+        flags = torch.matmul(w, layout.key_flags[:, None])  # [B, Hs, T, 2]
         kinds = [
-            w[..., 0],
-            (w * layout.special[:, None, None, :]).sum(-1),
-            (w * layout.punctuation[:, None, None, :]).sum(-1),
-            (w * prev).sum(-1),
-            (w * eye).sum(-1),
+            w[..., 0].sum((0, 2)),
+            flags[..., 0].sum((0, 2)),
+            flags[..., 1].sum((0, 2)),
+            w.diagonal(offset=-1, dim1=2, dim2=3).sum((0, 2)),
+            w.diagonal(dim1=2, dim2=3).sum((0, 2)),
         ]
-        for j, per_query in enumerate(kinds):
-            self.kind_mass[heads, j] += (per_query * q_ok).sum((0, 2)).double().numpy()
-        logs = torch.where(w > 0, w.clamp_min(1e-30).log(), torch.zeros_like(w))
-        self.entropy[heads] += (-(w * logs).sum(-1) * q_ok).sum((0, 2)).double().numpy()
-        dist = (w * layout.offset.abs()[None, None].float()).sum(-1)
-        self.distance[heads] += (dist * q_ok).sum((0, 2)).double().numpy()
+        self.kind_mass[heads] += torch.stack(kinds, 1).double().numpy()
+        self.entropy[heads] += torch.special.entr(w).sum((0, 2, 3)).double().numpy()
+        self.distance[heads] += (w * layout.abs_offset).sum((0, 2, 3)).double().numpy()
         # TransformerLens's detection scores, one per text, summed
         n = layout.lengths.float()[:, None]  # total attention of a text: one per query
         for j, pattern in enumerate(layout.patterns):
-            per_text = (w * pattern[:, None]).sum((2, 3)) / n  # [B, Hs]
+            per_text = torch.einsum("bhqk,bqk->bh", w, pattern) / n
             self.detection[heads, j] += per_text.sum(0).double().numpy()
         # strongest key of every valid query
         best_w, best_k = w.max(-1)  # [B, Hs, T]
         rows, cols = layout.rows, layout.cols
         return best_k[rows, :, cols].T.contiguous(), best_w[rows, :, cols].T.contiguous()
+
+    def _offer_top(
+        self,
+        top: TopList,
+        first_head: int,
+        layout: BatchLayout,
+        values: torch.Tensor,
+        w: torch.Tensor,
+        norms: torch.Tensor,
+    ) -> None:
+        """The batch's candidates for each head's top list: the ranked pairs whose value is at
+        least the head's ``top_k``-th largest (ties at the edge all kept: the total order
+        decides), found for all heads in one pass."""
+        hs, t = values.shape[1], values.shape[-1]
+        count = layout.ranked_count
+        if count == 0:
+            return
+        flat = (values + layout.unranked[:, None]).transpose(0, 1).reshape(hs, -1)
+        edge = torch.topk(flat, min(self.top_k, count), dim=1).values[:, -1:]
+        head, at = (flat >= edge).nonzero(as_tuple=True)
+        row, rest = at // (t * t), at % (t * t)
+        q, k = rest // t, rest % t
+        cand = {
+            "value": flat[head, at].numpy(),
+            "text": layout.text[row.numpy()],
+            "query": q.numpy().astype(np.int32),
+            "key": k.numpy().astype(np.int32),
+            "weight": w[row, head, q, k].numpy(),
+            "norm": norms[row, head, q, k].numpy(),
+        }
+        head_np = head.numpy()
+        for i in range(hs):
+            mine = head_np == i
+            top.offer(first_head + i, {c: v[mine] for c, v in cand.items()})
 
     def finish_batch(
         self, layout: BatchLayout, sample: tuple[torch.Tensor, ...], sampled: dict
@@ -405,18 +423,3 @@ class HeadSummaries:
         ):
             setattr(out, name, np.array(a[name]))
         return out
-
-
-def _top_candidates(
-    values: torch.Tensor, allowed: torch.Tensor, k: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(rows, queries, keys)`` of the allowed pairs whose value is at least the ``k``-th
-    largest (ties at the edge all included, so that the total order decides)."""
-    flat = values.masked_fill(~allowed, -torch.inf).reshape(-1)
-    count = int(allowed.sum())
-    if count == 0:
-        empty = torch.zeros(0, dtype=torch.long)
-        return empty, empty, empty
-    edge = torch.topk(flat, min(k, count)).values[-1]
-    chosen = (values >= edge) & allowed
-    return chosen.nonzero(as_tuple=True)

@@ -1,0 +1,186 @@
+"""The head atlas's targets (issue 48), each as a ratio against its baseline measured in the same
+run:
+
+- build: ``build_atlas`` over N Brown Corpus sentences against a plain forward with attentions
+  (``output_attentions=True``, the same padded batches, tokenizing included) over the same
+  sentences (target <= 1.5x);
+- memory: the build's peak RSS on N and 4N sentences, each in a fresh process (target: flat);
+- size: the atlas's bytes per corpus token (target <= 2 KB for MiniLM; exBERT: about 180 KB);
+- reading: a head's page (``top`` by norm and by weight, ``sample``, ``summary``, ``heads``)
+  and ``search`` p95 over many heads and tokens, on an atlas given with ``--atlas`` (target:
+  page <= 1 s, search <= 200 ms on a 1M-token atlas);
+- similar: recall@10 of the approximate index against exact search (target >= 0.95);
+- Ray: two workers against one (``--ray``; target >= 1.6x).
+
+    python -m bench.bench_atlas --sentences 2000
+    python -m bench.bench_atlas --atlas ~/.cache/mhsa-explorer/atlases/brown-full --reads 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _sentences(n: int) -> list[str]:
+    from mhsa.atlas.corpora import brown_sentences
+
+    with open(brown_sentences(), encoding="utf-8") as f:
+        return [line.rstrip("\n") for _, line in zip(range(n), f, strict=False)]
+
+
+def plain_forward(texts: list[str], model: str = "default") -> float:
+    """Seconds of the baseline: tokenize, pad by length as the atlas does, forward with
+    attentions."""
+    import torch
+
+    from mhsa.engine.batches import batch_tokens_for, length_batches
+    from mhsa.engine.models import get_model
+
+    lm = get_model(model)
+    start = time.perf_counter()
+    enc = lm.tokenizer(texts, truncation=True, max_length=512)
+    lengths = [len(ids) for ids in enc["input_ids"]]
+    with torch.inference_mode():
+        for batch in length_batches(lengths, batch_tokens_for(lm)):
+            rows = lm.tokenizer.pad(
+                {"input_ids": [enc["input_ids"][i] for i in batch]}, return_tensors="pt"
+            )
+            out = lm.model(**rows, output_attentions=True)
+            assert len(out.attentions) > 0
+    return time.perf_counter() - start
+
+
+def atlas_build(texts: list[str], out: Path, model: str = "default", **kw) -> float:
+    from mhsa.atlas import build_atlas
+    from mhsa.engine.models import get_model
+
+    get_model(model)  # loaded before the clock starts, as for the baseline
+    start = time.perf_counter()
+    build_atlas(texts, out, model=model, progress=False, **kw)
+    return time.perf_counter() - start
+
+
+def _peak_rss_mb(n: int) -> float:
+    code = (
+        "import resource, tempfile, pathlib, sys; sys.path.insert(0, '.');"
+        "from bench.bench_atlas import _sentences, atlas_build;"
+        f"t = _sentences({n});"
+        "atlas_build(t, pathlib.Path(tempfile.mkdtemp()) / 'a');"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def reads(folder: Path, count: int) -> dict[str, float]:
+    """p50/p95 ms of a head's page and of a search, and recall@10 of ``similar``."""
+    from mhsa.atlas import open_atlas
+
+    atlas = open_atlas(folder)
+    rng = np.random.default_rng(0)
+    heads = [atlas.labels[i] for i in rng.integers(0, len(atlas.labels), count)]
+    frequent = np.bincount(np.asarray(atlas.token_ids)).argsort()[::-1][:200]
+    tokens = [atlas.vocab[int(i)] for i in frequent if int(i) in atlas.vocab]
+    page, search = [], []
+    for i, head in enumerate(heads):
+        t = time.perf_counter()
+        atlas.top(head, 20, by="norm")
+        atlas.top(head, 20, by="weight")
+        atlas.sample(head, 10)
+        atlas.sample(head, 10, decile=9)
+        atlas.summary(head)
+        page.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        atlas.search(head, query_token=tokens[i % len(tokens)], k=50)
+        search.append(time.perf_counter() - t)
+    recall = []
+    for _ in range(min(count, 30)):
+        text = int(rng.integers(0, len(atlas.offsets) - 1))
+        n = int(atlas.offsets[text + 1] - atlas.offsets[text])
+        if n == 0:
+            continue
+        pos = int(rng.integers(0, n))
+        approx = atlas.similar(text, pos, k=10)
+        token = int(atlas.offsets[text]) + pos
+        from mhsa.atlas.index import exact_neighbours, rows_of
+
+        query = rows_of(atlas.z, np.array([token]))[0]
+        exact, _ = exact_neighbours(atlas.z, None, query, 10, token)
+        got = set(atlas.offsets[approx.text_id.to_numpy()] + approx.position.to_numpy())
+        recall.append(len(got & set(exact.tolist())) / 10)
+    return {
+        "tokens": atlas.tokens,
+        "page_p50_ms": 1000 * float(np.percentile(page, 50)),
+        "page_p95_ms": 1000 * float(np.percentile(page, 95)),
+        "search_p50_ms": 1000 * float(np.percentile(search, 50)),
+        "search_p95_ms": 1000 * float(np.percentile(search, 95)),
+        "similar_recall_at_10": float(np.mean(recall)) if recall else float("nan"),
+        "index": atlas.manifest["index"]["kind"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sentences", type=int, default=2000)
+    parser.add_argument("--atlas", type=Path, default=None, help="an atlas to time reads on")
+    parser.add_argument("--reads", type=int, default=100)
+    parser.add_argument("--memory", action="store_true", help="peak RSS at N and 4N sentences")
+    parser.add_argument("--ray", action="store_true", help="Ray with 2 workers against 1")
+    args = parser.parse_args()
+    report: dict[str, object] = {}
+    texts = _sentences(args.sentences)
+    with tempfile.TemporaryDirectory() as tmp:
+        base = plain_forward(texts)
+        built = atlas_build(texts, Path(tmp) / "a")
+        size = sum(p.stat().st_size for p in (Path(tmp) / "a").iterdir())
+        from mhsa.atlas import open_atlas
+
+        tokens = open_atlas(Path(tmp) / "a").tokens
+        report |= {
+            "sentences": len(texts),
+            "tokens": tokens,
+            "plain_forward_s": round(base, 2),
+            "atlas_build_s": round(built, 2),
+            "build_ratio": round(built / base, 2),
+            "bytes_per_token": round(size / tokens),
+            "tokens_per_s": round(tokens / built),
+        }
+        if args.ray:
+            one = atlas_build(texts, Path(tmp) / "r1", ray=True, workers=1, shard_texts=100)
+            two = atlas_build(texts, Path(tmp) / "r2", ray=True, workers=2, shard_texts=100)
+            report |= {
+                "ray_1_s": round(one, 2),
+                "ray_2_s": round(two, 2),
+                "ray_speedup": round(one / two, 2),
+            }
+        report |= {
+            f"small_{k}": round(v, 3) if isinstance(v, float) else v
+            for k, v in reads(Path(tmp) / "a", args.reads).items()
+        }
+    if args.memory:
+        small, large = _peak_rss_mb(args.sentences), _peak_rss_mb(4 * args.sentences)
+        report |= {
+            "peak_rss_mb_n": round(small),
+            "peak_rss_mb_4n": round(large),
+            "memory_ratio_4n_over_n": round(large / small, 2),
+        }
+    if args.atlas is not None:
+        report |= {
+            k: round(v, 3) if isinstance(v, float) else v
+            for k, v in reads(args.atlas, args.reads).items()
+        }
+    report["own_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
