@@ -308,7 +308,7 @@ def _run_batch(
         def take(weights: torch.Tensor) -> None:
             got = seen.pop(layer)
             first_head = plan.layers.index(layer) * len(heads)
-            w = weights[:, heads].float().cpu()
+            w = weights[:, heads].float().cpu()  # a copy (a list index): changed in place
             norms = got["norms"][:, heads].float().cpu()
             keys, best = summaries.add_layer(first_head, layout, w, norms, sample, sampled)
             span = slice(first_head, first_head + len(heads))

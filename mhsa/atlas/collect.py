@@ -156,11 +156,9 @@ class BatchLayout:
         induction &= torch.ones(t, t, dtype=torch.bool).tril()
         previous = (self.offset == -1)[None] & pair
         self.patterns = [p.float() for p in (previous, duplicate, induction)]  # as DETECTORS
+        self.pattern_columns = torch.stack([p.reshape(p.shape[0], -1) for p in self.patterns], -1)
         self.valid_float = pair.float()
         self.ranked_count = int(self.ranked_pair.sum())
-        self.unranked = torch.zeros(self.ranked_pair.shape).masked_fill_(
-            ~self.ranked_pair, -torch.inf
-        )
         self.offset_bin = self.offset.clamp(-MAX_OFFSET, MAX_OFFSET) + MAX_OFFSET  # [T, T]
         self.abs_offset = self.offset.abs().float()
         self.key_flags = torch.stack([self.special, self.punctuation], -1).float()  # [B, T, 2]
@@ -241,7 +239,7 @@ class HeadSummaries:
         ``[Hs, tokens]``. Every step is one pass over all the layer's heads at once."""
         b, hs = weights.shape[:2]
         heads = slice(first_head, first_head + hs)
-        w = weights * layout.valid_float[:, None]  # padding queries' rows to 0
+        w = weights.mul_(layout.valid_float[:, None])  # padding queries' rows to 0 (a copy)
         norms = w * value_norms[:, :, None, :]
         for top, values in ((self.by_weight, w), (self.by_norm, norms)):
             self._offer_top(top, first_head, layout, values, w, norms)
@@ -272,10 +270,9 @@ class HeadSummaries:
         self.entropy[heads] += torch.special.entr(w).sum((0, 2, 3)).double().numpy()
         self.distance[heads] += (w * layout.abs_offset).sum((0, 2, 3)).double().numpy()
         # TransformerLens's detection scores, one per text, summed
-        n = layout.lengths.float()[:, None]  # total attention of a text: one per query
-        for j, pattern in enumerate(layout.patterns):
-            per_text = torch.einsum("bhqk,bqk->bh", w, pattern) / n
-            self.detection[heads, j] += per_text.sum(0).double().numpy()
+        n = layout.lengths.float()[:, None, None]  # total attention of a text: one per query
+        per_text = torch.bmm(w.reshape(b, hs, -1), layout.pattern_columns) / n  # [B, Hs, 3]
+        self.detection[heads] += per_text.sum(0).double().numpy()
         # strongest key of every valid query
         best_w, best_k = w.max(-1)  # [B, Hs, T]
         rows, cols = layout.rows, layout.cols
@@ -290,20 +287,20 @@ class HeadSummaries:
         w: torch.Tensor,
         norms: torch.Tensor,
     ) -> None:
-        """The batch's candidates for each head's top list: the ranked pairs whose value is at
-        least the head's ``top_k``-th largest (ties at the edge all kept: the total order
-        decides), found for all heads in one pass."""
-        hs, t = values.shape[1], values.shape[-1]
-        count = layout.ranked_count
-        if count == 0:
+        """The batch's candidates for each head's top list: per text and head its ``top_k + 1``
+        largest pairs (one more: a text holds at most one pair that is not ranked, a causal
+        model's first query), of which the ranked ones are offered."""
+        b, hs, t = values.shape[0], values.shape[1], values.shape[-1]
+        if layout.ranked_count == 0:
             return
-        flat = (values + layout.unranked[:, None]).transpose(0, 1).reshape(hs, -1)
-        edge = torch.topk(flat, min(self.top_k, count), dim=1).values[:, -1:]
-        head, at = (flat >= edge).nonzero(as_tuple=True)
-        row, rest = at // (t * t), at % (t * t)
-        q, k = rest // t, rest % t
+        best, at = torch.topk(values.view(b, hs, t * t), min(self.top_k + 1, t * t), dim=-1)
+        row = torch.arange(b)[:, None, None].expand_as(at)
+        head = torch.arange(hs)[None, :, None].expand_as(at)
+        q, k = at // t, at % t
+        keep = layout.ranked_pair[row, q, k]
+        row, head, q, k, best = row[keep], head[keep], q[keep], k[keep], best[keep]
         cand = {
-            "value": flat[head, at].numpy(),
+            "value": best.numpy(),
             "text": layout.text[row.numpy()],
             "query": q.numpy().astype(np.int32),
             "key": k.numpy().astype(np.int32),
