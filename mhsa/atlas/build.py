@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from mhsa.atlas.collect import BatchLayout, HeadSummaries
-from mhsa.atlas.index import build_index
+from mhsa.atlas.index import ZCodes, build_index
 from mhsa.engine.batches import batch_tokens_for, length_batches, pad_inputs
 from mhsa.engine.encoding import Encoded, encode, encode_many
 from mhsa.engine.forward import StopPass
@@ -157,6 +157,11 @@ def plan_atlas(
     n_layers, n_heads = len(blocks), blocks[0].ours.num_heads
     chosen_layers = _choose(layers, n_layers, "layer")
     chosen_heads = _choose(heads, n_heads, "head")
+    if blocks[0].ours.d_head % 2:
+        raise UnsupportedModelError(
+            f"{lm.display_name!r} has heads of {blocks[0].ours.d_head} dimensions: an atlas keeps "
+            "head outputs two numbers a byte, so it takes models whose heads have an even number."
+        )
     digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
     limit = min(max_tokens, lm.max_positions or max_tokens)
     return AtlasPlan(
@@ -369,9 +374,14 @@ def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, e
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     lengths = []
-    for s in range(plan.shards):
+    lo = np.full((len(plan.labels), plan.d_head), np.inf, np.float32)
+    hi = np.full((len(plan.labels), plan.d_head), -np.inf, np.float32)
+    for s in range(plan.shards):  # first pass: the texts' lengths, each head's value ranges
         with np.load(shard_path(out, s)) as f:
             lengths.append(f["lengths"])
+            if f["z"].shape[1]:
+                lo = np.minimum(lo, f["z"].min(axis=1))
+                hi = np.maximum(hi, f["z"].max(axis=1))
     lengths_all = np.concatenate(lengths).astype(np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths_all)]).astype(np.int64)
     n, hs = int(offsets[-1]), len(plan.labels)
@@ -382,7 +392,8 @@ def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, e
     special = mm(work / "special.npy", "w+", bool, (n,))
     key = mm(work / "strongest_key.npy", "w+", np.uint16, (hs, n))
     weight = mm(work / "strongest_weight.npy", "w+", np.float16, (hs, n))
-    z = mm(work / "z.npy", "w+", np.float16, (hs, n, plan.d_head))
+    z_lo, z_step = ZCodes.ranges(lo, hi)
+    z = mm(work / "z4.npy", "w+", np.uint8, (hs, n, plan.d_head // 2))
     summaries: HeadSummaries | None = None
     truncated = []
     for s in range(plan.shards):
@@ -393,7 +404,7 @@ def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, e
             special[a:b] = f["special"]
             key[:, a:b] = f["strongest_key"]
             weight[:, a:b] = f["strongest_weight"]
-            z[:, a:b] = f["z"]
+            z[:, a:b] = ZCodes.encode(f["z"], z_lo, z_step)
             truncated.append(f["truncated"])
             part = HeadSummaries.from_arrays(dict(f))
         summaries = part if summaries is None else summaries.merge(part)
@@ -402,6 +413,7 @@ def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, e
         array.flush()
     del token_ids, special, key, weight, z
     np.save(work / "text_offsets.npy", offsets)
+    np.savez(work / "z_ranges.npz", lo=z_lo, step=z_step)
     np.savez(work / "heads.npz", **summaries.arrays())
     cut = np.concatenate(truncated) if truncated else np.zeros((0, 2), np.int64)
     vocab = _vocabulary(plan, np.load(work / "token_ids.npy", mmap_mode="r"))
@@ -409,7 +421,7 @@ def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, e
     with open(work / "texts.jsonl", "w", encoding="utf-8") as f:
         for text in texts:
             f.write(json.dumps(text) + "\n")
-    index = build_index(np.load(work / "z.npy", mmap_mode="r"), work)
+    index = build_index(ZCodes(np.load(work / "z4.npy", mmap_mode="r"), z_lo, z_step), work)
     manifest = {
         "kind": "mhsa-atlas",
         "format": FORMAT,

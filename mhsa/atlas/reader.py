@@ -13,7 +13,7 @@ import pandas as pd
 
 from mhsa.atlas.build import FORMAT
 from mhsa.atlas.collect import DETECTORS, KEY_KINDS, MAX_OFFSET, WEIGHT_BINS
-from mhsa.atlas.index import exact_neighbours, rows_of, search_index
+from mhsa.atlas.index import ZCodes, exact_neighbours, search_index
 from mhsa.errors import InputError
 
 __all__ = ["WINDOW", "Atlas", "open_atlas"]
@@ -69,7 +69,8 @@ class Atlas:
         self.offsets = np.load(folder / "text_offsets.npy")
         self.strongest_key = load(folder / "strongest_key.npy")
         self.strongest_weight = load(folder / "strongest_weight.npy")
-        self.z = load(folder / "z.npy")
+        with np.load(folder / "z_ranges.npz") as f:
+            self.z = ZCodes(load(folder / "z4.npy"), f["lo"], f["step"])
         with np.load(folder / "heads.npz") as f:
             self.summaries = {k: f[k] for k in f.files}
         vocab = json.loads((folder / "vocab.json").read_text())
@@ -333,8 +334,8 @@ class Atlas:
         )
         if k is not None:
             k = self._check_k(k, self.tokens)
-        query = rows_of(self.z, np.array([token]), heads)[0]
-        if heads is None and k is not None:
+        query = self.z.rows(np.array([token]), heads)[0]
+        if heads is None and k is not None and self.manifest["index"]["kind"] != "exact":
             found, sims = search_index(self._index, self.z, query, k + 1)
             keep = found != token
             found, sims = found[keep][:k], sims[keep][:k]
