@@ -114,7 +114,7 @@ def test_removed_constructors_warn_and_give_the_loaders_module(family: str) -> N
     with pytest.warns(
         DeprecationWarning,
         match=rf"MultiHeadSelfAttention\.from_{family} is deprecated .*"
-        rf"use mhsa\.adapters\.load_{family}",
+        rf"use mhsa\.engine\.adapters\.load_{family}",
     ) as rec:
         old = getattr(MultiHeadSelfAttention, f"from_{family}")(block, *extra).eval()
     assert [r.filename for r in rec] == [__file__]
