@@ -26,10 +26,10 @@ from mhsa.atlas.collect import BatchLayout, HeadSummaries
 from mhsa.atlas.index import ZCodes, build_index
 from mhsa.engine.batches import batch_tokens_for, length_batches, pad_inputs
 from mhsa.engine.encoding import Encoded, encode, encode_many
-from mhsa.engine.forward import StopPass
+from mhsa.engine.forward import run_until
 from mhsa.engine.models import LoadedModel, get_model
 from mhsa.engine.norms import value_norms
-from mhsa.engine.swap import OurPass, our_blocks, run_with_our_blocks
+from mhsa.engine.swap import OurPass, our_blocks
 from mhsa.engine.tokens import is_punctuation
 from mhsa.errors import InputError, UnsupportedModelError
 from mhsa.heads import head_label
@@ -334,19 +334,8 @@ def _run_batch(
             observers={layer: observer(layer) for layer in plan.layers},
         )
         inputs = pad_inputs(lm, [e.inputs for e in items])
-        last = blocks[plan.layers[-1]]
-        handle = last.register_forward_hook(_stop)
-        try:
-            run_with_our_blocks(lm, blocks, our_pass, inputs)
-        except StopPass:
-            pass
-        finally:
-            handle.remove()
+        run_until(lm, blocks, our_pass, inputs, blocks[plan.layers[-1]])
     summaries.finish_batch(layout, sample, sampled)
-
-
-def _stop(*_args: Any) -> None:
-    raise StopPass
 
 
 # --- merging -----------------------------------------------------------------------------------

@@ -55,6 +55,19 @@ MAX_OFFSET = 64
 KEY_KINDS = ("first", "special", "punctuation", "previous", "self")
 #: TransformerLens's detection patterns the atlas scores
 DETECTORS = ("previous token", "duplicate token", "induction")
+#: the columns of a top list
+TOP_FIELDS = ("value", "text", "query", "key", "weight", "norm")
+#: the uniform sample's arrays
+SAMPLED = (
+    "sample_hash",
+    "sample_text",
+    "sample_query",
+    "sample_key",
+    "sample_weight",
+    "sample_norm",
+)
+#: the summaries that add up over shards
+SUMMED = ("weight_hist", "offset_mass", "kind_mass", "entropy", "distance", "detection")
 
 _MASK64 = (1 << 64) - 1
 
@@ -98,7 +111,7 @@ class TopList:
         """Merge candidate pairs (arrays ``value, text, query, key, weight, norm``) into
         ``head``'s list."""
         k = self.value.shape[1]
-        cols = ("value", "text", "query", "key", "weight", "norm")
+        cols = TOP_FIELDS
         merged = {c: np.concatenate([getattr(self, c)[head], cand[c]]) for c in cols}
         real = merged["text"] >= 0
         merged = {c: v[real] for c, v in merged.items()}
@@ -114,13 +127,7 @@ class TopList:
 
     def merge(self, other: TopList) -> TopList:
         for h in range(self.value.shape[0]):
-            self.offer(
-                h,
-                {
-                    c: getattr(other, c)[h]
-                    for c in ("value", "text", "query", "key", "weight", "norm")
-                },
-            )
+            self.offer(h, {c: getattr(other, c)[h] for c in TOP_FIELDS})
         return self
 
 
@@ -354,7 +361,7 @@ class HeadSummaries:
             other.sample_weight,
             other.sample_norm,
         )
-        for name in ("weight_hist", "offset_mass", "kind_mass", "entropy", "distance", "detection"):
+        for name in SUMMED:
             getattr(self, name).__iadd__(getattr(other, name))
         self.queries += other.queries
         self.texts += other.texts
@@ -369,22 +376,9 @@ class HeadSummaries:
             "texts": np.array(self.texts),
         }
         for prefix, top in (("by_weight", self.by_weight), ("by_norm", self.by_norm)):
-            for c in ("value", "text", "query", "key", "weight", "norm"):
+            for c in TOP_FIELDS:
                 out[f"{prefix}_{c}"] = getattr(top, c)
-        for name in (
-            "sample_hash",
-            "sample_text",
-            "sample_query",
-            "sample_key",
-            "sample_weight",
-            "sample_norm",
-            "weight_hist",
-            "offset_mass",
-            "kind_mass",
-            "entropy",
-            "distance",
-            "detection",
-        ):
+        for name in SUMMED + SAMPLED:
             out[name] = getattr(self, name)
         return out
 
@@ -394,29 +388,7 @@ class HeadSummaries:
         out = cls(heads, int(a["top_k"]), int(a["sample_size"]))
         out.queries, out.texts = int(a["queries"]), int(a["texts"])
         for prefix in ("by_weight", "by_norm"):
-            setattr(
-                out,
-                prefix,
-                TopList(
-                    *(
-                        a[f"{prefix}_{c}"]
-                        for c in ("value", "text", "query", "key", "weight", "norm")
-                    )
-                ),
-            )
-        for name in (
-            "sample_hash",
-            "sample_text",
-            "sample_query",
-            "sample_key",
-            "sample_weight",
-            "sample_norm",
-            "weight_hist",
-            "offset_mass",
-            "kind_mass",
-            "entropy",
-            "distance",
-            "detection",
-        ):
+            setattr(out, prefix, TopList(*(a[f"{prefix}_{c}"] for c in TOP_FIELDS)))
+        for name in SUMMED + SAMPLED:
             setattr(out, name, np.array(a[name]))
         return out

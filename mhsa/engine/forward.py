@@ -40,6 +40,7 @@ __all__ = [
     "our_forward",
     "our_seq2seq_forward",
     "require_attentions",
+    "run_until",
 ]
 
 
@@ -200,14 +201,26 @@ def our_attention(
     our_pass = OurPass(gates=gates or {}, weights_out=weights, observers=observers or {})
     if whole:
         return weights, run_with_our_blocks(lm, blocks, our_pass, inputs)
-    handle = blocks[-1].register_forward_hook(_stop_pass)
+    run_until(lm, blocks, our_pass, inputs, blocks[-1])
+    return weights, None
+
+
+def run_until(
+    lm: LoadedModel,
+    blocks: list[OurBlock],
+    our_pass: OurPass,
+    inputs: dict[str, torch.Tensor],
+    last: OurBlock,
+) -> None:
+    """``run_with_our_blocks`` stopped right after ``last`` has run: the layers above it (and
+    any head on top) change nothing ``our_pass`` observes. The caller holds ``lm.lock``."""
+    handle = last.register_forward_hook(_stop_pass)
     try:
         run_with_our_blocks(lm, blocks, our_pass, inputs)
     except StopPass:
         pass
     finally:
         handle.remove()
-    return weights, None
 
 
 def our_forward(
