@@ -159,6 +159,8 @@ with page.run("Heads", PARAMS, kinds=True) as query:
     else:
         fig = plots.mean_heatmap(result, head=head, values=values)
     page.figure(fig, f"{name}-{view}", key="head-large")
+    if st.button(f"Open {name} in the atlas (the head over a whole corpus)", key="to-atlas"):
+        page.open_in_atlas(name)
     if window is not None:
         page.figure(
             plots.head_zoom(result, layer, head, *window, values=values),

@@ -63,6 +63,7 @@ __all__ = [
     "load",
     "md_escape",
     "open_head",
+    "open_in_atlas",
     "open_text_head",
     "or_error",
     "patch_texts",
@@ -289,6 +290,12 @@ def open_head(query: Query, block: int, head: int) -> None:
         opening["kind"] = kind
     st.session_state[_OPENING] = opening
     st.switch_page("pages/1_Heads.py")
+
+
+def open_in_atlas(head: str) -> None:
+    """Open ``head`` (a label) on the Head atlas page."""
+    st.session_state[_OPENING] = {"atlas_head": head}
+    st.switch_page("pages/14_Head_atlas.py")
 
 
 def open_text_head(text: str, layer: int, head: int) -> None:

@@ -92,3 +92,23 @@ def test_without_atlases_the_page_offers_a_build_through_the_heavy_queue(
         assert len(at.get("plotly_chart")) == 4
     finally:
         views._listing.clear()
+
+
+def test_an_example_opens_in_heads_and_heads_opens_its_head_in_the_atlas(app_atlas) -> None:
+    """The buttons leave what the next page applies (``page.open_text_head``,
+    ``page.open_in_atlas``; a page run alone has no navigation to switch with: the switch
+    itself is the browser tests'), and the page opened applies it."""
+    atlas = mhsa.open_atlas(app_atlas)
+    at = run(PAGE, atlas_head="L3H7")
+    first = atlas.top("L3H7", k=20, by="norm").iloc[0]
+    at.button(key="atlas-open").click().run()
+    opening = at.session_state["_mhsa_opening"]
+    assert opening == {"text": atlas.text(int(first.text_id)), "layer": 3, "head": 7}
+    heads = run("pages/1_Heads.py")
+    heads.session_state["_mhsa_opening"] = opening
+    heads.run()
+    assert not heads.exception
+    assert heads.session_state["text"] == atlas.text(int(first.text_id))
+    assert (heads.session_state["layer"], heads.session_state["head"]) == (3, 7)
+    heads.button(key="to-atlas").click().run()
+    assert heads.session_state["_mhsa_opening"] == {"atlas_head": "L3H7"}
