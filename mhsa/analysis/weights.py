@@ -306,10 +306,10 @@ def ov_top_tokens(
     if heads.layer_norm:
         x = _centred(x, 1)
     x = x @ heads.w_v[row] @ heads.w_o[row]  # (n, D)
+    if heads.layer_norm:  # W_U centred over d_model: P diag(w_f) U^T
+        x = _centred(x, 1)
     if w_f is not None:
         x = x * w_f
-    if heads.layer_norm:
-        x = _centred(x, 1)
     logits = x @ unemb.to("cpu", torch.float64).T  # (n, V)
     logits = _centred(logits, 1)  # the unembedding centred over the vocabulary
     top = logits.topk(min(k, logits.shape[1]), dim=1)
