@@ -4,6 +4,7 @@ Never imports streamlit; only ``mhsa.plots`` imports plotly.
 """
 
 import mhsa.compat  # noqa: F401  (old names kept for a release: mhsa.deprecation)
+from mhsa.analysis.qk_attribution import qk_attribution
 from mhsa.analysis.roles import (
     AttentionSinks,
     attention_sinks,
@@ -16,6 +17,12 @@ from mhsa.analysis.roles import (
 from mhsa.analysis.similarity import HeadClusters, head_clusters, head_map, head_similarity
 from mhsa.analysis.stats import attention_rollout, head_stats, top_attended
 from mhsa.analysis.stream import streamed_head_similarity, streamed_head_stats
+from mhsa.analysis.weights import (
+    PositionalQK,
+    ov_copying_scores,
+    ov_top_tokens,
+    qk_positional_scores,
+)
 from mhsa.causal.attribution import HeadAttribution, LogitLens, head_attribution, logit_lens
 from mhsa.causal.flow import FlowGraph, information_flow
 from mhsa.causal.importance import Ablation, ablate, head_importance
@@ -121,6 +128,7 @@ __all__ = [
     "ModelLoadError",
     "MultiHeadSelfAttention",
     "PathPatch",
+    "PositionalQK",
     "RotaryEmbedding",
     "Selection",
     "TraceStep",
@@ -159,6 +167,8 @@ __all__ = [
     "load_model",
     "logit_lens",
     "norms_as_attention",
+    "ov_copying_scores",
+    "ov_top_tokens",
     "parse_head_label",
     "patch_heads",
     "patch_positions",
@@ -166,6 +176,8 @@ __all__ = [
     "path_patch",
     "pick_device",
     "pruning_curve",
+    "qk_attribution",
+    "qk_positional_scores",
     "save_model",
     "scaled_dot_product_attention",
     "sink_value_norms",
