@@ -12,14 +12,26 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mhsa.cli import attend, circuit, flow, importance, info, patch, roles, stats, train
+from mhsa.cli import (
+    attend,
+    circuit,
+    flow,
+    importance,
+    info,
+    patch,
+    qk,
+    roles,
+    stats,
+    train,
+    weights,
+)
 from mhsa.cli.common import Parser, add_command, check_outputs
 from mhsa.errors import MHSAError
 
 __all__ = ["COMMANDS", "main", "parser"]
 
 #: every command, in the order ``--help`` lists them
-COMMANDS = (attend, info, stats, importance, train, roles, patch, flow, circuit)
+COMMANDS = (attend, info, stats, importance, train, roles, weights, qk, patch, flow, circuit)
 
 
 def parser() -> argparse.ArgumentParser:
