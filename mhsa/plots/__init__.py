@@ -8,7 +8,8 @@ streamlit; the only part of ``mhsa`` that imports plotly.
 - ``export``: the numbers a figure draws, as a table (``figure_data``);
 - one module per page: ``heads``, ``line_view``, ``similarity``, ``statistics``,
   ``importance``, ``roles``, ``patching``, ``rollout``, ``classroom`` (Inside MHSA),
-  ``training`` (Train heads), ``flow`` (Information flow), ``circuits`` (Circuits).
+  ``training`` (Train heads), ``flow`` (Information flow), ``circuits`` (Circuits), ``weights``
+  (OV/QK circuits and "Why here?").
 
 Every public name is re-exported here: ``from mhsa.plots import head_heatmap``.
 """
@@ -74,6 +75,7 @@ from mhsa.plots.training import (
     snapshot_scores,
     training_curves,
 )
+from mhsa.plots.weights import copying_figure, positional_figure, qk_terms_figure
 
 __all__ = [
     "COLORSCALE",
@@ -95,6 +97,7 @@ __all__ = [
     "circuit_figure",
     "circuit_node_xy",
     "composition_figure",
+    "copying_figure",
     "decorate",
     "detection_pattern_figure",
     "downsample",
@@ -123,8 +126,10 @@ __all__ = [
     "patching_maps",
     "patching_positions_figure",
     "patching_scatter",
+    "positional_figure",
     "probe_mosaic",
     "pruning_figure",
+    "qk_terms_figure",
     "role_maps",
     "rollout_figure",
     "similarity_figure",
