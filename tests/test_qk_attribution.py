@@ -169,3 +169,13 @@ def test_the_induction_head_of_toy_induction_explained():
     largest = at_key.iloc[0]
     assert (largest.query_source, largest.key_source) == ("input", f"L0H{previous}")
     assert ov_copying_scores("toy:induction")[f"L1H{induction}"] > 0.9
+
+
+def test_a_residual_pass_can_skip_all_but_the_last_logits():
+    from mhsa.engine.residual import residual_pass
+
+    full = residual_pass(INDUCTION, model="toy:induction")
+    last = residual_pass(INDUCTION, model="toy:induction", all_logits=False)
+    assert full.logits.shape[0] == len(full.tokens) > 1 and last.logits.shape[0] == 1
+    torch.testing.assert_close(last.logits[0], full.logits[-1])
+    torch.testing.assert_close(last.resid_pre[1], full.resid_pre[1])

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from mhsa.engine.attention import MultiHeadSelfAttention
-from mhsa.engine.frozen_norm import frozen_norm
+from mhsa.engine.frozen_norm import FrozenNorm, frozen_norm
 from mhsa.engine.generation import Generation
 from mhsa.engine.layer_parts import attention_norm_of
 from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
@@ -84,29 +84,42 @@ def _frozen_qk_norm(
 
 def _side(
     ours: MultiHeadSelfAttention,
-    x: torch.Tensor,
-    constant: torch.Tensor,
+    sources: torch.Tensor,
+    positions: torch.Tensor,
+    frozen: FrozenNorm | None,
+    normed: torch.Tensor,
     part: int,
     index: int,
 ) -> torch.Tensor:
     """Queries (``part`` 0) or keys (1) of head / key-value head ``index`` per source
-    ``[S, T, Dh]`` from the normed parts ``x [S, T, D]`` (the last source takes ``constant
-    [D]``, the norm's bias, and the projection's bias), the q/k norm frozen and rotary
-    positions applied per source."""
+    ``[S, P, Dh]`` at ``positions`` ``[P]`` from the residual parts there ``[S, P, D]``: the
+    norm ``frozen`` at each position (its weight and centring folded into the projection,
+    so that no ``[S, P, D]`` array is normed), the last source (``bias``) taking the norm's
+    bias and the projection's; a q/k norm frozen at the real queries or keys (from the whole
+    normed stream ``normed [P, D]``); rotary positions applied per source."""
     weights, biases = ours.projections()
-    w = weights[part].to(x)  # (n Dh, D)
-    b = biases[part]
+    w = weights[part].to(sources)  # (n Dh, D)
+    b = None if biases[part] is None else biases[part].to(sources)
     dh = ours.d_head
     rows = slice(index * dh, (index + 1) * dh)
-    out = x @ w[rows].T  # (S, T, Dh)
-    out[-1] += constant @ w[rows].T + (0 if b is None else b[rows].to(x))
+    reads = w[rows].T  # (D, Dh)
+    constant = b[rows] if b is not None else torch.zeros(dh, dtype=sources.dtype)
+    if frozen is not None:
+        if frozen.bias is not None:
+            constant = constant + frozen.bias.to(sources) @ reads
+        reads = frozen.weight.to(sources)[:, None] * reads
+        if frozen.kind == "LayerNorm":  # (x - mean x) M = x (M - mean over rows of M)
+            reads = reads - reads.mean(0, keepdim=True)
+    out = sources @ reads  # (S, P, Dh)
+    if frozen is not None:
+        out = out * torch.as_tensor(frozen.inverse_scale).to(sources)[positions]
+    out[-1] += constant
     norm = ours.q_norm if part == 0 else ours.k_norm
     if norm is not None:
-        whole = (x.sum(0) + constant) @ w.T + (0 if b is None else b.to(x))  # (T, n Dh)
+        whole = normed @ w.T + (0 if b is None else b)  # (P, n Dh)
         inverse, weight = _frozen_qk_norm(norm, whole, index, dh)
         out = out * inverse * weight
     if ours.rotary is not None:
-        positions = torch.arange(x.shape[1], device=x.device)
         cos, sin = ours.rotary.cos_sin(positions, torch.float64)
         out = ours.rotary.rotate(out[:, None], cos, sin)[:, 0]
     return out
@@ -161,7 +174,7 @@ def qk_attribution(
     """
     lm = resolve_model(model)
     layer, index = _checked(lm, head)
-    run = residual_pass(text, model=lm, max_tokens=max_tokens)
+    run = residual_pass(text, model=lm, max_tokens=max_tokens, all_logits=False)
     length = len(run.tokens)
     if query is None:
         query = length - 1
@@ -171,31 +184,31 @@ def qk_attribution(
         raise InputError(
             f"There is no query position {query}: the text has {length} tokens (0 to {length - 1})."
         )
-    names, sources = residual_sources(run, layer)
+    names, sources = residual_sources(run, layer)  # (S, T, D)
     with lm.lock:
         block = our_blocks(lm)[layer]
     ours = block.ours
     outer, attribute = block.layer_place
     norm = attention_norm_of(getattr(outer, attribute))
-    if norm is None:
-        x, constant = sources, torch.zeros_like(sources[0, 0])
-    else:
-        frozen = frozen_norm(norm, run.resid_pre[layer])
-        frozen = type(frozen)(
-            frozen.kind, frozen.inverse_scale.double(), frozen.weight.double(), frozen.bias
-        )
-        x = frozen(sources)  # (S, T, D)
-        constant = torch.zeros_like(x[0, 0]) if frozen.bias is None else frozen.bias.double()
-    _check_values(ours, x, constant, run, layer, index, lm.display_name)
-    q = _side(ours, x, constant, 0, index)[:, query]  # (S, Dh)
-    k = _side(ours, x, constant, 1, index // ours.groups)[:, : query + 1]  # (S, K, Dh)
-    terms = torch.einsum("ad,bkd->abk", q, k) * ours.scale  # (S, S, K)
-    s, keys = len(names), query + 1
+    whole = run.resid_pre[layer].double()
+    frozen = None if norm is None else frozen_norm(norm, run.resid_pre[layer])
+    normed = whole
+    if frozen is not None:
+        normed = frozen(whole) + (0 if frozen.bias is None else frozen.bias.double())
+    _check_values(ours, normed, run, layer, index, lm.display_name)
+    keys = torch.arange(query + 1)
+    at_query = torch.tensor([query])
+    q = _side(ours, sources[:, at_query], at_query, frozen, normed[at_query], 0, index)
+    k_index = index // ours.groups
+    k = _side(ours, sources[:, keys], keys, frozen, normed[keys], 1, k_index)  # (S, K, Dh)
+    terms = torch.einsum("ad,bkd->abk", q[:, 0], k) * ours.scale  # (S, S, K)
+    s, count = len(names), query + 1
+    source = np.arange(s)
     frame = pd.DataFrame(
         {
-            "query_source": np.repeat(names, s * keys),
-            "key_source": np.tile(np.repeat(names, keys), s),
-            "key": np.tile(np.arange(keys), s * s),
+            "query_source": pd.Categorical.from_codes(np.repeat(source, s * count), names),
+            "key_source": pd.Categorical.from_codes(np.tile(np.repeat(source, count), s), names),
+            "key": np.tile(np.arange(count), s * s),
             "score": terms.reshape(-1).cpu().numpy(),
         }
     )
@@ -205,15 +218,14 @@ def qk_attribution(
 
 def _check_values(
     ours: MultiHeadSelfAttention,
-    x: torch.Tensor,
-    constant: torch.Tensor,
+    normed: torch.Tensor,
     run: ResidualPass,
     layer: int,
     index: int,
     model: str,
 ) -> None:
-    """The normed parts rebuild the head's values as the pass recorded them: the norm before
-    the attention was found and frozen right.
+    """The normed stream ``normed [T, D]`` rebuilds the head's values as the pass recorded
+    them: the norm before the attention was found and frozen right.
 
     Raises:
         UnsupportedModelError: they do not.
@@ -222,8 +234,8 @@ def _check_values(
     dh, g = ours.d_head, index // ours.groups
     rows = slice(g * dh, (g + 1) * dh)
     b = biases[2]
-    values = (x.sum(0) + constant) @ weights[2][rows].to(x).T
-    values = values + (0 if b is None else b[rows].to(x))
+    values = normed @ weights[2][rows].to(normed).T
+    values = values + (0 if b is None else b[rows].to(normed))
     theirs = run.values[layer][index].double()
     if not torch.allclose(values, theirs, atol=1e-4 * (1.0 + float(theirs.abs().max()))):
         raise UnsupportedModelError(

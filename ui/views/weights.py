@@ -21,6 +21,7 @@ __all__ = [
     "copying_scores",
     "pair_sentence",
     "positional",
+    "summarised",
     "top_tokens",
     "why_here",
 ]
@@ -94,7 +95,16 @@ def why_here(query: Query, layer: int, head: int, row: int, key: int) -> WhyHere
         InputError: whole words, a key after the query (a decoder does not look there).
         UnsupportedModelError: a model the split does not cover (``qk_attribution``).
     """
-    terms = _terms(query, layer, head, row)
+    return summarised(_terms(query, layer, head, row), key)
+
+
+def summarised(terms: pd.DataFrame, key: int) -> WhyHere:
+    """``why_here`` of the terms ``qk_attribution`` gave for one query (``terms``) at ``key``.
+
+    Raises:
+        InputError: a key after the query.
+    """
+    row, (layer, head) = terms.attrs["query"], mhsa.parse_head_label(terms.attrs["head"])
     if not 0 <= key <= row:
         raise mhsa.InputError(
             f"Key {key} is not before query {row}: a decoder's query only reads keys at or "
@@ -110,7 +120,7 @@ def why_here(query: Query, layer: int, head: int, row: int, key: int) -> WhyHere
         shown.append(
             pd.DataFrame(
                 {
-                    "pair": top["query_source"] + " · " + top["key_source"],
+                    "pair": top["query_source"].astype(str) + " · " + top["key_source"].astype(str),
                     "key": f"{k}: {tokens[k]}" + (" (clicked)" if k == key else ""),
                     "score": top["score"].to_numpy(),
                 }
@@ -121,6 +131,7 @@ def why_here(query: Query, layer: int, head: int, row: int, key: int) -> WhyHere
     cell = at_key.loc[
         at_key["score"].abs().nlargest(TOP_PAIRS).index, ["query_source", "key_source", "score"]
     ]
+    cell = cell.astype({"query_source": str, "key_source": str})
     cell = cell.assign(share=cell["score"] / score if score else np.nan).reset_index(drop=True)
     first = cell.iloc[0]
     sentence = (
