@@ -41,7 +41,7 @@ def _rows(name: str, lm: mhsa.LoadedModel, text: str) -> list[dict]:
 
     def panel() -> None:
         terms = mhsa.qk_attribution(text, head, model=lm)
-        summarised(terms, int(terms.groupby("key")["score"].sum().idxmax()))
+        summarised(terms, len(terms.attrs["tokens"]) - 1)
 
     start = time.process_time()
     mhsa.ov_copying_scores(lm)  # the first call also builds our module's blocks

@@ -111,28 +111,33 @@ def summarised(terms: pd.DataFrame, key: int) -> WhyHere:
             "before it."
         )
     tokens = tuple(terms.attrs["tokens"])
-    totals = terms.groupby("key")["score"].sum()
-    others = [int(k) for k in totals.drop(key).nlargest(OTHER_KEYS).index]
+    terms = terms.copy(deep=False)
+    terms.attrs = {}  # pandas deep-copies attrs into every frame made from this one
+    keys, scores = terms["key"].to_numpy(), terms["score"].to_numpy()
+    parts = terms["query_source"], terms["key_source"]
+    totals = np.bincount(keys, weights=scores, minlength=row + 1)  # each key's whole score
+    others = [int(k) for k in np.argsort(-totals, kind="stable") if k != key][:OTHER_KEYS]
+
+    def largest(k: int) -> np.ndarray:
+        at = np.flatnonzero(keys == k)
+        return at[np.argsort(-np.abs(scores[at]), kind="stable")[:TOP_PAIRS]]
+
     shown = []
     for k in [key, *others]:
-        rows = terms[terms["key"] == k]
-        top = rows.loc[rows["score"].abs().nlargest(TOP_PAIRS).index]
-        shown.append(
-            pd.DataFrame(
-                {
-                    "pair": top["query_source"].astype(str) + " · " + top["key_source"].astype(str),
-                    "key": f"{k}: {tokens[k]}" + (" (clicked)" if k == key else ""),
-                    "score": top["score"].to_numpy(),
-                }
-            )
-        )
+        top = largest(k)
+        pairs = [f"{a} · {b}" for a, b in zip(*(p.iloc[top] for p in parts), strict=True)]
+        label = f"{k}: {tokens[k]}" + (" (clicked)" if k == key else "")
+        shown.append(pd.DataFrame({"pair": pairs, "key": label, "score": scores[top]}))
     score = float(totals[key])
-    at_key = terms[terms["key"] == key]
-    cell = at_key.loc[
-        at_key["score"].abs().nlargest(TOP_PAIRS).index, ["query_source", "key_source", "score"]
-    ]
-    cell = cell.astype({"query_source": str, "key_source": str})
-    cell = cell.assign(share=cell["score"] / score if score else np.nan).reset_index(drop=True)
+    best = largest(key)
+    cell = pd.DataFrame(
+        {
+            "query_source": parts[0].iloc[best].astype(str).to_numpy(),
+            "key_source": parts[1].iloc[best].astype(str).to_numpy(),
+            "score": scores[best],
+        }
+    )
+    cell = cell.assign(share=cell["score"] / score if score else np.nan)
     first = cell.iloc[0]
     sentence = (
         f"L{layer}H{head} from {row}: {tokens[row]!r} to {key}: {tokens[key]!r}, score "
