@@ -9,6 +9,7 @@ import pytest
 
 import mhsa
 from mhsa.__main__ import main
+from tests.test_cli_analyses import exits_2_with_one_line
 
 TOY = ["--model", "toy:induction", "--device", "cpu"]
 TEXT = "ro te mi bu gu ka be pa ku ro te mi bu gu ka"
@@ -77,8 +78,5 @@ def test_qk_writes_terms_that_sum_to_each_keys_score(tmp_path, toy) -> None:
 )
 def test_bad_arguments_exit_2_with_one_line(argv, message, capsys, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert message in err and len(err.splitlines()) == 1 and err.startswith("python -m mhsa")
+    exits_2_with_one_line(argv, message, capsys)
+    assert list(tmp_path.iterdir()) == []  # nothing written

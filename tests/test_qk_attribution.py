@@ -17,28 +17,12 @@ import mhsa
 from mhsa.analysis.qk_attribution import qk_attribution
 from mhsa.analysis.weights import ov_copying_scores
 from tests.tiny import moved_off_init, save_tiny
-from tests.tiny_families import loaded_tiny
+from tests.tiny_families import TINY_FAMILIES, loaded_tiny
 
 TEXT = "the cat sat on the mat and the dog sat on the rug"
-DECODERS = [
-    "GPT-2 family",
-    "Llama-style",
-    "GPT-NeoX",
-    "GPT-NeoX sequential",
-    "GPT-J",
-    "Phi",
-    "OPT",
-    "Falcon",
-    "Falcon grouped",
-    "Falcon per-head",
-    "Qwen3",
-    "Gemma",
-    "Gemma 2",
-    "Gemma 3 (text)",
-    "OLMo 2",
-    "Phi-3",
-]
 REFUSED = ["BERT family", "DistilBERT", "ALBERT", "ModernBERT", "BART family", "T5 family"]
+#: every other tiny family is a pre-norm decoder (16 layouts)
+DECODERS = [name for name in TINY_FAMILIES if name not in REFUSED]
 
 
 def _own_softmax_inputs(lm: mhsa.LoadedModel, text: str, monkeypatch) -> list[torch.Tensor]:
