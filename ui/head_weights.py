@@ -11,7 +11,7 @@ import streamlit as st
 
 import mhsa
 from mhsa import plots
-from ui import page
+from ui import core, page
 from ui.core import Query
 from ui.state import md_escape
 from ui.views import weights
@@ -33,11 +33,15 @@ def select_cell(chart_key: str) -> None:
             return
 
 
-def why_here_panel(query: Query, result: mhsa.AttentionResult, layer: int, head: int) -> None:
+def why_here_panel(
+    query: Query, result: mhsa.AttentionResult, layer: int, head: int, *, clickable: bool = True
+) -> None:
     """ "Why here?" for head (``layer``, ``head``: the model's numbers) of ``result``: the
     chosen cell's largest (query part, key part) terms and the row's other strong keys, as a
-    bar chart and a table, with a sentence naming what the largest term is."""
-    if not st.toggle("Why here? (click a cell of the heatmap)", key=_SHOWN):
+    bar chart and a table, with a sentence naming what the largest term is (``clickable``:
+    a click on the heatmap above picks the cell, ``select_cell``)."""
+    where = "click a cell of the heatmap, or pick one" if clickable else "pick a cell"
+    if not st.toggle(f"Why here? A score split into its sources ({where} below)", key=_SHOWN):
         return
     last = result.num_queries - 1
     state = st.session_state
@@ -57,8 +61,8 @@ def why_here_panel(query: Query, result: mhsa.AttentionResult, layer: int, head:
 
 
 def weights_section(query: Query) -> None:
-    """Copying score per head, a head's top copied tokens, and the positional pattern where
-    the model has learned absolute positions."""
+    """Copying score per head; for a chosen head, "Why here?" on the sentence, its top copied
+    tokens, and the positional pattern where the model has learned absolute positions."""
     st.subheader("What the weights say")
     scores = page.or_error(weights.copying_scores, query)
     if scores is None:
@@ -68,6 +72,9 @@ def weights_section(query: Query) -> None:
     if not str(scores.attrs.get("circuit", "")).startswith("W_E"):
         st.caption("This model has no unembedding: the scores are of W_V W_O alone.")
     head = st.selectbox("Head", list(scores.index), key="weights-head")
+    result = page.or_error(core.attention, query)
+    if result is not None:  # its score at a cell of this text, split
+        why_here_panel(query, result, *mhsa.parse_head_label(head), clickable=False)
     if str(scores.attrs.get("circuit", "")).startswith("W_E"):
         top = page.or_error(weights.top_tokens, query, head)
         if top is not None:

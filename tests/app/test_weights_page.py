@@ -61,7 +61,8 @@ def test_why_here_on_an_encoder_says_why_not() -> None:
 
 @pytest.mark.slow
 def test_head_roles_weights_section_is_the_librarys() -> None:
-    at = run("pages/10_Head_roles.py", model="toy:induction", text=TEXT)
+    state = {"weights-head": "L1H3", "why-shown": True, "why-query": 15, "why-key": 6}
+    at = run("pages/10_Head_roles.py", state, model="toy:induction", text=TEXT)
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
     spec = next(s for t, s in charts(at).items() if t.startswith("Copying score"))
     grid = decode(spec["data"][0]["z"]).astype(float)
@@ -75,3 +76,9 @@ def test_head_roles_weights_section_is_the_librarys() -> None:
     library = mhsa.ov_top_tokens(head, "toy:induction", k=5)
     first = library[library["input"] == top["input"].iloc[0]]["output"]
     assert top["outputs"].iloc[0] == " ".join(first)
+    why = next(s for t, s in charts(at).items() if t.startswith("L1H3: the largest terms"))
+    terms = mhsa.qk_attribution(TEXT, "L1H3", model="toy:induction", query=15)
+    at_key = terms[terms["key"] == 6]
+    assert abs(decode(why["data"][0]["x"])[0]) == pytest.approx(
+        at_key["score"].abs().max(), rel=1e-6
+    )

@@ -36,8 +36,7 @@ WHY_NOTE = (
     "The head's score at this cell (scaled, before the mask and softmax) is a sum of terms, one "
     "per pair (part of the residual stream at the query, part at the key): input (token and "
     "position embeddings), an earlier head LxHy, an earlier MLP Mx, or bias. The norm's scale "
-    "is frozen at the real stream, so the terms add up exactly. Click a cell of the heatmap "
-    "to choose it."
+    "is frozen at the real stream, so the terms add up exactly."
 )
 #: keys of the row shown beside the clicked one, and pairs per key
 OTHER_KEYS, TOP_PAIRS = 2, 6
