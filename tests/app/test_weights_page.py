@@ -82,3 +82,21 @@ def test_head_roles_weights_section_is_the_librarys() -> None:
     assert abs(decode(why["data"][0]["x"])[0]) == pytest.approx(
         at_key["score"].abs().max(), rel=1e-6
     )
+
+
+def test_a_click_on_a_heatmap_cell_opens_why_here_on_it(monkeypatch) -> None:
+    """A heatmap cell's categories name their positions ("ka #6", ``token_axis``): a click on
+    row 15, column 6 opens the panel there; a click on a block-averaged span does nothing."""
+    from types import SimpleNamespace
+
+    from ui import head_weights
+
+    def clicked(points: list[dict]) -> dict:
+        state = {"chart": SimpleNamespace(selection={"points": points})}
+        monkeypatch.setattr(head_weights.st, "session_state", state)
+        head_weights.select_cell("chart")
+        return state
+
+    state = clicked([{"x": "ka #6", "y": "ka #15", "z": 0.9}])
+    assert (state["why-shown"], state["why-query"], state["why-key"]) == (True, 15, 6)
+    assert "why-shown" not in clicked([{"x": "ka … pa", "y": "ro … te"}])
