@@ -103,7 +103,7 @@ def _side(
     dh = ours.d_head
     rows = slice(index * dh, (index + 1) * dh)
     reads = w[rows].T  # (D, Dh)
-    constant = b[rows] if b is not None else torch.zeros(dh, dtype=sources.dtype)
+    constant = b[rows] if b is not None else sources.new_zeros(dh)
     if frozen is not None:
         if frozen.bias is not None:
             constant = constant + frozen.bias.to(sources) @ reads
@@ -120,7 +120,7 @@ def _side(
         inverse, weight = _frozen_qk_norm(norm, whole, index, dh)
         out = out * inverse * weight
     if ours.rotary is not None:
-        cos, sin = ours.rotary.cos_sin(positions, torch.float64)
+        cos, sin = ours.rotary.cos_sin(positions.to(sources.device), torch.float64)
         out = ours.rotary.rotate(out[:, None], cos, sin)[:, 0]
     return out
 
@@ -196,8 +196,8 @@ def qk_attribution(
     if frozen is not None:
         normed = frozen(whole) + (0 if frozen.bias is None else frozen.bias.double())
     _check_values(ours, normed, run, layer, index, lm.display_name)
-    keys = torch.arange(query + 1)
-    at_query = torch.tensor([query])
+    keys = torch.arange(query + 1, device=sources.device)
+    at_query = keys[query:]
     q = _side(ours, sources[:, at_query], at_query, frozen, normed[at_query], 0, index)
     k_index = index // ours.groups
     k = _side(ours, sources[:, keys], keys, frozen, normed[keys], 1, k_index)  # (S, K, Dh)
