@@ -164,7 +164,8 @@ def qk_attribution(
 
     Returns:
         One row per (query part, key part, key position 0 .. query): ``query_source``,
-        ``key_source``, ``key``, ``score``; for each key the scores sum to the head's score.
+        ``key_source`` (categorical), ``key``, ``score``; for each key the scores sum to the
+        head's score.
         ``attrs``: ``tokens``, ``query``, ``head``, ``sources`` (the parts' names, in order).
 
     Raises:
