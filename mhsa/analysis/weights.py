@@ -195,7 +195,11 @@ def ov_copying_scores(model: str | LoadedModel = DEFAULT_MODEL) -> pd.Series:
     processed as the module's docstring says.
 
     An encoder without a next-token head has no unembedding: its scores are of the OV circuit
-    ``W_V^h W_O^h`` alone (``[D, D]``), and ``attrs["circuit"]`` says so.
+    ``W_V^h W_O^h`` alone (``[D, D]``), and ``attrs["circuit"]`` says so. A post-norm encoder
+    (BERT) has no norm before its attention: nothing is folded into its ``W_V`` (the previous
+    layer's output norm is not; TransformerLens processes no encoder's weights), ``W_O`` is
+    centred (the norm after the residual sum removes the mean), and centring ``W_V`` then
+    changes no eigenvalue.
 
     Returns:
         Indexed by head (``L{l}H{h}``), named ``"copying score"``; ``attrs["circuit"]``: the
