@@ -158,12 +158,12 @@ with page.run("Heads", PARAMS, kinds=True) as query:
         fig = plots.mean_heatmap(result, layer=layer, values=values)
     else:
         fig = plots.mean_heatmap(result, head=head, values=values)
-    clicks = {
-        "on_select": lambda: head_weights.select_cell("head-large"),
-        "selection_mode": "points",
-    }
-    page.figure(fig, f"{name}-{view}", key="head-large", **(clicks if view == "head" else {}))
-    if view == "head":
+    if view != "head":
+        page.figure(fig, f"{name}-{view}", key="head-large")
+    else:  # a click on a cell opens "Why here?" on it
+        clicks = {"on_select": lambda: head_weights.select_cell("head-large")}
+        fig = plots.clickable_cells(fig)
+        page.figure(fig, f"{name}-{view}", key="head-large", selection_mode="points", **clicks)
         head_weights.why_here_panel(query, result, result.layers[layer], result.heads[head])
     if window is not None:
         page.figure(

@@ -5,8 +5,6 @@ the weights section (Head roles). Values come from ``ui.views.weights``, figures
 
 from __future__ import annotations
 
-import re
-
 import streamlit as st
 
 import mhsa
@@ -18,18 +16,17 @@ from ui.views import weights
 
 __all__ = ["select_cell", "weights_section", "why_here_panel"]
 
-#: a heatmap category names its position: "cat #2" (``plots.common.token_axis``)
-_POSITION = re.compile(r"#(\d+)$")
 _SHOWN, _ROW, _KEY = "why-shown", "why-query", "why-key"
 
 
 def select_cell(chart_key: str) -> None:
-    """A click on a cell of the heatmap drawn under ``chart_key`` opens "Why here?" on it."""
+    """A click on a cell of the heatmap drawn under ``chart_key`` (its markers:
+    ``plots.clickable_cells``, trace 1, ``[row, column, value]``) opens "Why here?" on it."""
     for point in st.session_state[chart_key].selection.get("points", []):
-        found = [_POSITION.search(str(point.get(axis, ""))) for axis in ("y", "x")]
-        if all(found):
-            row, key = (int(m[1]) for m in found if m is not None)
-            st.session_state.update({_SHOWN: True, _ROW: row, _KEY: key})
+        data = point.get("customdata")
+        if point.get("curve_number") == 1 and data is not None:
+            values = list(data.values()) if isinstance(data, dict) else list(data)
+            st.session_state.update({_SHOWN: True, _ROW: int(values[0]), _KEY: int(values[1])})
             return
 
 

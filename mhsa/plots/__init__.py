@@ -75,7 +75,12 @@ from mhsa.plots.training import (
     snapshot_scores,
     training_curves,
 )
-from mhsa.plots.weights import copying_figure, positional_figure, qk_terms_figure
+from mhsa.plots.weights import (
+    clickable_cells,
+    copying_figure,
+    positional_figure,
+    qk_terms_figure,
+)
 
 __all__ = [
     "COLORSCALE",
@@ -96,6 +101,7 @@ __all__ = [
     "attribution_figure",
     "circuit_figure",
     "circuit_node_xy",
+    "clickable_cells",
     "composition_figure",
     "copying_figure",
     "decorate",

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from mhsa.heads import parse_head_label
 from mhsa.plots.common import COLORWAY, SIGNED_COLORSCALE, apply_layout, label, matrix_heatmap
 
-__all__ = ["copying_figure", "positional_figure", "qk_terms_figure"]
+__all__ = ["clickable_cells", "copying_figure", "positional_figure", "qk_terms_figure"]
 
 
 def copying_figure(scores: pd.Series) -> go.Figure:
@@ -76,3 +76,38 @@ def qk_terms_figure(terms: pd.DataFrame, *, title: str) -> go.Figure:
     fig.update_yaxes(autorange="reversed", type="category")
     fig.update_layout(barmode="group", legend={"title": {"text": "key"}})
     return apply_layout(fig, title, height=max(380, 80 + 22 * len(terms)))
+
+
+#: cells up to which ``clickable_cells`` puts a marker on each (64 tokens a side)
+MAX_CLICKABLE = 64 * 64
+
+
+def clickable_cells(fig: go.Figure) -> go.Figure:
+    """``fig`` (a ``matrix_heatmap``) with an invisible marker on the centre of each cell
+    carrying ``[row, column, value]``: Streamlit's plotly selection picks points of a scatter
+    trace, not the cells of a heatmap (as ``heads._head_markers`` makes the head grid's
+    thumbnails clickable). The marker's hover is the cell's. Beyond ``MAX_CLICKABLE`` cells
+    ``fig`` is returned as it is."""
+    heat = fig.data[0]
+    rows, cols = list(heat.y), list(heat.x)
+    if len(rows) * len(cols) > MAX_CLICKABLE:
+        return fig
+    r, c = (grid.ravel() for grid in np.indices((len(rows), len(cols))))
+    side = ((fig.layout.height or 450) - 200) / max(len(rows), 1)
+    fig.add_trace(
+        go.Scatter(
+            x=[cols[j] for j in c],
+            y=[rows[i] for i in r],
+            mode="markers",
+            marker={
+                "symbol": "square",
+                "size": max(4.0, min(28.0, side)),
+                "color": "rgba(0,0,0,0)",
+            },
+            customdata=np.stack([r, c, np.asarray(heat.z, dtype=float).ravel()], axis=1),
+            hovertemplate=str(heat.hovertemplate).replace("%{z", "%{customdata[2]"),
+            name="cells",
+            showlegend=False,
+        )
+    )
+    return fig

@@ -85,8 +85,8 @@ def test_head_roles_weights_section_is_the_librarys() -> None:
 
 
 def test_a_click_on_a_heatmap_cell_opens_why_here_on_it(monkeypatch) -> None:
-    """A heatmap cell's categories name their positions ("ka #6", ``token_axis``): a click on
-    row 15, column 6 opens the panel there; a click on a block-averaged span does nothing."""
+    """A click on the marker of cell (15, 6) (``plots.clickable_cells``, trace 1) opens the
+    panel there; a click on the heatmap itself (trace 0) does nothing."""
     from types import SimpleNamespace
 
     from ui import head_weights
@@ -97,6 +97,21 @@ def test_a_click_on_a_heatmap_cell_opens_why_here_on_it(monkeypatch) -> None:
         head_weights.select_cell("chart")
         return state
 
-    state = clicked([{"x": "ka #6", "y": "ka #15", "z": 0.9}])
+    state = clicked([{"curve_number": 1, "customdata": [15, 6, 0.9], "x": "ka #6"}])
     assert (state["why-shown"], state["why-query"], state["why-key"]) == (True, 15, 6)
-    assert "why-shown" not in clicked([{"x": "ka … pa", "y": "ro … te"}])
+    assert "why-shown" not in clicked([{"curve_number": 0, "x": "ka #6", "y": "ka #15"}])
+
+
+def test_clickable_cells_mark_every_cell_with_its_position_and_value() -> None:
+    from mhsa import plots
+    from tests.tiny import hand_result
+
+    attention = np.random.default_rng(0).random((1, 1, 3, 3)).astype(np.float32)
+    result = hand_result(attention, ["a", "b", "c"])
+    fig = plots.clickable_cells(plots.head_heatmap(result, 0, 0))
+    markers = fig.data[1]
+    assert [tuple(d[:2]) for d in markers.customdata] == [
+        (i, j) for i in range(3) for j in range(3)
+    ]
+    np.testing.assert_allclose([d[2] for d in markers.customdata], attention[0, 0].ravel())
+    assert list(markers.x[:3]) == list(fig.data[0].x) and markers.y[3] == fig.data[0].y[1]
