@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 
 from mhsa.heads import parse_head_label
 from mhsa.plots.common import COLORWAY, SIGNED_COLORSCALE, apply_layout, label, matrix_heatmap
+from mhsa.plots.export import NOT_EXPORTED
 
 __all__ = ["clickable_cells", "copying_figure", "positional_figure", "qk_terms_figure"]
 
@@ -86,7 +87,8 @@ def clickable_cells(fig: go.Figure) -> go.Figure:
     """``fig`` (a ``matrix_heatmap``) with an invisible marker on the centre of each cell
     carrying ``[row, column, value]``: Streamlit's plotly selection picks points of a scatter
     trace, not the cells of a heatmap (as ``heads._head_markers`` makes the head grid's
-    thumbnails clickable). The marker's hover is the cell's. Beyond ``MAX_CLICKABLE`` cells
+    thumbnails clickable). The marker's hover is the cell's; the CSV export leaves the
+    markers out (``export.NOT_EXPORTED``). Beyond ``MAX_CLICKABLE`` cells
     ``fig`` is returned as it is."""
     heat = fig.data[0]
     rows, cols = list(heat.y), list(heat.x)
@@ -107,6 +109,7 @@ def clickable_cells(fig: go.Figure) -> go.Figure:
             customdata=np.stack([r, c, np.asarray(heat.z, dtype=float).ravel()], axis=1),
             hovertemplate=str(heat.hovertemplate).replace("%{z", "%{customdata[2]"),
             name="cells",
+            meta=NOT_EXPORTED,  # the heatmap's own cells are the figure's data
             showlegend=False,
         )
     )

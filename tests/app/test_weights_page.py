@@ -115,3 +115,4 @@ def test_clickable_cells_mark_every_cell_with_its_position_and_value() -> None:
     ]
     np.testing.assert_allclose([d[2] for d in markers.customdata], attention[0, 0].ravel())
     assert list(markers.x[:3]) == list(fig.data[0].x) and markers.y[3] == fig.data[0].y[1]
+    assert len(plots.figure_data(fig)) == 9  # the export holds the cells once
