@@ -4,6 +4,7 @@ Never imports streamlit; only ``mhsa.plots`` imports plotly.
 """
 
 import mhsa.compat  # noqa: F401  (old names kept for a release: mhsa.deprecation)
+from mhsa.analysis.qk_attribution import qk_attribution
 from mhsa.analysis.roles import (
     AttentionSinks,
     attention_sinks,
@@ -16,6 +17,12 @@ from mhsa.analysis.roles import (
 from mhsa.analysis.similarity import HeadClusters, head_clusters, head_map, head_similarity
 from mhsa.analysis.stats import attention_rollout, head_stats, top_attended
 from mhsa.analysis.stream import streamed_head_similarity, streamed_head_stats
+from mhsa.analysis.weights import (
+    PositionalQK,
+    ov_copying_scores,
+    ov_top_tokens,
+    qk_positional_scores,
+)
 from mhsa.atlas import Atlas, build_atlas, open_atlas
 from mhsa.causal.attribution import HeadAttribution, LogitLens, head_attribution, logit_lens
 from mhsa.causal.flow import FlowGraph, information_flow
@@ -135,6 +142,7 @@ __all__ = [
     "ModelLoadError",
     "MultiHeadSelfAttention",
     "PathPatch",
+    "PositionalQK",
     "RotaryEmbedding",
     "Selection",
     "TraceStep",
@@ -176,6 +184,8 @@ __all__ = [
     "logit_lens",
     "norms_as_attention",
     "open_atlas",
+    "ov_copying_scores",
+    "ov_top_tokens",
     "parse_head_label",
     "patch_heads",
     "patch_positions",
@@ -183,6 +193,8 @@ __all__ = [
     "path_patch",
     "pick_device",
     "pruning_curve",
+    "qk_attribution",
+    "qk_positional_scores",
     "save_model",
     "scaled_dot_product_attention",
     "sink_value_norms",

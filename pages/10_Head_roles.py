@@ -1,5 +1,4 @@
-"""Head roles: what a head does, named with the field's definitions (TransformerLens's head
-detectors), where heads sink their attention, and which heads compose with which."""
+"""Head roles: what heads do (TransformerLens's detectors), sinks, composition and weights."""
 
 from __future__ import annotations
 
@@ -7,7 +6,7 @@ import streamlit as st
 
 import mhsa
 from mhsa import plots
-from ui import core, page
+from ui import core, head_weights, page
 from ui.core import Query
 from ui.state import Param, bounded_int, choice, flag, head_label_param, text_param
 from ui.views import repeats
@@ -248,3 +247,4 @@ with page.run("Head roles", PARAMS, kinds=True) as query:
         st.info(role_views.COMPOSITION_NOTE, icon="ℹ️")
     else:
         _composition(query)
+        head_weights.weights_section(query)

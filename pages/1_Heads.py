@@ -8,7 +8,7 @@ import mhsa
 from mhsa import plots
 from mhsa.causal.targets import TARGET_SPECS
 from mhsa.heads import head_label, kind_head_label
-from ui import core, page
+from ui import core, head_weights, page
 from ui.core import Query
 from ui.state import Param, bounded_int, choice, clamp, heads_param
 from ui.views import importance, long_inputs
@@ -158,7 +158,13 @@ with page.run("Heads", PARAMS, kinds=True) as query:
         fig = plots.mean_heatmap(result, layer=layer, values=values)
     else:
         fig = plots.mean_heatmap(result, head=head, values=values)
-    page.figure(fig, f"{name}-{view}", key="head-large")
+    if view != "head":
+        page.figure(fig, f"{name}-{view}", key="head-large")
+    else:  # a click on a cell opens "Why here?" on it
+        clicks = {"on_select": lambda: head_weights.select_cell("head-large")}
+        fig = plots.clickable_cells(fig)
+        page.figure(fig, f"{name}-{view}", key="head-large", selection_mode="points", **clicks)
+        head_weights.why_here_panel(query, result, result.layers[layer], result.heads[head])
     if st.button(f"Open {name} in the atlas (the head over a whole corpus)", key="to-atlas"):
         page.open_in_atlas(name)
     if window is not None:

@@ -65,3 +65,11 @@ def test_analyses_made_of_tables_and_arrays_count_their_bytes() -> None:
     assert value_nbytes((table, table)) == 2 * table_bytes
     result = _sized(10)
     assert value_nbytes((result, np.zeros(5))) == result_nbytes(result) + 40
+
+
+def test_a_series_counts_its_bytes() -> None:
+    """A Series (per-head scores) is a table too: its ``memory_usage`` is one number."""
+    series = pd.Series(np.zeros(12), index=[f"L0H{h}" for h in range(12)])
+    index_bytes = sum(len(f"L0H{h}") for h in range(12))
+    assert value_nbytes(series) >= 12 * 8 + index_bytes
+    assert value_nbytes(series) == int(series.memory_usage(index=True, deep=True))

@@ -153,12 +153,17 @@ def test_flow_writes_attribution_csv_and_routes_json(tmp_path, toy) -> None:
 )
 def test_bad_arguments_exit_2_with_one_line(argv, message, capsys, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
+    exits_2_with_one_line(argv, message, capsys)
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def exits_2_with_one_line(argv: list[str], message: str, capsys) -> None:
+    """``python -m mhsa ARGV`` ends with exit code 2 and one line on stderr naming ``message``."""
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and err.startswith("python -m mhsa")
-    assert list(tmp_path.iterdir()) == []  # nothing half-written
 
 
 @pytest.mark.parametrize(

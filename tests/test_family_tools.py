@@ -283,3 +283,24 @@ def test_flow(family) -> None:
     assert into_mlp
     for edge in into_mlp:
         assert edge.source.kind == ("IX"[edge.target.layer == 0] if name in PARALLEL else "A")
+
+
+def test_qk_attribution(family) -> None:
+    """The terms of the last layer's head 1 at the last query sum to scores whose softmax is
+    the model's own attention (transformers engine) over the keys it may read (a sliding
+    window's others are 0; Gemma 2's soft-cap applied)."""
+    name, lm = family
+    layer = len(our_blocks(lm)) - 1
+    head = f"L{layer}H1"
+    if _refused("qk-attribution", name, lambda: mhsa.qk_attribution(TEXT, head, model=lm)):
+        return
+    terms = mhsa.qk_attribution(TEXT, head, model=lm)
+    scores = torch.tensor(terms.groupby("key", observed=True)["score"].sum().to_numpy())
+    cap = getattr(lm.config, "attn_logit_softcapping", None)
+    if cap is not None:
+        scores = cap * torch.tanh(scores / cap)
+    own = mhsa.attend(TEXT, model=lm, engine="transformers").attention[layer, 1, -1]
+    allowed = torch.tensor(own[: len(scores)] > 0)
+    assert bool(allowed.all()) or name in {"Qwen3", "Gemma 2", "Gemma 3 (text)", "Phi-3"}
+    ours = torch.softmax(scores[allowed], -1).numpy()
+    np.testing.assert_allclose(ours, own[: len(scores)][allowed.numpy()], atol=1e-4)

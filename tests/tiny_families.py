@@ -166,6 +166,19 @@ def tiny_family_model(name: str):
     return moved_off_init(TINY_FAMILIES[name]())
 
 
+def small_vocabulary_model(name: str, vocab: int = 128):
+    """A tiny random model of ``name`` (a decoder of ``_CONFIGS`` or ``PART_A``) with a
+    vocabulary of ``vocab`` tokens, seeded, biases perturbed: small enough that its
+    vocabulary-square matrices (the full OV circuit) can be built in a test."""
+    import torch
+
+    torch.manual_seed(0)
+    if name in PART_A:
+        return moved_off_init(tiny_family(PART_A[name], vocab_size=vocab))
+    model_class, config_class, config = _CONFIGS[name]
+    return moved_off_init(_transformers(model_class, config_class, {**config, "vocab_size": vocab}))
+
+
 _LOADED: dict[str, object] = {}
 
 

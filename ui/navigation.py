@@ -84,7 +84,7 @@ PAGES: tuple[AppPage, ...] = (
         "Head_roles",
         "Analyse",
         ":material/psychology:",
-        9,
+        10,
     ),
     AppPage(
         "Patching",

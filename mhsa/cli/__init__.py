@@ -20,10 +20,12 @@ from mhsa.cli import (
     importance,
     info,
     patch,
+    qk,
     roles,
     stats,
     store,
     train,
+    weights,
 )
 from mhsa.cli.common import Parser, add_command, check_outputs
 from mhsa.errors import MHSAError
@@ -31,7 +33,21 @@ from mhsa.errors import MHSAError
 __all__ = ["COMMANDS", "main", "parser"]
 
 #: every command, in the order ``--help`` lists them
-COMMANDS = (attend, info, stats, importance, train, roles, patch, flow, circuit, atlas, store)
+COMMANDS = (
+    attend,
+    info,
+    stats,
+    importance,
+    train,
+    roles,
+    weights,
+    qk,
+    patch,
+    flow,
+    circuit,
+    atlas,
+    store,
+)
 
 
 def parser() -> argparse.ArgumentParser:

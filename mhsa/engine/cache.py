@@ -36,7 +36,7 @@ def value_nbytes(value: Any) -> int:
     """Bytes a cached value holds: a result's arrays, an ``Ablation``'s two results, a table,
     an array, and what tuples, dicts and other dataclasses of these hold."""
     if isinstance(value, pd.DataFrame | pd.Series):
-        return int(value.memory_usage(deep=True).sum())
+        return int(np.sum(value.memory_usage(deep=True)))  # a Series gives an int
     if isinstance(value, np.ndarray):
         return value.nbytes
     if isinstance(value, tuple | list):  # several tables of one job, or a page's arrays

@@ -14,7 +14,14 @@ from torch import nn
 from mhsa.engine.models import LoadedModel
 from mhsa.errors import UnsupportedModelError
 
-__all__ = ["check_layer_norms", "check_sums", "final_norm_of", "mlp_of", "post_norm_error"]
+__all__ = [
+    "attention_norm_of",
+    "check_layer_norms",
+    "check_sums",
+    "final_norm_of",
+    "mlp_of",
+    "post_norm_error",
+]
 
 
 def post_norm_error(lm: LoadedModel) -> UnsupportedModelError:
@@ -49,6 +56,23 @@ def mlp_of(layer: nn.Module) -> nn.Module | None:
     for name in ("mlp", "fc2"):
         module = getattr(layer, name, None)
         if isinstance(module, nn.Module):
+            return module
+    return None
+
+
+#: the norm a layer applies to the residual before its attention, by attribute: GPT-2, GPT-J
+#: (``ln_1``), the Llama layout, GPT-NeoX, Phi, Falcon (``input_layernorm``), Falcon's new
+#: decoder architecture (``ln_attn``), OPT (``self_attn_layer_norm``)
+_ATTENTION_NORMS = ("ln_1", "input_layernorm", "ln_attn", "self_attn_layer_norm", "attn_norm")
+
+
+def attention_norm_of(layer: nn.Module) -> nn.Module | None:
+    """The norm ``layer`` applies to the residual before its attention, or None where its
+    attention reads the residual itself (OLMo 2 puts its norms after the blocks; post-norm
+    encoders after the residual sums; ModernBERT's first layer an ``nn.Identity``)."""
+    for name in _ATTENTION_NORMS:
+        module = getattr(layer, name, None)
+        if isinstance(module, nn.Module) and getattr(module, "weight", None) is not None:
             return module
     return None
 

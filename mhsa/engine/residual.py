@@ -58,7 +58,8 @@ class ResidualPass:
         attn_out: per layer, the attention block's output ``[T, D]``.
         mlp_out: per layer, the MLP's output ``[T, D]``.
         resid_post: per layer, the residual leaving it ``[T, D]``.
-        logits: the model's logits ``[T, V]``.
+        logits: the model's logits ``[T, V]`` (``residual_pass(..., all_logits=False)``: the
+            last position's only, ``[1, V]``, where the model's head can skip the others).
         final_norm: the model's final norm.
         unembed: the unembedding (``lm_head``).
         attn_norm: per layer, the norm the layer puts after its attention output before the
@@ -241,10 +242,12 @@ def residual_pass(
     *,
     model: str | LoadedModel = DEFAULT_MODEL,
     max_tokens: int | None = None,
+    all_logits: bool = True,
 ) -> ResidualPass:
     """``text`` through a pre-norm decoder (our module in every attention block), its residual
     stream recorded in parts. A ``Generation`` (``generate_ids``) runs over exactly the ids the
-    model chose, not its text tokenized again.
+    model chose, not its text tokenized again. ``all_logits=False``: the unembedding of the
+    last position only (what reads only the stream saves the vocabulary-wide product).
 
     Raises:
         UnsupportedModelError: a post-norm encoder (BERT), a model without a next-token head,
@@ -267,7 +270,12 @@ def residual_pass(
         handles = _recording(blocks, record, after)
         try:
             out = run_with_our_blocks(
-                lm, blocks, OurPass(observers=observers), inputs, with_head=True
+                lm,
+                blocks,
+                OurPass(observers=observers),
+                inputs,
+                with_head=True,
+                last_logits=not all_logits,
             )
         finally:
             for handle in handles:

@@ -57,6 +57,7 @@ TOOLS: tuple[Tool, ...] = (
     Tool("dla", "direct logit attribution", ("decoder",)),
     Tool("logit-lens", "logit lens", ("decoder",)),
     Tool("flow", "information flow", ("decoder",)),
+    Tool("qk-attribution", "why here? (QK attribution)", ("decoder",)),
 )
 
 

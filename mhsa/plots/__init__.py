@@ -8,7 +8,8 @@ streamlit; the only part of ``mhsa`` that imports plotly.
 - ``export``: the numbers a figure draws, as a table (``figure_data``);
 - one module per page: ``heads``, ``line_view``, ``similarity``, ``statistics``,
   ``importance``, ``roles``, ``patching``, ``rollout``, ``classroom`` (Inside MHSA),
-  ``training`` (Train heads), ``flow`` (Information flow), ``circuits`` (Circuits).
+  ``training`` (Train heads), ``flow`` (Information flow), ``circuits`` (Circuits), ``weights``
+  (OV/QK circuits and "Why here?").
 
 Every public name is re-exported here: ``from mhsa.plots import head_heatmap``.
 """
@@ -75,6 +76,12 @@ from mhsa.plots.training import (
     snapshot_scores,
     training_curves,
 )
+from mhsa.plots.weights import (
+    clickable_cells,
+    copying_figure,
+    positional_figure,
+    qk_terms_figure,
+)
 
 __all__ = [
     "COLORSCALE",
@@ -96,7 +103,9 @@ __all__ = [
     "attribution_figure",
     "circuit_figure",
     "circuit_node_xy",
+    "clickable_cells",
     "composition_figure",
+    "copying_figure",
     "decorate",
     "detection_pattern_figure",
     "downsample",
@@ -126,8 +135,10 @@ __all__ = [
     "patching_maps",
     "patching_positions_figure",
     "patching_scatter",
+    "positional_figure",
     "probe_mosaic",
     "pruning_figure",
+    "qk_terms_figure",
     "role_maps",
     "rollout_figure",
     "similarity_figure",

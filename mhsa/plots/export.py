@@ -9,7 +9,11 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-__all__ = ["figure_data"]
+__all__ = ["NOT_EXPORTED", "figure_data"]
+
+#: a trace's ``meta`` that keeps it out of ``figure_data``: invisible click targets repeating
+#: what another trace draws (``weights.clickable_cells``)
+NOT_EXPORTED = "not exported"
 
 
 def _plain(value: Any) -> Any:
@@ -20,9 +24,12 @@ def _plain(value: Any) -> Any:
 def figure_data(fig: go.Figure) -> pd.DataFrame:
     """The numbers a figure draws, one row per cell or point: ``trace``, ``x``, ``y`` and, for
     heatmaps, ``value`` (NaN cells left out); a line of the line view is its two ends. Labels
-    are plain text (not HTML-escaped as in the figure)."""
+    are plain text (not HTML-escaped as in the figure). Traces marked ``NOT_EXPORTED`` are
+    left out."""
     frames = []
     for i, trace in enumerate(fig.data):
+        if trace.meta == NOT_EXPORTED:
+            continue
         name = _plain(trace.name or trace.meta or f"trace {i}")
         if trace.type == "heatmap":
             z = np.asarray(trace.z, dtype=float)

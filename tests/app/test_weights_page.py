@@ -1,0 +1,118 @@
+"""Issue 49 in the app through AppTest: "Why here?" under a head's heatmap (Heads) against
+``mhsa.qk_attribution``, and the weights section of Head roles against the library."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import mhsa
+from tests.app.test_importance_page import charts, decode
+from tests.hostile import rendered
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXT = "ro te mi bu gu ka be pa ku pi ro te mi bu gu ka"
+
+
+def run(page: str, state: dict | None = None, **query: str) -> AppTest:
+    at = AppTest.from_file(str(ROOT / page), default_timeout=180)
+    for key, value in query.items():
+        at.query_params[key] = value
+    for key, value in (state or {}).items():
+        at.session_state[key] = value
+    return at.run()
+
+
+@pytest.mark.slow
+def test_why_here_shows_the_cells_largest_terms() -> None:
+    """The induction head's cell at the token after the earlier "ka": the largest terms are the
+    library's, and the sentence names K-composition with the previous-token head."""
+    state = {"why-shown": True, "why-query": 15, "why-key": 6}
+    at = run("pages/1_Heads.py", state, model="toy:induction", text=TEXT, layer="1", head="3")
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    terms = mhsa.qk_attribution(TEXT, "L1H3", model="toy:induction", query=15)
+    at_key = terms[terms["key"] == 6]
+    best = at_key.loc[at_key["score"].abs().idxmax()]
+    spec = next(s for t, s in charts(at).items() if t.startswith("L1H3: the largest terms"))
+    clicked = spec["data"][0]
+    assert "(clicked)" in clicked["name"]
+    bars = decode(clicked["x"])
+    assert bars[0] == pytest.approx(best["score"], rel=1e-6)
+    assert clicked["y"][0] == f"{best['query_source']} · {best['key_source']}"
+    assert len(spec["data"]) == 3  # the clicked key and the row's two other strongest
+    sentence = next(m.value for m in at.markdown if "score" in m.value and "L1H3" in m.value)
+    total = float(at_key["score"].sum())
+    assert f"score {total:.3f}" in rendered(sentence)[0]
+    assert f"K-composition with {best['key_source']}" in rendered(sentence)[0]
+    table = at.dataframe[0].value
+    assert list(table.columns) == ["query_source", "key_source", "score", "share"]
+    assert table["score"].iloc[0] == pytest.approx(best["score"], rel=1e-6)
+
+
+def test_why_here_on_an_encoder_says_why_not() -> None:
+    at = run("pages/1_Heads.py", {"why-shown": True})
+    assert not at.exception
+    assert any("pre-norm decoder" in rendered(e.value)[0] for e in at.error)
+    assert len(charts(at)) == 3  # the page's own figures go on
+
+
+@pytest.mark.slow
+def test_head_roles_weights_section_is_the_librarys() -> None:
+    state = {"weights-head": "L1H3", "why-shown": True, "why-query": 15, "why-key": 6}
+    at = run("pages/10_Head_roles.py", state, model="toy:induction", text=TEXT)
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    spec = next(s for t, s in charts(at).items() if t.startswith("Copying score"))
+    grid = decode(spec["data"][0]["z"]).astype(float)
+    want = mhsa.ov_copying_scores("toy:induction").to_numpy().reshape(2, 4)
+    np.testing.assert_allclose(grid, want, atol=1e-6)
+    assert (spec["data"][0]["zmin"], spec["data"][0]["zmax"]) == (-1.0, 1.0)  # centred at 0
+    captions = [rendered(c.value)[0] for c in at.caption]
+    assert any("rotary positions" in c for c in captions)  # no positional pattern: why
+    top = next(d.value for d in at.dataframe if "outputs" in d.value.columns)
+    head = at.selectbox(key="weights-head").value
+    library = mhsa.ov_top_tokens(head, "toy:induction", k=5)
+    first = library[library["input"] == top["input"].iloc[0]]["output"]
+    assert top["outputs"].iloc[0] == " ".join(first)
+    why = next(s for t, s in charts(at).items() if t.startswith("L1H3: the largest terms"))
+    terms = mhsa.qk_attribution(TEXT, "L1H3", model="toy:induction", query=15)
+    at_key = terms[terms["key"] == 6]
+    assert abs(decode(why["data"][0]["x"])[0]) == pytest.approx(
+        at_key["score"].abs().max(), rel=1e-6
+    )
+
+
+def test_a_click_on_a_heatmap_cell_opens_why_here_on_it(monkeypatch) -> None:
+    """A click on the marker of cell (15, 6) (``plots.clickable_cells``, trace 1) opens the
+    panel there; a click on the heatmap itself (trace 0) does nothing."""
+    from types import SimpleNamespace
+
+    from ui import head_weights
+
+    def clicked(points: list[dict]) -> dict:
+        state = {"chart": SimpleNamespace(selection={"points": points})}
+        monkeypatch.setattr(head_weights.st, "session_state", state)
+        head_weights.select_cell("chart")
+        return state
+
+    state = clicked([{"curve_number": 1, "customdata": [15, 6, 0.9], "x": "ka #6"}])
+    assert (state["why-shown"], state["why-query"], state["why-key"]) == (True, 15, 6)
+    assert "why-shown" not in clicked([{"curve_number": 0, "x": "ka #6", "y": "ka #15"}])
+
+
+def test_clickable_cells_mark_every_cell_with_its_position_and_value() -> None:
+    from mhsa import plots
+    from tests.tiny import hand_result
+
+    attention = np.random.default_rng(0).random((1, 1, 3, 3)).astype(np.float32)
+    result = hand_result(attention, ["a", "b", "c"])
+    fig = plots.clickable_cells(plots.head_heatmap(result, 0, 0))
+    markers = fig.data[1]
+    assert [tuple(d[:2]) for d in markers.customdata] == [
+        (i, j) for i in range(3) for j in range(3)
+    ]
+    np.testing.assert_allclose([d[2] for d in markers.customdata], attention[0, 0].ravel())
+    assert list(markers.x[:3]) == list(fig.data[0].x) and markers.y[3] == fig.data[0].y[1]
+    assert len(plots.figure_data(fig)) == 9  # the export holds the cells once

@@ -1,0 +1,188 @@
+"""The values of "Why here?" (a heatmap cell's score split into residual parts,
+``mhsa.qk_attribution``) on the Heads page, and of the weights section of Head roles (copying
+scores, top copied tokens, positional patterns: ``mhsa.analysis.weights``). The definitions
+live in the library; this module caches them per model (or text) and words them."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+
+import mhsa
+from mhsa.analysis.qk_attribution import BIAS, INPUT
+from ui.core import LIMITS, Query, loaded_model, model_input, shared
+
+__all__ = [
+    "COPYING_NOTE",
+    "WHY_NOTE",
+    "WhyHere",
+    "copying_scores",
+    "pair_sentence",
+    "positional",
+    "summarised",
+    "top_tokens",
+    "why_here",
+]
+
+COPYING_NOTE = (
+    "From the weights alone (Elhage et al. 2021): each head's copying score is sum(Re λ) / "
+    "sum(|λ|) over the eigenvalues of its full OV circuit W_E W_V W_O W_U (TransformerLens's "
+    "weight processing). Near 1, what the head reads at a key raises the logit of that same "
+    "token: it copies (induction heads do); near -1, it suppresses it."
+)
+WHY_NOTE = (
+    "The head's score at this cell (scaled, before the mask and softmax) is a sum of terms, one "
+    "per pair (part of the residual stream at the query, part at the key): input (token and "
+    "position embeddings), an earlier head LxHy, an earlier MLP Mx, or bias. The norm's scale "
+    "is frozen at the real stream, so the terms add up exactly."
+)
+#: keys of the row shown beside the clicked one, and pairs per key
+OTHER_KEYS, TOP_PAIRS = 2, 6
+
+
+class WhyHere(NamedTuple):
+    """One cell's score split into pairs, and the row's other strong keys beside it."""
+
+    head: str
+    query: int
+    key: int
+    tokens: tuple[str, ...]
+    score: float  # the whole score at the clicked key
+    cell: pd.DataFrame  # its largest pairs: query part, key part, score, share of the score
+    bars: pd.DataFrame  # pair, key (label), score: the largest pairs of each key shown
+    sentence: str
+
+
+def pair_sentence(query_source: str, key_source: str) -> str:
+    """What a (query part, key part) pair says, in the field's words (Elhage et al. 2021)."""
+    heads = {s for s in (query_source, key_source) if s not in (INPUT, BIAS) and "H" in s}
+    if query_source == INPUT and key_source == INPUT:
+        return "the tokens themselves: the query's and the key's embeddings (token and position)"
+    if BIAS in (query_source, key_source):
+        other = key_source if query_source == BIAS else query_source
+        return f"a constant preference (biases) meeting {other} on the other side"
+    if query_source == INPUT and key_source in heads:
+        return f"K-composition with {key_source}: the key is found by what {key_source} wrote there"
+    if key_source == INPUT and query_source in heads:
+        return f"Q-composition with {query_source}: the query is shaped by what it wrote there"
+    if len(heads) == 2:
+        return f"Q- and K-composition: {query_source} at the query meets {key_source} at the key"
+    return f"{query_source} at the query meets {key_source} at the key (MLP outputs)"
+
+
+def _terms(query: Query, layer: int, head: int, row: int) -> pd.DataFrame:
+    if query.words:
+        raise mhsa.InputError("Why here? splits the scores of tokens: switch whole words off.")
+    key = ("qk-attribution", query._replace(kind="encoder"), layer, head, row)
+
+    def compute() -> pd.DataFrame:
+        lm = loaded_model(query.model, query.device)
+        return mhsa.qk_attribution(
+            model_input(query), (layer, head), model=lm, query=row, max_tokens=LIMITS.max_tokens
+        )
+
+    return shared(key, compute, "Splitting the scores…")
+
+
+def why_here(query: Query, layer: int, head: int, row: int, key: int) -> WhyHere:
+    """Cell (``row``, ``key``) of head (``layer``, ``head``) (the model's numbers): its largest
+    pairs, and those of the row's other keys of the highest scores.
+
+    Raises:
+        InputError: whole words, a key after the query (a decoder does not look there).
+        UnsupportedModelError: a model the split does not cover (``qk_attribution``).
+    """
+    return summarised(_terms(query, layer, head, row), key)
+
+
+def summarised(terms: pd.DataFrame, key: int) -> WhyHere:
+    """``why_here`` of the terms ``qk_attribution`` gave for one query (``terms``) at ``key``.
+
+    Raises:
+        InputError: a key after the query.
+    """
+    row, (layer, head) = terms.attrs["query"], mhsa.parse_head_label(terms.attrs["head"])
+    if not 0 <= key <= row:
+        raise mhsa.InputError(
+            f"Key {key} is not before query {row}: a decoder's query only reads keys at or "
+            "before it."
+        )
+    tokens = tuple(terms.attrs["tokens"])
+    terms = terms.copy(deep=False)
+    terms.attrs = {}  # pandas deep-copies attrs into every frame made from this one
+    keys, scores = terms["key"].to_numpy(), terms["score"].to_numpy()
+    parts = terms["query_source"], terms["key_source"]
+    totals = np.bincount(keys, weights=scores, minlength=row + 1)  # each key's whole score
+    others = [int(k) for k in np.argsort(-totals, kind="stable") if k != key][:OTHER_KEYS]
+
+    def largest(k: int) -> np.ndarray:
+        at = np.flatnonzero(keys == k)
+        return at[np.argsort(-np.abs(scores[at]), kind="stable")[:TOP_PAIRS]]
+
+    shown = []
+    for k in [key, *others]:
+        top = largest(k)
+        pairs = [f"{a} · {b}" for a, b in zip(*(p.iloc[top] for p in parts), strict=True)]
+        label = f"{k}: {tokens[k]}" + (" (clicked)" if k == key else "")
+        shown.append(pd.DataFrame({"pair": pairs, "key": label, "score": scores[top]}))
+    score = float(totals[key])
+    best = largest(key)
+    cell = pd.DataFrame(
+        {
+            "query_source": parts[0].iloc[best].astype(str).to_numpy(),
+            "key_source": parts[1].iloc[best].astype(str).to_numpy(),
+            "score": scores[best],
+        }
+    )
+    cell = cell.assign(share=cell["score"] / score if score else np.nan)
+    first = cell.iloc[0]
+    sentence = (
+        f"L{layer}H{head} from {row}: {tokens[row]!r} to {key}: {tokens[key]!r}, score "
+        f"{score:.3f}. Its largest term ({first['score']:.3f}) is "
+        f"{pair_sentence(first['query_source'], first['key_source'])}."
+    )
+    return WhyHere(
+        f"L{layer}H{head}",
+        row,
+        key,
+        tokens,
+        score,
+        cell,
+        pd.concat(shown, ignore_index=True),
+        sentence,
+    )
+
+
+def copying_scores(query: Query) -> pd.Series:
+    """``mhsa.ov_copying_scores`` of the sidebar's model (the weights alone: no text)."""
+
+    def compute() -> pd.Series:
+        return mhsa.ov_copying_scores(loaded_model(query.model, query.device))
+
+    return shared(("copying", query.model, query.device), compute, "Reading the OV circuits…")
+
+
+def top_tokens(query: Query, head: str, k: int = 5) -> pd.DataFrame:
+    """``mhsa.ov_top_tokens`` of ``head`` (the common tokens), one row per input token with
+    its top outputs joined."""
+
+    def compute() -> pd.DataFrame:
+        lm = loaded_model(query.model, query.device)
+        frame = mhsa.ov_top_tokens(head, lm, k=k)
+        joined = frame.groupby("input", sort=False).agg(
+            outputs=("output", " ".join), copies=("copies", "any"), best=("score", "max")
+        )
+        return joined.reset_index()
+
+    return shared(("top-tokens", query.model, query.device, head, k), compute)
+
+
+def positional(query: Query) -> mhsa.PositionalQK:
+    """``mhsa.qk_positional_scores`` of the sidebar's model (learned absolute positions)."""
+
+    def compute() -> mhsa.PositionalQK:
+        return mhsa.qk_positional_scores(loaded_model(query.model, query.device))
+
+    return shared(("positional", query.model, query.device), compute, "Reading the QK circuits…")
