@@ -36,6 +36,10 @@ The **target** says what "the output" is:
   trained for); the change is how far it moves.
 - **language-model loss**: for models whose checkpoint has a language-model head: the
   cross-entropy of the text (next token, or a fixed seeded 15% of tokens masked).
+- **loss on the repeat**: causal language models: the next-token cross-entropy of only the
+  tokens an induction head can predict (the token before was seen earlier, followed then by
+  this same token: a repeated sequence's second half after its first token; Olsson et al.
+  2022). A random first half, which no head can predict, counts for nothing.
 
 The **method** says how a head's importance is measured:
 
