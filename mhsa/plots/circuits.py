@@ -9,11 +9,10 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.colors import sample_colorscale
 
 from mhsa.circuits import FaithfulnessCurve
 from mhsa.heads import parse_head_label
-from mhsa.plots.common import SIGNED_COLORSCALE, apply_layout
+from mhsa.plots.common import apply_layout, signed_color
 
 __all__ = [
     "circuit_figure",
@@ -42,7 +41,7 @@ def circuit_node_xy(node: str, layers: int, heads: int) -> tuple[float, float]:
 
 def _color(score: float, bound: float) -> str:
     """Blue above 0, red below (the app's signed scale), paler near 0."""
-    return sample_colorscale(SIGNED_COLORSCALE, [0.5 + 0.5 * score / bound])[0]
+    return signed_color(score, bound)
 
 
 def circuit_figure(
