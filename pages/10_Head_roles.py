@@ -177,10 +177,8 @@ def _sinks(query: Query, *, value_norms: bool = True) -> None:
     sinks = page.or_error(role_views.attention_sinks, query)
     if sinks is None:
         return
-    st.metric(
-        f"Heads that sink (mean attention received > {sinks.threshold:g})",
-        f"{sinks.share:.0%}",
-    )
+    st.metric(f"Heads that sink (mean attention received > {sinks.threshold:g})", sinks.shown)
+    st.caption(sinks.note())  # constant text and numbers: nothing to escape
     page.figure(
         plots.sink_map(sinks.received, sinks.heads, sinks.tokens, threshold=sinks.threshold),
         "attention-sinks",

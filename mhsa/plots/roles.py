@@ -109,9 +109,9 @@ def sink_map(
     *,
     threshold: float,
 ) -> go.Figure:
-    """Heads x key positions: the mean attention each key receives from the queries at or after
-    it (``received``, ``[heads, n]``), a cross on every position where a head sinks (above
-    ``threshold``)."""
+    """Heads x key positions: the mean attention each key receives from the queries that can
+    attend it (``received``, ``[heads, n]``, ``mhsa.attention_sinks``; NaN, left blank, where
+    too few can), a cross on every position where a head sinks (above ``threshold``)."""
     fig = matrix_heatmap(
         received,
         heads,
@@ -123,7 +123,7 @@ def sink_map(
         value_name="received",
         height=min(1400, 140 + 12 * len(heads)),
     )
-    rows, cols = np.nonzero(np.asarray(received) > threshold)
+    rows, cols = np.nonzero(np.nan_to_num(np.asarray(received), nan=0.0) > threshold)
     y, _ = token_axis(heads)
     x, _ = token_axis(tokens)
     fig.add_trace(
