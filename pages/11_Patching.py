@@ -14,9 +14,9 @@ from ui import core, page
 from ui.state import (
     DEFAULT_TEXT,
     Param,
-    bounded_int,
     choice,
     clamp,
+    index_param,
     md_escape,
     text_param,
     word_param,
@@ -47,7 +47,7 @@ PARAMS = {
     "pair": Param("A cat was sitting on the rug.", text_param),
     "patch_mode": Param("both", choice(*PATCH_MODES)),
     "patch_what": Param("z", choice(*mhsa.PATCH_POINTS)),
-    "patch_layer": Param(0, bounded_int(0, 1023)),
+    "patch_layer": Param(0, index_param),
 }
 #: the examples' settings: the embedded encoder (a word swapped), and the toy induction model
 #: (a repeat, and the same with the symbol before the answer's first occurrence replaced)
@@ -192,17 +192,7 @@ with page.run("Patching", PARAMS) as sidebar:
     )
     st.caption(EFFECT_LINE)
     if view.exact is not None and view.attribution is not None:
-        gap = view.largest_disagreement()
-        worst = (
-            f"; largest disagreement: {gap[0]}, {gap[1]:.2f} exact against {gap[2]:.2f} by "
-            "attribution"
-            if gap is not None
-            else ""
-        )
-        st.caption(
-            f"Pearson r of exact and attribution patching over the heads: "
-            f"{view.correlation:.2f}{worst}. The dotted line is where they agree."
-        )
+        st.caption(view.agreement_line())  # head labels and numbers: nothing to escape
         page.figure(
             plots.patching_scatter(view.exact, view.attribution, view.correlation),
             "patching-exact-vs-attribution",

@@ -64,10 +64,19 @@ def test_default_model_shows_exact_and_attribution_beside_each_other(minilm) -> 
     gap = (exact["effect"] - attribution["effect"]).abs()
     worst = gap.idxmax()
     said = (
-        f"largest disagreement: {worst}, {exact.at[worst, 'effect']:.2f} exact against "
-        f"{attribution.at[worst, 'effect']:.2f} by attribution"
+        f"The largest disagreement: {worst}, {exact.at[worst, 'effect']:.2f} exact against "
+        f"{attribution.at[worst, 'effect']:.2f} estimated."
     )
     assert any(said in rendered(c.value)[0] for c in at.caption), [c.value for c in at.caption]
+    # and first how the estimate ranks and sizes the heads that matter, counted here by hand
+    size = exact["effect"].abs()
+    top = [h for h in size.sort_values(ascending=False).index if size[h] >= 0.1 * size.max()][:5]
+    theirs = set(attribution["effect"].abs().sort_values(ascending=False).index[: len(top)])
+    found = sum(h in theirs for h in top)
+    lead = f"attribution ranks {found} among its own top {len(top)}: {top[0]} "
+    assert any(lead in rendered(c.value)[0] for c in at.caption)
+    title = next(t for t in charts(at) if t.startswith("Exact against attribution"))
+    assert title == f"Exact against attribution: {found} of the top {len(top)} heads ranked alike"
     # the per-position view opens on the layer of the largest exact effect (MiniLM: not 0)
     strongest = int(exact["layer"][exact["effect"].abs().idxmax()])
     assert strongest != 0 and at.number_input(key="patch_layer").value == strongest
