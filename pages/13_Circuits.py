@@ -49,7 +49,9 @@ every edge from one backward pass: (corrupted − clean source output) · the gr
 target's input. **eap-ig** (Hanna et al. 2024): the same with the gradient averaged over runs
 whose embeddings go from the corrupted text's to the clean text's in a number of steps. m is
 logit(answer) − logit(wrong) at the last position; a negative score is an edge whose corruption
-lowers it. For an encoder (MiniLM, BERT), m is patching's: the cosine similarity of the run's
+lowers it: one that carries the clean answer. The graph and the table's **support** show minus
+the score, so such an edge is blue with a support above 0 (the scores keep the library's sign,
+EAP-IG's). For an encoder (MiniLM, BERT), m is patching's: the cosine similarity of the run's
 sentence embedding to the clean run's (**embedding**: 1 for the clean run, so its gradient there
 is zero and plain eap says nothing: use eap-ig or exact) or to a second sentence's
 (**similarity**).
@@ -190,10 +192,9 @@ with page.run("Circuits", PARAMS) as sidebar:
     drawn = view.circuit.iloc[:MAX_DRAWN]
     if n > MAX_DRAWN:
         st.caption(f"The drawing shows the top {MAX_DRAWN} of the {n} edges.")
+    output = "logits" if causal else "last hidden state"  # what m reads, in both places
     page.figure(
-        plots.circuit_figure(
-            drawn, graph.layers, graph.heads, output="logits" if causal else "last hidden state"
-        ),
+        plots.circuit_figure(drawn, graph.layers, graph.heads, output=output),
         "circuit",
         key="circuit-graph",
         on_select=_clicked,
@@ -236,7 +237,7 @@ with page.run("Circuits", PARAMS) as sidebar:
             f"{rank} of {total} here."
         )
     page.table(
-        circuits.edge_table(view.scores),
+        circuits.edge_table(view.scores, output),
         "circuit-edges",
         label="Download edges (.csv)",
         height=300,

@@ -97,8 +97,9 @@ UNSIGNED = {
     "circuit_figure", "circuit_node_xy", "composition_figure", "decorate", "downsample",
     "enlarge_fonts", "faithfulness_figure", "figure_data", "fit_margins", "flow_figure",
     "head_grid", "head_heatmap", "head_map_figure", "head_scores_figure", "head_zoom",
-    "importance_scatter", "k_composition_figure", "label", "layer_change_figure", "line_pairs",
-    "line_view", "mark_window", "mean_heatmap", "patching_scatter", "probe_mosaic",
+    "importance_scatter", "k_composition_figure", "k_support_figure", "label",
+    "layer_change_figure", "line_pairs", "line_view", "mark_window", "mean_heatmap",
+    "patching_scatter", "probe_mosaic",
     "pruning_figure", "rollout_figure", "similarity_figure", "sink_map", "snapshot_history",
     "snapshot_scores", "stat_grid", "token_focus", "training_curves",
 }  # fmt: skip
@@ -159,7 +160,7 @@ def test_circuit_edges_take_their_colour_from_the_centred_scale() -> None:
     fig = plots.circuit_figure(edges, 2, 2)
     colours = {t.line.color for t in fig.data if t.mode == "lines"}
     assert plots.common.signed_color(0.0, 4.0) in colours
-    assert plots.common.signed_color(4.0, 4.0) in colours
+    assert plots.common.signed_color(-4.0, 4.0) in colours  # drawn by its support, -score
 
 
 def test_no_plot_module_chooses_a_red_blue_scale_of_its_own() -> None:
