@@ -56,7 +56,7 @@ with page.run("Line view", PARAMS, kinds=True) as query:
         format_func=lambda i: "every token" if i < 0 else f"#{i} {result.queries[i]}",
     )
     last.number_input(
-        "Lines per token",
+        "Lines per token (0: automatic)",
         0,
         50,
         key="lines_per_token",

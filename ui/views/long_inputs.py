@@ -39,8 +39,8 @@ def selection_inputs() -> None:
     with st.expander("Long inputs", expanded=bool(state["long_layers"] or state["long_heads"])):
         st.caption(
             f"Over {LIMITS.max_tokens} tokens, or over this server's attention budget "
-            f"({LIMITS.max_attention_mb:,} MB), choose what to compute: every other layer "
-            "runs a fused kernel and keeps nothing."
+            f"({LIMITS.max_attention_mb:,} MB), choose what to compute: the other layers "
+            "are still computed, the fast way that keeps no attention weights."
         )
         st.text_input(
             "Layers", key="long_layers", max_chars=200, help="As 2, or 0-3,8. Empty: all."
