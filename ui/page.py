@@ -383,8 +383,7 @@ def load(query: Query, *, primary: bool = True) -> mhsa.AttentionResult | None:
         long_inputs.ask_when_over_budget(e)
         return None
     if result.truncated_tokens:
-        by_server = result.num_tokens >= LIMITS.max_tokens and not result.is_partial
-        hint = " " + long_inputs.HINT if by_server else ""  # constant markdown: not escaped
+        hint = " " + long_inputs.HINT if long_inputs.selection_reads_more(result, query) else ""
         st.warning(md_escape(truncation_message(result, LIMITS.max_tokens)) + hint, icon="✂️")
     if primary:
         examples.unknown_notice(query.model, query.device, query.text)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import streamlit as st
 
 import mhsa
-from ui.core import LIMITS
+from ui.core import LIMITS, Query, loaded_model
 from ui.state import clamp, md_escape
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "focused_layer",
     "materialised_note",
     "selection_inputs",
+    "selection_reads_more",
     "zoom_window",
 ]
 
@@ -46,6 +47,17 @@ def selection_inputs() -> None:
             "Layers", key="long_layers", max_chars=200, help="As 2, or 0-3,8. Empty: all."
         )
         st.text_input("Heads", key="long_heads", max_chars=200, help="As 0-7. Empty: all.")
+
+
+def selection_reads_more(result: mhsa.AttentionResult, query: Query) -> bool:
+    """Whether choosing layers and heads (``HINT``) would show more of a cut text: only when
+    this server's token limit cut it and the model itself reads more positions than that
+    (MiniLM reads 512, this server's usual limit: a selection would be cut at the same place,
+    so the advice is not given)."""
+    if result.is_partial or result.num_tokens < LIMITS.max_tokens:
+        return False
+    positions = loaded_model(query.model, query.device).max_positions
+    return positions is None or positions > LIMITS.max_tokens
 
 
 def ask_when_over_budget(error: Exception) -> None:
