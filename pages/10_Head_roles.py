@@ -230,7 +230,7 @@ with page.run("Head roles", PARAMS, kinds=True) as query:
         page.stop()
     seq2seq = core.is_encoder_decoder(query.model, query.device)
     if query.kind == "cross":
-        st.info(role_views.CROSS_NOTE, icon="ℹ️")
+        st.info(role_views.CROSS_NOTE, icon=":material/info:")
     else:
         st.subheader("Detected heads")
         if seq2seq:
@@ -243,6 +243,6 @@ with page.run("Head roles", PARAMS, kinds=True) as query:
         _sinks(query, value_norms=not seq2seq)
     if seq2seq:
         st.subheader("Head composition")
-        st.info(role_views.COMPOSITION_NOTE, icon="ℹ️")
+        st.info(role_views.COMPOSITION_NOTE, icon=":material/info:")
     else:
         _composition(query)

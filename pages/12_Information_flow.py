@@ -60,7 +60,7 @@ def _not_a_decoder(model: str) -> None:
         "GPT-NeoX (Pythia), GPT-J, Phi, OPT, Falcon "
         f"or a toy model ({TOY_MODEL}, ...). The sidebar's model ({md_escape(model)}) has no "
         "next-token head, or its norms sit after each residual sum (BERT, the embedded MiniLM).",
-        icon="ℹ️",
+        icon=":material/info:",
     )
     st.button(f"Open {TOY_MODEL} with a repeat to continue", on_click=_use_toy, type="primary")
 

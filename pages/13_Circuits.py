@@ -121,7 +121,7 @@ with page.run("Circuits", PARAMS) as sidebar:
         st.markdown(EXPLANATION)
     problem = circuits.circuit_problem(query)
     if problem is not None:
-        st.info(md_escape(problem + " Try one of the examples above."), icon="🧭")
+        st.info(md_escape(problem + " Try one of the examples above."), icon=":material/explore:")
         page.stop()
     causal = core.can_generate(query.model, query.device)
     page.patch_texts("Clean text (the run)", answers=causal)
@@ -146,7 +146,7 @@ with page.run("Circuits", PARAMS) as sidebar:
             "The embedding target's gradient is zero at the clean run (the cosine with its own "
             "embedding is at its maximum), so eap would score every edge 0: choose eap-ig or "
             "exact, or the similarity target.",
-            icon="🧭",
+            icon=":material/explore:",
         )
         page.stop()
     steps = state["circuit_steps"] if state["circuit_method"] == "eap-ig" else 5
@@ -165,13 +165,16 @@ with page.run("Circuits", PARAMS) as sidebar:
         st.info(
             f"Exact scores run every edge alone: {total:,} edges are too many here (up to "
             f"{MAX_EXACT_EDGES:,}). Choose eap or eap-ig, or use the command line.",
-            icon="⏳",
+            icon=":material/hourglass_top:",
         )
         page.stop()
     asked = state["circuit_n"]
     n = min(max(int(asked), 1), total) if isinstance(asked, int) else 1
     if n != asked:
-        st.info(f"Top n was {asked}: this model has {total} edges, so n is {n}.", icon="✂️")
+        st.info(
+            f"Top n was {asked}: this model has {total} edges, so n is {n}.",
+            icon=":material/content_cut:",
+        )
         state["circuit_n"] = n
     st.slider("Top n edges (the circuit)", 1, total, key="circuit_n")
     n = state["circuit_n"]
@@ -221,7 +224,7 @@ with page.run("Circuits", PARAMS) as sidebar:
                     f"({attrs['method']} said {estimate:.4g}); {patched.effect:.1%} of the "
                     "clean-to-corrupted change."
                 ),
-                icon="🔌",
+                icon=":material/electrical_services:",
             )
     page.figure(plots.faithfulness_figure(view.curve, n), "faithfulness", key="circuit-curve")
     if query.model == "toy:induction":

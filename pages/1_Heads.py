@@ -77,7 +77,10 @@ def _heads_switched_off(labels: dict[str, list[str]], kind: str, selected: str) 
     known = {label for kind_labels in labels.values() for label in kind_labels}
     off = [h for h in st.session_state["off"] if h in known]
     if off != st.session_state["off"]:
-        st.warning("Heads this model does not have were left out of the knock-out.", icon="⚠️")
+        st.warning(
+            "Heads this model does not have were left out of the knock-out.",
+            icon=":material/warning:",
+        )
         st.session_state["off"] = off
     options = labels[kind] + [h for h in off if h not in labels[kind]]
     st.multiselect("Heads switched off", options, key="off", placeholder="none: the intact model")

@@ -99,7 +99,7 @@ with page.run("Inside MHSA", PARAMS, kinds=True) as query:
         st.warning(
             f"The classroom view shows the first {len(walk.tokens)} tokens: "
             f"{walk.truncated_tokens} tokens were dropped to keep every step legible.",
-            icon="✂️",
+            icon=":material/content_cut:",
         )
     step_no = clamp("step", 0, len(walk.steps) - 1)
     nav = st.columns([1, 1, 6])
@@ -135,7 +135,7 @@ with page.run("Inside MHSA", PARAMS, kinds=True) as query:
                 f"{walk.kv_head(head)}, shared by query heads "
                 f"{walk.kv_head(head) * walk.groups} to "
                 f"{walk.kv_head(head) * walk.groups + walk.groups - 1}.",
-                icon="🔗",
+                icon=":material/link:",
             )
             head = walk.kv_head(head)
         value = value[head]

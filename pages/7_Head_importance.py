@@ -115,7 +115,7 @@ with page.run("Head importance", PARAMS, kinds=True) as query:  # every attentio
     auto = len(queries) == 1 and result.num_tokens <= AUTO_TOKENS  # quick: no button needed
     if not (auto or state.get("_importance_go") == settings):
         what = f"{len(queries)} sentences" if len(queries) > 1 else f"{result.num_tokens} tokens"
-        st.info(f"Importance over {what} takes a while.", icon="⏳")
+        st.info(f"Importance over {what} takes a while.", icon=":material/hourglass_top:")
         if st.button("Compute importance", type="primary"):
             state["_importance_go"] = settings
             st.rerun()

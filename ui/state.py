@@ -44,7 +44,7 @@ def md_escape(text: object) -> str:
 
 def error(e: Exception) -> None:
     """``e``'s message as an error box, shown literally (no markdown read into it)."""
-    st.error(md_escape(str(e)), icon="🚫")
+    st.error(md_escape(str(e)), icon=":material/block:")
 
 
 def link_bytes(value: str) -> int:
@@ -333,7 +333,7 @@ def clamp(key: str, low: int, high: int) -> int:
                     f"Link parameter {from_link} is outside what this page can show here "
                     f"({low} to {high}); showing {value}."
                 ),
-                icon="⚠️",
+                icon=":material/warning:",
             )
     return value
 
@@ -361,4 +361,4 @@ def add_notice(message: str) -> None:
 
 def show_notices() -> None:
     for message in st.session_state.pop(_NOTICES, []):
-        st.warning(md_escape(message), icon="⚠️")
+        st.warning(md_escape(message), icon=":material/warning:")

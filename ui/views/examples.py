@@ -118,9 +118,12 @@ def unknown_notice(model: str, device: str, text: str) -> None:
         f"(shown as {found.token}): the model sees one placeholder for each of them."
     )
     if found.mostly_unknown:
-        st.warning(md_escape(message + " What it shows says little about the sentence."), icon="⚠️")
+        st.warning(
+            md_escape(message + " What it shows says little about the sentence."),
+            icon=":material/warning:",
+        )
     else:
-        st.info(md_escape(message), icon="ℹ️")
+        st.info(md_escape(message), icon=":material/info:")
     examples = model_examples(model)
     if examples:
         st.button(

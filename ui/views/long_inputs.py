@@ -63,7 +63,7 @@ def selection_reads_more(result: mhsa.AttentionResult, query: Query) -> bool:
 def ask_when_over_budget(error: Exception) -> None:
     """After an error that a selection of layers and heads would avoid, say how."""
     if "MHSA_MAX_ATTENTION_MB" in str(error):
-        st.info(HINT, icon="✂️")
+        st.info(HINT, icon=":material/content_cut:")
 
 
 def materialised_note(result: mhsa.AttentionResult) -> str | None:
@@ -82,7 +82,7 @@ def _real(key: str, ids: list[int], what: str) -> int:
         st.warning(
             f"{what.capitalize()} {md_escape(str(value))} was not materialised (this result "
             f"holds {what}s {md_escape(', '.join(map(str, ids)))}): showing {what} {ids[0]}.",
-            icon="⚠️",
+            icon=":material/warning:",
         )
         st.session_state[key] = value = ids[0]
     return value
@@ -145,7 +145,7 @@ def zoom_window(result: mhsa.AttentionResult, key: str = "zoom") -> tuple[int, i
         st.warning(
             f"Zoom start {md_escape(str(value))} is outside 0 to {last}: starting at "
             f"{min(max(value, 0), last) if isinstance(value, int) else 0}.",
-            icon="⚠️",
+            icon=":material/warning:",
         )
         st.session_state[key] = min(max(value, 0), last) if isinstance(value, int) else 0
     st.number_input(
