@@ -94,7 +94,7 @@ the head's difference lies.
 Everything runs through our module with the model's own weights, whatever the sidebar's engine;
 the model is the sidebar's, the two texts are this page's own (not the sidebar's sentence).
 
-*For reference*, TransformerLens's names for the same: `get_act_patch_attn_head_out_all_pos`
+**For reference**, TransformerLens's names for the same: `get_act_patch_attn_head_out_all_pos`
 (per head) and `get_act_patch_attn_head_out_by_pos` (per position).
 """
 

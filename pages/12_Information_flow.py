@@ -41,7 +41,7 @@ parts sum to the model's value.
 **Logit lens**: the residual after the embeddings and after each layer, read through the final
 norm and the unembedding: what the model would predict if it stopped there.
 
-*For reference*: a part's contribution is max(‖whole‖₁ − ‖whole − part‖₁, 10⁻⁵) (the tool's
+**For reference**: a part's contribution is max(‖whole‖₁ − ‖whole − part‖₁, 10⁻⁵) (the tool's
 `get_contributions`); the frozen final norm is TransformerLens's `apply_ln_to_stack`.
 """
 

@@ -21,6 +21,7 @@ from mhsa.engine.selection import parse_indices
 from mhsa.engine.trained import is_trained_name, trained_store
 from mhsa.errors import MHSAError
 from mhsa.heads import head_label, parse_head_label, parse_layer_head_label
+from ui.navigation import every_link_key
 
 DEFAULT_TEXT = "The cat sat on the mat."
 #: Longest value (percent-encoded bytes) a link carries: nginx's default request line is 8 KiB,
@@ -276,10 +277,12 @@ def use_params(params: dict[str, Param]) -> None:
 
 
 def _unknown_keys(params: dict[str, Param]) -> list[str]:
-    """A notice for each link key the page does not read (``top=-5`` on a page whose setting
-    is ``circuit_n``): otherwise it would be ignored without a word."""
+    """A notice for each link key no page reads (``top=-5`` on Circuits, whose setting is
+    ``circuit_n``): otherwise it would be ignored without a word. A key of another page is
+    ignored quietly (a link whose path was edited)."""
     known = {name for key, param in params.items() for name in (key, *param.old_keys)}
-    unknown = [name for name in st.query_params if name not in known | _STREAMLIT_KEYS]
+    known |= every_link_key() | _STREAMLIT_KEYS  # another page's key: a link's path edited
+    unknown = [name for name in st.query_params if name not in known]
     return [
         f"Link parameter {name if len(name) <= 40 else name[:40] + '…'!r} ignored: this page "
         "has no setting of that name."

@@ -31,7 +31,7 @@ def test_references_come_after_the_plain_words() -> None:
         ("pages/12_Information_flow.py", ["apply_ln_to_stack", "‖whole‖₁", "10⁻⁵"]),
     ):
         text = _explanation(page)
-        folded = text.index("*For reference*")
+        folded = text.index("**For reference**")
         for name in names:
             assert folded < text.index(name), (page, name)  # kept, and only in the reference
 
