@@ -155,7 +155,7 @@ PATCH_LINKS = {
     "pair": ["y" * 100_001],
     "patch_mode": ["fast", "BOTH", "[both](https://e.org)"],
     "patch_what": ["out", "Z", "hook_z", "<script>z</script>"],
-    "patch_layer": ["-1", "1e309", "nan", "99999999999999999999", "0x1F"],
+    "patch_layer": ["1e309", "nan", "99999999999999999999", "0x1F"],  # -1: clamped, below
 }
 
 
@@ -175,6 +175,11 @@ def test_a_layer_beyond_the_model_is_clamped() -> None:
     assert not at.exception
     assert at.number_input(key="patch_layer").value == 5
     assert any(t.startswith("Layer 5: each head") for t in charts(at))
+    # below the model's layers: moved to its first, the range said (issue 46)
+    low = run(patch_layer="-1")
+    assert low.number_input(key="patch_layer").value == 0
+    said = " ".join(rendered(w.value)[0] for w in low.warning)
+    assert "patch_layer='-1' is outside what this page can show here (0 to 5); showing 0." in said
 
 
 @pytest.mark.parametrize(("name", "text", "expected"), CASES, ids=[c[0] for c in CASES])

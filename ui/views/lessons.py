@@ -50,12 +50,8 @@ def step_query(settings: Settings, kind: str = "encoder") -> Query:
     )
 
 
-def _head(subject: str) -> tuple[int, int]:
-    layer, head = parse_head_label(subject)
-    return layer, head
-
-
 def _layer(subject: str) -> int:
+    """The layer a subject ``L1`` names."""
     return int(subject.removeprefix("L"))
 
 
@@ -106,7 +102,7 @@ def _top_role_head(settings: Settings, subject: str) -> str:
 def _layer_rank_by_role(settings: Settings, subject: str) -> float:
     """1 + how many heads of the subject's layer score higher for the detector."""
     scores = _role_scores(settings).scores
-    layer = scores[scores["layer"] == _head(subject)[0]][_detector(settings)]
+    layer = scores[scores["layer"] == parse_head_label(subject)[0]][_detector(settings)]
     return float(1 + (layer > layer[subject]).sum())
 
 
@@ -117,7 +113,7 @@ def _repeat_induction(settings: Settings, subject: str) -> float:
     result = attention(query)
     pattern = roles.head_roles(query, roles.RoleOptions()).patterns["induction"]
     rows = pattern.sum(axis=1) > 0
-    layer, head = _head(subject)
+    layer, head = parse_head_label(subject)
     weights = result.attention[layer, head].astype(np.float64)
     return float((weights * pattern).sum(axis=1)[rows].mean())
 
