@@ -41,3 +41,16 @@ def test_no_head_that_matters_is_said_so() -> None:
     a = patching_agreement(zeros, _table({"L0H0": 0.1, "L0H1": 0.0, "L0H2": 0.2}))
     assert a.heads == () and a.found == 0
     assert a.summary() == "No head has an exact effect: there is nothing to rank."
+
+
+def test_the_scatters_title_counts_the_heads_that_matter() -> None:
+    from mhsa.plots.patching import agreement_title
+
+    one = patching_agreement(
+        _table({"L5H11": 0.8, "L0H0": 0.01}), _table({"L5H11": 1.4, "L0H0": 0})
+    )
+    assert agreement_title(one) == "the head that matters, L5H11, ranks first by both"
+    missed = patching_agreement(
+        _table({"L5H11": 0.8, "L0H0": 0.0}), _table({"L5H11": 0.1, "L0H0": 0.5})
+    )
+    assert agreement_title(missed) == "the head that matters, L5H11, is not attribution's first"

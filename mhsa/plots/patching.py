@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from mhsa.causal.patching import patching_agreement
+from mhsa.causal.patching import PatchingAgreement, patching_agreement
 from mhsa.plots.common import SIGNED_COLORSCALE, apply_layout, label, matrix_heatmap
 from mhsa.plots.roles import role_maps
 
@@ -74,15 +74,25 @@ def patching_scatter(exact: pd.DataFrame, attribution: pd.DataFrame, r: float) -
                 text=[label(h) for h in agreement.heads],
                 textposition="top center",
                 hoverinfo="skip",
+                showlegend=False,
                 name="the heads that matter",
             ),
         ]
     )
     fig.update_xaxes(title="exact patching (effect)")
     fig.update_yaxes(title="attribution patching (estimated effect)")
-    k = len(agreement.heads)
-    title = f"Exact against attribution: {agreement.found} of the top {k} heads ranked alike"
-    return apply_layout(fig, title if k else "Exact against attribution, per head")
+    return apply_layout(fig, f"Exact against attribution: {agreement_title(agreement)}")
+
+
+def agreement_title(agreement: PatchingAgreement) -> str:
+    """How the estimate ranks the heads that matter, in a few words (the scatter's title)."""
+    k, found = len(agreement.heads), agreement.found
+    if k == 0:
+        return "no head has an exact effect"
+    if k == 1:
+        first = "ranks first by both" if found else "is not attribution's first"
+        return f"the head that matters, {agreement.heads[0]}, {first}"
+    return f"{found} of the top {k} heads ranked alike"
 
 
 def patching_positions_figure(frame: pd.DataFrame) -> go.Figure:
