@@ -176,10 +176,8 @@ def _sinks(query: Query, *, value_norms: bool = True) -> None:
     sinks = page.or_error(role_views.attention_sinks, query)
     if sinks is None:
         return
-    st.metric(
-        f"Heads that sink (mean attention received > {sinks.threshold:g})",
-        f"{sinks.share:.0%}",
-    )
+    st.metric(f"Heads that sink (mean attention received > {sinks.threshold:g})", sinks.shown)
+    st.caption(sinks.note())  # constant text and numbers: nothing to escape
     page.figure(
         plots.sink_map(sinks.received, sinks.heads, sinks.tokens, threshold=sinks.threshold),
         "attention-sinks",
@@ -231,7 +229,7 @@ with page.run("Head roles", PARAMS, kinds=True) as query:
         page.stop()
     seq2seq = core.is_encoder_decoder(query.model, query.device)
     if query.kind == "cross":
-        st.info(role_views.CROSS_NOTE, icon="ℹ️")
+        st.info(role_views.CROSS_NOTE, icon=":material/info:")
     else:
         st.subheader("Detected heads")
         if seq2seq:
@@ -244,7 +242,7 @@ with page.run("Head roles", PARAMS, kinds=True) as query:
         _sinks(query, value_norms=not seq2seq)
     if seq2seq:
         st.subheader("Head composition")
-        st.info(role_views.COMPOSITION_NOTE, icon="ℹ️")
+        st.info(role_views.COMPOSITION_NOTE, icon=":material/info:")
     else:
         _composition(query)
         head_weights.weights_section(query)

@@ -14,9 +14,9 @@ from ui import core, page
 from ui.state import (
     DEFAULT_TEXT,
     Param,
-    bounded_int,
     choice,
     clamp,
+    index_param,
     md_escape,
     text_param,
     word_param,
@@ -47,7 +47,7 @@ PARAMS = {
     "pair": Param("A cat was sitting on the rug.", text_param),
     "patch_mode": Param("both", choice(*PATCH_MODES)),
     "patch_what": Param("z", choice(*mhsa.PATCH_POINTS)),
-    "patch_layer": Param(0, bounded_int(0, 1023)),
+    "patch_layer": Param(0, index_param),
 }
 #: the examples' settings: the embedded encoder (a word swapped), and the toy induction model
 #: (a repeat, and the same with the symbol before the answer's first occurrence replaced)
@@ -70,14 +70,13 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     },
 }
 EXPLANATION = """\
-**Activation patching** (TransformerLens's `get_act_patch_attn_head_out_all_pos`: clean into
-corrupted). Run the **corrupted** text; for one head, take its activation at every position from
-the run of the **clean** text, keep the layers below as they were and
-recompute the layers above; measure the metric m. Its **effect** is (m_patched − m_corrupted) /
+**Activation patching** (clean into corrupted). Run the **corrupted** text; for one head, take its
+activation at every position from the run of the **clean** text, keep the layers below as they were
+and recompute the layers above; measure the metric m. Its **effect** is (m_patched − m_corrupted) /
 (m_clean − m_corrupted): 1 when that head alone restores the clean run, 0 when it changes nothing,
-negative when it moves the other way. The activation is the head's output before W_O (**z**), or
-its queries, keys (before rotary positions), values or attention pattern. With grouped-query
-attention, keys and values are patched per key/value head.
+negative when it moves the other way. The activation is the head's output before W_O (**z**), or its
+queries, keys (before rotary positions), values or attention pattern. With grouped-query attention,
+keys and values are patched per key/value head.
 
 **The metric**: for a model with a next-token head, logit(answer) − logit(wrong) at the last
 position (answer and wrong must each be one token after a space). For an encoder, the cosine
@@ -90,10 +89,13 @@ positions: one backward pass instead of one run per head. It is a first-order es
 follows exact patching where the model is close to linear, and misses where a patch saturates
 (a softmax that flips). "Both" shows the two maps side by side and their correlation.
 
-**Per position**: each head of one layer patched at one position at a time
-(`get_act_patch_attn_head_out_by_pos`): where in the text the head's difference lies.
+**Per position**: each head of one layer patched at one position at a time: where in the text
+the head's difference lies.
 Everything runs through our module with the model's own weights, whatever the sidebar's engine;
 the model is the sidebar's, the two texts are this page's own (not the sidebar's sentence).
+
+**For reference**, TransformerLens's names for the same: `get_act_patch_attn_head_out_all_pos`
+(per head) and `get_act_patch_attn_head_out_by_pos` (per position).
 """
 
 
@@ -192,17 +194,7 @@ with page.run("Patching", PARAMS) as sidebar:
     )
     st.caption(EFFECT_LINE)
     if view.exact is not None and view.attribution is not None:
-        gap = view.largest_disagreement()
-        worst = (
-            f"; largest disagreement: {gap[0]}, {gap[1]:.2f} exact against {gap[2]:.2f} by "
-            "attribution"
-            if gap is not None
-            else ""
-        )
-        st.caption(
-            f"Pearson r of exact and attribution patching over the heads: "
-            f"{view.correlation:.2f}{worst}. The dotted line is where they agree."
-        )
+        st.caption(view.agreement_line())  # head labels and numbers: nothing to escape
         page.figure(
             plots.patching_scatter(view.exact, view.attribution, view.correlation),
             "patching-exact-vs-attribution",

@@ -24,23 +24,25 @@ PARAMS = {
 }
 EXPLANATION = """\
 **Information flow** (Ferrando & Voita 2024, as the LLM Transparency Tool computes it): at each
-layer, the residual stream after attention is a sum of parts, one per (earlier token, head)
-and the residual entering the layer; a part's contribution is how much closer to the whole it
-is than the whole minus it, in the L1 norm: max(‖whole‖₁ − ‖whole − part‖₁, 10⁻⁵), normalised
-over the parts. The same for the MLP against the residual. Contributions under the threshold
-are dropped (and, by default, the rest renormalised, each token's MLP edges against that
-token's own whole: the tool's code sums them over all tokens); the graph keeps what is reachable
-from the last token. In a parallel layer (GPT-NeoX, GPT-J, Phi, Falcon) the MLP reads the
-layer's input. Hover an edge for its heads, a node for the tokens it promotes (its residual
-through the final norm and the unembedding).
+layer, the residual stream after attention is a sum of parts, one per (earlier token, head) and the
+residual entering the layer; a part contributes as much as the whole's size (its L1 norm) would
+shrink without it (never below a tiny floor), normalised over the parts. The same for the MLP
+against the residual. Contributions under the threshold are dropped (and, by default, the rest
+renormalised, each token's MLP edges against that token's own whole: the tool's code sums them over
+all tokens); the graph keeps what is reachable from the last token. In a parallel layer (GPT-NeoX,
+GPT-J, Phi, Falcon) the MLP reads the layer's input. Hover an edge for its heads, a node for the
+tokens it promotes (its residual through the final norm and the unembedding).
 
 **Direct logit attribution**: the last residual is the sum of the embeddings, every head's
 output, every output bias and every MLP. Through the final norm with its scale frozen
-(TransformerLens's `apply_ln_to_stack`) and the unembedding, each part's share of
-logit(answer) − logit(wrong) at the last token; the parts sum to the model's value.
+and the unembedding, each part's share of logit(answer) − logit(wrong) at the last token; the
+parts sum to the model's value.
 
 **Logit lens**: the residual after the embeddings and after each layer, read through the final
 norm and the unembedding: what the model would predict if it stopped there.
+
+**For reference**: a part's contribution is max(‖whole‖₁ − ‖whole − part‖₁, 10⁻⁵) (the tool's
+`get_contributions`); the frozen final norm is TransformerLens's `apply_ln_to_stack`.
 """
 
 
@@ -58,7 +60,7 @@ def _not_a_decoder(model: str) -> None:
         "GPT-NeoX (Pythia), GPT-J, Phi, OPT, Falcon "
         f"or a toy model ({TOY_MODEL}, ...). The sidebar's model ({md_escape(model)}) has no "
         "next-token head, or its norms sit after each residual sum (BERT, the embedded MiniLM).",
-        icon="ℹ️",
+        icon=":material/info:",
     )
     st.button(f"Open {TOY_MODEL} with a repeat to continue", on_click=_use_toy, type="primary")
 

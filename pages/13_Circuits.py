@@ -49,7 +49,9 @@ every edge from one backward pass: (corrupted − clean source output) · the gr
 target's input. **eap-ig** (Hanna et al. 2024): the same with the gradient averaged over runs
 whose embeddings go from the corrupted text's to the clean text's in a number of steps. m is
 logit(answer) − logit(wrong) at the last position; a negative score is an edge whose corruption
-lowers it. For an encoder (MiniLM, BERT), m is patching's: the cosine similarity of the run's
+lowers it: one that carries the clean answer. The graph and the table's **support** show minus
+the score, so such an edge is blue with a support above 0 (the scores keep the library's sign,
+EAP-IG's). For an encoder (MiniLM, BERT), m is patching's: the cosine similarity of the run's
 sentence embedding to the clean run's (**embedding**: 1 for the clean run, so its gradient there
 is zero and plain eap says nothing: use eap-ig or exact) or to a second sentence's
 (**similarity**).
@@ -119,7 +121,7 @@ with page.run("Circuits", PARAMS) as sidebar:
         st.markdown(EXPLANATION)
     problem = circuits.circuit_problem(query)
     if problem is not None:
-        st.info(md_escape(problem + " Try one of the examples above."), icon="🧭")
+        st.info(md_escape(problem + " Try one of the examples above."), icon=":material/explore:")
         page.stop()
     causal = core.can_generate(query.model, query.device)
     page.patch_texts("Clean text (the run)", answers=causal)
@@ -144,7 +146,7 @@ with page.run("Circuits", PARAMS) as sidebar:
             "The embedding target's gradient is zero at the clean run (the cosine with its own "
             "embedding is at its maximum), so eap would score every edge 0: choose eap-ig or "
             "exact, or the similarity target.",
-            icon="🧭",
+            icon=":material/explore:",
         )
         page.stop()
     steps = state["circuit_steps"] if state["circuit_method"] == "eap-ig" else 5
@@ -163,13 +165,16 @@ with page.run("Circuits", PARAMS) as sidebar:
         st.info(
             f"Exact scores run every edge alone: {total:,} edges are too many here (up to "
             f"{MAX_EXACT_EDGES:,}). Choose eap or eap-ig, or use the command line.",
-            icon="⏳",
+            icon=":material/hourglass_top:",
         )
         page.stop()
     asked = state["circuit_n"]
     n = min(max(int(asked), 1), total) if isinstance(asked, int) else 1
     if n != asked:
-        st.info(f"Top n was {asked}: this model has {total} edges, so n is {n}.", icon="✂️")
+        st.info(
+            f"Top n was {asked}: this model has {total} edges, so n is {n}.",
+            icon=":material/content_cut:",
+        )
         state["circuit_n"] = n
     st.slider("Top n edges (the circuit)", 1, total, key="circuit_n")
     n = state["circuit_n"]
@@ -190,10 +195,9 @@ with page.run("Circuits", PARAMS) as sidebar:
     drawn = view.circuit.iloc[:MAX_DRAWN]
     if n > MAX_DRAWN:
         st.caption(f"The drawing shows the top {MAX_DRAWN} of the {n} edges.")
+    output = "logits" if causal else "last hidden state"  # what m reads, in both places
     page.figure(
-        plots.circuit_figure(
-            drawn, graph.layers, graph.heads, output="logits" if causal else "last hidden state"
-        ),
+        plots.circuit_figure(drawn, graph.layers, graph.heads, output=output),
         "circuit",
         key="circuit-graph",
         on_select=_clicked,
@@ -220,7 +224,7 @@ with page.run("Circuits", PARAMS) as sidebar:
                     f"({attrs['method']} said {estimate:.4g}); {patched.effect:.1%} of the "
                     "clean-to-corrupted change."
                 ),
-                icon="🔌",
+                icon=":material/electrical_services:",
             )
     page.figure(plots.faithfulness_figure(view.curve, n), "faithfulness", key="circuit-curve")
     if query.model == "toy:induction":
@@ -236,7 +240,7 @@ with page.run("Circuits", PARAMS) as sidebar:
             f"{rank} of {total} here."
         )
     page.table(
-        circuits.edge_table(view.scores),
+        circuits.edge_table(view.scores, output),
         "circuit-edges",
         label="Download edges (.csv)",
         height=300,

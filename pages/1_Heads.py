@@ -10,13 +10,13 @@ from mhsa.causal.targets import TARGET_SPECS
 from mhsa.heads import head_label, kind_head_label
 from ui import core, head_weights, page
 from ui.core import Query
-from ui.state import Param, bounded_int, choice, clamp, heads_param
+from ui.state import Param, bounded_int, choice, clamp, heads_param, index_param
 from ui.views import importance, long_inputs
 
 PARAMS = {
-    "layer": Param(0, bounded_int(0, 1023)),
-    "head": Param(0, bounded_int(0, 1023)),
-    "token": Param(0, bounded_int(0, 100_000)),
+    "layer": Param(0, index_param),
+    "head": Param(0, index_param),
+    "token": Param(0, index_param),
     "view": Param("head", choice("head", "mean-heads", "mean-layers")),
     "off": Param([], heads_param),
     "topk": Param(5, bounded_int(1, 20)),
@@ -77,7 +77,10 @@ def _heads_switched_off(labels: dict[str, list[str]], kind: str, selected: str) 
     known = {label for kind_labels in labels.values() for label in kind_labels}
     off = [h for h in st.session_state["off"] if h in known]
     if off != st.session_state["off"]:
-        st.warning("Heads this model does not have were left out of the knock-out.", icon="⚠️")
+        st.warning(
+            "Heads this model does not have were left out of the knock-out.",
+            icon=":material/warning:",
+        )
         st.session_state["off"] = off
     options = labels[kind] + [h for h in off if h not in labels[kind]]
     st.multiselect("Heads switched off", options, key="off", placeholder="none: the intact model")

@@ -9,6 +9,7 @@ import streamlit as st
 import mhsa
 from mhsa import plots
 from mhsa.analysis import stats as head_analysis
+from mhsa.analysis.stats import stat_label
 from ui import core, page
 from ui.state import Param, choice
 from ui.views import statistics
@@ -75,7 +76,7 @@ with page.run("Head statistics", PARAMS, kinds=True) as query:
     with st.expander("How these differ from Clark et al. 2019"):
         st.markdown(head_analysis.CLARK_DIFFERENCES)
     page.table(table, "head-stats", label="Download table (.csv)", height=420)
-    st.selectbox("Statistic as a layers x heads map", COLUMNS, key="stat")
+    st.selectbox("Statistic as a layers x heads map", COLUMNS, key="stat", format_func=stat_label)
     page.figure(
         plots.stat_grid(table, st.session_state["stat"]),
         f"stat-{st.session_state['stat']}",

@@ -8,20 +8,20 @@ from mhsa import plots
 from mhsa.engine.attention import OBSERVATION_POINTS
 from mhsa.heads import head_label
 from ui import core, page
-from ui.state import Param, bounded_int, clamp, flag
+from ui.state import Param, bounded_int, clamp, flag, index_param
 from ui.views import classroom
 
 LAST_STEP = len(OBSERVATION_POINTS) - 1  # the most steps a trace can have, minus one
 PARAMS = {
-    "step": Param(0, bounded_int(0, LAST_STEP)),
+    "step": Param(0, index_param),
     "source": Param("pretrained", lambda raw: {"pretrained": raw, "fresh": raw}[raw]),
-    "pretrained_layer": Param(0, bounded_int(0, 1023), old_keys=("mlayer",)),
+    "pretrained_layer": Param(0, index_param, old_keys=("mlayer",)),
     "fresh_d_model": Param(64, bounded_int(4, 1024), old_keys=("dm",)),
     "fresh_heads": Param(4, bounded_int(1, 64), old_keys=("nh",)),
     "causal": Param(False, flag),
-    "step_head": Param(0, bounded_int(0, 63), old_keys=("mhead",)),
-    "neuron_token": Param(0, bounded_int(0, 1023), old_keys=("nquery",)),
-    "neuron_head": Param(0, bounded_int(0, 63), old_keys=("nhead",)),
+    "step_head": Param(0, index_param, old_keys=("mhead",)),
+    "neuron_token": Param(0, index_param, old_keys=("nquery",)),
+    "neuron_head": Param(0, index_param, old_keys=("nhead",)),
     "cross": Param(False, flag),
 }
 
@@ -99,7 +99,7 @@ with page.run("Inside MHSA", PARAMS, kinds=True) as query:
         st.warning(
             f"The classroom view shows the first {len(walk.tokens)} tokens: "
             f"{walk.truncated_tokens} tokens were dropped to keep every step legible.",
-            icon="✂️",
+            icon=":material/content_cut:",
         )
     step_no = clamp("step", 0, len(walk.steps) - 1)
     nav = st.columns([1, 1, 6])
@@ -135,7 +135,7 @@ with page.run("Inside MHSA", PARAMS, kinds=True) as query:
                 f"{walk.kv_head(head)}, shared by query heads "
                 f"{walk.kv_head(head) * walk.groups} to "
                 f"{walk.kv_head(head) * walk.groups + walk.groups - 1}.",
-                icon="🔗",
+                icon=":material/link:",
             )
             head = walk.kv_head(head)
         value = value[head]

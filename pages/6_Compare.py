@@ -7,14 +7,14 @@ import streamlit as st
 from mhsa import plots
 from mhsa.analysis.stats import stats_difference
 from ui import page
-from ui.state import Param, bounded_int, text_param
+from ui.state import Param, index_param, text_param
 from ui.views import long_inputs
 from ui.views.statistics import head_stats
 
 PARAMS = {
     "text2": Param("The dog sat on the log.", text_param),
-    "layer": Param(0, bounded_int(0, 1023)),
-    "head": Param(0, bounded_int(0, 1023)),
+    "layer": Param(0, index_param),
+    "head": Param(0, index_param),
 }
 
 with page.run("Compare two sentences", PARAMS, kinds=True) as query:

@@ -36,6 +36,10 @@ The **target** says what "the output" is:
   trained for); the change is how far it moves.
 - **language-model loss**: for models whose checkpoint has a language-model head: the
   cross-entropy of the text (next token, or a fixed seeded 15% of tokens masked).
+- **loss on the repeat**: causal language models: the next-token cross-entropy of only the
+  tokens an induction head can predict (the token before was seen earlier, followed then by
+  this same token: a repeated sequence's second half after its first token; Olsson et al.
+  2022). A random first half, which no head can predict, counts for nothing.
 
 The **method** says how a head's importance is measured:
 
@@ -111,7 +115,7 @@ with page.run("Head importance", PARAMS, kinds=True) as query:  # every attentio
     auto = len(queries) == 1 and result.num_tokens <= AUTO_TOKENS  # quick: no button needed
     if not (auto or state.get("_importance_go") == settings):
         what = f"{len(queries)} sentences" if len(queries) > 1 else f"{result.num_tokens} tokens"
-        st.info(f"Importance over {what} takes a while.", icon="⏳")
+        st.info(f"Importance over {what} takes a while.", icon=":material/hourglass_top:")
         if st.button("Compute importance", type="primary"):
             state["_importance_go"] = settings
             st.rerun()

@@ -7,11 +7,11 @@ import streamlit as st
 
 from mhsa import plots
 from ui import core, page
-from ui.state import Param, bounded_int, choice, clamp, heads_list_param
+from ui.state import Param, bounded_int, choice, clamp, heads_list_param, index_param
 from ui.views import long_inputs
 
 PARAMS = {
-    "layer": Param(0, bounded_int(0, 1023)),
+    "layer": Param(0, index_param),
     "line_heads": Param([], heads_list_param, old_keys=("lheads",)),
     "line_token": Param(-1, bounded_int(-1, 100_000), old_keys=("ltoken",)),
     "lines_per_token": Param(0, bounded_int(0, 50), old_keys=("lk",)),
@@ -56,7 +56,7 @@ with page.run("Line view", PARAMS, kinds=True) as query:
         format_func=lambda i: "every token" if i < 0 else f"#{i} {result.queries[i]}",
     )
     last.number_input(
-        "Lines per token",
+        "Lines per token (0: automatic)",
         0,
         50,
         key="lines_per_token",

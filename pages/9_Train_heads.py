@@ -58,6 +58,7 @@ Thread, 2022.
 
 #: session key set by "Explore this model" and "Open the shipped model": the Heads page next
 OPEN_HEADS = "_mhsa_open_heads"
+STOPPED, DONE = ":material/stop_circle:", ":material/check_circle:"  # the run's outcomes
 
 
 def _open(settings: dict) -> None:
@@ -87,7 +88,7 @@ def _config(device: str) -> tuple[TrainConfig | None, ValueError | None]:
         return training.config_from(state, device), None
     except ValueError:
         for key, reason in training.bad_settings(state):
-            st.warning(md_escape(f"{key}: {reason} Using the default."), icon="⚠️")
+            st.warning(md_escape(f"{key}: {reason} Using the default."), icon=":material/warning:")
             state[key] = PARAMS[key].default
     try:
         return training.config_from(state, device), None
@@ -168,7 +169,7 @@ def _progress(run: TrainingRun) -> None:
     st.progress(min(1.0, run.steps_done / run.config.steps), text=training.progress_text(run))
     phase = training.phase_change_text(run)
     if phase is not None:
-        st.success(phase, icon="⚡")
+        st.success(phase, icon=":material/bolt:")
 
 
 @st.fragment(run_every=training.REDRAW_SECONDS)
@@ -186,7 +187,7 @@ def _finished(run: TrainingRun) -> None:
         page.error(run.job.error)
         return
     if run.model is None:
-        st.info("Training cancelled before it started: nothing was trained.", icon="⏹️")
+        st.info("Training cancelled before it started: nothing was trained.", icon=STOPPED)
         return
     done = run.model.info["steps_done"]
     cols = st.columns(4)
@@ -197,8 +198,8 @@ def _finished(run: TrainingRun) -> None:
         "Phase change", "none seen" if run.phase_change_step is None else run.phase_change_step
     )
     if run.stopped_early:
-        st.info(f"Cancelled after step {done}: the model keeps what it learned so far.", icon="⏹️")
-    st.success(training.kept_text(run.model), icon="✅")
+        st.info(f"Cancelled after step {done}: it keeps what it learned so far.", icon=STOPPED)
+    st.success(training.kept_text(run.model), icon=DONE)
     st.button(
         "Explore this model",
         type="primary",

@@ -368,7 +368,9 @@ def test_circuit_figure_draws_each_edge_into_its_input_coloured_by_sign():
     assert (lines[2].x[1], lines[2].y[1]) == pytest.approx((0.0, 3 - 0.22))  # k: straight below
     assert lines[0].x[1] == pytest.approx(1 - 0.18)  # q: left of the head
     assert (lines[1].x[1], lines[1].y[1]) == (1.5, 5.0)  # the logits, at the top
-    red, blue = (np.array(plotly_rgb(t.line.color)) for t in (lines[2], lines[1]))
+    # coloured by support, minus the score: -2 carries the clean answer (blue), 1 works
+    # against it (red)
+    blue, red = (np.array(plotly_rgb(t.line.color)) for t in (lines[2], lines[1]))
     assert red[0] > red[2] and blue[2] > blue[0]
     assert lines[2].line.width > lines[1].line.width > lines[0].line.width
     mids = next(t for t in fig.data if t.name == "edges")

@@ -50,7 +50,8 @@ def test_roles_writes_detection_sinks_and_composition(tmp_path, toy) -> None:
         assert list(mine["head"]) == list(want["head"]) and list(mine["token"]) == list(
             want["token"]
         )
-        _close(mine["received"], want["received"])
+        # a causal model's last keys are not measured (too few queries): empty cells, NaN
+        _close(mine["received"].replace("", "nan"), want["received"])
         assert list(mine["sink"]) == list(want["sink"])
     composition = pd.read_csv(comp)
     want = mhsa.head_composition(toy, "K")

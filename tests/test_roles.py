@@ -332,27 +332,62 @@ def test_the_repeated_tokens_result_is_the_tests_first_sequence(bare_gpt2) -> No
 # --- attention sinks ------------------------------------------------------------------------------
 
 
-def _result(attention: np.ndarray, tokens: list[str]) -> mhsa.AttentionResult:
-    return hand_result(attention, tokens, model="hand")
+def _result(attention: np.ndarray, tokens: list[str], **fields) -> mhsa.AttentionResult:
+    return hand_result(attention, tokens, model="hand", **fields)
 
 
-def test_sinks_count_the_queries_at_or_after_each_key():
-    sinking = [[1.0, 0.0, 0.0], [0.9, 0.1, 0.0], [0.8, 0.1, 0.1]]  # all on the first token
-    spread = [[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.2, 0.6, 0.2]]
-    s = roles.attention_sinks(_result(np.array([[sinking, spread]]), ["a", "b", "c"]))
+def test_a_causal_models_sinks_count_the_queries_at_or_after_each_key_where_enough_can():
+    sinking = [  # all on the first token
+        [1.0, 0.0, 0.0, 0.0, 0.0],
+        [0.9, 0.1, 0.0, 0.0, 0.0],
+        [0.8, 0.1, 0.1, 0.0, 0.0],
+        [0.7, 0.1, 0.1, 0.1, 0.0],
+        [0.6, 0.1, 0.1, 0.1, 0.1],
+    ]
+    spread = [
+        [1.0, 0.0, 0.0, 0.0, 0.0],
+        [0.5, 0.5, 0.0, 0.0, 0.0],
+        [0.2, 0.6, 0.2, 0.0, 0.0],
+        [0.1, 0.5, 0.2, 0.2, 0.0],
+        [0.1, 0.1, 0.1, 0.1, 0.6],  # the last key: one query's weight on itself, 0.6
+    ]
+    tokens = ["a", "b", "c", "d", "e"]
+    s = roles.attention_sinks(_result(np.array([[sinking, spread]]), tokens, causal=True))
     table = s.table.set_index(["head", "position"])
-    # L0H0: key 0 gets (1 + 0.9 + 0.8) / 3; key 1 (0.1 + 0.1) / 2; key 2 0.1 / 1
-    assert table.loc[("L0H0", 0), "received"] == pytest.approx(0.9)
+    # L0H0: key 0 gets (1 + 0.9 + 0.8 + 0.7 + 0.6) / 5 from 5 queries; key 1 (0.1 * 4) / 4
+    assert table.loc[("L0H0", 0), "received"] == pytest.approx(0.8)
     assert table.loc[("L0H0", 1), "received"] == pytest.approx(0.1)
-    assert table.loc[("L0H1", 0), "received"] == pytest.approx(1.7 / 3)
-    assert table.loc[("L0H1", 1), "received"] == pytest.approx(0.55)
+    assert table.loc[("L0H1", 0), "received"] == pytest.approx(1.9 / 5)
+    assert table.loc[("L0H1", 1), "received"] == pytest.approx(1.7 / 4)
+    assert table["queries"].tolist() == [5, 4, 3, 2, 1] * 2
+    # keys 2 to 4: fewer than SINK_MIN_QUERIES (4) queries can attend them: not measured
+    assert roles.SINK_MIN_QUERIES == 4
+    assert table.loc[("L0H1", 4), "received"] != table.loc[("L0H1", 4), "received"]  # NaN
     assert table.loc[("L0H1", 2), "token"] == "c"
     assert table[table["sink"]].index.tolist() == [("L0H0", 0), ("L0H1", 0), ("L0H1", 1)]
-    assert (s.share, s.first_share) == (1.0, 1.0)
-    strict = roles.attention_sinks(_result(np.array([[sinking, spread]]), ["a", "b", "c"]), 0.6)
+    assert (s.share, s.first_share, s.causal) == (1.0, 1.0, True)
+    strict = roles.attention_sinks(_result(np.array([[sinking, spread]]), tokens, causal=True), 0.5)
     assert (strict.share, strict.first_share) == (0.5, 0.5)
     with pytest.raises(mhsa.InputError, match="threshold"):
-        roles.attention_sinks(_result(np.array([[sinking]]), ["a", "b", "c"]), 1.5)
+        roles.attention_sinks(_result(np.array([[sinking]]), tokens), 1.5)
+
+
+def test_an_encoders_sinks_are_the_mean_over_every_query():
+    """Every query attends every key: the last key's mean is over all of them, not over the
+    last query alone (which put a sink on the last token of most encoder heads)."""
+    head = np.array(
+        [
+            [0.1, 0.1, 0.8],
+            [0.2, 0.6, 0.2],
+            [0.3, 0.6, 0.1],
+        ]
+    )
+    s = roles.attention_sinks(_result(head[None, None], ["a", "b", "c"]))
+    received = s.table["received"].tolist()
+    for j in range(3):  # by hand: the column's mean over the three queries
+        assert received[j] == pytest.approx(sum(head[i, j] for i in range(3)) / 3)
+    assert s.table["sink"].tolist() == [False, True, True]  # 0.2, 0.433, 0.367
+    assert s.table["queries"].tolist() == [3, 3, 3] and not s.causal
 
 
 def test_minilm_sinks_on_cls(minilm):

@@ -46,7 +46,7 @@ def heavy(
         return hit
     cancelled: dict[str, tuple] = st.session_state.setdefault(_CANCELLED, {})
     if cancelled.get(name) == key:
-        st.info(f"{label}: cancelled.", icon="⏹️")
+        st.info(f"{label}: cancelled.", icon=":material/stop_circle:")
         st.button("Run it again", key=f"again-{name}", on_click=cancelled.pop, args=(name,))
         return None
     try:
@@ -130,5 +130,5 @@ def queue_place(job: Job, queue: JobQueue | None = None) -> None:
         f"{job.label} waits its turn: {ahead} heavy job{'s' if ahead != 1 else ''} ahead of "
         f"you ({running} running; this server runs {queue.limit} at a time). It starts by "
         "itself; the rest of the page works meanwhile.",
-        icon="⏳",
+        icon=":material/hourglass_top:",
     )

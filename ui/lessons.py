@@ -5,18 +5,53 @@ A step is one sentence and a link that opens a page with everything set (model, 
 test) through the pages' own link keys (``ui.state.Param``; a link opens a fresh session, which
 reads them). Every link names only the embedded default model or a shipped toy model, so the
 lessons work offline, in the Docker image too.
+
+A step that states a fact about its page's figure (a head's role, a ranking, a comparison)
+carries that fact as data, a ``Claim``: a measure of the values the page computes
+(``ui.views.lessons.MEASURES``), the head or layer it is about, and the bounds the sentence
+promises. ``tests/app/test_lessons.py`` opens every step's link and checks each claim on what
+the page computed, so a sentence cannot drift away from its figure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from math import inf
 from urllib.parse import urlencode
 
 from mhsa.examples import DEFAULT_EXAMPLES, model_examples
 from ui.navigation import PAGES
 
-__all__ = ["LESSONS", "PAGE_GUIDE", "Lesson", "Step", "guide_markdown", "page_title", "step_link"]
+__all__ = [
+    "LESSONS",
+    "PAGE_GUIDE",
+    "Claim",
+    "Lesson",
+    "Step",
+    "guide_markdown",
+    "page_title",
+    "step_link",
+]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A fact a step's sentence states about its page, as data a test checks.
+
+    Attributes:
+        measure: the name of a measure of the page's values (``ui.views.lessons.MEASURES``).
+        subject: the head (``L0H2``) or layer (``L1``: its heads) it is about; "" for none.
+        at_least: the measure is at least this.
+        at_most: and at most this.
+        equals: or, for a measure that is a name (a step's, a head's), exactly this.
+    """
+
+    measure: str
+    subject: str = ""
+    at_least: float = -inf
+    at_most: float = inf
+    equals: str | None = None
 
 
 @dataclass(frozen=True)
@@ -27,11 +62,14 @@ class Step:
         says: the explanation, one sentence.
         page: the page's address (``AppPage.url_path``: ``Heads``).
         settings: link keys and values the page opens with (``model``, ``text``, ``layer``...).
+        claims: the facts ``says`` states about the page's figure, checked by a test on what
+            the page computes.
     """
 
     says: str
     page: str
     settings: dict[str, str] = field(default_factory=dict)
+    claims: tuple[Claim, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,11 +105,13 @@ LESSONS: tuple[Lesson, ...] = (
                 "over the whole sentence.",
                 "Heads",
                 {**_DEFAULT, "layer": "0", "head": "0"},
+                (Claim("entropy share", "L0H0", at_least=0.8),),
             ),
             Step(
                 "This head looks almost only at the token just before: a previous-token head.",
                 "Heads",
                 {**_DEFAULT, "layer": "0", "head": "2"},
+                (Claim("previous-token share", "L0H2", at_least=0.9),),
             ),
             Step(
                 "The line view draws the same weights as lines from each token to the ones it "
@@ -80,9 +120,11 @@ LESSONS: tuple[Lesson, ...] = (
                 {**_DEFAULT, "layer": "0", "line_heads": "2"},
             ),
             Step(
-                "Head statistics rank every head by how much it looks at the previous token.",
+                "Head statistics measure every head; on the map of attention to the previous "
+                "token, L0H2 stands out above all the others.",
                 "Head_statistics",
                 {**_DEFAULT, "stat": "to_prev"},
+                (Claim("previous-token rank", "L0H2", at_most=1),),
             ),
         ),
     ),
@@ -95,22 +137,27 @@ LESSONS: tuple[Lesson, ...] = (
                 "buttons.",
                 "Inside_MHSA",
                 {**_DEFAULT, "pretrained_layer": "0", "step": "0"},
+                (Claim("step", equals="X"),),
             ),
             Step(
                 "Queries meet keys: the raw scores, one number per pair of tokens.",
                 "Inside_MHSA",
                 {**_DEFAULT, "pretrained_layer": "0", "step": "7"},
+                (Claim("step", equals="raw scores"),),
             ),
             Step(
                 "The softmax turns each row of scores into weights that sum to 1: the attention "
                 "pattern.",
                 "Inside_MHSA",
                 {**_DEFAULT, "pretrained_layer": "0", "step": "10"},
+                (Claim("step", equals="probabilities"),),
             ),
             Step(
-                "The same steps in untrained weights: the pattern means nothing until training.",
+                "The same steps in untrained weights: no head has learnt to focus yet, so no "
+                "head puts even half its weight on one token.",
                 "Inside_MHSA",
                 {**_DEFAULT, "source": "fresh", "step": "10"},
+                (Claim("step", equals="probabilities"), Claim("largest weight", at_most=0.5)),
             ),
         ),
     ),
@@ -129,12 +176,17 @@ LESSONS: tuple[Lesson, ...] = (
                 "looks at the token after its earlier copy.",
                 "Heads",
                 {**_TOY, "layer": "1", "head": "3"},
+                (Claim("induction on the repeat", "L1H3", at_least=0.7),),
             ),
             Step(
-                "Its layer 0 holds the other half of the circuit: heads that read the previous "
-                "token.",
+                "Its layer 0 holds the other half of the circuit: this head reads the previous "
+                "token, the one the induction heads match on.",
                 "Heads",
-                {**_TOY, "layer": "0", "head": "0"},
+                {**_TOY, "layer": "0", "head": "3"},
+                (
+                    Claim("previous-token share", "L0H3", at_least=0.5),
+                    Claim("detection rank in layer", "L0H3", at_most=1),
+                ),
             ),
         ),
     ),
@@ -147,11 +199,16 @@ LESSONS: tuple[Lesson, ...] = (
                 "induction stripe.",
                 "Head_roles",
                 {**_TOY, "detector": "induction", "random_tokens": "1"},
+                (
+                    Claim("top detected head", equals="L1H3"),
+                    Claim("detection score", "L1H3", at_least=0.5),
+                ),
             ),
             Step(
-                "The previous-token test on the model's own example finds layer 0's heads.",
+                "The previous-token test on the model's own example ranks L0H3 first.",
                 "Head_roles",
                 {**_TOY, "detector": "previous token"},
+                (Claim("top detected head", equals="L0H3"),),
             ),
             Step(
                 "An encoder-decoder reversing its input: in cross attention layer 1, the decoder "
@@ -163,6 +220,7 @@ LESSONS: tuple[Lesson, ...] = (
                     "kind": "cross",
                     "layer": "1",
                 },
+                (Claim("anti-diagonal", "L1", at_least=0.5),),
             ),
         ),
     ),
@@ -171,7 +229,8 @@ LESSONS: tuple[Lesson, ...] = (
         "Knock heads out and patch them, and see which ones the output needs.",
         (
             Step(
-                "Switch each head off in turn: the bars show how much the output moves.",
+                "Switch each head off in turn: the map colours each head by how much the output "
+                "moves.",
                 "Head_importance",
                 {**_DEFAULT},
             ),
@@ -182,9 +241,14 @@ LESSONS: tuple[Lesson, ...] = (
                 {**_DEFAULT},
             ),
             Step(
-                "On the induction model, knocking out its layer 1 heads breaks the repeat.",
+                "On the induction model, measured by the loss on the repeat: each layer-1 head "
+                "alone barely matters, but the pruning curve jumps once all four are off.",
                 "Head_importance",
-                {**_TOY},
+                {**_TOY, "target": "repeat-loss"},
+                (
+                    Claim("largest importance", "L1", at_most=0.05),
+                    Claim("pruning jump", "L1", at_least=1.0),
+                ),
             ),
         ),
     ),

@@ -4,7 +4,10 @@ one record here. Plain data (no Streamlit), so tests and benchmarks import it ch
 
 from __future__ import annotations
 
+import ast
+import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,9 @@ class AppPage:
 HOME_ALIAS = "Overview"
 
 #: Every page, in navigation order; the groups appear in the order of their first page.
+#: the repository root, where the page files are
+ROOT = Path(__file__).resolve().parents[1]
+
 PAGES: tuple[AppPage, ...] = (
     AppPage("Overview", "pages/0_Overview.py", "", "Explore", ":material/home:", 0),
     AppPage("Heads", "pages/1_Heads.py", "Heads", "Explore", ":material/grid_view:", 3),
@@ -178,3 +184,28 @@ def groups() -> dict[str, list[AppPage]]:
     for page in PAGES:
         grouped.setdefault(page.group, []).append(page)
     return grouped
+
+
+@functools.cache
+def every_link_key() -> frozenset[str]:
+    """Every name a link can hand any page a value under: the keys of each page's ``PARAMS``
+    and their old names (``Param(..., old_keys=...)``), read from the page files (the pages
+    are scripts: importing one would run it). A key outside these is a mistake worth a notice
+    (``ui.state.use_params``); one of another page's (a link whose path was edited) is not."""
+    names: set[str] = set()
+    for page in PAGES:
+        tree = ast.parse((ROOT / page.file).read_text(encoding="utf-8"))
+        for node in tree.body:
+            if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Dict):
+                continue
+            if not any(isinstance(t, ast.Name) and t.id == "PARAMS" for t in node.targets):
+                continue
+            for key, value in zip(node.value.keys, node.value.values, strict=True):
+                if isinstance(key, ast.Constant):
+                    names.add(str(key.value))
+                for keyword in getattr(value, "keywords", []):
+                    if keyword.arg == "old_keys" and isinstance(keyword.value, ast.Tuple):
+                        names.update(
+                            str(e.value) for e in keyword.value.elts if isinstance(e, ast.Constant)
+                        )
+    return frozenset(names)

@@ -150,7 +150,9 @@ def setup(title: str, params: dict[str, Param] | None = None, *, kinds: bool = F
     else its query asks for the encoder's, and the page says so when another is chosen."""
     _use_the_navigation()
     st.session_state.update(st.session_state.pop(_OPENING, {}))  # before any widget is drawn
-    st.set_page_config(page_title=f"{title} · MHSA Explorer", page_icon="🔍", layout="wide")
+    st.set_page_config(
+        page_title=f"{title} · MHSA Explorer", page_icon=":material/search:", layout="wide"
+    )
     all_params = GLOBAL_PARAMS | (params or {})
     use_params(all_params)
     st.html(PAGE_SCRIPT, unsafe_allow_javascript=True)
@@ -398,9 +400,11 @@ def load(query: Query, *, primary: bool = True) -> mhsa.AttentionResult | None:
         long_inputs.ask_when_over_budget(e)
         return None
     if result.truncated_tokens:
-        by_server = result.num_tokens >= LIMITS.max_tokens and not result.is_partial
-        hint = " " + long_inputs.HINT if by_server else ""  # constant markdown: not escaped
-        st.warning(md_escape(truncation_message(result, LIMITS.max_tokens)) + hint, icon="✂️")
+        hint = " " + long_inputs.HINT if long_inputs.selection_reads_more(result, query) else ""
+        st.warning(
+            md_escape(truncation_message(result, LIMITS.max_tokens)) + hint,
+            icon=":material/content_cut:",
+        )
     if primary:
         examples.unknown_notice(query.model, query.device, query.text)
         with st.sidebar:
@@ -540,7 +544,7 @@ def corpus_queries(query: Query, label: str) -> tuple[Query, ...]:
         st.warning(
             f"Only the first {LIMITS.max_corpus} of {len(lines)} sentences are used "
             f"(this server's corpus limit).",
-            icon="✂️",
+            icon=":material/content_cut:",
         )
         lines = lines[: LIMITS.max_corpus]
     return tuple(query._replace(text=line) for line in lines) or (query,)
@@ -587,7 +591,7 @@ def matched_tokens(
                 f"{why}: the corrupted text needs as many tokens as the clean one. Clean: "
                 f"{shown[0]}; corrupted: {shown[1]}. Edit one of them."
             ),
-            icon="✂️",
+            icon=":material/content_cut:",
         )
         stop()
     return tokens

@@ -21,6 +21,7 @@ from mhsa.engine.selection import parse_indices
 from mhsa.engine.trained import is_trained_name, trained_store
 from mhsa.errors import MHSAError
 from mhsa.heads import head_label, parse_head_label, parse_layer_head_label
+from ui.navigation import every_link_key
 
 DEFAULT_TEXT = "The cat sat on the mat."
 #: Longest value (percent-encoded bytes) a link carries: nginx's default request line is 8 KiB,
@@ -44,7 +45,7 @@ def md_escape(text: object) -> str:
 
 def error(e: Exception) -> None:
     """``e``'s message as an error box, shown literally (no markdown read into it)."""
-    st.error(md_escape(str(e)), icon="🚫")
+    st.error(md_escape(str(e)), icon=":material/block:")
 
 
 def link_bytes(value: str) -> int:
@@ -86,6 +87,20 @@ def whole_number(raw: str) -> int:
     if not re.fullmatch(r"[+-]?[0-9]{1,20}", text):
         raise ValueError("is not a whole number")
     return int(text)
+
+
+#: the widest position a link may name; the page then clamps it to what its result holds
+MAX_INDEX = 1_000_000
+
+
+def index_param(raw: str) -> int:
+    """A position (a layer, head, step, token) from a link: a whole number; its range depends
+    on the page's result, so the page clamps it there and says so (``clamp``), instead of a
+    fixed range that names no model's."""
+    value = whole_number(raw)
+    if abs(value) > MAX_INDEX:
+        raise ValueError(f"must be a whole number from -{MAX_INDEX:,} to {MAX_INDEX:,}")
+    return value
 
 
 def bounded_int(low: int, high: int) -> Callable[[str], int]:
@@ -229,6 +244,9 @@ GLOBAL_PARAMS: dict[str, Param] = {
 
 _LOADED = "_mhsa_query_loaded"
 _NOTICES = "_mhsa_notices"
+_LINKED = "_mhsa_linked"  # key -> "name=value" as the link gave it, until ``clamp`` checks it
+#: link keys Streamlit itself reads
+_STREAMLIT_KEYS = frozenset({"embed", "embed_options"})
 
 
 def use_params(params: dict[str, Param]) -> None:
@@ -236,6 +254,9 @@ def use_params(params: dict[str, Param]) -> None:
     notice for each bad value), then kept across page switches."""
     loaded: set[str] = st.session_state.setdefault(_LOADED, set())
     notices: list[str] = st.session_state.setdefault(_NOTICES, [])
+    linked: dict[str, str] = st.session_state.setdefault(_LINKED, {})
+    if not loaded:  # the session's first page: the link is the user's
+        notices.extend(_unknown_keys(params))
     for key, param in params.items():
         if key in st.session_state:
             st.session_state[key] = st.session_state[key]  # keep widget state across pages
@@ -244,16 +265,31 @@ def use_params(params: dict[str, Param]) -> None:
         name = None if key in loaded else _name_in_link(key, param)
         if name is not None:
             raw = st.query_params[name]
+            shown = raw if len(raw) <= 40 else raw[:40] + "…"
             try:
                 value = param.parse(raw)
+                linked[key] = f"{name}={shown!r}"
             except Exception as e:  # any parse failure of any type: a link is hostile input
-                shown = raw if len(raw) <= 40 else raw[:40] + "…"
                 notices.append(
                     f"Link parameter {name}={shown!r} ignored ({_plain_reason(e)}); using the "
                     f"default{_default_shown(param)}."
                 )
         loaded.add(key)
         st.session_state[key] = value
+
+
+def _unknown_keys(params: dict[str, Param]) -> list[str]:
+    """A notice for each link key no page reads (``top=-5`` on Circuits, whose setting is
+    ``circuit_n``): otherwise it would be ignored without a word. A key of another page is
+    ignored quietly (a link whose path was edited)."""
+    known = {name for key, param in params.items() for name in (key, *param.old_keys)}
+    known |= every_link_key() | _STREAMLIT_KEYS  # another page's key: a link's path edited
+    unknown = [name for name in st.query_params if name not in known]
+    return [
+        f"Link parameter {name if len(name) <= 40 else name[:40] + '…'!r} ignored: this page "
+        "has no setting of that name."
+        for name in unknown[:5]
+    ]
 
 
 #: Python's own words for a value it cannot convert: not for people
@@ -263,7 +299,7 @@ _PYTHON_WORDS = ("invalid literal", "could not convert", "base 10", "object", "N
 def _plain_reason(e: Exception) -> str:
     """Why a link value was refused, in plain words: a parser's own ``ValueError`` message, or
     "not a valid value" for anything else (Python's conversion messages included)."""
-    text = str(e) if isinstance(e, ValueError) else ""
+    text = str(e).strip().rstrip(".") if isinstance(e, ValueError) else ""
     if not text or any(w in text for w in _PYTHON_WORDS):
         return "not a valid value"
     return text
@@ -288,11 +324,22 @@ def _name_in_link(key: str, param: Param) -> str | None:
 
 
 def clamp(key: str, low: int, high: int) -> int:
-    """Keep a numeric selection inside the range the current result allows."""
+    """Keep a numeric selection inside the range the current result allows; a value the link
+    gave that falls outside it is moved with a warning naming the range (``layer=99`` on a
+    6-layer model: "0 to 5; showing 5")."""
     value = st.session_state.get(key, low)
+    from_link = st.session_state.get(_LINKED, {}).pop(key, None)
     if not isinstance(value, int) or not low <= value <= high:
         value = min(max(int(value) if isinstance(value, int) else low, low), high)
         st.session_state[key] = value
+        if from_link is not None:
+            st.warning(
+                md_escape(
+                    f"Link parameter {from_link} is outside what this page can show here "
+                    f"({low} to {high}); showing {value}."
+                ),
+                icon=":material/warning:",
+            )
     return value
 
 
@@ -319,4 +366,4 @@ def add_notice(message: str) -> None:
 
 def show_notices() -> None:
     for message in st.session_state.pop(_NOTICES, []):
-        st.warning(md_escape(message), icon="⚠️")
+        st.warning(md_escape(message), icon=":material/warning:")

@@ -44,7 +44,7 @@ from mhsa.training import (
     save_model,
     train,
 )
-from mhsa.training.circuit_probe import k_composition_series
+from mhsa.training.circuit_probe import strongest_k_edges
 from mhsa.training.results import phase_change_step
 from mhsa.training.tasks import BOS, VOCAB
 from ui import core, runtime
@@ -336,15 +336,13 @@ def figures(
 def _k_composition(
     snapshots: Sequence[TrainSnapshot], steps: int, phase: int | None
 ) -> dict[str, go.Figure]:
-    """The induction task's K-composition edge over the steps (beside the head scores), or
-    nothing for another task."""
-    series = k_composition_series(snapshots)
+    """The induction task's strongest K-composition edge at each step, by its support of the
+    right answer (beside the head scores), or nothing for another task."""
+    series = strongest_k_edges(snapshots)
     if series is None:
         return {}
-    sender, receiver, at, scores = series
-    figure = plots.k_composition_figure(
-        sender, receiver, at, scores, total_steps=steps, phase_change_step=phase
-    )
+    at, edges, supports = series
+    figure = plots.k_support_figure(at, edges, supports, total_steps=steps, phase_change_step=phase)
     return {"k-composition": figure}
 
 

@@ -248,7 +248,10 @@ def _walkthrough_of(
     truncated: int,
     key_tokens: list[str] | None = None,
 ) -> Walkthrough:
-    """The ``Walkthrough`` of ``steps`` traced through ``ours``."""
+    """The ``Walkthrough`` of ``steps`` traced through ``ours`` (formulas without key/value
+    groups where every query head has its own: ``ungrouped_formula``)."""
+    if ours.num_kv_heads == ours.num_heads:
+        steps = [Step(s.name, ungrouped_formula(s.formula), s.value) for s in steps]
     return Walkthrough(
         tokens,
         steps,
@@ -384,6 +387,26 @@ def cross_walkthrough(
     return _walkthrough_of(
         ours, dec_tokens, steps, source, False, enc.truncated, list(enc.tokens.strings)
     )
+
+
+#: how the core's formulas name grouped key/value heads, and the same for one K and V per head
+_GROUPED = (
+    ("   (query head h reads key/value head g(h))", ""),
+    ("K_g(h)", "K_h"),
+    ("V_g(h)", "V_h"),
+    ("K_g", "K_h"),
+    ("V_g", "V_h"),
+    ("kv heads", "heads"),
+)
+
+
+def ungrouped_formula(formula: str) -> str:
+    """A formula of ``mhsa.engine.core.OBSERVATION_POINTS`` for a module whose every query
+    head has its own key and value head (no grouped-query attention): ``Q_h K_h^T``, not
+    ``Q_h K_g(h)^T``, which names groups the model does not have."""
+    for grouped, own in _GROUPED:
+        formula = formula.replace(grouped, own)
+    return formula
 
 
 def _cross_formula(name: str, formula: str) -> str:

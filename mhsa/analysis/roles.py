@@ -41,6 +41,7 @@ __all__ = [
     "COMPOSITION_KINDS",
     "DETECTION_PATTERNS",
     "ERROR_MEASURES",
+    "SINK_MIN_QUERIES",
     "SINK_THRESHOLD",
     "AttentionSinks",
     "attention_sinks",
@@ -64,6 +65,8 @@ _ALIASES = {
 ERROR_MEASURES = ("mul", "abs")
 #: Gu et al. (2025): a head sinks on a position that receives more than this, on average
 SINK_THRESHOLD = 0.3
+#: a causal model's key is measured only where at least this many queries can attend it
+SINK_MIN_QUERIES = 4
 
 
 # --- detection patterns -----------------------------------------------------------------------
@@ -441,24 +444,33 @@ class AttentionSinks:
 
     Attributes:
         table: one row per head and key position: ``head`` (``L{l}H{h}``), ``layer``,
-            ``head_index``, ``position``, ``token``, ``received`` (the mean attention the
-            position receives from the queries at or after it) and ``sink`` (``received`` above
-            the threshold).
+            ``head_index``, ``position``, ``token``, ``queries`` (how many queries can attend
+            the position), ``received`` (the mean attention the position receives from them;
+            NaN where too few can attend it to say: ``attention_sinks``) and ``sink``
+            (``received`` above the threshold).
         share: the share of heads that sink on at least one position.
         first_share: the share of heads that sink on the first token (Gu et al.'s sink rate).
         threshold: the threshold used.
+        causal: the attention is causal (each key measured over the queries at or after it).
     """
 
     table: pd.DataFrame
     share: float
     first_share: float
     threshold: float
+    causal: bool = False
 
 
 def attention_sinks(result: AttentionResult, threshold: float = SINK_THRESHOLD) -> AttentionSinks:
-    """Per head and key position j, the mean attention j receives from the queries at or after
-    it, ``sum_{i >= j} a[i, j] / (n - j)`` (Gu et al. 2025, "When Attention Sink Emerges in
-    Language Models"); a head sinks on j when that exceeds ``threshold`` (0.3, theirs).
+    """Per head and key position j, the mean attention j receives from the queries that can
+    attend it; a head sinks on j when that exceeds ``threshold`` (0.3, Gu et al.'s epsilon).
+
+    Gu et al. 2025 ("When Attention Sink Emerges in Language Models") measure the first token
+    of causal models, ``alpha_1 = sum_i a[i, 1] / T``; at a later key j of a causal model only
+    the ``n - j`` queries at or after it can attend it, so its mean is
+    ``sum_{i >= j} a[i, j] / (n - j)``, measured only where at least ``SINK_MIN_QUERIES`` queries
+    can (the last key's mean is one query's weight on itself: a "sink" of nothing but its
+    place). In an encoder every query attends every key: the mean is over all ``n`` queries.
 
     Raises:
         InputError: a threshold outside [0, 1).
@@ -467,8 +479,14 @@ def attention_sinks(result: AttentionResult, threshold: float = SINK_THRESHOLD) 
         raise InputError(f"The sink threshold must be from 0 to below 1, got {threshold}.")
     a = result.attention  # (L, H, n, n), read only
     layers, heads, n, _ = a.shape
-    received = np.tril(a).sum(axis=-2) / np.arange(n, 0, -1)  # (L, H, n): keys j, queries i >= j
-    sink = received > threshold  # (L, H, n)
+    if result.causal:
+        queries = np.arange(n, 0, -1)  # key j: the queries i >= j
+        received = np.tril(a).sum(axis=-2, dtype=np.float64) / queries  # (L, H, n)
+        received[..., queries < min(SINK_MIN_QUERIES, n)] = np.nan
+    else:
+        queries = np.full(n, n)
+        received = a.sum(axis=-2, dtype=np.float64) / n
+    sink = np.nan_to_num(received, nan=0.0) > threshold  # (L, H, n)
     layer, head, position = np.meshgrid(
         np.arange(layers), np.arange(heads), np.arange(n), indexing="ij"
     )
@@ -482,7 +500,8 @@ def attention_sinks(result: AttentionResult, threshold: float = SINK_THRESHOLD) 
             "head_index": head_id,
             "position": position.ravel(),
             "token": np.asarray(result.tokens, dtype=object)[position.ravel()],
-            "received": received.ravel().astype(np.float64),
+            "queries": np.broadcast_to(queries, received.shape).ravel(),
+            "received": received.ravel(),
             "sink": sink.ravel(),
         }
     )
@@ -491,6 +510,7 @@ def attention_sinks(result: AttentionResult, threshold: float = SINK_THRESHOLD) 
         share=float(sink.any(axis=-1).mean()),
         first_share=float(sink[..., 0].mean()),
         threshold=threshold,
+        causal=result.causal,
     )
 
 

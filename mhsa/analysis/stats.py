@@ -45,6 +45,7 @@ __all__ = [
     "head_similarity",
     "head_stats",
     "js_divergences",
+    "stat_label",
     "stats_difference",
     "top_attended",
 ]
@@ -121,6 +122,14 @@ STAT_SPECS: Mapping[str, StatSpec] = {
 }
 #: The statistics' names, in the order of ``head_stats``' columns.
 STAT_COLUMNS = tuple(STAT_SPECS)
+
+
+def stat_label(column: str) -> str:
+    """A column's name for people: the statistic's label with its column name after it
+    (``to separators (to_sep)``); any other column (a detector's) as it is."""
+    spec = STAT_SPECS.get(column)
+    return f"{spec.label} ({column})" if spec is not None else column
+
 
 #: Role thresholds: Clark et al. used 0.5 for previous/next token heads and 0.6 for heads on
 #: [CLS], [SEP] and punctuation; we use 0.5 for "self" too. A head is "broad" when its entropy is

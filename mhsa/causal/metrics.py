@@ -7,7 +7,9 @@ attribution patching in ``mhsa.causal.patching``; direct logit attribution and t
   position (Wang et al. 2022, "Interpretability in the Wild", the IOI metric;
   TransformerLens's ``logits_to_ave_logit_diff`` in its demos), with ``answer`` and ``wrong``
   words that are each one token after a space (``answer_tokens``); and the language-model loss
-  (``lm_loss``, cross-entropy of the next token, or of the masked tokens for masked LMs).
+  (``lm_loss``, cross-entropy of the next token, or of the masked tokens for masked LMs);
+  the **repeat loss**, the same cross-entropy over only the tokens an induction head can
+  predict (``induction_scored``: Olsson et al. 2022's loss on the repeated tokens).
 - Encoders: the **sentence embedding**, the attention-mask-weighted mean of the last hidden
   state (as sentence-transformers pool all-MiniLM-L6-v2), compared by cosine with a reference
   (the intact run, the clean run, or a second sentence).
@@ -40,6 +42,7 @@ __all__ = [
     "answer_direction",
     "answer_tokens",
     "embedding_of",
+    "induction_scored",
     "lm_loss",
     "logit_difference",
     "patch_metric",
@@ -133,6 +136,27 @@ def lm_loss(lm: LoadedModel, logits: torch.Tensor, labels: torch.Tensor) -> torc
     return (per_token * scored).sum(1) / scored.sum(1)
 
 
+def induction_scored(input_ids: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` bool: the next-token labels an induction head can predict, for causal LMs'
+    ``lm_loss`` (label ``k`` is the token predicted at position ``k - 1``).
+
+    Label ``k`` counts when the token before it, ``x[k-1]``, occurred earlier at some ``j < k-1``
+    and ``x[j+1] == x[k]``: "``[A][B] ... [A]`` -> ``[B]``", the prefix-matching and copying of
+    Olsson et al. 2022 ("In-context Learning and Induction Heads"), whose in-context loss is
+    measured on the repeated tokens. On a random sequence followed by itself these are the
+    repeat's tokens after its first (the first cannot be foreseen); the random first half
+    counts for nothing.
+    """
+    ids = input_ids.tolist()
+    scored = torch.zeros(input_ids.shape, dtype=torch.bool)
+    for row, seq in enumerate(ids):
+        seen: dict[int, set[int]] = {}  # token -> the tokens that followed it so far
+        for k in range(1, len(seq)):
+            scored[row, k] = seq[k] in seen.get(seq[k - 1], ())
+            seen.setdefault(seq[k - 1], set()).add(seq[k])
+    return scored
+
+
 # --- importance targets: the change of a measure when heads are switched off -----------------
 
 
@@ -178,6 +202,8 @@ class TargetSpec:
             it does.
         encoder_decoder: it measures encoder-decoder models too (their output is the decoder's:
             no sentence embedding of the text).
+        repeats_only: the loss counts only the tokens an induction head can predict
+            (``induction_scored``; causal language models).
     """
 
     name: str
@@ -191,6 +217,7 @@ class TargetSpec:
     value_is_change: bool = False
     no_gradient: str = ""
     encoder_decoder: bool = False
+    repeats_only: bool = False
 
 
 #: Every target, by name, in the order pickers and the command line list them.
@@ -239,6 +266,20 @@ TARGET_SPECS: Mapping[str, TargetSpec] = {
             change=_difference,
             encoder_decoder=True,
         ),
+        TargetSpec(
+            "repeat-loss",
+            label="loss on the repeat",
+            description="the change of the next-token loss over only the tokens an induction "
+            "head can predict (a token whose previous token came earlier, followed then by this "
+            "same token: the repeated half of a repeated sequence after its first token; Olsson "
+            "et al. 2022): loss(changed) - loss(intact); causal language models",
+            metric="loss on the repeated tokens",
+            needs_pair=False,
+            needs_lm_head=True,
+            raw=_first,
+            change=_difference,
+            repeats_only=True,
+        ),
     )
 }
 
@@ -276,6 +317,11 @@ def resolve_target(lm: LoadedModel, target: str | None, pair: bool) -> TargetSpe
         )
     if spec.needs_pair and not pair:
         raise InputError(f"The target {spec.name!r} needs a second sentence to compare with.")
+    if spec.repeats_only and lm.lm_head != "causal":
+        raise InputError(
+            f"The target {spec.name!r} scores next-token predictions: {lm.display_name} is not a "
+            "causal language model (use 'lm-loss')."
+        )
     return spec
 
 

@@ -59,11 +59,13 @@ __all__ = [
     "PatchGrid",
     "PatchIndex",
     "PatchPoint",
+    "PatchingAgreement",
     "attribution_effect",
     "attribution_patching",
     "generic_activation_patch",
     "patch_heads",
     "patch_positions",
+    "patching_agreement",
     "patching_correlation",
 ]
 
@@ -429,3 +431,68 @@ def patching_correlation(exact: pd.DataFrame, attribution: pd.DataFrame) -> floa
     if len(joined) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return float("nan")
     return float(np.corrcoef(x, y)[0, 1])
+
+
+#: at most this many heads count as "the heads that matter" when patching's two ways compare
+AGREEMENT_TOP = 5
+#: a head matters when its exact effect is at least this share of the largest one's
+AGREEMENT_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class PatchingAgreement:
+    """How well attribution patching ranks and sizes the heads that matter.
+
+    A correlation over every head says little: with most heads near 0 and one far from it,
+    Pearson's r is near 1 whatever the estimate says of the heads between. Instead: the heads
+    whose exact effect is largest (``AGREEMENT_SHARE`` of the largest |effect| or more, at
+    most ``AGREEMENT_TOP``), how many of them attribution ranks among its own as many largest
+    (top-k overlap of |effect|), and each one's two values side by side.
+
+    Attributes:
+        heads: the heads that matter by exact patching, largest |effect| first.
+        exact: their exact effects.
+        estimated: attribution patching's estimates of them.
+        found: how many of ``heads`` are among attribution's ``len(heads)`` largest |effect|.
+        pearson: Pearson's r over every head (``patching_correlation``), for reference.
+    """
+
+    heads: tuple[str, ...]
+    exact: tuple[float, ...]
+    estimated: tuple[float, ...]
+    found: int
+    pearson: float
+
+    def summary(self) -> str:
+        """The agreement in one sentence: the ranking, then the sizes head by head."""
+        k = len(self.heads)
+        if k == 0:
+            return "No head has an exact effect: there is nothing to rank."
+        sizes = "; ".join(
+            f"{h} {e:.2f} exact, {a:.2f} estimated"
+            for h, e, a in zip(self.heads, self.exact, self.estimated, strict=True)
+        )
+        which = "head" if k == 1 else f"{k} heads"
+        return (
+            f"Of the {which} with the largest exact effect, attribution ranks {self.found} "
+            f"among its own top {k}: {sizes}."
+        )
+
+
+def patching_agreement(exact: pd.DataFrame, attribution: pd.DataFrame) -> PatchingAgreement:
+    """``PatchingAgreement`` of exact patching's table (``patch_heads``) and attribution
+    patching's (``attribution_patching``), over the heads both have."""
+    joined = exact[["effect"]].join(attribution_effect(attribution)).dropna()
+    size = joined["effect"].abs().sort_values(ascending=False, kind="stable")
+    largest = float(size.iloc[0]) if len(size) else 0.0
+    heads = [h for h, v in size.items() if largest > 0 and v >= AGREEMENT_SHARE * largest]
+    heads = heads[:AGREEMENT_TOP]
+    estimate = joined["effect_attribution"].abs().sort_values(ascending=False, kind="stable")
+    theirs = set(estimate.index[: len(heads)])
+    return PatchingAgreement(
+        heads=tuple(str(h) for h in heads),
+        exact=tuple(float(joined.at[h, "effect"]) for h in heads),
+        estimated=tuple(float(joined.at[h, "effect_attribution"]) for h in heads),
+        found=sum(h in theirs for h in heads),
+        pearson=patching_correlation(exact, attribution),
+    )

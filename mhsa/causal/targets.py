@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from mhsa.causal.metrics import (
     TARGET_SPECS,
     TargetSpec,
+    induction_scored,
     lm_loss,
     resolve_target,
     sentence_embedding,
@@ -149,7 +150,21 @@ def encode_entry(
         return EncodedEntry(first, masked=mask_tokens(lm, first))
     if spec.needs_lm_head and first.inputs["input_ids"].shape[1] < 2:
         raise InputError("The next-token loss needs a text of at least two tokens.")
+    if spec.repeats_only and not induction_scored(first.inputs["input_ids"]).any():
+        raise InputError(
+            "The loss on the repeat needs a text that repeats itself (a token seen before, "
+            "followed again by the same token), such as a sequence written twice."
+        )
     return EncodedEntry(first)
+
+
+def _causal_labels(spec: TargetSpec, ids: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
+    """A causal LM's labels: the ids, -100 on padding and, for ``repeats_only`` targets, on every
+    token an induction head cannot predict (``induction_scored``)."""
+    labels = ids.masked_fill(padding, -100)
+    if spec.repeats_only:
+        labels = labels.masked_fill(~induction_scored(ids).to(ids.device), -100)
+    return labels
 
 
 def _decoder_loss_inputs(
@@ -211,7 +226,8 @@ def prepare(lm: LoadedModel, entry: Entry, spec: TargetSpec, max_tokens: int | N
     for loss_inputs in (encoded.masked, encoded.decoded):
         if loss_inputs is not None:
             return Item(first, (loss_inputs[0],), loss_inputs[1])
-    return Item(first, (first.inputs,), first.inputs["input_ids"].clone())
+    ids = first.inputs["input_ids"]
+    return Item(first, (first.inputs,), _causal_labels(spec, ids, torch.zeros_like(ids).bool()))
 
 
 def _pad_labels(labels: Sequence[torch.Tensor], n: int) -> torch.Tensor:
@@ -239,7 +255,7 @@ def batch_item(lm: LoadedModel, group: Sequence[EncodedEntry], spec: TargetSpec)
         masked = [e.masked for e in group if e.masked is not None]
         inputs = pad_inputs(lm, [m[0] for m in masked])
         return Item(shown, (inputs,), _pad_labels([m[1] for m in masked], n), None, rows)
-    labels = firsts["input_ids"].masked_fill(firsts["attention_mask"] == 0, -100)
+    labels = _causal_labels(spec, firsts["input_ids"], firsts["attention_mask"] == 0)
     return Item(shown, (firsts,), labels, None, rows)
 
 

@@ -20,6 +20,7 @@ from mhsa.plots.circuits import (
     circuit_node_xy,
     faithfulness_figure,
     k_composition_figure,
+    k_support_figure,
 )
 from mhsa.plots.classroom import neuron_figure, step_heatmap
 from mhsa.plots.common import (
@@ -123,6 +124,7 @@ __all__ = [
     "head_zoom",
     "importance_scatter",
     "k_composition_figure",
+    "k_support_figure",
     "label",
     "layer_change_figure",
     "line_pairs",

@@ -9,17 +9,17 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.colors import sample_colorscale
 
 from mhsa.circuits import FaithfulnessCurve
 from mhsa.heads import parse_head_label
-from mhsa.plots.common import SIGNED_COLORSCALE, apply_layout
+from mhsa.plots.common import apply_layout, label, signed_color
 
 __all__ = [
     "circuit_figure",
     "circuit_node_xy",
     "faithfulness_figure",
     "k_composition_figure",
+    "k_support_figure",
 ]
 
 #: where a head's q, k and v inputs meet it, left to right
@@ -40,9 +40,13 @@ def circuit_node_xy(node: str, layers: int, heads: int) -> tuple[float, float]:
     return float(head), 2.0 * layer + 1
 
 
-def _color(score: float, bound: float) -> str:
+#: the figure's legend: the colour is the support, minus the score
+SUPPORT_LEGEND = "blue: carries the clean answer, red: works against it"
+
+
+def _color(support: float, bound: float) -> str:
     """Blue above 0, red below (the app's signed scale), paler near 0."""
-    return sample_colorscale(SIGNED_COLORSCALE, [0.5 + 0.5 * score / bound])[0]
+    return signed_color(support, bound)
 
 
 def circuit_figure(
@@ -54,8 +58,12 @@ def circuit_figure(
     output: str = "logits",
 ) -> go.Figure:
     """The edges (``source``, ``target``, ``input``, ``score``: the circuit's) drawn between the
-    model's nodes: each a line coloured by its signed score (width by |score|) ending at its
-    target's q, k or v input, its midpoint labelled q/k/v. Clickable markers carry
+    model's nodes: each a line coloured by how much it carries the clean answer, its
+    **support** ``-score`` (width by |score|), ending at its target's q, k or v input, its
+    midpoint labelled q/k/v. A score (EAP, EAP-IG, exact: the metric with the edge corrupted
+    minus the clean run's) is below 0 for an edge whose corruption lowers the metric, one that
+    carries the clean answer: drawn blue, red for one that works against it
+    (``SUPPORT_LEGEND``). Clickable markers carry
     ``customdata``: nodes ``["node", name]``, edge midpoints ``["edge", source, target,
     input]``. ``output``: what the graph's ``logits`` node is called on the figure (an
     encoder's is the last hidden state the sentence embedding pools); its customdata keeps the
@@ -77,7 +85,7 @@ def circuit_figure(
                 x=[x0, x1],
                 y=[y0, y1],
                 mode="lines",
-                line={"width": 1 + 6 * abs(scores[i]) / bound, "color": _color(scores[i], bound)},
+                line={"width": 1 + 6 * abs(scores[i]) / bound, "color": _color(-scores[i], bound)},
                 hoverinfo="skip",
                 showlegend=False,
             )
@@ -87,7 +95,10 @@ def circuit_figure(
         mids_text.append(row["input"])
         mids_data.append(["edge", row["source"], row["target"], row["input"]])
         into = f"{row['target']} ({row['input']})" if row["input"] else row["target"]
-        mids_hover.append(f"{row['source']} → {into}: {scores[i]:.4g}<br>click: path-patch it")
+        mids_hover.append(
+            f"{row['source']} → {into}: support {-scores[i]:.4g} (score {scores[i]:.4g})"
+            "<br>click: path-patch it"
+        )
     fig.add_trace(
         go.Scatter(
             x=mids_x,
@@ -140,7 +151,7 @@ def circuit_figure(
             "zeroline": False,
         },
     )
-    shown = title or f"Circuit: the top {len(edges)} edges (blue: score above 0, red: below)"
+    shown = title or f"Circuit: the top {len(edges)} edges ({SUPPORT_LEGEND})"
     return apply_layout(fig, shown, height=min(1000, 200 + 60 * (2 * layers + 2)))
 
 
@@ -181,6 +192,49 @@ def faithfulness_figure(curve: FaithfulnessCurve, chosen: int | None = None) -> 
     return apply_layout(fig, title, height=380)
 
 
+def k_support_figure(
+    steps: Sequence[int],
+    edges: Sequence[str],
+    supports: Sequence[float],
+    *,
+    total_steps: int | None = None,
+    phase_change_step: int | None = None,
+) -> go.Figure:
+    """At each training snapshot, the K-composition edge that carries the right answer most
+    (``mhsa.training.circuit_probe.strongest_k_edges``) and its support (minus its EAP score on
+    a fixed probe pair: above 0 when corrupting the edge lowers the right answer's logit), each
+    point named by its edge: the induction circuit forming as a curve that rises."""
+    fig = go.Figure(
+        go.Scatter(
+            x=list(steps),
+            y=list(supports),
+            mode="lines+markers",
+            customdata=[[label(e)] for e in edges],
+            name="strongest K edge",
+            hovertemplate="step %{x}: %{customdata[0]} (k), support %{y:.4g}<extra></extra>",
+        )
+    )
+    _k_axes(fig, total_steps, phase_change_step)
+    fig.update_yaxes(title="support of the right answer (− EAP score)")
+    last = f"; now {label(edges[-1])} (k)" if edges else ""
+    return apply_layout(fig, f"The strongest K-composition edge over the steps{last}", height=340)
+
+
+def _k_axes(fig: go.Figure, total_steps: int | None, phase_change_step: int | None) -> None:
+    """The zero line, the phase change and the steps' axis of a K-composition curve."""
+    fig.add_hline(y=0, line={"color": "#83c9ff"})
+    if phase_change_step is not None:
+        fig.add_vline(
+            x=phase_change_step,
+            line={"color": "#ff2b2b", "dash": "dash", "width": 2},
+            annotation={"text": f"phase change, step {phase_change_step}"},
+            annotation_position="top left",
+        )
+    if total_steps:
+        fig.update_xaxes(range=[0, total_steps])
+    fig.update_xaxes(title="step")
+
+
 def k_composition_figure(
     sender: str,
     receiver: str,
@@ -202,17 +256,7 @@ def k_composition_figure(
             hovertemplate="step %{x}: %{y:.4g}<extra></extra>",
         )
     )
-    fig.add_hline(y=0, line={"color": "#83c9ff"})
-    if phase_change_step is not None:
-        fig.add_vline(
-            x=phase_change_step,
-            line={"color": "#ff2b2b", "dash": "dash", "width": 2},
-            annotation={"text": f"phase change, step {phase_change_step}"},
-            annotation_position="top left",
-        )
-    if total_steps:
-        fig.update_xaxes(range=[0, total_steps])
-    fig.update_xaxes(title="step")
+    _k_axes(fig, total_steps, phase_change_step)
     fig.update_yaxes(title="EAP score (logit difference)")
     title = f"The K-composition edge {sender} → {receiver} (k) over the steps"
     return apply_layout(fig, title, height=340)

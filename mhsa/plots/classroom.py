@@ -15,13 +15,11 @@ from mhsa.plots.common import (
     apply_layout,
     label,
     matrix_heatmap,
+    signed_scale,
 )
 from mhsa.plots.marks import mark_token_axes
 
 __all__ = ["neuron_figure", "step_heatmap"]
-
-#: the signed vectors and scores of the neuron view: blue above 0, red below, no colour bar
-_SIGNED = {"colorscale": SIGNED_COLORSCALE, "zmid": 0, "showscale": False}
 
 
 def step_heatmap(
@@ -109,14 +107,25 @@ def _add_vectors(
             y=[query_row],
             hovertemplate=vec,
             meta="q",
-            **_SIGNED,
+            showscale=False,
+            **signed_scale(neuron.query),
         ),
         1,
         1,
     )
     for col, (z, what) in enumerate(((neuron.keys, "k"), (neuron.products, "q ⊙ k")), start=1):
         fig.add_trace(
-            go.Heatmap(z=z, x=dims, y=rows, hovertemplate=vec, meta=what, **_SIGNED), 2, col
+            go.Heatmap(
+                z=z,
+                x=dims,
+                y=rows,
+                hovertemplate=vec,
+                meta=what,
+                showscale=False,
+                **signed_scale(z),
+            ),
+            2,
+            col,
         )
 
 
@@ -125,8 +134,8 @@ def _add_score_columns(fig: go.Figure, neuron: Any, rows: list[str]) -> None:
     last three panels)."""
     for col, (z, what, scale) in enumerate(
         (
-            (neuron.dots, "q·k", _SIGNED),
-            (neuron.scaled, f"q·k × {neuron.scale:.4g}", _SIGNED),
+            (neuron.dots, "q·k", signed_scale(neuron.dots)),
+            (neuron.scaled, f"q·k × {neuron.scale:.4g}", signed_scale(neuron.scaled)),
             (neuron.probabilities, "softmax", {"colorscale": COLORSCALE, "zmin": 0, "zmax": 1}),
         ),
         start=3,

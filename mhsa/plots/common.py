@@ -28,6 +28,8 @@ __all__ = [
     "label",
     "layout_props",
     "matrix_heatmap",
+    "signed_color",
+    "signed_scale",
     "square_height",
     "tick_room",
     "title_text",
@@ -94,6 +96,33 @@ def label(text: str, limit: int = 40) -> str:
     if len(clean) > limit:
         clean = clean[: limit - 1] + "…"
     return html.escape(clean, quote=False).replace("#", "&#35;") or "\u2423"
+
+
+def signed_scale(values: object, *, at_least: float = 0.0, axis: bool = False) -> dict[str, object]:
+    """The colour settings of every map of signed values: ``SIGNED_COLORSCALE`` with its white
+    point at 0, the bounds ``-b`` and ``b`` for ``b`` the largest |value| (NaN and inf left
+    out; at least ``at_least``; 1 when every value is 0), so that a value near 0 looks white
+    and a red and a blue cell of the same depth are the same size. ``axis``: as a coloraxis'
+    ``cmin``/``cmax``/``cmid`` (several heatmaps on one scale), else a trace's ``zmin``..."""
+    z = np.asarray(values, dtype=np.float64)
+    finite = np.abs(z[np.isfinite(z)])
+    bound = max(float(finite.max(initial=0.0)), at_least) or 1.0
+    prefix = "c" if axis else "z"
+    return {
+        "colorscale": SIGNED_COLORSCALE,
+        f"{prefix}min": -bound,
+        f"{prefix}max": bound,
+        f"{prefix}mid": 0.0,
+    }
+
+
+def signed_color(value: float, bound: float) -> str:
+    """The colour of ``value`` on ``signed_scale``'s scale of bounds ``-bound`` to ``bound``
+    (lines and markers drawn in a map's colours)."""
+    from plotly.colors import sample_colorscale
+
+    position = 0.5 + 0.5 * max(-1.0, min(1.0, value / (bound or 1.0)))
+    return sample_colorscale(SIGNED_COLORSCALE, [position])[0]
 
 
 def token_axis(names: Sequence[str], max_ticks: int = MAX_TICKS) -> tuple[list[str], dict]:
@@ -231,7 +260,9 @@ def matrix_heatmap(
     are upright and thinned to the column's room (``tick_room``).
 
     The browser gets the matrix (float32, binary-encoded by plotly) and one label per row and
-    column; hover text is assembled from those, not stored per cell.
+    column; hover text is assembled from those, not stored per cell. With
+    ``SIGNED_COLORSCALE`` the scale is ``signed_scale``'s, centred on 0 (``zmin``/``zmax``,
+    where given, only widen it).
     """
     # a figure of the page's width keeps every label up to MAX_TICKS (as it always did); one
     # in a column gets what its height and width hold
@@ -242,13 +273,15 @@ def matrix_heatmap(
     x, x_axis = token_axis(cols, across)
     if columns > 1:
         x_axis["tickangle"] = -90  # turned labels' boxes overlap; upright ones a column apart
+    scale: dict[str, object] = {"colorscale": colorscale, "zmin": zmin, "zmax": zmax}
+    if colorscale == SIGNED_COLORSCALE:
+        widest = max(abs(v) for v in (zmin or 0.0, zmax or 0.0))
+        scale = signed_scale(matrix, at_least=widest)
     heatmap = go.Heatmap(
         z=np.asarray(matrix, dtype=np.float32),
         x=x,
         y=y,
-        colorscale=colorscale,
-        zmin=zmin,
-        zmax=zmax,
+        **scale,
         hovertemplate=f"%{{y}} → %{{x}}<br>{value_name} %{{z:.4f}}<extra></extra>",
         colorbar=_colorbar(value_name, columns),  # the same legend everywhere
     )

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 
 from mhsa.causal.attribution import HeadAttribution, LogitLens
 from mhsa.causal.flow import FlowGraph, FlowNode
-from mhsa.plots.common import SIGNED_COLORSCALE, apply_layout, label
+from mhsa.plots.common import apply_layout, label, signed_scale
 
 __all__ = ["attribution_figure", "flow_figure", "logit_lens_figure"]
 
@@ -131,16 +131,12 @@ def attribution_figure(attribution: HeadAttribution) -> go.Figure:
         subplot_titles=["heads", "other components"],
         horizontal_spacing=0.3,  # room for the colour bar and the bars' names between them
     )
-    bound = float(np.abs(a.heads).max()) or 1.0
     fig.add_trace(
         go.Heatmap(
             z=a.heads.astype(np.float32),
             x=list(range(a.heads.shape[1])),
             y=list(range(a.heads.shape[0])),
-            colorscale=SIGNED_COLORSCALE,
-            zmid=0,
-            zmin=-bound,
-            zmax=bound,
+            **signed_scale(a.heads),
             colorbar={
                 "thickness": 12,
                 "title": {"text": "logit diff"},
@@ -197,7 +193,6 @@ def logit_lens_figure(lens: LogitLens) -> go.Figure:
     columns = [f"{label(tok, 16)} #{i}" for i, tok in enumerate(lens.tokens)]
     signed = lens.logit_diff is not None
     z = lens.logit_diff if signed else lens.top_probs[:, :, 0]
-    bound = float(np.abs(z).max()) or 1.0 if signed else 1.0
     heatmap = go.Heatmap(
         z=np.asarray(z, dtype=np.float32),
         x=columns,
@@ -205,10 +200,7 @@ def logit_lens_figure(lens: LogitLens) -> go.Figure:
         text=text,
         texttemplate="%{text}",
         customdata=hover,
-        colorscale=SIGNED_COLORSCALE if signed else "Blues",
-        zmid=0 if signed else None,
-        zmin=-bound if signed else 0.0,
-        zmax=bound,
+        **(signed_scale(z) if signed else {"colorscale": "Blues", "zmin": 0.0, "zmax": 1.0}),
         hovertemplate="%{y}, %{x}<br>%{customdata}<extra></extra>",
         colorbar={
             "thickness": 12,

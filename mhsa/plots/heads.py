@@ -26,6 +26,7 @@ __all__ = [
     "head_grid",
     "head_heatmap",
     "head_zoom",
+    "long_scale",
     "mark_window",
     "mean_heatmap",
     "token_focus",
@@ -55,7 +56,10 @@ def head_heatmap(
 
     At full resolution up to ``FULL_SIDE`` tokens a side; a longer input is block-averaged to
     ``FULL_SIDE`` cells (as ``downsample``), each row and column labelled with the token span it
-    averages, so that the browser is never sent millions of cells.
+    averages, so that the browser is never sent millions of cells. Over ``LONG_SIDE`` tokens a
+    side, weights spread so thin (1/n each) that a 0-to-1 scale shows an empty square: the
+    scale then ends at the mean of the rows' largest values (``long_scale``), said on the
+    colour bar.
     """
     matrix = result.attention[layer, head]
     rows, cols = result.queries, result.tokens
@@ -66,13 +70,17 @@ def head_heatmap(
         shown = f"{matrix.shape[0]}x{matrix.shape[1]}"
         note = f" ({len(result.queries)}x{len(result.tokens)} shown at {shown})"
     real_layer, real_head = result.layers[layer], result.heads[head]
+    name, zmax = values
+    if zmax is not None and max(matrix.shape) > LONG_SIDE:
+        zmax = long_scale(matrix, zmax)
+        name = f"{name} (scale to {zmax:.2g}: the rows' mean largest)"
     fig = matrix_heatmap(
         matrix,
         rows,
         cols,
         title=f"Layer {real_layer}, head {real_head}{_kind_note(result)}{note}",
-        value_name=values[0],
-        zmax=values[1],
+        value_name=name,
+        zmax=zmax,
         height=square_height(max(result.num_queries, result.num_tokens)),
         columns=columns,
         **_axis_titles(result),
@@ -82,6 +90,21 @@ def head_heatmap(
 
 #: tokens a side up to which ``head_heatmap`` draws every cell
 FULL_SIDE = 512
+#: over this many tokens a side, ``head_heatmap``'s scale ends where a row's strongest cell is
+LONG_SIDE = 128
+
+
+def long_scale(matrix: np.ndarray, top: float) -> float:
+    """The top of a long map's colour scale: the mean over rows of each row's largest value
+    (for weights, Voita et al.'s confidence; NaN left out), at most ``top`` (the values' own
+    scale, 1 for weights) and above 0: where a head looks stays dark however thin its weights
+    spread, and a uniform background stays pale."""
+    values = np.asarray(matrix, dtype=np.float64)
+    largest = np.where(np.isfinite(values), values, -np.inf).max(axis=-1)
+    largest = largest[np.isfinite(largest)]
+    if largest.size == 0:
+        return top
+    return float(min(top, max(largest.mean(), 1e-6)))
 
 
 def head_zoom(

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from mhsa.engine.result import AttentionResult
 from mhsa.heads import layer_name
-from mhsa.plots.common import apply_layout, label
+from mhsa.plots.common import apply_layout, label, signed_scale
 
 __all__ = ["head_value_grid", "importance_scatter", "layer_change_figure", "pruning_figure"]
 
@@ -27,16 +27,20 @@ def head_value_grid(
 ) -> go.Figure:
     """One value per head as a layers x heads map (``table`` as ``head_stats`` /
     ``head_importance`` give it); an invisible marker on each cell carries ``[layer, head]``
-    for clicks, and the ``marked`` heads get a cross."""
+    for clicks, and the ``marked`` heads get a cross. Values below 0 (an importance where a
+    knock-out lowers the loss) put the map on ``signed_scale``, white at 0, instead of
+    ``colorscale``."""
     grid = table.pivot(index="layer", columns="head", values=column)
     layers, heads = grid.index.to_numpy(), grid.columns.to_numpy()
     names = _layer_names(table)
+    z = grid.to_numpy(dtype=np.float32)
+    signed = bool((z[np.isfinite(z)] < 0).any())
     fig = go.Figure(
         go.Heatmap(
-            z=grid.to_numpy(dtype=np.float32),
+            z=z,
             x=heads,
             y=layers,
-            colorscale=colorscale,
+            **(signed_scale(z) if signed else {"colorscale": colorscale}),
             colorbar={"thickness": 12, "title": {"text": label(column, 20)}},
             hoverinfo="skip",
         )

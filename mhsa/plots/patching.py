@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from mhsa.plots.common import SIGNED_COLORSCALE, apply_layout, matrix_heatmap
+from mhsa.causal.patching import PatchingAgreement, patching_agreement
+from mhsa.plots.common import SIGNED_COLORSCALE, apply_layout, label, matrix_heatmap
 from mhsa.plots.roles import role_maps
 
 __all__ = ["patching_maps", "patching_positions_figure", "patching_scatter"]
@@ -34,7 +35,10 @@ def patching_maps(panels: Sequence[tuple[str, pd.DataFrame]], *, title: str) -> 
 
 def patching_scatter(exact: pd.DataFrame, attribution: pd.DataFrame, r: float) -> go.Figure:
     """Each head's effect by exact patching against attribution patching's estimate, with the
-    diagonal where they agree."""
+    diagonal where they agree, the heads that matter named (``patching_agreement``), and in
+    the title how many of them the estimate ranks alike. ``r`` (Pearson's, over every head)
+    goes on the hover of the diagonal only: with most heads near 0 it says little."""
+    agreement = patching_agreement(exact, attribution)
     joined = exact[["effect"]].join(
         attribution[["effect"]].rename(columns={"effect": "effect_attribution"})
     )
@@ -49,7 +53,8 @@ def patching_scatter(exact: pd.DataFrame, attribution: pd.DataFrame, r: float) -
                 y=[low, high],
                 mode="lines",
                 line={"color": "#999", "dash": "dot"},
-                hoverinfo="skip",
+                hovertemplate=f"where they agree (Pearson r over every head {r:.2f})"
+                "<extra></extra>",
                 name="agree",
             ),
             go.Scatter(
@@ -62,11 +67,32 @@ def patching_scatter(exact: pd.DataFrame, attribution: pd.DataFrame, r: float) -
                 "<extra></extra>",
                 name="head",
             ),
+            go.Scatter(
+                x=list(agreement.exact),
+                y=list(agreement.estimated),
+                mode="text",
+                text=[label(h) for h in agreement.heads],
+                textposition="top center",
+                hoverinfo="skip",
+                showlegend=False,
+                name="the heads that matter",
+            ),
         ]
     )
     fig.update_xaxes(title="exact patching (effect)")
     fig.update_yaxes(title="attribution patching (estimated effect)")
-    return apply_layout(fig, f"Exact against attribution, per head (Pearson r = {r:.2f})")
+    return apply_layout(fig, f"Exact against attribution: {agreement_title(agreement)}")
+
+
+def agreement_title(agreement: PatchingAgreement) -> str:
+    """How the estimate ranks the heads that matter, in a few words (the scatter's title)."""
+    k, found = len(agreement.heads), agreement.found
+    if k == 0:
+        return "no head has an exact effect"
+    if k == 1:
+        first = "ranks first by both" if found else "is not attribution's first"
+        return f"the head that matters, {agreement.heads[0]}, {first}"
+    return f"{found} of the top {k} heads ranked alike"
 
 
 def patching_positions_figure(frame: pd.DataFrame) -> go.Figure:

@@ -14,6 +14,7 @@ from mhsa.plots.common import (
     apply_layout,
     label,
     matrix_heatmap,
+    signed_scale,
     square_height,
     token_axis,
 )
@@ -42,11 +43,13 @@ def role_maps(
         horizontal_spacing=0.05,
     )
     low, high = 0.0, 1.0
+    values = []
     suffix = f": {value_name}" if signed else ""
     for i, (name, table, column) in enumerate(panels, start=1):
         grid = table.pivot(index="layer", columns="head", values=column)
         z = grid.to_numpy(dtype=np.float32)
         low, high = min(low, float(np.nanmin(z))), max(high, float(np.nanmax(z)))
+        values.append(z.ravel())
         fig.add_trace(
             go.Heatmap(
                 z=z,
@@ -64,14 +67,13 @@ def role_maps(
     fig.update_xaxes(showgrid=False)
     fig.update_yaxes(showgrid=False)
     fig.update_yaxes(title="layer", row=1, col=1)
-    fig.update_layout(
-        coloraxis={
-            "colorscale": SIGNED_COLORSCALE if signed else "Blues",
-            "cmin": -max(high, -low) if signed else low,
-            "cmax": max(high, -low) if signed else high,
-            "colorbar": {"thickness": 12, "title": {"text": value_name}},
-        }
+    scale = (
+        signed_scale(np.concatenate(values), at_least=1.0, axis=True)
+        if signed
+        else {"colorscale": "Blues", "cmin": low, "cmax": high}
     )
+    colorbar = {"thickness": 12, "title": {"text": value_name}}
+    fig.update_layout(coloraxis={**scale, "colorbar": colorbar})
     layers = max(len(table["layer"].unique()) for _, table, _ in panels)
     return apply_layout(fig, title, height=160 + 40 * layers)
 
@@ -107,9 +109,9 @@ def sink_map(
     *,
     threshold: float,
 ) -> go.Figure:
-    """Heads x key positions: the mean attention each key receives from the queries at or after
-    it (``received``, ``[heads, n]``), a cross on every position where a head sinks (above
-    ``threshold``)."""
+    """Heads x key positions: the mean attention each key receives from the queries that can
+    attend it (``received``, ``[heads, n]``, ``mhsa.attention_sinks``; NaN, left blank, where
+    too few can), a cross on every position where a head sinks (above ``threshold``)."""
     fig = matrix_heatmap(
         received,
         heads,
@@ -121,7 +123,7 @@ def sink_map(
         value_name="received",
         height=min(1400, 140 + 12 * len(heads)),
     )
-    rows, cols = np.nonzero(np.asarray(received) > threshold)
+    rows, cols = np.nonzero(np.nan_to_num(np.asarray(received), nan=0.0) > threshold)
     y, _ = token_axis(heads)
     x, _ = token_axis(tokens)
     fig.add_trace(

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 from mhsa.plots.common import apply_layout, matrix_heatmap
 
-__all__ = ["head_map_figure", "similarity_figure"]
+__all__ = ["LABEL_ROOM", "head_map_figure", "similarity_figure", "spaced_labels"]
 
 
 def similarity_figure(similarity: pd.DataFrame, order: Sequence[str] | None = None) -> go.Figure:
@@ -35,10 +35,33 @@ def similarity_figure(similarity: pd.DataFrame, order: Sequence[str] | None = No
     )
 
 
+#: a head's name is written on the map only this far (a share of the map's larger side) from
+#: every name already written; the crowded ones are named on hover
+LABEL_ROOM = 0.06
+
+
+def spaced_labels(x: np.ndarray, y: np.ndarray, names: list[str]) -> list[str]:
+    """The names to write beside the points ``(x, y)``, "" for a point too close to one
+    already named: the points farthest from the centre first (the outliers a class asks
+    about), each only ``LABEL_ROOM`` or more away from every name written before it."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    span = max(float(np.ptp(x)), float(np.ptp(y))) or 1.0
+    points = np.stack([x, y], axis=1) / span
+    order = np.argsort(-np.linalg.norm(points - points.mean(axis=0), axis=1), kind="stable")
+    shown: list[int] = []
+    for i in order:
+        if all(np.linalg.norm(points[i] - points[j]) >= LABEL_ROOM for j in shown):
+            shown.append(int(i))
+    keep = set(shown)
+    return [name if i in keep else "" for i, name in enumerate(names)]
+
+
 def head_map_figure(
     coords: pd.DataFrame, *, color: pd.Series | None = None, roles: pd.Series | None = None
 ) -> go.Figure:
-    """The 2-D map of heads; ``color`` defaults to the layer, ``roles`` shown on hover."""
+    """The 2-D map of heads; ``color`` defaults to the layer, ``roles`` shown on hover; the
+    names of heads in a crowd are left to the hover (``spaced_labels``), so that the written
+    ones stay readable."""
     colour = coords["layer"] if color is None else color.reindex(coords.index)
     hover_roles = roles.reindex(coords.index) if roles is not None else pd.Series("", coords.index)
     fig = go.Figure(
@@ -46,7 +69,7 @@ def head_map_figure(
             x=coords["x"],
             y=coords["y"],
             mode="markers+text",
-            text=list(coords.index),
+            text=spaced_labels(coords["x"], coords["y"], [str(h) for h in coords.index]),
             textposition="top center",
             textfont={"size": 9},
             marker={

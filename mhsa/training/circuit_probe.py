@@ -22,7 +22,13 @@ import torch
 from mhsa.engine.swap import OurBlock, OurPass
 from mhsa.heads import head_label, parse_head_label
 
-__all__ = ["EdgeProbe", "induction_edge_probe", "k_composition_series", "k_edge_scores"]
+__all__ = [
+    "EdgeProbe",
+    "induction_edge_probe",
+    "k_composition_series",
+    "k_edge_scores",
+    "strongest_k_edges",
+]
 
 
 @dataclass(frozen=True)
@@ -103,3 +109,26 @@ def k_composition_series(
     steps = [int(s.step) for s in with_scores]
     values = [float(s.k_edge_scores[(*sender, *receiver)]) for s in with_scores]
     return head_label(*sender), head_label(*receiver), steps, values
+
+
+def strongest_k_edges(
+    snapshots: Sequence[Any],
+) -> tuple[list[int], list[str], list[float]] | None:
+    """At each snapshot with edge scores, the K-composition edge that carries the right answer
+    most: the largest **support** ``-score`` (an EAP score below 0 is an edge whose corruption
+    lowers the logit difference), as ``(steps, edges "L0H3 → L1H3", supports)``; None without
+    edge scores. Unlike ``k_composition_series`` (the last snapshot's heads, which change while
+    a run goes on), each point says which edge it is, so a live curve never relabels itself."""
+    with_scores = [s for s in snapshots if getattr(s, "k_edge_scores", None) is not None]
+    if not with_scores:
+        return None
+    steps, edges, supports = [], [], []
+    for snapshot in with_scores:
+        support = -np.asarray(snapshot.k_edge_scores, dtype=np.float64)
+        if np.isnan(support).all():
+            continue
+        index = np.unravel_index(int(np.nanargmax(support)), support.shape)
+        steps.append(int(snapshot.step))
+        edges.append(f"{head_label(*index[:2])} → {head_label(*index[2:])}")
+        supports.append(float(support[index]))
+    return (steps, edges, supports) if steps else None

@@ -20,6 +20,14 @@ def test_a_toy_model_from_a_link_opens_on_its_example_not_unks() -> None:
     assert at.session_state["text"] == example.text
     tokens = list(at.dataframe[0].value.loc["token"])
     assert "[UNK]" not in tokens and tokens == ["[BOS]", *example.text.split()]
+    # the default sentence was nobody's: the link opens on the example without a word about it
+    assert "unknown" not in _notices(at)
+
+
+def test_a_sentence_typed_for_another_model_is_replaced_with_a_notice() -> None:
+    at = run("pages/0_Overview.py")
+    at.text_input(key="model").input("toy:induction").run()
+    assert at.session_state["text"] == model_examples("toy:induction")[0].text
     assert "The sentence was 6 of 6 unknown tokens ([UNK]) for toy:induction" in _notices(at)
 
 

@@ -180,9 +180,17 @@ def test_unknown_choice_of_another_exception_type_falls_back() -> None:
     assert at.radio(key="source").value == "pretrained"
 
 
-def test_unknown_parameters_are_ignored() -> None:
-    at = run("pages/1_Heads.py", bogus="<b>x</b>", step="3")  # step belongs to another page
+def test_another_pages_key_is_ignored_and_a_key_no_page_reads_is_named() -> None:
+    at = run("pages/1_Heads.py", step="3")  # step belongs to another page: a link's path edited
     assert not at.exception and not at.warning
+    # a key no page reads is named (issue 46: top=-5 on Circuits was ignored without a word),
+    # its value never shown, its name literally
+    at = run("pages/1_Heads.py", **{"<b>x</b>": "1", "bogus": "<b>x</b>"})
+    assert not at.exception
+    notices = [rendered(w.value)[0].strip() for w in at.warning]
+    assert "Link parameter '<b>x</b>' ignored: this page has no setting of that name." in notices
+    assert "Link parameter 'bogus' ignored: this page has no setting of that name." in notices
+    assert not rendered_tags(at) & FORBIDDEN
 
 
 def test_numbers_are_clamped_to_what_the_result_allows() -> None:
@@ -190,7 +198,10 @@ def test_numbers_are_clamped_to_what_the_result_allows() -> None:
     assert not at.exception and at.slider(key="clusters").value == 24
     step = run("pages/4_Inside_MHSA.py", step="99")  # beyond the last step of any trace
     assert not step.exception
-    assert "step='99' ignored" in rendered(step.warning[0].value)[0]
+    # moved into the walk's own range, said with that range (issue 46: not "ignored" for a range
+    # of 0 to 19 that no walk has)
+    said = rendered(step.warning[0].value)[0]
+    assert "step='99' is outside what this page can show here (0 to 13); showing 13." in said
 
 
 ROLES_PAGE = "pages/10_Head_roles.py"

@@ -1,6 +1,7 @@
 """The Lessons page and the Overview's page guide: every step's link opens a real page with
 settings it reads, names only built-in models, and (the walk) opens without an error, a refused
-link value or an unknown token."""
+link value or an unknown token, and every claim its sentence makes holds on what that page
+computed (``ui.lessons.Claim``, measured by ``ui.views.lessons``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 from tests.app.test_hostile_links import page_param_names
 from tests.app.test_pages import run
 from ui import navigation
-from ui.lessons import LESSONS, PAGE_GUIDE, step_link
+from ui.lessons import LESSONS, PAGE_GUIDE, Claim, step_link
+from ui.views.lessons import MEASURES, check_claim, claim_text
 
 STEPS = [(lesson.title, i, step) for lesson in LESSONS for i, step in enumerate(lesson.steps)]
 FILES = {page.url_path: page.file for page in navigation.PAGES}
@@ -38,6 +40,29 @@ def test_every_step_links_a_page_with_keys_it_reads_and_built_in_models(
     assert set(settings) <= set(keys), set(settings) - set(keys)
     model = settings.get("model", "default")
     assert model == "default" or model.startswith("toy:")  # offline, in the Docker image too
+
+
+def test_every_step_that_states_a_fact_carries_a_claim_the_measures_know() -> None:
+    unclaimed = {"Line_view", "Train_heads", "Patching"}  # no fact about a figure's values
+    for _, _, step in STEPS:
+        for claim in step.claims:
+            assert claim.measure in MEASURES
+            assert claim.equals is not None or claim.at_least > -1e9 or claim.at_most < 1e9
+        if step.page in unclaimed or step.says.startswith("Switch each head off"):
+            continue
+        assert step.claims, step.says
+
+
+@pytest.mark.slow
+def test_a_claim_that_the_page_contradicts_fails() -> None:
+    """The check itself can fail: the lesson 3 head that main named (L0H0, strongest on itself)
+    is not the toy's previous-token head."""
+    step = next(s for lesson in LESSONS for s in lesson.steps if "L0H3" in str(s.claims))
+    wrong = Claim("detection rank in layer", "L0H0", at_most=1)
+    holds, rank = check_claim(step, wrong)
+    assert not holds and rank > 1
+    assert claim_text(wrong).startswith("L0H0: rank in its layer")
+    assert not check_claim(step, Claim("top detected head", equals="L0H0"))[0]
 
 
 def test_the_guide_names_every_page_once_in_order() -> None:
@@ -81,3 +106,6 @@ def test_walk_every_step(lesson: str, index: int, step) -> None:
     for key, value in step.settings.items():
         if key in at.session_state and isinstance(at.session_state[key], str):
             assert at.session_state[key] == value
+    for claim in step.claims:  # measured on the values the page just computed (shared cache)
+        holds, value = check_claim(step, claim)
+        assert holds, f"{step.says!r}: {claim_text(claim)}, measured {value}"

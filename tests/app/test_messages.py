@@ -37,6 +37,46 @@ def test_patch_layer_abc_is_named_with_the_default_it_uses() -> None:
     assert "invalid literal" not in notices and "base 10" not in notices
 
 
+def _warned(at) -> str:
+    return " ".join(rendered(w.value)[0] for w in at.warning)
+
+
+def test_a_position_beyond_the_model_is_moved_with_the_models_own_range() -> None:
+    """toy:induction has 2 layers of 4 heads: ``layer=99`` moved to 1 and ``head=-3`` to 0,
+    each said with that range (main: 99 silently became the last layer and -3 was refused
+    as outside "0 and 1023")."""
+    at = run("pages/1_Heads.py", model="toy:induction", layer="99", head="-3")
+    assert not at.exception and not at.error
+    said = _warned(at)
+    assert "Link parameter layer='99' is outside what this page can show here (0 to 1); " in said
+    assert "showing 1." in said
+    assert "head='-3' is outside what this page can show here (0 to 3); showing 0." in said
+    assert "1023" not in said
+    assert (at.session_state["layer"], at.session_state["head"]) == (1, 0)
+    at.run()  # the next run: the value is the page's own now, no second warning
+    assert "outside" not in _warned(at)
+
+
+def test_a_step_beyond_the_walk_names_its_steps() -> None:
+    at = run("pages/4_Inside_MHSA.py", step="999")
+    said = _warned(at)
+    assert "step='999' is outside what this page can show here (0 to 13); showing 13." in said
+    assert "19" not in said and at.session_state["step"] == 13
+
+
+def test_a_reason_ends_once() -> None:
+    said = _warned(run("pages/9_Train_heads.py", steps="-1"))
+    assert "ignored (steps must be a whole number between 1 and 5000, got -1); using" in said
+    assert ".)" not in said
+
+
+def test_a_link_key_no_setting_reads_is_named() -> None:
+    said = _warned(run("pages/13_Circuits.py", top="-5"))
+    assert "Link parameter 'top' ignored: this page has no setting of that name." in said
+    assert "circuit_n" not in said  # the page's own keys are not listed as unknown
+    assert "ignored" not in _warned(run("pages/13_Circuits.py", circuit_n="5", embed="true"))
+
+
 def test_a_refused_flag_and_choice_name_their_defaults() -> None:
     at = run("pages/1_Heads.py", words="maybe", view="sideways")
     notices = " ".join(rendered(w.value)[0] for w in at.warning)

@@ -106,7 +106,9 @@ def test_heads_page_selection_from_url_and_bad_values() -> None:
     bad = run("pages/1_Heads.py", layer="-4", head="many")
     assert not bad.exception
     warnings = " ".join(rendered(w.value)[0] for w in bad.warning)
-    assert "layer='-4' ignored" in warnings and "head='many' ignored" in warnings
+    # a number outside the model's layers is moved into them and says so (issue 46)
+    assert "layer='-4' is outside what this page can show here (0 to 5); showing 0." in warnings
+    assert "head='many' ignored" in warnings
     assert bad.number_input(key="layer").value == 0
 
 

@@ -64,10 +64,24 @@ def test_default_model_shows_exact_and_attribution_beside_each_other(minilm) -> 
     gap = (exact["effect"] - attribution["effect"]).abs()
     worst = gap.idxmax()
     said = (
-        f"largest disagreement: {worst}, {exact.at[worst, 'effect']:.2f} exact against "
-        f"{attribution.at[worst, 'effect']:.2f} by attribution"
+        f"The largest disagreement: {worst}, {exact.at[worst, 'effect']:.2f} exact against "
+        f"{attribution.at[worst, 'effect']:.2f} estimated."
     )
     assert any(said in rendered(c.value)[0] for c in at.caption), [c.value for c in at.caption]
+    # and first how the estimate ranks and sizes the heads that matter, counted here by hand
+    size = exact["effect"].abs()
+    top = [h for h in size.sort_values(ascending=False).index if size[h] >= 0.1 * size.max()][:5]
+    theirs = set(attribution["effect"].abs().sort_values(ascending=False).index[: len(top)])
+    found = sum(h in theirs for h in top)
+    lead = f"attribution ranks {found} among its own top {len(top)}: {top[0]} "
+    assert any(lead in rendered(c.value)[0] for c in at.caption)
+    title = next(t for t in charts(at) if t.startswith("Exact against attribution"))
+    if len(top) == 1:  # MiniLM: only L5H11's effect is 10% of the largest or more
+        first = "ranks first by both" if found else "is not attribution's first"
+        assert title == f"Exact against attribution: the head that matters, {top[0]}, {first}"
+    else:
+        ranked = f"{found} of the top {len(top)} heads ranked alike"
+        assert title == f"Exact against attribution: {ranked}"
     # the per-position view opens on the layer of the largest exact effect (MiniLM: not 0)
     strongest = int(exact["layer"][exact["effect"].abs().idxmax()])
     assert strongest != 0 and at.number_input(key="patch_layer").value == strongest
@@ -146,7 +160,7 @@ PATCH_LINKS = {
     "pair": ["y" * 100_001],
     "patch_mode": ["fast", "BOTH", "[both](https://e.org)"],
     "patch_what": ["out", "Z", "hook_z", "<script>z</script>"],
-    "patch_layer": ["-1", "1e309", "nan", "99999999999999999999", "0x1F"],
+    "patch_layer": ["1e309", "nan", "99999999999999999999", "0x1F"],  # -1: clamped, below
 }
 
 
@@ -166,6 +180,11 @@ def test_a_layer_beyond_the_model_is_clamped() -> None:
     assert not at.exception
     assert at.number_input(key="patch_layer").value == 5
     assert any(t.startswith("Layer 5: each head") for t in charts(at))
+    # below the model's layers: moved to its first, the range said (issue 46)
+    low = run(patch_layer="-1")
+    assert low.number_input(key="patch_layer").value == 0
+    said = " ".join(rendered(w.value)[0] for w in low.warning)
+    assert "patch_layer='-1' is outside what this page can show here (0 to 5); showing 0." in said
 
 
 @pytest.mark.parametrize(("name", "text", "expected"), CASES, ids=[c[0] for c in CASES])

@@ -77,6 +77,8 @@ def test_page_renders_every_section_on_the_embedded_model() -> None:
     sinks = mhsa.attention_sinks(mhsa.attend(CAT))
     metric = next(m for m in at.metric if m.label.startswith("Heads that sink"))
     assert metric.value == f"{sinks.share:.0%}"
+    note = next(c.value for c in at.caption if "sinks on a position" in c.value)
+    assert "from every query" in note and f"{sinks.first_share:.0%} of the heads" in note
 
 
 @pytest.mark.parametrize(

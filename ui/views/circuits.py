@@ -195,10 +195,15 @@ def path_patched(
 EDGES_SHOWN = 500
 
 
-def edge_table(scores: pd.DataFrame) -> pd.DataFrame:
-    """Every edge, largest |score| first, with its rank (1 = the largest): the CSV."""
+def edge_table(scores: pd.DataFrame, output: str = "logits") -> pd.DataFrame:
+    """Every edge, largest |score| first, with its rank (1 = the largest) and its support
+    (``-score``: above 0 when the edge carries the clean answer, as the graph colours it):
+    the CSV. ``output``: what the graph calls its ``logits`` node (an encoder's: the last
+    hidden state), the name the table uses too."""
     table = top_edges(scores, len(scores)).reset_index(drop=True)
     table.insert(0, "rank", range(1, len(table) + 1))
+    table["support"] = -table["score"]
+    table["target"] = table["target"].replace("logits", output)
     return table
 
 

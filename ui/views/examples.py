@@ -54,8 +54,9 @@ def _use(example: Example) -> None:
 def fit_sentence_to_model() -> None:
     """On a session's first page (unless its link carries a sentence) and whenever the
     sidebar's model changes: a sentence the model cannot read (over half unknown tokens) is
-    replaced by the model's first example, with a notice saying so. Call before the sidebar's
-    widgets are drawn."""
+    replaced by the model's first example, with a notice saying so when the sentence was the
+    user's (not on a first page, whose default sentence nobody typed). Call before the
+    sidebar's widgets are drawn."""
     state = st.session_state
     model = state["model"].strip() or "default"
     if state.get(_FITTED) == model:
@@ -70,6 +71,8 @@ def fit_sentence_to_model() -> None:
     if found is None or not found.mostly_unknown:
         return
     _use(examples[0])
+    if first:  # a link that names the model and no sentence: the example is the opening
+        return
     add_notice(
         f"The sentence was {found.unknown} of {found.total} unknown tokens ({found.token}) for "
         f"{model}: the sidebar now holds the model's own example (its other examples are "
@@ -115,9 +118,12 @@ def unknown_notice(model: str, device: str, text: str) -> None:
         f"(shown as {found.token}): the model sees one placeholder for each of them."
     )
     if found.mostly_unknown:
-        st.warning(md_escape(message + " What it shows says little about the sentence."), icon="⚠️")
+        st.warning(
+            md_escape(message + " What it shows says little about the sentence."),
+            icon=":material/warning:",
+        )
     else:
-        st.info(md_escape(message), icon="ℹ️")
+        st.info(md_escape(message), icon=":material/info:")
     examples = model_examples(model)
     if examples:
         st.button(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import streamlit as st
 
 import mhsa
-from ui.core import LIMITS
+from ui.core import LIMITS, Query, loaded_model
 from ui.state import clamp, md_escape
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "focused_layer",
     "materialised_note",
     "selection_inputs",
+    "selection_reads_more",
     "zoom_window",
 ]
 
@@ -39,8 +40,8 @@ def selection_inputs() -> None:
     with st.expander("Long inputs", expanded=bool(state["long_layers"] or state["long_heads"])):
         st.caption(
             f"Over {LIMITS.max_tokens} tokens, or over this server's attention budget "
-            f"({LIMITS.max_attention_mb:,} MB), choose what to compute: every other layer "
-            "runs a fused kernel and keeps nothing."
+            f"({LIMITS.max_attention_mb:,} MB), choose what to compute: the other layers "
+            "are still computed, the fast way that keeps no attention weights."
         )
         st.text_input(
             "Layers", key="long_layers", max_chars=200, help="As 2, or 0-3,8. Empty: all."
@@ -48,10 +49,21 @@ def selection_inputs() -> None:
         st.text_input("Heads", key="long_heads", max_chars=200, help="As 0-7. Empty: all.")
 
 
+def selection_reads_more(result: mhsa.AttentionResult, query: Query) -> bool:
+    """Whether choosing layers and heads (``HINT``) would show more of a cut text: only when
+    this server's token limit cut it and the model itself reads more positions than that
+    (MiniLM reads 512, this server's usual limit: a selection would be cut at the same place,
+    so the advice is not given)."""
+    if result.is_partial or result.num_tokens < LIMITS.max_tokens:
+        return False
+    positions = loaded_model(query.model, query.device).max_positions
+    return positions is None or positions > LIMITS.max_tokens
+
+
 def ask_when_over_budget(error: Exception) -> None:
     """After an error that a selection of layers and heads would avoid, say how."""
     if "MHSA_MAX_ATTENTION_MB" in str(error):
-        st.info(HINT, icon="✂️")
+        st.info(HINT, icon=":material/content_cut:")
 
 
 def materialised_note(result: mhsa.AttentionResult) -> str | None:
@@ -70,7 +82,7 @@ def _real(key: str, ids: list[int], what: str) -> int:
         st.warning(
             f"{what.capitalize()} {md_escape(str(value))} was not materialised (this result "
             f"holds {what}s {md_escape(', '.join(map(str, ids)))}): showing {what} {ids[0]}.",
-            icon="⚠️",
+            icon=":material/warning:",
         )
         st.session_state[key] = value = ids[0]
     return value
@@ -133,7 +145,7 @@ def zoom_window(result: mhsa.AttentionResult, key: str = "zoom") -> tuple[int, i
         st.warning(
             f"Zoom start {md_escape(str(value))} is outside 0 to {last}: starting at "
             f"{min(max(value, 0), last) if isinstance(value, int) else 0}.",
-            icon="⚠️",
+            icon=":material/warning:",
         )
         st.session_state[key] = min(max(value, 0), last) if isinstance(value, int) else 0
     st.number_input(

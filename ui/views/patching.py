@@ -91,6 +91,25 @@ class PatchingView:
             float(joined.at[head, "effect_attribution"]),
         )
 
+    def agreement_line(self) -> str:
+        """How well attribution ranks and sizes the heads that matter
+        (``mhsa.causal.patching.patching_agreement``), then the largest disagreement and
+        Pearson's r over every head, said for what it is. Both tables needed."""
+        assert self.exact is not None and self.attribution is not None
+        agreement = mhsa.causal.patching.patching_agreement(self.exact, self.attribution)
+        gap = self.largest_disagreement()
+        worst = (
+            f" The largest disagreement: {gap[0]}, {gap[1]:.2f} exact against {gap[2]:.2f} "
+            "estimated."
+            if gap is not None
+            else ""
+        )
+        return (
+            f"{agreement.summary()}{worst} Pearson r over all {len(self.exact)} heads is "
+            f"{self.correlation:.2f}; with most heads near 0 it says little about the few "
+            "that matter. The dotted line is where the two agree."
+        )
+
     def plain_table(self) -> pd.DataFrame:
         """``table`` with its columns named in plain words, for the page (``PLAIN_COLUMNS``)."""
         return self.table().rename(columns=PLAIN_COLUMNS)

@@ -114,8 +114,12 @@ the first token, **exclude the current token** attention to the query itself.
 vocabulary, repeated once; a head scores its mean attention from each token of the repeat to
 the token after its first occurrence.
 
-**Attention sinks**: the mean attention a key receives from the queries at or after it; a head
-sinks on a key when that exceeds the threshold (Gu et al. 2025).
+**Attention sinks** (Gu et al. 2025, who measure the first token): the mean attention a
+position receives from the queries that can attend it; a head sinks on a position when that
+exceeds the threshold. In an encoder every query attends every key, so the mean is over all of
+them; in a causal model only the queries at or after a position can, so the mean is over those,
+and a position is measured only where at least four queries can attend it (the last token's
+"mean" would be one query's weight on itself).
 
 **Composition** (weights only, no text): how much a later head's queries (Q), keys (K) or
 values (V) read what an earlier head writes: ‖W_A W_B‖_F / (‖W_A‖_F ‖W_B‖_F) with the heads'
@@ -267,12 +271,32 @@ def top_heads(scores: pd.DataFrame, column: str, count: int) -> list[tuple[int, 
 class SinkView(NamedTuple):
     """The attention sinks of a sentence, laid out for the page (``mhsa.attention_sinks``)."""
 
-    received: np.ndarray  # [heads, n]: mean attention each key receives from later queries
+    received: np.ndarray  # [heads, n]: mean attention each key receives (NaN: not measured)
     heads: list[str]
     tokens: list[str]
     share: float  # of heads sinking on at least one position
     first_share: float  # of heads sinking on the first token
     threshold: float
+    causal: bool  # each position measured over the queries at or after it
+
+    @property
+    def shown(self) -> str:
+        """The share of sinking heads as the page's metric shows it."""
+        return f"{self.share:.0%}"
+
+    def note(self) -> str:
+        """What the map's values are, and Gu et al.'s own measure (the first token's)."""
+        over = (
+            "the queries at or after it (only they can attend it in a causal model), where at "
+            f"least {roles.SINK_MIN_QUERIES} can: the last positions are left blank"
+            if self.causal
+            else "every query (in an encoder every query attends every key)"
+        )
+        return (
+            f"Each position's mean attention from {over}; a head sinks on a position that "
+            f"gets more than {self.threshold:g} on average. On the first token, as Gu et al. "
+            f"2025 measure it: {self.first_share:.0%} of the heads sink."
+        )
 
 
 def attention_sinks(query: Query) -> SinkView:
@@ -290,6 +314,7 @@ def attention_sinks(query: Query) -> SinkView:
             sinks.share,
             sinks.first_share,
             sinks.threshold,
+            sinks.causal,
         )
 
     return shared(key, compute)
