@@ -41,7 +41,7 @@ INTRO = (
 
 def _notice(message: str) -> None:
     """A link value that does not apply here, and what is shown instead (literally)."""
-    st.warning(md_escape(message), icon="⚠️")
+    st.warning(md_escape(message), icon=":material/warning:")
 
 
 def _choose_atlas(model: str) -> mhsa.Atlas | None:
@@ -73,7 +73,7 @@ def _build_offer(model: str) -> None:
         f"This server holds no atlas of {model!r} yet. Build one here (on "
         f"{views.BUILD_SENTENCES:,} sentences of the Brown Corpus; toy models on their task), "
         "or on the command line: python -m mhsa atlas build --default",
-        icon="ℹ️",
+        icon=":material/info:",
     )
     if st.button("Build an atlas of this model", key="atlas-build"):
         st.session_state["_atlas_build"] = model
