@@ -111,9 +111,9 @@ def reads(folder: Path, count: int) -> dict[str, float]:
         pos = int(rng.integers(0, n))
         approx = atlas.similar(text, pos, k=10)
         token = int(atlas.offsets[text]) + pos
-        from mhsa.atlas.index import exact_neighbours, rows_of
+        from mhsa.atlas.index import exact_neighbours
 
-        query = rows_of(atlas.z, np.array([token]))[0]
+        query = atlas.z.rows(np.array([token]))[0]
         exact, _ = exact_neighbours(atlas.z, None, query, 10, token)
         got = set(atlas.offsets[approx.text_id.to_numpy()] + approx.position.to_numpy())
         recall.append(len(got & set(exact.tolist())) / 10)

@@ -90,6 +90,9 @@ SIGNED = {
     "head_value_grid": lambda: plots.head_value_grid(
         _heads_table(SKEWED, "importance"), "importance", title="t"
     ),
+    "copying_figure": lambda: plots.copying_figure(
+        pd.Series(SKEWED.reshape(-1), index=[f"L{i // 4}H{i % 4}" for i in range(SKEWED.size)])
+    ),
 }
 #: figure functions that draw no map of signed values (weights, shares, counts, curves), and
 #: helpers that draw nothing of their own; circuit_figure's edges are checked below
@@ -102,6 +105,8 @@ UNSIGNED = {
     "patching_scatter", "probe_mosaic",
     "pruning_figure", "rollout_figure", "similarity_figure", "sink_map", "snapshot_history",
     "snapshot_scores", "stat_grid", "token_focus", "training_curves",
+    "atlas_histogram", "example_heatmap", "positional_figure", "clickable_cells",
+    "qk_terms_figure",  # bars from 0, not a map
 }  # fmt: skip
 
 

@@ -260,6 +260,7 @@ PAGE_GUIDE: tuple[tuple[str, str], ...] = (
     ("Lessons", "short lessons, each step a link that opens a page set up for it"),
     ("Heads", "one head's attention as a heatmap; every head of a layer; a token's focus"),
     ("Line_view", "the same weights as lines between tokens"),
+    ("Head_atlas", "one head over a whole corpus: its strongest pairs, samples and a search"),
     ("Inside_MHSA", "one head's computation step by step, from X to the output"),
     ("Head_statistics", "every head measured: entropy, distance, previous / next / self"),
     ("Head_similarity", "which heads look alike, as a map and clusters"),

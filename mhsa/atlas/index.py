@@ -6,7 +6,8 @@ steps from the corpus's minimum to its maximum, so every stored value is within 
 the model's; 1,152 bytes per token for MiniLM's 72 heads of 32 dimensions, against 4,608 in
 float16). Over one head or a few, search is exhaustive over the stored values. Over every head
 at once (exBERT's concatenation) it is exhaustive too up to ``EXACT_UP_TO`` tokens; above, a
-faiss inverted file with product quantisation (``IndexIVFPQ``) proposes ``RERANK`` candidates
+faiss inverted file with product quantisation (``IndexIVFPQ``, 12 dimensions a byte) proposes
+``RERANK`` candidates
 per result, re-ranked on the stored values (its recall@10 against exhaustive search:
 ``bench/bench_atlas.py`` and the tests).
 """
@@ -25,7 +26,7 @@ __all__ = ["EXACT_UP_TO", "ZCodes", "build_index", "exact_neighbours", "search_i
 #: atlases up to this many tokens are searched exhaustively over every head
 EXACT_UP_TO = 50_000
 #: candidates the approximate index proposes per result, re-ranked on the stored values
-RERANK = 20
+RERANK = 300
 #: rows decoded at a time (memory stays flat)
 CHUNK = 16_384
 LEVELS = 15  # 4 bits: codes 0..15
@@ -83,7 +84,7 @@ def build_index(z: ZCodes, folder: Path) -> dict[str, Any]:
         return {"kind": "exact", "lists": 0, "dims": dims}
     import faiss
 
-    lists = int(min(4096, max(16, 4 * math.sqrt(n))))
+    lists = int(min(1024, max(16, 2 * math.sqrt(n))))
     index = faiss.IndexIVFPQ(
         faiss.IndexFlatIP(dims), dims, lists, _subquantizers(dims), 8, faiss.METRIC_INNER_PRODUCT
     )
@@ -96,9 +97,9 @@ def build_index(z: ZCodes, folder: Path) -> dict[str, Any]:
 
 
 def _subquantizers(dims: int) -> int:
-    """PQ sub-vectors of about 24 dimensions (a divisor of ``dims``): 96 bytes a token for
+    """PQ sub-vectors of about 12 dimensions (a divisor of ``dims``): 192 bytes a token for
     MiniLM's 2,304."""
-    for m in range(max(1, dims // 24), dims + 1):
+    for m in range(max(1, dims // 12), dims + 1):
         if dims % m == 0:
             return m
     return dims

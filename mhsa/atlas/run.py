@@ -173,7 +173,30 @@ def _on_ray(
     local build writes them."""
     from mhsa.corpus.distributed import connect
 
+    try:
+        import ray as ray_module
+
+        started = not ray_module.is_initialized()  # an instance of ours: shut down at the end
+    except ImportError:  # connect says how to install it
+        started = False
     ray = connect(None)
+    try:
+        _run_actors(ray, plan, texts, folder, todo, workers, report)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _run_actors(
+    ray: Any,
+    plan: AtlasPlan,
+    texts: list[str],
+    folder: Path,
+    todo: list[int],
+    workers: int,
+    report: _Report,
+) -> None:
+    """A pool of ``workers`` actors, each given the next shard as it finishes one."""
 
     @ray.remote
     class ShardActor:

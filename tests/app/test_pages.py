@@ -261,9 +261,12 @@ def test_sidebar_state_round_trips_through_the_url() -> None:
 
 #: the pages that show the sidebar's sentence (Train heads shows a model it trains; Patching
 #: and Circuits their own clean and corrupted texts, hostile-tested in test_patching_page.py
-#: and test_circuits_page.py; Lessons runs no model, its links tested in test_lessons.py)
+#: and test_circuits_page.py; Lessons runs no model, its links tested in test_lessons.py; the
+#: Head atlas a corpus, its links' hostile values in test_atlas_page.py and test_hostile_links)
 SENTENCE_PAGES = [
-    p for p in PAGES if not any(n in p for n in ("Train_heads", "Patching", "Circuits", "Lessons"))
+    p
+    for p in PAGES
+    if not any(n in p for n in ("Train_heads", "Patching", "Circuits", "Lessons", "Head_atlas"))
 ]
 
 

@@ -166,11 +166,15 @@ def copying_scores(query: Query) -> pd.Series:
 
 def top_tokens(query: Query, head: str, k: int = 5) -> pd.DataFrame:
     """``mhsa.ov_top_tokens`` of ``head`` (the common tokens), one row per input token with
-    its top outputs joined."""
+    its top outputs joined; special tokens (``[PAD]``, ``[UNK]``...) left out on both sides,
+    the library's rows of the rest kept in order."""
 
     def compute() -> pd.DataFrame:
         lm = loaded_model(query.model, query.device)
-        frame = mhsa.ov_top_tokens(head, lm, k=k)
+        specials = set(lm.tokenizer.all_special_tokens)
+        frame = mhsa.ov_top_tokens(head, lm, k=k + len(specials))
+        frame = frame[~frame["output"].isin(specials) & ~frame["input"].isin(specials)]
+        frame = frame.groupby("input", sort=False).head(k)
         joined = frame.groupby("input", sort=False).agg(
             outputs=("output", " ".join), copies=("copies", "any"), best=("score", "max")
         )
