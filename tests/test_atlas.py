@@ -300,28 +300,6 @@ def test_a_build_killed_halfway_resumes_to_the_same_atlas(tmp_path) -> None:
     assert not (out / ".shards").exists()
 
 
-def test_ray_build_equals_the_local_one(tmp_path) -> None:
-    texts = task_corpus("induction", count=12, seed=7)
-    local = tmp_path / "local"
-    build_atlas(texts, local, model="toy:induction", top_k=4, progress=False, shard_texts=3)
-    on_ray = tmp_path / "ray"
-    atlas = build_atlas(
-        texts,
-        on_ray,
-        model="toy:induction",
-        top_k=4,
-        progress=False,
-        shard_texts=3,
-        ray=True,
-        workers=2,
-    )
-    assert atlas.manifest["ray"] is True
-    _same(local, on_ray, exact=False)
-    assert open_atlas(local).top("L1H0", 4).equals(atlas.top("L1H0", 4)) or np.allclose(
-        open_atlas(local).top("L1H0", 4).weight, atlas.top("L1H0", 4).weight, atol=1e-4
-    )
-
-
 def test_bad_input_gets_one_clear_message_and_writes_nothing(tmp_path, minilm_atlas) -> None:
     atlas, _ = minilm_atlas
     with pytest.raises(mhsa.InputError, match="holds no text"):

@@ -109,3 +109,30 @@ def test_cluster_addresses_are_checked_before_ray_waits_on_them(monkeypatch) -> 
     monkeypatch.setattr(socket, "create_connection", refuse)
     for address in [None, "", "auto", "local"]:
         check_reachable(address)  # a new local instance, or Ray's own lookup
+
+
+def test_an_atlas_built_on_ray_equals_the_local_one(local_ray, tmp_path) -> None:
+    """The head atlas's shards computed by two Ray actors (on the module's instance) give the
+    local build's atlas (``mhsa.atlas``; floats within rounding: other threads)."""
+    from mhsa.atlas import build_atlas, open_atlas
+    from mhsa.atlas.corpora import task_corpus
+    from tests.test_atlas import _same
+
+    texts = task_corpus("induction", count=12, seed=7)
+    local = tmp_path / "local"
+    build_atlas(texts, local, model="toy:induction", top_k=4, progress=False, shard_texts=3)
+    on_ray = tmp_path / "ray"
+    atlas = build_atlas(
+        texts,
+        on_ray,
+        model="toy:induction",
+        top_k=4,
+        progress=False,
+        shard_texts=3,
+        ray=True,
+        workers=2,
+    )
+    assert atlas.manifest["ray"] is True
+    _same(local, on_ray, exact=False)
+    mine, theirs = open_atlas(local).top("L1H0", 4), atlas.top("L1H0", 4)
+    assert mine[["text_id", "query", "key"]].equals(theirs[["text_id", "query", "key"]])
