@@ -84,12 +84,14 @@ def build_index(z: ZCodes, folder: Path) -> dict[str, Any]:
         return {"kind": "exact", "lists": 0, "dims": dims}
     import faiss
 
-    lists = int(min(1024, max(16, 2 * math.sqrt(n))))
+    lists = int(min(256, max(16, math.sqrt(n))))
     index = faiss.IndexIVFPQ(
         faiss.IndexFlatIP(dims), dims, lists, _subquantizers(dims), 8, faiss.METRIC_INNER_PRODUCT
     )
     rng = np.random.default_rng(0)
-    index.train(z.rows(np.sort(rng.choice(n, size=min(n, 64 * lists), replace=False))))
+    # 40 points a list (faiss asks for 39): the training set, and the build's peak memory,
+    # stop growing at 10,240 rows
+    index.train(z.rows(np.sort(rng.choice(n, size=min(n, 40 * lists), replace=False))))
     for start in range(0, n, CHUNK):
         index.add(z.rows(slice(start, min(n, start + CHUNK))))
     faiss.write_index(index, str(folder / "index.faiss"))
