@@ -26,7 +26,7 @@ __all__ = ["EXACT_UP_TO", "ZCodes", "build_index", "exact_neighbours", "search_i
 #: atlases up to this many tokens are searched exhaustively over every head
 EXACT_UP_TO = 50_000
 #: candidates the approximate index proposes per result, re-ranked on the stored values
-RERANK = 300
+RERANK = 500
 #: rows decoded at a time (memory stays flat)
 CHUNK = 16_384
 LEVELS = 15  # 4 bits: codes 0..15
