@@ -29,7 +29,7 @@ PARAMS = {
     "atlas_query": Param("", word_param),
     "atlas_key": Param("", word_param),
     "atlas_offset": Param("", word_param),
-    "atlas_position": Param(0, bounded_int(0, 4095)),
+    "atlas_position": Param(-1, bounded_int(-1, 4095)),  # -1: the example's query token
 }
 INTRO = (
     "A head over a whole corpus, not one sentence: its strongest (query, key) pairs, samples, "
@@ -133,17 +133,20 @@ def _examples(atlas: mhsa.Atlas, name: str, head: str) -> None:
         layer, h = mhsa.parse_head_label(head)
         if st.button("Open this text in Heads", key="atlas-open"):
             page.open_text_head(atlas.text(int(row.text_id)), layer, h)
-        st.number_input(
-            "Token (position) for similar contexts",
-            0,
-            len(atlas.text_tokens(int(row.text_id))) - 1,
+        tokens = atlas.text_tokens(int(row.text_id))
+        if not -1 <= st.session_state["atlas_position"] < len(tokens):
+            st.session_state["atlas_position"] = -1
+        st.selectbox(
+            "Token for similar contexts",
+            range(-1, len(tokens)),
             key="atlas_position",
+            format_func=lambda i: "the example's query" if i < 0 else f"{i}: {tokens[i]}",
         )
-    _similar(atlas, head, int(row.text_id))
+    chosen = st.session_state["atlas_position"]
+    _similar(atlas, head, int(row.text_id), int(row["query"]) if chosen < 0 else chosen)
 
 
-def _similar(atlas: mhsa.Atlas, head: str, text_id: int) -> None:
-    position = min(st.session_state["atlas_position"], len(atlas.text_tokens(text_id)) - 1)
+def _similar(atlas: mhsa.Atlas, head: str, text_id: int, position: int) -> None:
     token = atlas.text_tokens(text_id)[position]
     st.caption(
         md_escape(
