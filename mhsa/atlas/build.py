@@ -435,9 +435,6 @@ def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, e
     shutil.rmtree(work, ignore_errors=True)
 
 
-_LM_CACHE: dict[str, Any] = {}
-
-
 def _vocabulary(plan: AtlasPlan, token_ids: np.ndarray) -> dict[str, str]:
     """Every token id of the atlas with its string as ``mhsa.attend`` shows it."""
     lm = get_model(plan.model)

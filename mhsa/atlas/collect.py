@@ -162,8 +162,8 @@ class BatchLayout:
         induction[:, :, 1:] = duplicate[:, :, :-1]
         induction &= torch.ones(t, t, dtype=torch.bool).tril()
         previous = (self.offset == -1)[None] & pair
-        self.patterns = [p.float() for p in (previous, duplicate, induction)]  # as DETECTORS
-        self.pattern_columns = torch.stack([p.reshape(p.shape[0], -1) for p in self.patterns], -1)
+        patterns = (previous, duplicate, induction)  # as DETECTORS
+        self.pattern_columns = torch.stack([p.flatten(1).float() for p in patterns], -1)
         self.valid_float = pair.float()
         self.ranked_count = int(self.ranked_pair.sum())
         self.offset_bin = self.offset.clamp(-MAX_OFFSET, MAX_OFFSET) + MAX_OFFSET  # [T, T]

@@ -96,7 +96,7 @@ def build_atlas(
         _start(folder, plan, resume)
         start = time.perf_counter()
         todo = [s for s in range(plan.shards) if not shard_path(folder, s).exists()]
-        report = _reporter(progress, plan)
+        report = _Report(progress, plan)
         report(plan.shards - len(todo))
         if ray:
             _on_ray(plan, texts, folder, todo, workers, report)
@@ -160,10 +160,6 @@ class _Report:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-
-
-def _reporter(progress: bool | Progress, plan: AtlasPlan) -> _Report:
-    return _Report(progress, plan)
 
 
 def _on_ray(
