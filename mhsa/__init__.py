@@ -23,7 +23,7 @@ from mhsa.analysis.weights import (
     ov_top_tokens,
     qk_positional_scores,
 )
-from mhsa.atlas import Atlas, build_atlas, open_atlas
+from mhsa.atlas import Atlas, AtlasParts, build_atlas, open_atlas
 from mhsa.causal.attribution import HeadAttribution, LogitLens, head_attribution, logit_lens
 from mhsa.causal.flow import FlowGraph, information_flow
 from mhsa.causal.importance import Ablation, ablate, head_importance
@@ -126,6 +126,7 @@ __all__ = [
     "TASKS",
     "Ablation",
     "Atlas",
+    "AtlasParts",
     "AttentionResult",
     "AttentionSinks",
     "CircuitGraph",

@@ -212,6 +212,7 @@ def _composition(query: Query) -> None:
     if state["role_head"] not in labels:  # none yet, or one this model lacks: as clamp does
         state["role_head"] = labels[-1]
     st.selectbox("Head", labels, key="role_head")
+    page.atlas_button(state["role_head"], key="role-to-atlas")
     page.table(
         role_views.strongest_inputs(query, state["role_head"]),
         f"inputs-{state['role_head']}",

@@ -130,10 +130,9 @@ def _examples(atlas: mhsa.Atlas, name: str, head: str) -> None:
         )
     with right:
         st.text(atlas.text(int(row.text_id)))
-        layer, h = mhsa.parse_head_label(head)
         if st.button("Open this text in Heads", key="atlas-open"):
-            page.open_text_head(atlas.text(int(row.text_id)), layer, h)
-        tokens = atlas.text_tokens(int(row.text_id))
+            page.open_text_head(atlas.text(int(row.text_id)), head)
+        tokens = atlas.text_tokens(int(row.text_id), head)
         if not -1 <= st.session_state["atlas_position"] < len(tokens):
             st.session_state["atlas_position"] = -1
         st.selectbox(
@@ -147,7 +146,7 @@ def _examples(atlas: mhsa.Atlas, name: str, head: str) -> None:
 
 
 def _similar(atlas: mhsa.Atlas, head: str, text_id: int, position: int) -> None:
-    token = atlas.text_tokens(text_id)[position]
+    token = atlas.text_tokens(text_id, head)[position]
     st.caption(
         md_escape(
             f"Contexts whose {head} output is nearest token {position} "

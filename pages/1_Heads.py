@@ -168,8 +168,7 @@ with page.run("Heads", PARAMS, kinds=True) as query:
         fig = plots.clickable_cells(fig)
         page.figure(fig, f"{name}-{view}", key="head-large", selection_mode="points", **clicks)
         head_weights.why_here_panel(query, result, result.layers[layer], result.heads[head])
-    if st.button(f"Open {name} in the atlas (the head over a whole corpus)", key="to-atlas"):
-        page.open_in_atlas(name)
+    page.atlas_button(name, key="to-atlas")
     if window is not None:
         page.figure(
             plots.head_zoom(result, layer, head, *window, values=values),

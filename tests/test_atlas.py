@@ -22,6 +22,7 @@ from mhsa.analysis.roles import detection_pattern, detection_scores
 from mhsa.atlas import build_atlas, open_atlas
 from mhsa.atlas.collect import pair_hash
 from mhsa.atlas.corpora import clean_brown_line, task_corpus
+from mhsa.heads import parse_layer_head_label
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = [
@@ -240,6 +241,101 @@ def test_gpt2_top_and_truncation(tmp_path, tiny_gpt2_path) -> None:
     assert len(brute[5]["tokens"]) == 64
     _check_top(atlas, brute, "L1H2", "weight", 4)
     assert atlas.text_tokens(5) == brute[5]["tokens"]
+
+
+def _seq2seq_brute(texts: list[str], model: str) -> dict[str, list[dict]]:
+    """Per part ("encoder", "decoder") and text: the model's own eager attention from
+    ``mhsa.attend(engine="transformers")`` and the value norms ``||v_j^h W_O^h||`` of its own
+    ``v_proj`` outputs (forward hooks on BART's modules) and ``out_proj`` weights."""
+    lm = mhsa.get_model(model)
+    stacks = {"encoder": lm.model.encoder.layers, "decoder": lm.model.decoder.layers}
+    out: dict[str, list[dict]] = {"encoder": [], "decoder": []}
+    for text in texts:
+        got: dict[str, list[torch.Tensor]] = {"encoder": [], "decoder": []}
+        hooks = [
+            layer.self_attn.v_proj.register_forward_hook(
+                lambda _m, _i, v, kept=got[part]: kept.append(v[0].detach().float())
+            )
+            for part, layers in stacks.items()
+            for layer in layers
+        ]
+        try:
+            r = mhsa.attend(text, model=lm, engine="transformers", max_tokens=512)
+        finally:
+            for h in hooks:
+                h.remove()
+        for part, attention, tokens in (
+            ("encoder", r.attention, r.tokens),
+            ("decoder", r.decoder_attention, r.decoder_tokens),
+        ):
+            norms = []
+            for layer, v in zip(stacks[part], got[part], strict=True):
+                heads, w_o = layer.self_attn.num_heads, layer.self_attn.out_proj.weight.float()
+                dh = v.shape[-1] // heads
+                per = [
+                    (v[:, h * dh : (h + 1) * dh] @ w_o[:, h * dh : (h + 1) * dh].T).norm(dim=-1)
+                    for h in range(heads)
+                ]
+                norms.append(torch.stack(per).detach().numpy())  # [H, n]: per key
+            norm = np.stack(norms)[:, :, None, :] * attention  # [L, H, n, n]
+            out[part].append(
+                {"a": attention, "n": norm, "tokens": list(tokens), "causal": part == "decoder"}
+            )
+    return out
+
+
+def test_an_encoder_decoder_atlas_covers_its_encoder_and_decoder(tmp_path, tiny_bart_path) -> None:
+    """BART: the encoder's heads (E..) and the decoder's causal self-attention (D.., over the
+    teacher-forced target) equal brute force on the model's own attention and hooked values;
+    each part keeps its own tokens; a head list across parts is refused."""
+    texts = TEXTS[:8]
+    atlas = build_atlas(
+        texts, tmp_path / "bart", model=tiny_bart_path, top_k=5, progress=False, shard_texts=3
+    )
+    assert isinstance(atlas, mhsa.AtlasParts)
+    assert atlas.labels[:1] == ["E0H0"] and "D1H3" in atlas.labels and len(atlas.labels) == 16
+    brute = _seq2seq_brute(texts, tiny_bart_path)
+    for part, label in (("encoder", "E1H2"), ("decoder", "D0H1"), ("decoder", "D1H3")):
+        kind_layer, head = parse_layer_head_label(label)
+        layer = int(kind_layer[1:])
+        pairs = _pairs(brute[part], layer, head)
+        best = sorted(pairs, key=lambda p: (-p[1], p[2], p[3], p[4]))[:5]
+        got = atlas.top(label, k=5, by="norm")
+        np.testing.assert_allclose(got["norm"], [p[1] for p in best], rtol=1e-4, atol=1e-6)
+        assert list(zip(got.text_id, got["query"], got["key"], strict=True)) == [
+            (p[2], p[3], p[4]) for p in best
+        ]
+        by_weight = atlas.top(label, k=5, by="weight")
+        best_w = sorted(pairs, key=lambda p: (-p[0], p[2], p[3], p[4]))[:5]
+        np.testing.assert_allclose(by_weight["weight"], [p[0] for p in best_w], atol=1e-5)
+        for row in got.itertuples():
+            tokens = brute[part][row.text_id]["tokens"]
+            assert (row.query_token, row.key_token) == (tokens[row.query], tokens[row.key])
+        if part == "decoder":
+            assert (got["key"] <= got["query"]).all()  # causal: no later key
+        found = atlas.search(label, k=None)
+        a = [b["a"][layer, head] for b in brute[part]]
+        assert len(found) == sum(len(x) for x in a)
+        for row in found.head(20).itertuples():
+            assert row.key == int(np.argmax(a[row.text_id][row.query]))
+    for t, (enc, dec) in enumerate(zip(brute["encoder"], brute["decoder"], strict=True)):
+        assert atlas.text_tokens(t) == enc["tokens"]
+        assert atlas.text_tokens(t, head="D0H0") == dec["tokens"]
+    assert atlas.heads().index.tolist() == atlas.labels
+    near = atlas.similar(1, 2, head="D1H0", k=4)
+    assert len(near) == 4 and near["similarity"].is_monotonic_decreasing
+    with pytest.raises(mhsa.InputError, match="one part"):
+        atlas.similar(1, 2, head=["E0H0", "D0H0"])
+    with pytest.raises(mhsa.InputError, match="no head 'L0H0'"):
+        atlas.top("L0H0")
+    reopened = open_atlas(tmp_path / "bart")
+    assert reopened.labels == atlas.labels and reopened.model == tiny_bart_path
+    again = build_atlas(  # built already: reused, not built again
+        texts, tmp_path / "bart", model=tiny_bart_path, top_k=5, progress=False, shard_texts=3
+    )
+    assert again.manifest["built"] == atlas.manifest["built"]
+    with pytest.raises(mhsa.InputError, match="part"):
+        build_atlas(texts, tmp_path / "x", model="toy:induction", part="encoder", progress=False)
 
 
 def _arrays(folder: Path) -> dict[str, np.ndarray]:

@@ -69,6 +69,7 @@ def weights_section(query: Query) -> None:
     if not str(scores.attrs.get("circuit", "")).startswith("W_E"):
         st.caption("This model has no unembedding: the scores are of W_V W_O alone.")
     head = st.selectbox("Head", list(scores.index), key="weights-head")
+    page.atlas_button(head, key="weights-to-atlas")
     result = page.or_error(core.attention, query)
     if result is not None:  # its score at a cell of this text, split
         why_here_panel(query, result, *mhsa.parse_head_label(head), clickable=False)

@@ -31,6 +31,8 @@ from mhsa import plots
 from ui import core, exports, runtime
 from ui.core import LIMITS, Query
 from ui.heavy import heavy, queue_place
+from ui.opening import OPENING as _OPENING
+from ui.opening import atlas_button, open_head, open_in_atlas, open_text_head
 from ui.sidebar import EXPORT_FORMATS, KIND_LABELS, attention_kind, sidebar
 from ui.state import (
     GLOBAL_PARAMS,
@@ -43,13 +45,14 @@ from ui.state import (
     sync_url,
     use_params,
 )
-from ui.views import examples, importance, long_inputs
+from ui.views import examples, long_inputs
 
 __all__ = [
     "EXPORT_FORMATS",
     "KIND_LABELS",
     "Stop",
     "answer_inputs",
+    "atlas_button",
     "attention_kind",
     "clicked_head",
     "corpus_queries",
@@ -80,8 +83,6 @@ T = TypeVar("T")
 
 #: session key of the figures drawn in this run: (file stem, figure)
 _FIGURES = "_mhsa_figures"
-#: session key of the selections a page opens another page with (``open_head``)
-_OPENING = "_mhsa_opening"
 #: session keys of this run's file stem (``file_stem``), the attention the page shows
 #: (``shown_kind``), the page's link parameters (``link_params``), the found token and where
 #: the generated text starts (figures box and mark them)
@@ -280,31 +281,6 @@ def shown_kind() -> str:
 def link_params() -> dict[str, Param]:
     """The link parameters of this page: the shared ones and the page's own."""
     return st.session_state.get(_PARAMS, GLOBAL_PARAMS)
-
-
-def open_head(query: Query, block: int, head: int) -> None:
-    """Open the ``head`` of the ``block``-th attention block (as importance tables number them)
-    on the Heads page: its layer and head selected, and for an encoder-decoder the sidebar's
-    attention set to the head's (applied by ``setup`` on the next page, before its widgets)."""
-    kind, layer = importance.knock_out_kind(query, block)
-    opening: dict[str, object] = {"layer": layer, "head": head}
-    if kind != "self":
-        opening["kind"] = kind
-    st.session_state[_OPENING] = opening
-    st.switch_page("pages/1_Heads.py")
-
-
-def open_in_atlas(head: str) -> None:
-    """Open ``head`` (a label) on the Head atlas page."""
-    st.session_state[_OPENING] = {"atlas_head": head}
-    st.switch_page("pages/14_Head_atlas.py")
-
-
-def open_text_head(text: str, layer: int, head: int) -> None:
-    """Open ``text`` on the Heads page with ``layer`` and ``head`` selected (an atlas's
-    example in its own sentence)."""
-    st.session_state[_OPENING] = {"text": text, "layer": layer, "head": head}
-    st.switch_page("pages/1_Heads.py")
 
 
 def finish() -> None:

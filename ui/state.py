@@ -20,7 +20,7 @@ from mhsa.engine.result import ATTENTION_KINDS
 from mhsa.engine.selection import parse_indices
 from mhsa.engine.trained import is_trained_name, trained_store
 from mhsa.errors import MHSAError
-from mhsa.heads import head_label, parse_head_label, parse_layer_head_label
+from mhsa.heads import parse_layer_head_label
 from ui.navigation import every_link_key
 
 DEFAULT_TEXT = "The cat sat on the mat."
@@ -151,11 +151,13 @@ def heads_list_param(raw: str) -> list[int]:
 
 
 def head_label_param(raw: str) -> str:
-    """One head as ``L{layer}H{head}`` (whether the model has it is the page's to check)."""
+    """One head as ``L{layer}H{head}`` (an encoder-decoder's as ``E0H1``, ``D0H1``, ``C0H1``;
+    whether the model has it is the page's to check)."""
     try:
-        return head_label(*parse_head_label(raw.strip()))
+        layer, head = parse_layer_head_label(raw.strip())
     except ValueError:
         raise ValueError("must be a head written as L<layer>H<head>") from None
+    return f"{layer[0]}{int(layer[1:])}H{head}"  # leading zeros dropped, as labels are written
 
 
 def search_param(raw: str) -> str:

@@ -3,7 +3,8 @@
 OpenAI's Transformer Debugger shows a head's top token pairs by attention write norm, random and
 quantile samples; exBERT (Hoover et al. 2020) searches a corpus for the contexts whose head
 outputs are nearest a chosen token's. An atlas holds both, for any encoder or decoder the app
-opens: ``build_atlas(corpus, out)`` streams the corpus through the model in resumable shards
+opens, and for an encoder-decoder's encoder and decoder self-attention (``AtlasParts``):
+``build_atlas(corpus, out)`` streams the corpus through the model in resumable shards
 (``run``, ``build``, with the per-head summaries of ``collect``), ``open_atlas(out)`` reads it
 (``reader``: ``top``, ``sample``, ``summary``, ``heads``, ``search``, ``similar``; the context
 index is ``index``), ``corpora`` gives the corpora the app ships atlases of.
@@ -12,7 +13,7 @@ May import: ``mhsa.engine``, ``mhsa.analysis``, ``mhsa.corpus`` and the shared t
 (``tests/test_layers.py``).
 """
 
-from mhsa.atlas.reader import Atlas, open_atlas
+from mhsa.atlas.reader import Atlas, AtlasParts, open_atlas
 from mhsa.atlas.run import build_atlas
 
-__all__ = ["Atlas", "build_atlas", "open_atlas"]
+__all__ = ["Atlas", "AtlasParts", "build_atlas", "open_atlas"]

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from mhsa.atlas.collect import BatchLayout, HeadSummaries
 from mhsa.atlas.index import ZCodes, build_index
@@ -29,13 +30,14 @@ from mhsa.engine.encoding import Encoded, encode, encode_many
 from mhsa.engine.forward import run_until
 from mhsa.engine.models import LoadedModel, get_model
 from mhsa.engine.norms import value_norms
-from mhsa.engine.swap import OurPass, our_blocks
+from mhsa.engine.swap import OurBlock, OurPass, our_blocks
 from mhsa.engine.tokens import is_punctuation
 from mhsa.errors import InputError, UnsupportedModelError
-from mhsa.heads import head_label
+from mhsa.heads import kind_head_label
 
 __all__ = [
     "FORMAT",
+    "PARTS",
     "SAMPLE_SIZE",
     "SHARD_TEXTS",
     "AtlasPlan",
@@ -53,6 +55,8 @@ SHARD_TEXTS = 512
 SAMPLE_SIZE = 4096
 #: tokens per text the atlas reads at most (longer texts are cut, and counted)
 MAX_TOKENS = 512
+#: an encoder-decoder's self-attentions, each an atlas of its own (in a subfolder)
+PARTS = ("encoder", "decoder")
 
 Progress = Callable[[int, int, float], None]
 
@@ -109,17 +113,23 @@ class AtlasPlan:
     causal: bool
     batch_tokens: int
     shard_texts: int = SHARD_TEXTS
+    #: the self-attention the atlas reads: "self" (an encoder's or a decoder's), or an
+    #: encoder-decoder's "encoder" or "decoder" (``mhsa.engine.swap.BLOCK_KINDS``)
+    part: str = "self"
 
     @property
     def labels(self) -> list[str]:
-        return [head_label(layer, h) for layer in self.layers for h in self.heads]
+        return [kind_head_label(self.part, layer, h) for layer in self.layers for h in self.heads]
 
     @property
     def shards(self) -> int:
         return -(-self.texts // self.shard_texts)
 
     def json(self) -> dict[str, Any]:
-        return {**self.__dict__, "layers": list(self.layers), "heads": list(self.heads)}
+        out = {**self.__dict__, "layers": list(self.layers), "heads": list(self.heads)}
+        if self.part == "self":  # as atlases written before encoder-decoders were covered
+            del out["part"]
+        return out
 
 
 def plan_atlas(
@@ -135,25 +145,25 @@ def plan_atlas(
     max_tokens: int = MAX_TOKENS,
     sample_size: int = SAMPLE_SIZE,
     shard_texts: int = SHARD_TEXTS,
+    part: str | None = None,
 ) -> AtlasPlan:
     """Check the settings against the model and fix what the build will do.
 
+    ``part``: which self-attention of an encoder-decoder (``"encoder"`` or ``"decoder"``; the
+    decoder reads each text as its target, teacher-forced, as ``mhsa.attend`` shows it); None
+    for an encoder or a decoder.
+
     Raises:
-        InputError: a layer or head the model does not have, or a bad ``top_k``.
-        UnsupportedModelError: an encoder-decoder model (its attentions are not in atlases yet).
+        InputError: a layer or head the model does not have, a bad ``top_k`` or ``part``.
     """
-    if lm.is_encoder_decoder:
-        raise UnsupportedModelError(
-            f"{lm.display_name!r} is an encoder-decoder model: atlases cover encoders and "
-            "decoders for now. Its heads are on every page of the app, one text at a time."
-        )
+    kind = _part(lm, part)
     if not isinstance(top_k, int) or not 1 <= top_k <= 10_000:
         raise InputError(f"top_k must be a whole number from 1 to 10000, got {top_k!r}.")
     for name, value in (("sample_size", sample_size), ("shard_texts", shard_texts)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputError(f"{name} must be a whole number of at least 1, got {value!r}.")
     with lm.lock:
-        blocks = our_blocks(lm)
+        blocks = [b for b in our_blocks(lm) if b.kind == kind]
     n_layers, n_heads = len(blocks), blocks[0].ours.num_heads
     chosen_layers = _choose(layers, n_layers, "layer")
     chosen_heads = _choose(heads, n_heads, "head")
@@ -178,7 +188,26 @@ def plan_atlas(
         causal=bool(blocks[0].causal),
         batch_tokens=int(batch_size) if batch_size else batch_tokens_for(lm),
         shard_texts=shard_texts,
+        part=kind,
     )
+
+
+def _part(lm: LoadedModel, part: str | None) -> str:
+    """The kind of block (``OurBlock.kind``) an atlas of ``lm``'s ``part`` reads."""
+    if lm.is_encoder_decoder:
+        if part not in PARTS:
+            raise InputError(
+                f"{lm.display_name!r} is an encoder-decoder model: build the atlas of its "
+                f"encoder's or its decoder's self-attention (part 'encoder' or 'decoder'), got "
+                f"{part!r}."
+            )
+        return part
+    if part is not None:
+        raise InputError(
+            f"{lm.display_name!r} has one self-attention: part applies to encoder-decoder "
+            f"models only, got {part!r}."
+        )
+    return "self"
 
 
 def _choose(value: Sequence[int] | int | None, count: int, what: str) -> list[int]:
@@ -213,6 +242,24 @@ def _encode(lm: LoadedModel, texts: list[str], limit: int) -> list[Encoded | Non
     return out
 
 
+@dataclass(frozen=True)
+class _Stream:
+    """The tokens an atlas's part reads of one text: the encoder's (or the one stack's) input,
+    or an encoder-decoder's teacher-forced decoder input."""
+
+    ids: torch.Tensor  # [n]
+    strings: tuple[str, ...]
+    special: tuple[bool, ...]
+
+    @classmethod
+    def of(cls, lm: LoadedModel, e: Encoded, part: str) -> _Stream:
+        if part != "decoder":
+            return cls(e.inputs["input_ids"][0], e.tokens.strings, e.tokens.special)
+        specials = set(lm.tokenizer.all_special_tokens)
+        strings = tuple(e.decoder_tokens or ())
+        return cls(e.inputs["decoder_input_ids"][0], strings, tuple(t in specials for t in strings))
+
+
 def build_shard(lm: LoadedModel, plan: AtlasPlan, texts: list[str], shard: int) -> dict:
     """The arrays of one shard of the corpus (text ids ``shard * plan.shard_texts`` on): its
     summaries, its tokens, and per head and token the strongest key and the output z."""
@@ -220,16 +267,17 @@ def build_shard(lm: LoadedModel, plan: AtlasPlan, texts: list[str], shard: int) 
     chunk = texts[first : first + plan.shard_texts]
     with lm.lock:
         encoded = _encode(lm, chunk, plan.max_tokens)
-    lengths = np.array([0 if e is None else e.inputs["input_ids"].shape[1] for e in encoded])
+        streams = [None if e is None else _Stream.of(lm, e, plan.part) for e in encoded]
+    lengths = np.array([0 if s is None else len(s.ids) for s in streams])
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     n = int(lengths.sum())
     hs = len(plan.labels)
     token_ids = np.zeros(n, np.int32)
     special = np.zeros(n, bool)
-    for i, e in enumerate(encoded):
-        if e is not None:
-            token_ids[starts[i] : starts[i] + lengths[i]] = e.inputs["input_ids"][0].numpy()
-            special[starts[i] : starts[i] + lengths[i]] = e.tokens.special
+    for i, stream in enumerate(streams):
+        if stream is not None:
+            token_ids[starts[i] : starts[i] + lengths[i]] = stream.ids.numpy()
+            special[starts[i] : starts[i] + lengths[i]] = stream.special
     strongest_key = np.zeros((hs, n), np.uint16)
     strongest_weight = np.zeros((hs, n), np.float16)
     z = np.zeros((hs, n, plan.d_head), np.float16)
@@ -240,7 +288,7 @@ def build_shard(lm: LoadedModel, plan: AtlasPlan, texts: list[str], shard: int) 
         _run_batch(
             lm,
             plan,
-            [encoded[i] for i in rows],
+            [(encoded[i], streams[i]) for i in rows],
             rows,
             first,
             starts,
@@ -260,10 +308,33 @@ def build_shard(lm: LoadedModel, plan: AtlasPlan, texts: list[str], shard: int) 
     }
 
 
+def _pad_pairs(lm: LoadedModel, items: list[Encoded]) -> dict[str, torch.Tensor]:
+    """Encoder-decoder inputs as one right-padded batch: the encoder's with its attention
+    mask, the decoder's padded on its own length (its causal mask keeps every real query off
+    the padding after it)."""
+    inputs = pad_inputs(
+        lm,
+        [{k: e.inputs[k] for k in ("input_ids", "attention_mask") if k in e.inputs} for e in items],
+    )
+    m = max(e.inputs["decoder_input_ids"].shape[1] for e in items)
+    pad = lm.config.pad_token_id if lm.config.pad_token_id is not None else 0
+    inputs["decoder_input_ids"] = torch.cat(
+        [
+            F.pad(
+                e.inputs["decoder_input_ids"],
+                (0, m - e.inputs["decoder_input_ids"].shape[1]),
+                value=pad,
+            )
+            for e in items
+        ]
+    )
+    return inputs
+
+
 def _run_batch(
     lm: LoadedModel,
     plan: AtlasPlan,
-    items: list[Encoded],
+    items: list[tuple[Encoded, _Stream]],
     rows: list[int],
     first: int,
     starts: np.ndarray,
@@ -273,21 +344,21 @@ def _run_batch(
     """One padded batch through our module: every selected layer's weights, value norms and
     head outputs handed to the summaries as soon as the layer has computed them."""
     strongest_key, strongest_weight, z_out = per_token
-    tokens = [e.tokens for e in items]
-    t = max(len(x) for x in tokens)
+    streams = [s for _, s in items]
+    t = max(len(s.ids) for s in streams)
     ids = torch.full((len(items), t), -1, dtype=torch.long)
     special = torch.zeros(len(items), t, dtype=torch.bool)
     punct = torch.zeros(len(items), t, dtype=torch.bool)
-    for b, (e, tok) in enumerate(zip(items, tokens, strict=True)):
-        m = len(tok)
-        ids[b, :m] = e.inputs["input_ids"][0]
-        special[b, :m] = torch.tensor(tok.special)
+    for b, s in enumerate(streams):
+        m = len(s.ids)
+        ids[b, :m] = s.ids
+        special[b, :m] = torch.tensor(s.special)
         punct[b, :m] = torch.tensor(
-            [is_punctuation(s) and not sp for s, sp in zip(tok.strings, tok.special, strict=True)]
+            [is_punctuation(x) and not sp for x, sp in zip(s.strings, s.special, strict=True)]
         )
     layout = BatchLayout(
         text=np.array([first + r for r in rows], np.int64),
-        lengths=torch.tensor([len(x) for x in tokens]),
+        lengths=torch.tensor([len(s.ids) for s in streams]),
         starts=starts[rows],
         ids=ids,
         special=special,
@@ -300,19 +371,18 @@ def _run_batch(
     token_index = layout.token_index.numpy()
     seen: dict[int, dict[str, torch.Tensor]] = {}
 
-    def observer(layer: int) -> Callable[[str, torch.Tensor], None]:
+    def observer(block: OurBlock) -> Callable[[str, torch.Tensor], None]:
         def observe(name: str, tensor: torch.Tensor) -> None:
             if name == "per-head V":
-                seen.setdefault(layer, {})["norms"] = value_norms(blocks[layer].ours, tensor)
+                seen.setdefault(block.layer, {})["norms"] = value_norms(block.ours, tensor)
             elif name == "per-head context":
-                seen.setdefault(layer, {})["z"] = tensor
+                seen.setdefault(block.layer, {})["z"] = tensor
 
         return observe
 
-    def sink(layer: int) -> Callable[[torch.Tensor], None]:
+    def sink(block: OurBlock, first_head: int) -> Callable[[torch.Tensor], None]:
         def take(weights: torch.Tensor) -> None:
-            got = seen.pop(layer)
-            first_head = plan.layers.index(layer) * len(heads)
+            got = seen.pop(block.layer)
             w = weights[:, heads].float().cpu()  # a copy (a list index): changed in place
             norms = got["norms"][:, heads].float().cpu()
             keys, best = summaries.add_layer(first_head, layout, w, norms, sample, sampled)
@@ -328,13 +398,19 @@ def _run_batch(
 
     with lm.lock, torch.inference_mode():
         blocks = our_blocks(lm)
+        part = [b for b in blocks if b.kind == plan.part]
+        chosen = [part[layer] for layer in plan.layers]
         our_pass = OurPass(
             need_weights=False,
-            sinks={layer: sink(layer) for layer in plan.layers},
-            observers={layer: observer(layer) for layer in plan.layers},
+            sinks={b.layer: sink(b, i * len(heads)) for i, b in enumerate(chosen)},
+            observers={b.layer: observer(b) for b in chosen},
         )
-        inputs = pad_inputs(lm, [e.inputs for e in items])
-        run_until(lm, blocks, our_pass, inputs, blocks[plan.layers[-1]])
+        encoded = [e for e, _ in items]
+        if lm.is_encoder_decoder:
+            inputs = _pad_pairs(lm, encoded)
+        else:
+            inputs = pad_inputs(lm, [e.inputs for e in encoded])
+        run_until(lm, blocks, our_pass, inputs, chosen[-1])
     summaries.finish_batch(layout, sample, sampled)
 
 

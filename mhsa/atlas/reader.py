@@ -16,7 +16,7 @@ from mhsa.atlas.collect import DETECTORS, KEY_KINDS, MAX_OFFSET, WEIGHT_BINS
 from mhsa.atlas.index import ZCodes, exact_neighbours, search_index
 from mhsa.errors import InputError
 
-__all__ = ["WINDOW", "Atlas", "open_atlas"]
+__all__ = ["WINDOW", "Atlas", "AtlasParts", "open_atlas"]
 
 #: tokens shown on each side of an example's query and key
 WINDOW = 6
@@ -51,6 +51,14 @@ def open_atlas(out: str | Path) -> Atlas:
             f"The atlas in {str(folder)!r} was written by a newer MHSA Explorer (format "
             f"{version}; this one reads up to {FORMAT}): upgrade, or build it again."
         )
+    if "parts" in manifest:
+        try:
+            parts = {
+                name: open_atlas(folder / p["folder"]) for name, p in manifest["parts"].items()
+            }
+        except (KeyError, TypeError) as e:
+            raise InputError(f"The atlas manifest in {str(folder)!r} is unreadable ({e}).") from e
+        return AtlasParts(folder, manifest, parts)
     return Atlas(folder, manifest)
 
 
@@ -104,8 +112,11 @@ class Atlas:
         self._check_text(text_id)
         return self._texts[text_id]
 
-    def text_tokens(self, text_id: int) -> list[str]:
-        """Text ``text_id``'s tokens, as ``mhsa.attend`` shows them."""
+    def text_tokens(self, text_id: int, head: str | None = None) -> list[str]:
+        """Text ``text_id``'s tokens, as ``mhsa.attend`` shows them (``head``: checked to be
+        one of the atlas's; an encoder-decoder's atlas reads it to choose a part)."""
+        if head is not None:
+            self.head(head)
         self._check_text(text_id)
         a, b = self.offsets[text_id], self.offsets[text_id + 1]
         return [self.vocab[int(i)] for i in self.token_ids[a:b]]
@@ -375,3 +386,96 @@ class Atlas:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise InputError(f"k must be a whole number of at least 1, got {k!r}.")
         return min(k, max(most, 1))
+
+
+class AtlasParts(Atlas):
+    """An encoder-decoder's atlas: its encoder's self-attention (heads ``E{layer}H{head}``) and
+    its decoder's (``D{layer}H{head}``; the decoder read each text as its teacher-forced
+    target), each an ``Atlas`` of its own tokens, read as one. A method given a head asks that
+    head's part; ``text_tokens`` and ``similar`` without a head read the encoder's."""
+
+    def __init__(self, folder: Path, manifest: dict[str, Any], parts: dict[str, Atlas]) -> None:
+        self.folder = folder
+        self.manifest = manifest
+        self.parts = parts
+        self.labels = [label for part in parts.values() for label in part.labels]
+        self._part_of = {label: part for part in parts.values() for label in part.labels}
+        first = next(iter(parts.values()))
+        # what the page and ``Atlas`` read of the whole: the first part's plan and corpus
+        self.manifest = {**first.manifest, **manifest, "plan": first.manifest["plan"]}
+
+    def __repr__(self) -> str:
+        inner = ", ".join(
+            f"{name}: {len(p.labels)} heads, {p.tokens} tokens" for name, p in self.parts.items()
+        )
+        return f"AtlasParts({self.model!r}, {inner})"
+
+    @property
+    def tokens(self) -> int:
+        return next(iter(self.parts.values())).tokens
+
+    def part(self, head: str) -> Atlas:
+        """The part that holds ``head``.
+
+        Raises:
+            InputError: neither part has such a head.
+        """
+        if head not in self._part_of:
+            shown = ", ".join(self.labels[:4]) + (" ..." if len(self.labels) > 4 else "")
+            raise InputError(
+                f"The atlas has no head {head!r}: its heads are {shown} ({len(self.labels)} in "
+                "all), written as E<layer>H<head> (encoder) or D<layer>H<head> (decoder)."
+            )
+        return self._part_of[head]
+
+    def head(self, head: str) -> int:
+        return self.part(head).head(head)
+
+    def text(self, text_id: int) -> str:
+        return next(iter(self.parts.values())).text(text_id)
+
+    def text_tokens(self, text_id: int, head: str | None = None) -> list[str]:
+        """Text ``text_id``'s tokens as ``head``'s part read them (None: the encoder's)."""
+        atlas = next(iter(self.parts.values())) if head is None else self.part(head)
+        return atlas.text_tokens(text_id)
+
+    def top(self, head: str, k: int = 10, by: str = "weight") -> pd.DataFrame:
+        return self.part(head).top(head, k, by)
+
+    def sample(self, head: str, k: int = 10, decile: int | None = None) -> pd.DataFrame:
+        return self.part(head).sample(head, k, decile)
+
+    def summary(self, head: str) -> dict[str, Any]:
+        return self.part(head).summary(head)
+
+    def heads(self) -> pd.DataFrame:
+        return pd.concat([p.heads() for p in self.parts.values()])
+
+    def search(
+        self,
+        head: str,
+        query_token: str | None = None,
+        key_token: str | None = None,
+        offset: int | None = None,
+        k: int | None = 20,
+    ) -> pd.DataFrame:
+        return self.part(head).search(head, query_token, key_token, offset, k)
+
+    def similar(
+        self, text_id: int, position: int, head: str | list[str] | None = None, k: int | None = 10
+    ) -> pd.DataFrame:
+        """As ``Atlas.similar`` within one part: the heads given must be of one part (their
+        tokens differ); None: every head of the encoder."""
+        if head is None:
+            return next(iter(self.parts.values())).similar(text_id, position, None, k)
+        labels = [head] if isinstance(head, str) else list(head)
+        parts = {id(self.part(h)) for h in labels}
+        if len(parts) > 1:
+            raise InputError(
+                "similar compares heads of one part: the encoder's and the decoder's read "
+                "different tokens. Give E... heads or D... heads."
+            )
+        return self.part(labels[0]).similar(text_id, position, head, k)
+
+    def token_ids_of(self, token: str, what: str = "token") -> list[int]:
+        return next(iter(self.parts.values())).token_ids_of(token, what)

@@ -4,6 +4,7 @@ merge. A lock file keeps two builders of one folder apart: the second waits, the
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from mhsa.atlas.build import (
+    FORMAT,
+    PARTS,
     SAMPLE_SIZE,
     SHARD_TEXTS,
     AtlasPlan,
@@ -45,6 +48,7 @@ def build_atlas(
     workers: int = 2,
     sample_size: int = SAMPLE_SIZE,
     shard_texts: int = SHARD_TEXTS,
+    part: str | None = None,
 ) -> Atlas:
     """Build the head atlas of ``model`` over ``corpus`` into the folder ``out``.
 
@@ -64,6 +68,10 @@ def build_atlas(
             already connected) with the same result.
         sample_size: pairs of the uniform sample (the same pairs for every head).
         shard_texts: texts per shard (the unit of resuming and of Ray's work).
+        part: an encoder-decoder's ``"encoder"`` or ``"decoder"`` self-attention alone (its
+            heads labelled ``E{layer}H{head}`` / ``D{layer}H{head}``; the decoder reads each
+            text as its teacher-forced target, as ``mhsa.attend`` shows it). None: both, each
+            in a subfolder of ``out``, read as one atlas. Encoders and decoders: None.
 
     Raises:
         InputError: bad corpus, settings or folder (nothing is written).
@@ -71,6 +79,21 @@ def build_atlas(
     """
     texts, source = read_texts(corpus)
     lm = get_model(model)
+    if lm.is_encoder_decoder and part is None:
+        settings = {
+            "model": model,
+            "top_k": top_k,
+            "batch_size": batch_size,
+            "layers": layers,
+            "heads": heads,
+            "progress": progress,
+            "resume": resume,
+            "ray": ray,
+            "workers": workers,
+            "sample_size": sample_size,
+            "shard_texts": shard_texts,
+        }
+        return _build_parts(texts, Path(out), settings)
     plan = plan_atlas(
         texts,
         source,
@@ -82,6 +105,7 @@ def build_atlas(
         batch_size=batch_size,
         sample_size=sample_size,
         shard_texts=shard_texts,
+        part=part,
     )
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
@@ -108,6 +132,23 @@ def build_atlas(
         merge_shards(folder, plan, texts, time.perf_counter() - start, {"ray": bool(ray)})
         shutil.rmtree(folder / ".shards", ignore_errors=True)
         return open_atlas(folder)
+
+
+def _build_parts(texts: list[str], out: Path, settings: dict[str, Any]) -> Atlas:
+    """An encoder-decoder's atlas: its encoder's and its decoder's, each in a subfolder, and
+    a manifest naming them (written last, as a single atlas's)."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{str(out)!r} is a file: give a folder for the atlas.")
+    out.mkdir(parents=True, exist_ok=True)
+    parts = {}
+    for part in PARTS:
+        built = build_atlas(texts, out / part, part=part, **settings)
+        parts[part] = {"folder": part, "plan": built.manifest["plan"]}
+    manifest = {"kind": "mhsa-atlas", "format": FORMAT, "parts": parts}
+    tmp = out / ".manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, out / "manifest.json")
+    return open_atlas(out)
 
 
 def _finished(folder: Path, plan: AtlasPlan) -> Atlas | None:

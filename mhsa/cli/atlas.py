@@ -43,9 +43,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument("--ray", action="store_true", help="compute the shards on Ray")
     build.add_argument("--workers", type=int, default=2, help="Ray actors")
     build.add_argument("--restart", action="store_true", help="do not resume a stopped build")
+    build.add_argument(
+        "--part",
+        choices=("encoder", "decoder"),
+        default=None,
+        help="an encoder-decoder's encoder or decoder self-attention alone (default: both)",
+    )
     top = actions.add_parser("top", help="a head's strongest pairs")
     _reader(top)
-    top.add_argument("head", help="as L3H4")
+    top.add_argument("head", help="as L3H4 (encoder-decoders: E0H1, D0H1)")
     top.add_argument("--by", choices=("weight", "norm"), default="weight")
     top.add_argument("-k", type=int, default=10)
     search = actions.add_parser("search", help="tokens whose strongest key matches")
@@ -123,5 +129,6 @@ def _build(args: argparse.Namespace) -> None:
         ray=args.ray,
         workers=args.workers,
         resume=not args.restart,
+        part=args.part,
     )
     print(f"wrote {args.out}: {atlas}", file=sys.stderr)

@@ -6,6 +6,7 @@ a server without atlases offers a build that runs through the heavy queue."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -17,6 +18,7 @@ from tests.app.test_pages import run
 from ui.views import atlas as views
 
 PAGE = "pages/14_Head_atlas.py"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _tables(at) -> list[pd.DataFrame]:
@@ -112,3 +114,57 @@ def test_an_example_opens_in_heads_and_heads_opens_its_head_in_the_atlas(app_atl
     assert (heads.session_state["layer"], heads.session_state["head"]) == (3, 7)
     heads.button(key="to-atlas").click().run()
     assert heads.session_state["_mhsa_opening"] == {"atlas_head": "L3H7"}
+
+
+def test_an_encoder_decoder_atlas_shows_its_decoder_heads_on_their_own_tokens(
+    tmp_path, monkeypatch, tiny_bart_path
+) -> None:
+    """A BART atlas (encoder and decoder parts): a decoder head's table is the library's, its
+    example's neighbourhood is the model's decoder self-attention on that text, the token
+    picker lists the decoder's tokens, and "Open this text in Heads" sets the decoder."""
+    monkeypatch.setenv("MHSA_ALLOWED_MODELS", tiny_bart_path)
+    monkeypatch.setenv("MHSA_ATLAS_DIR", str(tmp_path))
+    lines = (ROOT / "data" / "sentences.txt").read_text().splitlines()[:6]
+    atlas = mhsa.build_atlas(lines, tmp_path / "bart", model=tiny_bart_path, progress=False)
+    views._listing.clear()
+    try:
+        at = run(PAGE, model=tiny_bart_path, atlas="bart", atlas_head="D1H2")
+        assert not at.exception, at.exception
+        assert at.selectbox(key="atlas_head").value == "D1H2"
+        assert "E0H0" in at.selectbox(key="atlas_head").options
+        top = _tables(at)[0]
+        want = atlas.top("D1H2", k=20, by="norm")
+        assert list(top["text"]) == list(want["text"])
+        row = want.iloc[0]
+        result = mhsa.attend(atlas.text(int(row.text_id)), model=tiny_bart_path)
+        q, k = int(row["query"]), int(row["key"])
+        n = len(result.decoder_tokens)
+        rows = list(range(max(0, q - 5), min(n, q + 6)))
+        cols = list(range(max(0, k - 5), min(n, k + 6)))
+        spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+        drawn = decode(spec["data"][0]["z"]).reshape(len(rows), len(cols))
+        np.testing.assert_allclose(
+            drawn, result.decoder_attention[1, 2][np.ix_(rows, cols)], atol=1e-5
+        )
+        picker = at.selectbox(key="atlas_position")
+        assert len(picker.options) == n + 1  # the example's query, then each decoder token
+        at.button(key="atlas-open").click().run()
+        opening = at.session_state["_mhsa_opening"]
+        assert opening == {
+            "text": atlas.text(int(row.text_id)),
+            "layer": 1,
+            "head": 2,
+            "kind": "decoder",
+        }
+    finally:
+        views._listing.clear()
+
+
+def test_head_links_take_every_kind_of_label_and_refuse_others() -> None:
+    from ui.state import head_label_param
+
+    assert head_label_param(" D01H002 ") == "D1H2"
+    assert head_label_param("E0H3") == "E0H3" and head_label_param("L11H0") == "L11H0"
+    for bad in ("X0H1", "L0", "L0H1H2", "<b>L0H1</b>", "L99999H0"):
+        with pytest.raises(ValueError, match="L<layer>H<head>"):
+            head_label_param(bad)

@@ -282,6 +282,8 @@ def test_a_heads_strongest_inputs_are_its_composition_scores(tiny_bert, tiny_ber
         assert set(top.index) <= set(table.index)
     missing = run(model=tiny_bert, role_head="L9H99")  # a head it lacks: its last, as clamp does
     assert not missing.error and missing.selectbox(key="role_head").value == "L1H3"
+    at.button(key="role-to-atlas").click().run()  # the picker's head opens in the atlas
+    assert at.session_state["_mhsa_opening"] == {"atlas_head": "L1H2"}
 
 
 def test_statistics_table_has_the_detection_scores(tiny_bert, tiny_bert_model) -> None:

@@ -82,6 +82,8 @@ def test_head_roles_weights_section_is_the_librarys() -> None:
     assert abs(decode(why["data"][0]["x"])[0]) == pytest.approx(
         at_key["score"].abs().max(), rel=1e-6
     )
+    at.button(key="weights-to-atlas").click().run()  # the picker's head opens in the atlas
+    assert at.session_state["_mhsa_opening"] == {"atlas_head": "L1H3"}
 
 
 def test_a_click_on_a_heatmap_cell_opens_why_here_on_it(monkeypatch) -> None:

@@ -13,6 +13,7 @@ import streamlit as st
 import mhsa
 from mhsa.atlas.corpora import default_corpus
 from mhsa.atlas.shipped import DEFAULT_ATLASES, atlas_dir, list_atlases
+from mhsa.heads import parse_layer_head_label
 from ui.core import LIMITS, Progress, loaded_model, shared
 
 __all__ = [
@@ -106,20 +107,27 @@ def neighbourhood(
     atlas_name: str, head: str, text_id: int, query: int, key: int, span: int = 5
 ) -> tuple[np.ndarray, list[str], list[str]]:
     """The head's attention around one example: rows ``query +- span``, columns ``key +-
-    span`` of its text (``mhsa.attend`` on the text with the atlas's model), with the tokens."""
+    span`` of its text (``mhsa.attend`` on the text with the atlas's model), with the tokens.
+    An encoder-decoder's ``E..`` / ``D..`` heads read its encoder's / decoder's attention."""
     atlas = open_named(atlas_name)
-    layer, h = mhsa.parse_head_label(head)
+    layer_name, h = parse_layer_head_label(head)
+    layer = int(layer_name[1:])
     text = atlas.text(text_id)
+    whole = layer_name[0] != "L"  # encoder-decoders: every layer (both stacks) in one pass
 
     def compute() -> Any:
-        return mhsa.attend(text, model=atlas.model, layers=layer, max_tokens=LIMITS.max_tokens)
+        chosen = None if whole else layer
+        return mhsa.attend(text, model=atlas.model, layers=chosen, max_tokens=LIMITS.max_tokens)
 
-    result = shared(("atlas-text", atlas.model, text, layer), compute)
-    weights = result.attention[0, h]
-    rows = range(max(0, query - span), min(len(result.tokens), query + span + 1))
-    cols = range(max(0, key - span), min(len(result.tokens), key + span + 1))
+    result = shared(("atlas-text", atlas.model, text, None if whole else layer), compute)
+    if layer_name[0] == "D":
+        weights, tokens = result.decoder_attention[layer, h], list(result.decoder_tokens)
+    else:
+        weights, tokens = result.attention[layer if whole else 0, h], list(result.tokens)
+    rows = range(max(0, query - span), min(len(tokens), query + span + 1))
+    cols = range(max(0, key - span), min(len(tokens), key + span + 1))
     sub = weights[np.ix_(list(rows), list(cols))]
-    return sub, [result.tokens[i] for i in rows], [result.tokens[i] for i in cols]
+    return sub, [tokens[i] for i in rows], [tokens[i] for i in cols]
 
 
 def scores_table(atlas: mhsa.Atlas, head: str) -> pd.DataFrame:
