@@ -83,6 +83,7 @@ def _build_offer(model: str) -> None:
             ("atlas-build", model),
             lambda progress: views.build(model, "auto", progress),
             f"Building the atlas of {model}",
+            unit="texts",
         )
         st.session_state.pop("_atlas_build", None)
         st.session_state["atlas"] = query

@@ -5,6 +5,7 @@ and a Cancel button; its value comes back through the shared cache."""
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,7 @@ from mhsa.corpus.jobs import Job, JobQueue, JobState
 from ui import core
 from ui.state import error
 
-__all__ = ["heavy", "queue_place"]
+__all__ = ["heavy", "queue_place", "time_left"]
 
 #: session key of the heavy jobs this session holds a claim on, by the name a page gives each
 _JOBS = "_mhsa_jobs"
@@ -29,6 +30,7 @@ def heavy(
     label: str,
     *,
     on_cancel: Callable[[], None] | None = None,
+    unit: str = "steps",
 ) -> Any | None:
     """Run ``compute(progress)`` through the server's heavy-job queue (``core.heavy_queue``)
     and return its value, or None while it waits its turn or once cancelled.
@@ -39,7 +41,8 @@ def heavy(
     progress and this run waits for it (the page's later elements need its value). These
     controls are cleared once the job has finished. ``name``
     says which of the page's jobs this is: a new ``key`` under the same name withdraws the
-    session's claim on the old job. Its error, if it failed, is raised here.
+    session's claim on the old job. Its error, if it failed, is raised here. ``unit``: what
+    the progress counts ("steps", "texts", ...).
     """
     hit = core.cached(key)
     if hit is not None:
@@ -64,7 +67,7 @@ def heavy(
             return None
         if not job.finished:
             st.button("Cancel", key=f"cancel-{name}", **cancel)
-            _follow(job, label)
+            _follow(job, label, unit)
     controls.empty()  # finished: no Cancel button left beside the result
     st.session_state[_JOBS].pop(name, None)
     if job.state is JobState.FAILED:
@@ -101,15 +104,28 @@ def _cancel(
         st.session_state.setdefault(_CANCELLED, {})[name] = key
 
 
-def _follow(job: Job, label: str) -> None:
+def _follow(job: Job, label: str, unit: str = "steps") -> None:
     """A progress bar for a running job, until it ends (the page's later elements need its
-    value)."""
+    value), with the time left at the pace so far."""
     bar = st.progress(0.0, text=f"{label}…")
     while not job.wait(0.25):  # each update lets Streamlit stop this run for a newer one
         done, total = job.done_steps, job.total_steps
-        text = f"{label}: {done} of {total} steps" if total else f"{label}…"
+        text = f"{label}: {done:,} of {total:,} {unit}" if total else f"{label}…"
+        left = time_left(job, time.monotonic())
+        if left is not None:
+            text += f", about {left} left"
         bar.progress(min(1.0, done / max(total, 1)), text=text)
     bar.empty()
+
+
+def time_left(job: Job, now: float) -> str | None:
+    """The time a running job has left at its pace so far ("40 s", "3 min"); None before its
+    first step is done."""
+    done, total = job.done_steps, job.total_steps
+    if job.started is None or not 0 < done < total:
+        return None
+    seconds = (now - job.started) / done * (total - done)
+    return f"{max(1, round(seconds))} s" if seconds < 90 else f"{round(seconds / 60)} min"
 
 
 @st.fragment(run_every=1.0)

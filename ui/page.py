@@ -195,11 +195,13 @@ def or_error(compute: Callable[..., T], *args: Any) -> T | None:
         return None
 
 
-def heavy_or_stop(name: str, key: tuple, compute: Callable[[Any], Any], label: str) -> Any:
+def heavy_or_stop(
+    name: str, key: tuple, compute: Callable[[Any], Any], label: str, unit: str = "steps"
+) -> Any:
     """``heavy``'s result, or the page ends (``stop``): after showing a library error
     (``error``), or while the job is queued or cancelled (``heavy`` returned None)."""
     try:
-        value = heavy(name, key, compute, label)
+        value = heavy(name, key, compute, label, unit=unit)
     except mhsa.MHSAError as e:
         error(e)
         stop()

@@ -168,3 +168,18 @@ def test_head_links_take_every_kind_of_label_and_refuse_others() -> None:
     for bad in ("X0H1", "L0", "L0H1H2", "<b>L0H1</b>", "L99999H0"):
         with pytest.raises(ValueError, match="L<layer>H<head>"):
             head_label_param(bad)
+
+
+def test_a_running_build_says_how_long_it_has_left_at_its_pace() -> None:
+    from mhsa.corpus.jobs import Job
+    from ui.heavy import time_left
+
+    job = Job("k", lambda progress: None, "Building")
+    assert time_left(job, 100.0) is None  # not started
+    job.started, job.total_steps = 100.0, 2000
+    assert time_left(job, 110.0) is None  # no text done yet: no pace to go by
+    job.done_steps = 500
+    assert time_left(job, 110.0) == "30 s"  # 10 s for 500 texts: 1,500 left take 30 s
+    assert time_left(job, 160.0) == "3 min"  # 60 s for 500: 180 s left
+    job.done_steps = 2000
+    assert time_left(job, 160.0) is None  # done
