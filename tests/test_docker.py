@@ -73,7 +73,7 @@ def test_every_deployment_keeps_its_store_on_one_shared_volume() -> None:
 
     assert re.search(r"MHSA_STORE=/data\b", DOCKERFILE)
     assert re.search(r'^VOLUME \["/data"\]', DOCKERFILE, re.M)
-    assert re.search(r"mkdir /data && chown app:app /data", DOCKERFILE)
+    assert re.search(r"mkdir -p /data /app/atlases && chown app:app /data /app/atlases", DOCKERFILE)
     single = yaml.safe_load((ROOT / "compose.yaml").read_text())
     assert "store:/data" in single["services"]["app"]["volumes"] and "store" in single["volumes"]
     scale = yaml.safe_load((ROOT / "deploy/compose.scale.yaml").read_text())
