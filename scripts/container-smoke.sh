@@ -127,6 +127,17 @@ grep -q "0 entries, 0.00 MB of 2048 MB (MHSA_STORE_MB), in /data" "$WORK/store.l
   || { echo "the image's store at /data is not usable:"; cat "$WORK/store.log"; exit 1; }
 echo "store: /data, opened by the server at start, listed by python -m mhsa store list"
 
+# The prebuilt atlases open offline: MiniLM's (on the Brown Corpus) and toy:induction's.
+podman --runtime runc exec "$NAME" python3 -c "
+from mhsa.atlas.shipped import list_atlases
+found = list_atlases()
+atlas = found['minilm-brown']
+assert atlas.tokens > 50_000 and atlas.manifest['index']['kind'] == 'ivfpq', atlas.manifest
+assert len(atlas.top('L0H0', k=5)) == 5 and len(atlas.similar(0, 1, k=5)) == 5
+assert found['toy-induction'].heads()['induction score'].max() > 0.3
+print(f'atlases: {atlas}; {found[\"toy-induction\"]}')
+"
+
 # 4. A heatmap renders from inside the container, in Debian's chromium.
 "$ROOT/.venv/bin/python" - "$PORT" <<'PY'
 import sys
@@ -140,5 +151,9 @@ with chromium() as browser:
     labels = tick_labels(page, 1)
     assert labels == ["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".", "[SEP]"], labels
     print("heatmap rendered from the container:", " ".join(labels))
+    page.goto(f"http://127.0.0.1:{port}/Head_atlas")
+    wait_for_app(page, plots=4, timeout_ms=120_000)
+    assert page.get_by_text("minilm-brown").count() > 0
+    print("Head atlas page drawn from the image's atlas")
 PY
 echo "container smoke test: OK"
