@@ -274,7 +274,9 @@ class HeadSummaries:
             w.diagonal(dim1=2, dim2=3).sum((0, 2)),
         ]
         self.kind_mass[heads] += torch.stack(kinds, 1).double().numpy()
-        self.entropy[heads] += torch.special.entr(w).sum((0, 2, 3)).double().numpy()
+        # -w log w (0 where w is 0); faster here than torch.special.entr
+        plogp = w * torch.log(w.clamp(min=1e-30))
+        self.entropy[heads] -= plogp.sum((0, 2, 3)).double().numpy()
         self.distance[heads] += (w * layout.abs_offset).sum((0, 2, 3)).double().numpy()
         # TransformerLens's detection scores, one per text, summed
         n = layout.lengths.float()[:, None, None]  # total attention of a text: one per query
@@ -305,6 +307,13 @@ class HeadSummaries:
         head = torch.arange(hs)[None, :, None].expand_as(at)
         q, k = at // t, at % t
         keep = layout.ranked_pair[row, q, k]
+        # only what can enter a list: per head, candidates at or above both the list's current
+        # last value and the batch's k-th best ranked candidate (ties kept: the order of
+        # (text, query, key) decides them in ``TopList.offer``)
+        ranked = best.masked_fill(~keep, -torch.inf).transpose(0, 1).reshape(hs, -1)
+        kth = torch.topk(ranked, min(self.top_k, ranked.shape[1]), dim=-1).values[:, -1]
+        last = torch.from_numpy(top.value[first_head : first_head + hs, -1])
+        keep &= best >= torch.maximum(kth, last)[None, :, None]
         row, head, q, k, best = row[keep], head[keep], q[keep], k[keep], best[keep]
         cand = {
             "value": best.numpy(),
