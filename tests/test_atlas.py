@@ -432,3 +432,31 @@ def test_brown_lines_are_cleaned_of_tags() -> None:
     assert clean_brown_line(tagged) == (
         "The jury said \"it didn't find it\", and Atlanta's mayor (Ivan) agreed."
     )
+
+
+def test_similar_over_every_head_through_the_approximate_index_keeps_the_true_neighbours(
+    tmp_path, monkeypatch
+) -> None:
+    """Above ``EXACT_UP_TO`` tokens (lowered here to build the faiss IVF-PQ index on a small
+    corpus), ``similar`` over every head finds at least 95% of the ten nearest tokens that an
+    exhaustive search over the same stored values finds (recall@10 over 40 tokens)."""
+    from mhsa.atlas import index as atlas_index
+    from mhsa.atlas.index import exact_neighbours
+
+    lines = (ROOT / "data" / "sentences.txt").read_text().splitlines()
+    texts = [t for t in lines if len(t.split()) >= 6][:160]
+    monkeypatch.setattr(atlas_index, "EXACT_UP_TO", 500)
+    atlas = build_atlas(texts, tmp_path / "a", model="default", top_k=2, progress=False)
+    assert atlas.manifest["index"]["kind"] == "ivfpq" and atlas.tokens > 2000
+    rng = np.random.default_rng(7)
+    recalls = []
+    for token in rng.choice(atlas.tokens, 40, replace=False):
+        text_id = int(np.searchsorted(atlas.offsets, token, side="right") - 1)
+        position = int(token - atlas.offsets[text_id])
+        query = atlas.z.rows(np.array([token]))[0]
+        exact, _ = exact_neighbours(atlas.z, None, query, 10, int(token))
+        got = atlas.similar(text_id, position, k=10)
+        found = atlas.offsets[got["text_id"].to_numpy()] + got["position"].to_numpy()
+        assert int(token) not in set(found)
+        recalls.append(len(set(found) & set(exact)) / 10)
+    assert np.mean(recalls) >= 0.95, recalls

@@ -6,10 +6,12 @@ steps from the corpus's minimum to its maximum, so every stored value is within 
 the model's; 1,152 bytes per token for MiniLM's 72 heads of 32 dimensions, against 4,608 in
 float16). Over one head or a few, search is exhaustive over the stored values. Over every head
 at once (exBERT's concatenation) it is exhaustive too up to ``EXACT_UP_TO`` tokens; above, a
-faiss inverted file with product quantisation (``IndexIVFPQ``, 12 dimensions a byte) proposes
-``RERANK`` candidates
-per result, re-ranked on the stored values (its recall@10 against exhaustive search:
-``bench/bench_atlas.py`` and the tests).
+faiss inverted file with product quantisation (``IndexIVFPQ``: 4-bit codes of 6 dimensions
+each, 192 bytes a token for MiniLM; ``PROBES`` of its lists searched) proposes ``RERANK``
+candidates per result, re-ranked on the stored values (its recall@10 against exhaustive
+search: ``bench/bench_atlas.py`` and the tests). 4-bit codes of 6 dimensions, rather than
+8-bit codes of 12, train 15x faster at the same size and found more of the true neighbours
+(BENCHMARKS.md §21).
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ __all__ = ["EXACT_UP_TO", "ZCodes", "build_index", "exact_neighbours", "search_i
 EXACT_UP_TO = 50_000
 #: candidates the approximate index proposes per result, re-ranked on the stored values
 RERANK = 500
+#: inverted lists searched per query
+PROBES = 64
+#: dimensions per product-quantiser code, and its bits
+SUB_DIMS, CODE_BITS = 6, 4
+#: k-means iterations of the coarse quantiser and of each sub-quantiser (faiss's default: 25)
+KMEANS_ITERATIONS = 10
 #: rows decoded at a time (memory stays flat)
 CHUNK = 16_384
 LEVELS = 15  # 4 bits: codes 0..15
@@ -86,8 +94,14 @@ def build_index(z: ZCodes, folder: Path) -> dict[str, Any]:
 
     lists = int(min(256, max(16, math.sqrt(n))))
     index = faiss.IndexIVFPQ(
-        faiss.IndexFlatIP(dims), dims, lists, _subquantizers(dims), 8, faiss.METRIC_INNER_PRODUCT
+        faiss.IndexFlatIP(dims),
+        dims,
+        lists,
+        _subquantizers(dims),
+        CODE_BITS,
+        faiss.METRIC_INNER_PRODUCT,
     )
+    index.cp.niter = index.pq.cp.niter = KMEANS_ITERATIONS
     rng = np.random.default_rng(0)
     # 40 points a list (faiss asks for 39): the training set, and the build's peak memory,
     # stop growing at 10,240 rows
@@ -99,16 +113,16 @@ def build_index(z: ZCodes, folder: Path) -> dict[str, Any]:
 
 
 def _subquantizers(dims: int) -> int:
-    """PQ sub-vectors of about 12 dimensions (a divisor of ``dims``): 192 bytes a token for
-    MiniLM's 2,304."""
-    for m in range(max(1, dims // 12), dims + 1):
+    """PQ sub-vectors of about ``SUB_DIMS`` dimensions (their count a divisor of ``dims``): 384
+    of 4 bits, 192 bytes a token, for MiniLM's 2,304."""
+    for m in range(max(1, dims // SUB_DIMS), dims + 1):
         if dims % m == 0:
             return m
     return dims
 
 
 def search_index(
-    index: Any, z: ZCodes, query: np.ndarray, k: int, probes: int = 32
+    index: Any, z: ZCodes, query: np.ndarray, k: int, probes: int = PROBES
 ) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` nearest tokens to the unit vector ``query`` over all heads: ``(tokens,
     similarities)``, candidates of the approximate index re-ranked on the stored values."""
