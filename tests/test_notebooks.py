@@ -50,6 +50,10 @@ def test_quickstart_runs() -> None:
     assert '"layers": ["L0", "L1"]' in best  # the toy model's view
     table = _outputs(nb, "edges = ")[0]["data"]["text/plain"]
     assert "score" in table
+    atlas = _outputs(nb, "import tempfile")[0]["data"]["text/html"]  # the atlas shows itself
+    assert "Atlas of toy:induction: 8 heads" in atlas and "induction score" in atlas
+    top = _outputs(nb, "head = atlas")[0]["data"]["text/plain"]
+    assert "key_token" in top and "<<" in top  # its top pairs, the key marked
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ search by token and offset, and similar contexts (``open_atlas``)."""
 from __future__ import annotations
 
 import functools
+import html
 import json
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,20 @@ def open_atlas(out: str | Path) -> Atlas:
     return Atlas(folder, manifest)
 
 
+def _no_such_head(head: str, labels: list[str]) -> InputError:
+    """The error for a head the atlas lacks, naming some of its heads and how they are written."""
+    shown = ", ".join(labels[:4]) + (" ..." if len(labels) > 4 else "")
+    form = (
+        "L<layer>H<head>"
+        if labels[0].startswith("L")
+        else "E<layer>H<head> (encoder) or D<layer>H<head> (decoder)"
+    )
+    return InputError(
+        f"The atlas has no head {head!r}: its heads are {shown} ({len(labels)} in all), "
+        f"written as {form}."
+    )
+
+
 class Atlas:
     """A built atlas (see ``mhsa.atlas``): every method reads memory-mapped arrays, so opening
     one costs little whatever the corpus's size."""
@@ -93,6 +108,17 @@ class Atlas:
             f"Atlas({plan['model']!r}, {len(self.labels)} heads, {self.tokens} tokens of "
             f"{plan['texts']} texts)"
         )
+
+    def _repr_html_(self) -> str:
+        """In a notebook: what the atlas holds, and every head's corpus-wide scores (``heads``),
+        as one table (no script, no request to the network)."""
+        plan = self.manifest["plan"]
+        title = html.escape(
+            f"Atlas of {self.model}: {len(self.labels)} heads over {self.tokens:,} tokens of "
+            f"{plan['texts']:,} texts"
+        )
+        table = self.heads().round(3).to_html(border=0, escape=True)
+        return f"<div><p><b>{title}</b></p>{table}</div>"
 
     @property
     def tokens(self) -> int:
@@ -128,11 +154,7 @@ class Atlas:
             InputError: the atlas has no such head.
         """
         if head not in self._head_index:
-            shown = ", ".join(self.labels[:4]) + (" ..." if len(self.labels) > 4 else "")
-            raise InputError(
-                f"The atlas has no head {head!r}: its heads are {shown} "
-                f"({len(self.labels)} in all), written as L<layer>H<head>."
-            )
+            raise _no_such_head(head, self.labels)
         return self._head_index[head]
 
     # --- examples --------------------------------------------------------------------------
@@ -421,11 +443,7 @@ class AtlasParts(Atlas):
             InputError: neither part has such a head.
         """
         if head not in self._part_of:
-            shown = ", ".join(self.labels[:4]) + (" ..." if len(self.labels) > 4 else "")
-            raise InputError(
-                f"The atlas has no head {head!r}: its heads are {shown} ({len(self.labels)} in "
-                "all), written as E<layer>H<head> (encoder) or D<layer>H<head> (decoder)."
-            )
+            raise _no_such_head(head, self.labels)
         return self._part_of[head]
 
     def head(self, head: str) -> int:
