@@ -227,7 +227,7 @@ def _search(atlas: mhsa.Atlas, head: str) -> None:
         page.table(found, f"atlas-search-{head}", label="Download the matches (.csv)", height=300)
 
 
-with page.run("Head atlas", PARAMS) as query:
+with page.run("Head atlas", PARAMS, kinds=True) as query:  # its heads say their attention
     st.caption(INTRO)
     atlas = _choose_atlas(query.model)
     if atlas is None:

@@ -168,7 +168,10 @@ with page.run("Heads", PARAMS, kinds=True) as query:
         fig = plots.clickable_cells(fig)
         page.figure(fig, f"{name}-{view}", key="head-large", selection_mode="points", **clicks)
         head_weights.why_here_panel(query, result, result.layers[layer], result.heads[head])
-    page.atlas_button(name, key="to-atlas")
+    at = (result.layers[layer], result.heads[head])  # an encoder-decoder's: E0H1, D0H1, C0H1
+    page.atlas_button(
+        name if result.kind is None else kind_head_label(result.kind, *at), "to-atlas"
+    )
     if window is not None:
         page.figure(
             plots.head_zoom(result, layer, head, *window, values=values),

@@ -48,7 +48,7 @@ def open_text_head(text: str, label: str) -> None:
     layer_name, head = parse_layer_head_label(label)
     opening: dict[str, object] = {"text": text, "layer": int(layer_name[1:]), "head": head}
     kind = {letter: kind for kind, letter in KIND_LETTERS.items()}[layer_name[0]]
-    if kind != "self":
-        opening["kind"] = kind
+    if kind != "self":  # the decoder reads the text itself, teacher-forced, as in the atlas
+        opening |= {"kind": kind, "target_text": "", "generate": 0}
     st.session_state[OPENING] = opening
     st.switch_page("pages/1_Heads.py")

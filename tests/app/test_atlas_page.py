@@ -128,8 +128,10 @@ def test_an_encoder_decoder_atlas_shows_its_decoder_heads_on_their_own_tokens(
     atlas = mhsa.build_atlas(lines, tmp_path / "bart", model=tiny_bart_path, progress=False)
     views._listing.clear()
     try:
-        at = run(PAGE, model=tiny_bart_path, atlas="bart", atlas_head="D1H2")
+        at = run(PAGE, model=tiny_bart_path, atlas="bart", atlas_head="D1H2", kind="decoder")
         assert not at.exception, at.exception
+        captions = " ".join(str(c.value) for c in at.caption)
+        assert "shows the encoder's attention" not in captions  # its heads say which they are
         assert at.selectbox(key="atlas_head").value == "D1H2"
         assert "E0H0" in at.selectbox(key="atlas_head").options
         top = _tables(at)[0]
@@ -155,7 +157,17 @@ def test_an_encoder_decoder_atlas_shows_its_decoder_heads_on_their_own_tokens(
             "layer": 1,
             "head": 2,
             "kind": "decoder",
+            "target_text": "",  # the decoder reads the text itself, as the atlas's did
+            "generate": 0,
         }
+        heads = run("pages/1_Heads.py", model=tiny_bart_path)
+        heads.session_state["_mhsa_opening"] = opening
+        heads.run()
+        assert not heads.exception, heads.exception
+        drawn = json.loads(heads.get("plotly_chart")[1].proto.spec)  # the chosen head
+        assert drawn["layout"]["xaxis"]["ticktext"] == atlas.text_tokens(int(row.text_id), "D1H2")
+        heads.button(key="to-atlas").click().run()  # back: the head as the atlas names it
+        assert heads.session_state["_mhsa_opening"] == {"atlas_head": "D1H2"}
     finally:
         views._listing.clear()
 
