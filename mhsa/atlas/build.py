@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from mhsa.atlas.collect import BatchLayout, HeadSummaries
 from mhsa.atlas.index import ZCodes, build_index
@@ -308,29 +307,6 @@ def build_shard(lm: LoadedModel, plan: AtlasPlan, texts: list[str], shard: int) 
     }
 
 
-def _pad_pairs(lm: LoadedModel, items: list[Encoded]) -> dict[str, torch.Tensor]:
-    """Encoder-decoder inputs as one right-padded batch: the encoder's with its attention
-    mask, the decoder's padded on its own length (its causal mask keeps every real query off
-    the padding after it)."""
-    inputs = pad_inputs(
-        lm,
-        [{k: e.inputs[k] for k in ("input_ids", "attention_mask") if k in e.inputs} for e in items],
-    )
-    m = max(e.inputs["decoder_input_ids"].shape[1] for e in items)
-    pad = lm.config.pad_token_id if lm.config.pad_token_id is not None else 0
-    inputs["decoder_input_ids"] = torch.cat(
-        [
-            F.pad(
-                e.inputs["decoder_input_ids"],
-                (0, m - e.inputs["decoder_input_ids"].shape[1]),
-                value=pad,
-            )
-            for e in items
-        ]
-    )
-    return inputs
-
-
 def _run_batch(
     lm: LoadedModel,
     plan: AtlasPlan,
@@ -405,11 +381,7 @@ def _run_batch(
             sinks={b.layer: sink(b, i * len(heads)) for i, b in enumerate(chosen)},
             observers={b.layer: observer(b) for b in chosen},
         )
-        encoded = [e for e, _ in items]
-        if lm.is_encoder_decoder:
-            inputs = _pad_pairs(lm, encoded)
-        else:
-            inputs = pad_inputs(lm, [e.inputs for e in encoded])
+        inputs = pad_inputs(lm, [e.inputs for e, _ in items])
         run_until(lm, blocks, our_pass, inputs, chosen[-1])
     summaries.finish_batch(layout, sample, sampled)
 

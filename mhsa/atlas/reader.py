@@ -418,7 +418,6 @@ class AtlasParts(Atlas):
 
     def __init__(self, folder: Path, manifest: dict[str, Any], parts: dict[str, Atlas]) -> None:
         self.folder = folder
-        self.manifest = manifest
         self.parts = parts
         self.labels = [label for part in parts.values() for label in part.labels]
         self._part_of = {label: part for part in parts.values() for label in part.labels}

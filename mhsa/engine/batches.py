@@ -256,8 +256,10 @@ def length_batches(
 def pad_inputs(
     lm: LoadedModel, inputs: Sequence[dict[str, torch.Tensor]]
 ) -> dict[str, torch.Tensor]:
-    """Encoded sentences (batch 1 each) as one right-padded batch with an attention mask."""
-    n = max(x["input_ids"].shape[1] for x in inputs)
+    """Encoded sentences (batch 1 each) as one right-padded batch with an attention mask. Each
+    input is padded to its own longest row: an encoder-decoder's ``decoder_input_ids`` (with
+    the padding token, like ``input_ids``) to the longest decoder input, whose causal mask keeps
+    every real query off the padding after it."""
     tok = lm.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     keys = set(inputs[0]) | {"attention_mask"}
@@ -268,9 +270,10 @@ def pad_inputs(
             value = x.get(key)
             if value is None:  # a tokenizer that gives no attention mask: every token counts
                 value = torch.ones_like(x["input_ids"])
-            fill = pad if key == "input_ids" else 0
-            rows.append(F.pad(value, (0, n - value.shape[1]), value=fill))
-        out[key] = torch.cat(rows)
+            rows.append(value)
+        n = max(r.shape[1] for r in rows)
+        fill = pad if key in ("input_ids", "decoder_input_ids") else 0
+        out[key] = torch.cat([F.pad(r, (0, n - r.shape[1]), value=fill) for r in rows])
     return out
 
 
