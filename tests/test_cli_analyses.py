@@ -179,6 +179,9 @@ def exits_2_with_one_line(argv: list[str], message: str, capsys) -> None:
         ("patch", "--model toy:induction --answer fu --wrong lo --out heads.csv"),
         ("flow", "--answer di --wrong lu --out dla.csv --routes routes.json"),
         ("store", "python -m mhsa store remove trained:0123456789ab"),
+        ("weights", "python -m mhsa weights --copying --model toy:induction"),
+        ("qk", "--head L1H3 --query 15 --model toy:induction --top 5"),
+        ("atlas", "python -m mhsa atlas similar atlases/minilm 12 3 --head L3H4"),
     ],
 )
 def test_every_commands_help_shows_an_example(command: str, example: str, capsys) -> None:

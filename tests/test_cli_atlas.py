@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 import pandas as pd
 
@@ -15,13 +16,18 @@ from mhsa.atlas.corpora import task_corpus
 from tests.test_cli_analyses import exits_2_with_one_line
 
 
-def test_build_then_read_a_toy_atlas_from_the_command_line(tmp_path, capsys) -> None:
+def _build(tmp_path, task: str, count: int, *options: str) -> tuple[Path, mhsa.Atlas]:
+    """``python -m mhsa atlas build`` over ``count`` texts of ``toy:<task>``'s task."""
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(task_corpus("induction", count=40, seed=2)) + "\n")
+    corpus.write_text("\n".join(task_corpus(task, count=count, seed=2)) + "\n")
     out = tmp_path / "atlas"
-    argv = ["atlas", "build", str(corpus), "--out", str(out), "--model", "toy:induction"]
-    assert main([*argv, "--top-k", "6"]) == 0
-    atlas = mhsa.open_atlas(out)
+    argv = ["atlas", "build", str(corpus), "--out", str(out), "--model", f"toy:{task}"]
+    assert main([*argv, *options]) == 0
+    return out, mhsa.open_atlas(out)
+
+
+def test_build_then_read_a_toy_atlas_from_the_command_line(tmp_path, capsys) -> None:
+    out, atlas = _build(tmp_path, "induction", 40, "--top-k", "6")
     assert atlas.manifest["plan"]["top_k"] == 6 and atlas.manifest["plan"]["texts"] == 40
     capsys.readouterr()
     assert main(["atlas", "top", str(out), "L1H0", "--by", "norm", "-k", "4"]) == 0
@@ -46,12 +52,7 @@ def test_build_then_read_a_toy_atlas_from_the_command_line(tmp_path, capsys) -> 
 
 
 def test_an_encoder_decoders_decoder_alone(tmp_path, capsys) -> None:
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(task_corpus("reverse-seq2seq", count=12, seed=1)) + "\n")
-    out = tmp_path / "decoder"
-    argv = ["atlas", "build", str(corpus), "--out", str(out), "--model", "toy:reverse-seq2seq"]
-    assert main([*argv, "--part", "decoder"]) == 0
-    atlas = mhsa.open_atlas(out)
+    out, atlas = _build(tmp_path, "reverse-seq2seq", 12, "--part", "decoder")
     assert not isinstance(atlas, mhsa.AtlasParts)
     assert atlas.labels[0] == "D0H0" and all(h.startswith("D") for h in atlas.labels)
     capsys.readouterr()

@@ -82,22 +82,6 @@ def test_bad_arguments_exit_2_with_one_line(argv, message, capsys, tmp_path, mon
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
-@pytest.mark.parametrize(
-    ("command", "example"),
-    [
-        ("weights", "python -m mhsa weights --copying --model toy:induction"),
-        ("qk", "--head L1H3 --query 15 --model toy:induction --top 5"),
-    ],
-)
-def test_help_shows_an_example(command: str, example: str, capsys) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main([command, "--help"])
-    assert exc.value.code == 0
-    out = capsys.readouterr().out
-    assert out.startswith(f"usage: python -m mhsa {command}")
-    assert example in " ".join(out.split())
-
-
 def test_the_examples_run(tmp_path, monkeypatch, capsys) -> None:
     """Every example of ``--help``, as printed, runs (CSV to stdout or its --out)."""
     import shlex

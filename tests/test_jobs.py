@@ -157,18 +157,23 @@ def test_max_heavy_defaults_to_the_cores_and_reads_a_number() -> None:
     assert max_heavy_from_env({"MHSA_MAX_HEAVY": " 3 "}) == 3
 
 
-@pytest.mark.parametrize("raw", ["0", "-2", "many"])
-@pytest.mark.slow
-def test_the_server_refuses_to_start_with_a_bad_limit(raw: str) -> None:
-    env = {**os.environ, "MHSA_MAX_HEAVY": raw}
-    done = subprocess.run(
+def start_server(**env: str) -> subprocess.CompletedProcess:
+    """``python -m ui.serve`` started with ``env`` added, for a refusal (port 1: it never
+    serves), its output captured."""
+    return subprocess.run(
         [sys.executable, "-m", "ui.serve", "--server.port=1"],
         cwd=ROOT,
-        env=env,
+        env={**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+@pytest.mark.parametrize("raw", ["0", "-2", "many"])
+@pytest.mark.slow
+def test_the_server_refuses_to_start_with_a_bad_limit(raw: str) -> None:
+    done = start_server(MHSA_MAX_HEAVY=raw)
     assert done.returncode == 2
     assert "MHSA Explorer cannot start" in done.stderr and "MHSA_MAX_HEAVY" in done.stderr
     assert "Traceback" not in done.stderr

@@ -19,6 +19,7 @@ import pytest
 
 from mhsa.cli import main
 from mhsa.engine.store import EntryMissingError, Store, StoreError, StoreFullError
+from tests.test_jobs import start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 KB = 1024
@@ -298,15 +299,7 @@ def test_the_server_refuses_to_start_on_a_store_it_cannot_use(tmp_path, monkeypa
     ]
     monkeypatch.delenv("MHSA_STORE_MB")
     assert check_settings() == [] and (tmp_path / "ok" / "store.json").is_file()
-    env = {**os.environ, "MHSA_STORE": str(tmp_path / "file" / "store")}
-    done = subprocess.run(
-        [sys.executable, "-m", "ui.serve", "--server.port=1"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = start_server(MHSA_STORE=str(tmp_path / "file" / "store"))
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip() == (
         f"MHSA Explorer cannot start: The store folder '{tmp_path}/file/store' (MHSA_STORE) is "
