@@ -37,16 +37,16 @@ def _sentences(n: int) -> list[str]:
         return [line.rstrip("\n") for _, line in zip(range(n), f, strict=False)]
 
 
-def plain_forward(texts: list[str], model: str = "default") -> float:
-    """Seconds of the baseline: tokenize, pad by length as the atlas does, forward with
-    attentions."""
+def plain_forward(texts: list[str], model: str = "default") -> tuple[float, float]:
+    """Seconds of the baseline (wall clock, and this process's CPU time): tokenize, pad by
+    length as the atlas does, forward with attentions."""
     import torch
 
     from mhsa.engine.batches import batch_tokens_for, length_batches
     from mhsa.engine.models import get_model
 
     lm = get_model(model)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     enc = lm.tokenizer(texts, truncation=True, max_length=512)
     lengths = [len(ids) for ids in enc["input_ids"]]
     with torch.inference_mode():
@@ -56,17 +56,19 @@ def plain_forward(texts: list[str], model: str = "default") -> float:
             )
             out = lm.model(**rows, output_attentions=True)
             assert len(out.attentions) > 0
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
-def atlas_build(texts: list[str], out: Path, model: str = "default", **kw) -> float:
+def atlas_build(texts: list[str], out: Path, model: str = "default", **kw) -> tuple[float, float]:
+    """Seconds of ``build_atlas`` (wall clock, and this process's CPU time: with Ray, the
+    driver's alone)."""
     from mhsa.atlas import build_atlas
     from mhsa.engine.models import get_model
 
     get_model(model)  # loaded before the clock starts, as for the baseline
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     build_atlas(texts, out, model=model, progress=False, **kw)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
 def _peak_rss_mb(n: int) -> float:
@@ -139,8 +141,12 @@ def main() -> None:
     report: dict[str, object] = {}
     texts = _sentences(args.sentences)
     with tempfile.TemporaryDirectory() as tmp:
-        base = plain_forward(texts)
-        built = atlas_build(texts, Path(tmp) / "a")
+        plain_forward(texts[:64])  # warm: the first forward allocates
+        (base, base_cpu), (built, built_cpu) = (
+            plain_forward(texts),
+            atlas_build(texts, Path(tmp) / "a"),
+        )
+        manifest = json.loads((Path(tmp) / "a" / "manifest.json").read_text())
         size = sum(p.stat().st_size for p in (Path(tmp) / "a").iterdir())
         from mhsa.atlas import open_atlas
 
@@ -151,6 +157,9 @@ def main() -> None:
             "plain_forward_s": round(base, 2),
             "atlas_build_s": round(built, 2),
             "build_ratio": round(built / base, 2),
+            "build_ratio_cpu": round(built_cpu / base_cpu, 2),
+            "shards_s": manifest["build_seconds"],
+            "merge_s": manifest["merge_seconds"],
             "bytes_per_token": round(size / tokens),
             "tokens_per_s": round(tokens / built),
         }
@@ -163,8 +172,8 @@ def main() -> None:
 
             connect(None)
             try:
-                one = atlas_build(texts, Path(tmp) / "r1", ray=True, workers=1, shard_texts=100)
-                two = atlas_build(texts, Path(tmp) / "r2", ray=True, workers=2, shard_texts=100)
+                one, _ = atlas_build(texts, Path(tmp) / "r1", ray=True, workers=1, shard_texts=100)
+                two, _ = atlas_build(texts, Path(tmp) / "r2", ray=True, workers=2, shard_texts=100)
             finally:
                 ray.shutdown()
             merge = json.loads((Path(tmp) / "r2" / "manifest.json").read_text())

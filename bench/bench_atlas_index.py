@@ -1,11 +1,14 @@
-"""The atlas index's settings against each other on one built atlas: faiss ``IndexIVFPQ`` with
-a given code size, k-means iterations and lists probed, each trained and filled from the
-atlas's stored head outputs; training and adding time, recall@10 against exhaustive search over
-the same stored values (30 tokens), and query time with the atlas's re-ranking.
+"""The atlas index's settings against each other on one built atlas (with its approximate
+index): the atlas's own random-projection index re-ranking a given number of candidates a
+result, and faiss ``IndexIVFPQ`` (the format-1 index) with a given code size, k-means iterations
+and lists probed, trained and filled from the atlas's stored head outputs; training and adding
+time, recall@10 against exhaustive search over the same stored values (30 tokens), and query
+time with the atlas's re-ranking.
 
-    python -m bench.bench_atlas_index ATLAS 8,12,25,32 8,12,10,32 8,12,10,64 4,6,10,64 4,4,10,64
+    python -m bench.bench_atlas_index ATLAS proj,100 proj,500 ivfpq,4,6,10,64
 
-Each trial is BITS,SUB_DIMS,ITERATIONS,PROBES (ITERATIONS 25: faiss's default).
+A trial is ``proj,RERANK`` or ``ivfpq,BITS,SUB_DIMS,ITERATIONS,PROBES`` (ITERATIONS 25:
+faiss's default).
 """
 
 from __future__ import annotations
@@ -15,6 +18,30 @@ import math
 import time
 
 import numpy as np
+
+
+def projection_trial(atlas, queries, rerank: int) -> dict:
+    """The atlas's own index, ``rerank`` candidates a result."""
+    from mhsa.atlas import index as atlas_index
+
+    saved, atlas_index.RERANK = atlas_index.RERANK, rerank
+    try:
+        recalls, start = [], time.perf_counter()
+        for q in queries:
+            v = atlas.z.rows(np.array([q]))[0]
+            got, _ = atlas_index.search_index(atlas._index, atlas.z, v, 11, int(q))
+            got = got[got != q][:10]
+            want = atlas_index.exact_neighbours(atlas.z, None, v, 10, int(q))[0]
+            recalls.append(len(set(want.tolist()) & set(got.tolist())) / 10)
+        query = (time.perf_counter() - start) / len(queries)
+    finally:
+        atlas_index.RERANK = saved
+    return {
+        "index": "projection",
+        "rerank": rerank,
+        "recall_at_10": round(float(np.mean(recalls)), 3),
+        "query_ms_with_exact_search": round(query * 1000),
+    }
 
 
 def trial(atlas, queries, bits: int, sub_dims: int, iterations: int, probes: int) -> dict:
@@ -67,15 +94,19 @@ def trial(atlas, queries, bits: int, sub_dims: int, iterations: int, probes: int
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("atlas")
-    parser.add_argument("trials", nargs="+", help="BITS,SUB_DIMS,ITERATIONS,PROBES")
+    parser.add_argument("trials", nargs="+", help="proj,RERANK or ivfpq,BITS,SUB,ITER,PROBES")
     args = parser.parse_args()
     from mhsa.atlas import open_atlas
 
     atlas = open_atlas(args.atlas)
     queries = np.random.default_rng(1).choice(atlas.tokens, 30, replace=False)
     for spec in args.trials:
-        bits, sub_dims, iterations, probes = (int(x) for x in spec.split(","))
-        print(trial(atlas, queries, bits, sub_dims, iterations, probes), flush=True)
+        kind, *values = spec.split(",")
+        numbers = [int(x) for x in values]
+        if kind == "proj":
+            print(projection_trial(atlas, queries, *numbers), flush=True)
+        else:
+            print(trial(atlas, queries, *numbers), flush=True)
 
 
 if __name__ == "__main__":

@@ -132,7 +132,7 @@ podman --runtime runc exec "$NAME" python3 -c "
 from mhsa.atlas.shipped import list_atlases
 found = list_atlases()
 atlas = found['minilm-brown']
-assert atlas.tokens > 50_000 and atlas.manifest['index']['kind'] == 'ivfpq', atlas.manifest
+assert atlas.tokens > 50_000 and atlas.manifest['index']['kind'] == 'projection', atlas.manifest
 assert len(atlas.top('L0H0', k=5)) == 5 and len(atlas.similar(0, 1, k=5)) == 5
 assert found['toy-induction'].heads()['induction score'].max() > 0.3
 print(f'atlases: {atlas}; {found[\"toy-induction\"]}')

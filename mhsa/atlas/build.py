@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from mhsa.atlas.collect import BatchLayout, HeadSummaries
-from mhsa.atlas.index import ZCodes, build_index
+from mhsa.atlas.index import PROJECTION_DIMS, ZCodes, build_index, projection_matrix
 from mhsa.engine.batches import batch_tokens_for, length_batches, pad_inputs
 from mhsa.engine.encoding import Encoded, encode, encode_many
 from mhsa.engine.forward import run_until
@@ -46,8 +46,9 @@ __all__ = [
     "read_texts",
 ]
 
-#: the atlas folder's format; a reader refuses a newer one
-FORMAT = 1
+#: the atlas folder's format; a reader refuses a newer one (2: head outputs coded per shard,
+#: the all-heads index a random projection; format-1 atlases are still read)
+FORMAT = 2
 #: texts per shard: the unit of resuming and of Ray's work
 SHARD_TEXTS = 512
 #: the largest uniform sample of pairs kept
@@ -261,7 +262,9 @@ class _Stream:
 
 def build_shard(lm: LoadedModel, plan: AtlasPlan, texts: list[str], shard: int) -> dict:
     """The arrays of one shard of the corpus (text ids ``shard * plan.shard_texts`` on): its
-    summaries, its tokens, and per head and token the strongest key and the output z."""
+    summaries, its tokens, and per head and token the strongest key and the output z (coded
+    against the shard's own ranges, ``ZCodes.quantise``), and per token the random projection
+    of its unit concatenation of every head's z (``mhsa.atlas.index``)."""
     first = shard * plan.shard_texts
     chunk = texts[first : first + plan.shard_texts]
     with lm.lock:
@@ -279,7 +282,9 @@ def build_shard(lm: LoadedModel, plan: AtlasPlan, texts: list[str], shard: int) 
             special[starts[i] : starts[i] + lengths[i]] = stream.special
     strongest_key = np.zeros((hs, n), np.uint16)
     strongest_weight = np.zeros((hs, n), np.float16)
-    z = np.zeros((hs, n, plan.d_head), np.float16)
+    z = torch.zeros((hs, n, plan.d_head), dtype=torch.float16)
+    projected = torch.zeros((n, PROJECTION_DIMS))
+    squares = torch.zeros(n)
     summaries = HeadSummaries(hs, plan.top_k, plan.sample_size)
     usable = [i for i in range(len(chunk)) if encoded[i] is not None]
     for batch in length_batches([int(lengths[i]) for i in usable], plan.batch_tokens):
@@ -292,8 +297,10 @@ def build_shard(lm: LoadedModel, plan: AtlasPlan, texts: list[str], shard: int) 
             first,
             starts,
             summaries,
-            (strongest_key, strongest_weight, z),
+            (strongest_key, strongest_weight, z, projected, squares),
         )
+    codes, lo, step = ZCodes.quantise(z)
+    projected /= squares.sqrt_().clamp_(min=1e-12)[:, None]
     truncated = [(first + i, e.truncated) for i, e in enumerate(encoded) if e and e.truncated]
     return {
         **summaries.arrays(),
@@ -302,7 +309,10 @@ def build_shard(lm: LoadedModel, plan: AtlasPlan, texts: list[str], shard: int) 
         "special": special,
         "strongest_key": strongest_key,
         "strongest_weight": strongest_weight,
-        "z": z,
+        "z4": codes,
+        "z_lo": lo,
+        "z_step": step,
+        "projected": projected.numpy().astype(np.float16),
         "truncated": np.array(truncated, np.int64).reshape(-1, 2),
     }
 
@@ -315,11 +325,12 @@ def _run_batch(
     first: int,
     starts: np.ndarray,
     summaries: HeadSummaries,
-    per_token: tuple[np.ndarray, np.ndarray, np.ndarray],
+    per_token: tuple[np.ndarray, np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor],
 ) -> None:
     """One padded batch through our module: every selected layer's weights, value norms and
     head outputs handed to the summaries as soon as the layer has computed them."""
-    strongest_key, strongest_weight, z_out = per_token
+    strongest_key, strongest_weight, z_out, projected, squares = per_token
+    projection = projection_matrix(len(plan.labels) * plan.d_head)
     streams = [s for _, s in items]
     t = max(len(s.ids) for s in streams)
     ids = torch.full((len(items), t), -1, dtype=torch.long)
@@ -345,6 +356,7 @@ def _run_batch(
     sampled: dict[str, list[np.ndarray]] = {"weight": [], "norm": []}
     heads = list(plan.heads)
     token_index = layout.token_index.numpy()
+    tokens = layout.token_index
     seen: dict[int, dict[str, torch.Tensor]] = {}
 
     def observer(block: OurBlock) -> Callable[[str, torch.Tensor], None]:
@@ -366,9 +378,12 @@ def _run_batch(
             strongest_key[span, token_index] = keys.numpy().astype(np.uint16)
             strongest_weight[span, token_index] = best.numpy().astype(np.float16)
             ctx = got["z"][:, heads].float().cpu()  # [B, Hs, T, Dh]
-            z_out[span, token_index] = (
-                ctx[layout.rows, :, layout.cols].transpose(0, 1).numpy().astype(np.float16)
-            )
+            mine = ctx[layout.rows, :, layout.cols]  # [tokens, Hs, Dh]
+            z_out[span, tokens] = mine.transpose(0, 1).half()
+            flat = mine.reshape(len(mine), -1)
+            dh = plan.d_head
+            projected[tokens] += flat @ projection[first_head * dh : span.stop * dh]
+            squares[tokens] += flat.pow(2).sum(1)
 
         return take
 
@@ -412,14 +427,9 @@ def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, e
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     lengths = []
-    lo = np.full((len(plan.labels), plan.d_head), np.inf, np.float32)
-    hi = np.full((len(plan.labels), plan.d_head), -np.inf, np.float32)
-    for s in range(plan.shards):  # first pass: the texts' lengths, each head's value ranges
+    for s in range(plan.shards):  # first pass: the texts' lengths (a small array each)
         with np.load(shard_path(out, s)) as f:
             lengths.append(f["lengths"])
-            if f["z"].shape[1]:
-                lo = np.minimum(lo, f["z"].min(axis=1))
-                hi = np.maximum(hi, f["z"].max(axis=1))
     lengths_all = np.concatenate(lengths).astype(np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths_all)]).astype(np.int64)
     n, hs = int(offsets[-1]), len(plan.labels)
@@ -430,28 +440,32 @@ def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, e
     special = mm(work / "special.npy", "w+", bool, (n,))
     key = mm(work / "strongest_key.npy", "w+", np.uint16, (hs, n))
     weight = mm(work / "strongest_weight.npy", "w+", np.float16, (hs, n))
-    z_lo, z_step = ZCodes.ranges(lo, hi)
     z = mm(work / "z4.npy", "w+", np.uint8, (hs, n, plan.d_head // 2))
+    projected = mm(work / ".projected.npy", "w+", np.float16, (n, PROJECTION_DIMS))
+    z_lo = np.zeros((plan.shards, hs, plan.d_head), np.float32)
+    z_step = np.ones_like(z_lo)
     summaries: HeadSummaries | None = None
     truncated = []
-    for s in range(plan.shards):
-        size = plan.shard_texts
-        a, b = offsets[s * size], offsets[min((s + 1) * size, plan.texts)]
+    bounds = offsets[np.arange(plan.shards) * plan.shard_texts]
+    for s in range(plan.shards):  # then each shard's arrays copied into place
+        a, b = bounds[s], offsets[min((s + 1) * plan.shard_texts, plan.texts)]
         with np.load(shard_path(out, s)) as f:
             token_ids[a:b] = f["token_ids"]
             special[a:b] = f["special"]
             key[:, a:b] = f["strongest_key"]
             weight[:, a:b] = f["strongest_weight"]
-            z[:, a:b] = ZCodes.encode(f["z"], z_lo, z_step)
+            z[:, a:b] = f["z4"]
+            z_lo[s], z_step[s] = f["z_lo"], f["z_step"]
+            projected[a:b] = f["projected"]
             truncated.append(f["truncated"])
             part = HeadSummaries.from_arrays(dict(f))
         summaries = part if summaries is None else summaries.merge(part)
     assert summaries is not None
-    for array in (token_ids, special, key, weight, z):
+    for array in (token_ids, special, key, weight, z, projected):
         array.flush()
     del token_ids, special, key, weight, z
     np.save(work / "text_offsets.npy", offsets)
-    np.savez(work / "z_ranges.npz", lo=z_lo, step=z_step)
+    np.savez(work / "z_ranges.npz", lo=z_lo, step=z_step, bounds=bounds)
     np.savez(work / "heads.npz", **summaries.arrays())
     cut = np.concatenate(truncated) if truncated else np.zeros((0, 2), np.int64)
     vocab = _vocabulary(plan, np.load(work / "token_ids.npy", mmap_mode="r"))
@@ -459,7 +473,10 @@ def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, e
     with open(work / "texts.jsonl", "w", encoding="utf-8") as f:
         for text in texts:
             f.write(json.dumps(text) + "\n")
-    index = build_index(ZCodes(np.load(work / "z4.npy", mmap_mode="r"), z_lo, z_step), work)
+    chunks = (projected[i : i + 65_536] for i in range(0, n, 65_536))
+    index = build_index(chunks, n, hs * plan.d_head, work)
+    del projected
+    (work / ".projected.npy").unlink()
     manifest = {
         "kind": "mhsa-atlas",
         "format": FORMAT,

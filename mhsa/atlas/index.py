@@ -1,80 +1,120 @@
 """The atlas's context search (exBERT's, Hoover et al. 2020): corpus tokens whose head outputs z
 are nearest a chosen token's by cosine similarity.
 
-The heads' outputs are kept in 4 bits per number (``ZCodes``: per head and dimension, 16 even
-steps from the corpus's minimum to its maximum, so every stored value is within half a step of
-the model's; 1,152 bytes per token for MiniLM's 72 heads of 32 dimensions, against 4,608 in
-float16). Over one head or a few, search is exhaustive over the stored values. Over every head
-at once (exBERT's concatenation) it is exhaustive too up to ``EXACT_UP_TO`` tokens; above, a
-faiss inverted file with product quantisation (``IndexIVFPQ``: 4-bit codes of 6 dimensions
-each, 192 bytes a token for MiniLM; ``PROBES`` of its lists searched) proposes ``RERANK``
-candidates per result, re-ranked on the stored values (its recall@10 against exhaustive
-search: ``bench/bench_atlas.py`` and the tests). 4-bit codes of 6 dimensions, rather than
-8-bit codes of 12, train 15x faster at the same size and found more of the true neighbours
-(BENCHMARKS.md §21).
+The heads' outputs are kept in 4 bits per number (``ZCodes``: per shard of the build, head and
+dimension, 16 even steps from the shard's minimum to its maximum, so every stored value is
+within half a step of the model's; 1,152 bytes per token for MiniLM's 72 heads of 32
+dimensions, against 4,608 in float16). A shard codes its own values, so merging shards copies
+bytes. Over one head or a few, search is exhaustive over the stored values. Over every head at
+once (exBERT's concatenation) it is exhaustive too up to ``EXACT_UP_TO`` tokens; above, each
+token's unit concatenation, projected by a fixed random Gaussian matrix to ``PROJECTION_DIMS``
+numbers (Johnson and Lindenstrauss: inner products kept up to a small error; computed by the
+build from the model's own values, layer by layer, as they are made), is scanned whole in a
+faiss ``IndexScalarQuantizer`` of float16 numbers (256 bytes a token; no training, so shards,
+resumed builds and Ray workers need nothing from each other), and its ``RERANK`` best
+candidates per result are re-ranked on the stored values (recall@10 against exhaustive search:
+``bench/bench_atlas.py`` and the tests). Atlases written before (format 1) keep their one range
+and their faiss ``IndexIVFPQ``, and are read as they were.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-__all__ = ["EXACT_UP_TO", "ZCodes", "build_index", "exact_neighbours", "search_index"]
+__all__ = [
+    "EXACT_UP_TO",
+    "PROJECTION_DIMS",
+    "ZCodes",
+    "build_index",
+    "exact_neighbours",
+    "projection_matrix",
+    "search_index",
+]
 
 #: atlases up to this many tokens are searched exhaustively over every head
 EXACT_UP_TO = 50_000
 #: candidates the approximate index proposes per result, re-ranked on the stored values
 RERANK = 500
-#: inverted lists searched per query
+#: inverted lists searched per query (format-1 atlases' IVF-PQ index)
 PROBES = 64
-#: dimensions per product-quantiser code, and its bits
-SUB_DIMS, CODE_BITS = 6, 4
-#: k-means iterations of the coarse quantiser and of each sub-quantiser (faiss's default: 25)
-KMEANS_ITERATIONS = 10
+#: numbers of a token's random projection, and the projection's seed (fixed: every build,
+#: shard and worker projects the same way)
+PROJECTION_DIMS, PROJECTION_SEED = 128, 48
 #: rows decoded at a time (memory stays flat)
 CHUNK = 16_384
 LEVELS = 15  # 4 bits: codes 0..15
 
 
+@functools.lru_cache(maxsize=4)
+def projection_matrix(dims: int) -> torch.Tensor:
+    """The fixed random projection of a ``dims``-number concatenation of head outputs:
+    ``[dims, PROJECTION_DIMS]`` float32, entries N(0, 1 / PROJECTION_DIMS) (numpy's PCG64, the
+    same numbers on every platform)."""
+    rng = np.random.default_rng(PROJECTION_SEED)
+    matrix = rng.standard_normal((dims, PROJECTION_DIMS)) / np.sqrt(PROJECTION_DIMS)
+    return torch.from_numpy(matrix.astype(np.float32))
+
+
 @dataclass
 class ZCodes:
     """The heads' outputs of every token, 4 bits a number: ``codes [Hs, N, Dh / 2]`` (two
-    numbers a byte, the low nibble first), ``lo`` and ``step`` ``[Hs, Dh]``."""
+    numbers a byte, the low nibble first); ``lo`` and ``step`` ``[S, Hs, Dh]``, the ranges of
+    S spans of tokens, span s from token ``bounds[s]`` (a format-1 atlas: one span, given as
+    ``[Hs, Dh]``)."""
 
     codes: np.ndarray
     lo: np.ndarray
     step: np.ndarray
+    bounds: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+
+    def __post_init__(self) -> None:
+        if self.lo.ndim == 2:
+            self.lo, self.step = self.lo[None], self.step[None]
+        self.bounds = np.asarray(self.bounds, np.int64)
 
     @property
     def tokens(self) -> int:
         return int(self.codes.shape[1])
 
     @staticmethod
-    def ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(lo, step)`` from per-dimension minima and maxima."""
-        return lo.astype(np.float32), np.maximum((hi - lo) / LEVELS, 1e-12).astype(np.float32)
-
-    @staticmethod
-    def encode(z: np.ndarray, lo: np.ndarray, step: np.ndarray) -> np.ndarray:
-        """``[Hs, n, Dh]`` values as ``[Hs, n, Dh / 2]`` packed codes."""
-        q = np.rint((z.astype(np.float32) - lo[:, None]) / step[:, None])
-        q = np.clip(q, 0, LEVELS).astype(np.uint8)
-        return q[..., 0::2] | (q[..., 1::2] << 4)
+    def quantise(z: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``z [Hs, n, Dh]`` as ``(codes [Hs, n, Dh / 2], lo [Hs, Dh], step [Hs, Dh])`` against
+        its own per-dimension ranges."""
+        hs, n, dh = z.shape
+        if n == 0:
+            ones = np.ones((hs, dh), np.float32)
+            return np.zeros((hs, 0, dh // 2), np.uint8), ones * 0, ones
+        z = z.float()
+        lo = z.amin(1)
+        step = ((z.amax(1) - lo) / LEVELS).clamp_(min=1e-12)
+        q = z.sub_(lo[:, None]).div_(step[:, None]).round_().clamp_(0, LEVELS).to(torch.uint8)
+        codes = q[..., 0::2] | (q[..., 1::2] << 4)
+        return codes.numpy(), lo.numpy(), step.numpy()
 
     def decode(self, tokens: np.ndarray | slice, heads: list[int] | None = None) -> np.ndarray:
         """The stored values of ``heads`` (None: all) at ``tokens``: ``[Hs, n, Dh]`` float32."""
         chosen = self.codes[:, tokens] if heads is None else self.codes[heads][:, tokens]
         chosen = np.asarray(chosen)
-        lo = self.lo if heads is None else self.lo[heads]
-        step = self.step if heads is None else self.step[heads]
         q = np.empty((*chosen.shape[:2], chosen.shape[2] * 2), np.float32)
         q[..., 0::2] = chosen & 15
         q[..., 1::2] = chosen >> 4
-        return lo[:, None] + q * step[:, None]
+        where = np.arange(self.tokens)[tokens] if isinstance(tokens, slice) else tokens
+        span = np.searchsorted(self.bounds, np.asarray(where), side="right") - 1
+        lo = self.lo if heads is None else self.lo[:, heads]
+        step = self.step if heads is None else self.step[:, heads]
+        first, last = (int(span[0]), int(span[-1])) if len(span) else (0, 0)
+        if first == last:  # one span (a chunk inside a shard): broadcast
+            return q.__imul__(step[first][:, None]).__iadd__(lo[first][:, None])
+        for s in np.unique(span):
+            mine = span == s
+            q[:, mine] = lo[s][:, None] + q[:, mine] * step[s][:, None]
+        return q
 
     def rows(self, tokens: np.ndarray | slice, heads: list[int] | None = None) -> np.ndarray:
         """Unit-length concatenations of ``heads``' values at ``tokens``: ``[n, Hs Dh]``."""
@@ -83,51 +123,42 @@ class ZCodes:
         return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
 
 
-def build_index(z: ZCodes, folder: Path) -> dict[str, Any]:
-    """The all-heads index into ``folder/index.faiss`` when the atlas is large; returns its
-    description for the manifest."""
-    n = z.tokens
-    dims = z.codes.shape[0] * z.codes.shape[2] * 2
-    if n <= EXACT_UP_TO:
+def build_index(projections: Any, tokens: int, dims: int, folder: Path) -> dict[str, Any]:
+    """The all-heads index into ``folder/index.faiss`` when the atlas has more than
+    ``EXACT_UP_TO`` tokens, from its projections (an iterable of ``[n, PROJECTION_DIMS]``
+    arrays in token order); returns its description for the manifest."""
+    if tokens <= EXACT_UP_TO:
         return {"kind": "exact", "lists": 0, "dims": dims}
     import faiss
 
-    lists = int(min(256, max(16, math.sqrt(n))))
-    index = faiss.IndexIVFPQ(
-        faiss.IndexFlatIP(dims),
-        dims,
-        lists,
-        _subquantizers(dims),
-        CODE_BITS,
-        faiss.METRIC_INNER_PRODUCT,
+    index = faiss.IndexScalarQuantizer(
+        PROJECTION_DIMS, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT
     )
-    index.cp.niter = index.pq.cp.niter = KMEANS_ITERATIONS
-    rng = np.random.default_rng(0)
-    # 40 points a list (faiss asks for 39): the training set, and the build's peak memory,
-    # stop growing at 10,240 rows
-    index.train(z.rows(np.sort(rng.choice(n, size=min(n, 40 * lists), replace=False))))
-    for start in range(0, n, CHUNK):
-        index.add(z.rows(slice(start, min(n, start + CHUNK))))
+    for chunk in projections:
+        index.add(np.ascontiguousarray(chunk, np.float32))
+    assert index.ntotal == tokens, (index.ntotal, tokens)
     faiss.write_index(index, str(folder / "index.faiss"))
-    return {"kind": "ivfpq", "lists": lists, "dims": dims}
-
-
-def _subquantizers(dims: int) -> int:
-    """PQ sub-vectors of about ``SUB_DIMS`` dimensions (their count a divisor of ``dims``): 384
-    of 4 bits, 192 bytes a token, for MiniLM's 2,304."""
-    for m in range(max(1, dims // SUB_DIMS), dims + 1):
-        if dims % m == 0:
-            return m
-    return dims
+    return {
+        "kind": "projection",
+        "dims": dims,
+        "projection_dims": PROJECTION_DIMS,
+        "seed": PROJECTION_SEED,
+    }
 
 
 def search_index(
-    index: Any, z: ZCodes, query: np.ndarray, k: int, probes: int = PROBES
+    index: Any, z: ZCodes, query: np.ndarray, k: int, token: int, probes: int = PROBES
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The ``k`` nearest tokens to the unit vector ``query`` over all heads: ``(tokens,
-    similarities)``, candidates of the approximate index re-ranked on the stored values."""
-    index.nprobe = probes
-    _, cand = index.search(query[None].astype(np.float32), k * RERANK)
+    """The ``k`` nearest tokens to ``token``, whose unit vector over all heads is ``query``:
+    ``(tokens, similarities)``, candidates of the approximate index (its projection of
+    ``token``, or a format-1 IVF-PQ index searched with ``query``) re-ranked on the stored
+    values."""
+    if hasattr(index, "nprobe"):  # format 1: IVF-PQ over the values themselves
+        index.nprobe = probes
+        probe = query
+    else:
+        probe = index.reconstruct(int(token))
+    _, cand = index.search(probe[None].astype(np.float32), k * RERANK)
     cand = np.unique(cand[0][cand[0] >= 0])
     sims = z.rows(cand) @ query
     order = np.lexsort((cand, -sims))[:k]

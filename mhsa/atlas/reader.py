@@ -93,7 +93,8 @@ class Atlas:
         self.strongest_key = load(folder / "strongest_key.npy")
         self.strongest_weight = load(folder / "strongest_weight.npy")
         with np.load(folder / "z_ranges.npz") as f:
-            self.z = ZCodes(load(folder / "z4.npy"), f["lo"], f["step"])
+            bounds = f["bounds"] if "bounds" in f.files else np.zeros(1, np.int64)  # format 1
+            self.z = ZCodes(load(folder / "z4.npy"), f["lo"], f["step"], bounds)
         with np.load(folder / "heads.npz") as f:
             self.summaries = {k: f[k] for k in f.files}
         vocab = json.loads((folder / "vocab.json").read_text())
@@ -369,7 +370,7 @@ class Atlas:
             k = self._check_k(k, self.tokens)
         query = self.z.rows(np.array([token]), heads)[0]
         if heads is None and k is not None and self.manifest["index"]["kind"] != "exact":
-            found, sims = search_index(self._index, self.z, query, k + 1)
+            found, sims = search_index(self._index, self.z, query, k + 1, token)
             keep = found != token
             found, sims = found[keep][:k], sims[keep][:k]
         else:

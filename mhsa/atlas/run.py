@@ -171,14 +171,15 @@ def _start(folder: Path, plan: AtlasPlan, resume: bool) -> None:
     """Make the shards folder ready: kept when it belongs to ``plan`` and ``resume``."""
     shards = folder / ".shards"
     plan_file = shards / "plan.json"
-    same = plan_file.is_file() and json.loads(plan_file.read_text()) == plan.json()
+    wanted = {**plan.json(), "shard_format": FORMAT}  # shards of another format are redone
+    same = plan_file.is_file() and json.loads(plan_file.read_text()) == wanted
     if shards.exists() and not (resume and same):
         shutil.rmtree(shards)
     shards.mkdir(parents=True, exist_ok=True)
     for tmp in shards.glob(".*.tmp"):  # a writer killed mid-write
         tmp.unlink()
     if not plan_file.is_file():
-        plan_file.write_text(json.dumps(plan.json()))
+        plan_file.write_text(json.dumps(wanted))
 
 
 class _Report:
