@@ -21,7 +21,7 @@ __all__ = ["ARRAY_FIELDS", "ATTENTION_KINDS", "AttentionResult", "NotebookView",
 _FORMAT = "mhsa-explorer/attention-result"
 _FORMAT_VERSION = 1
 #: the fields that hold arrays (saved as arrays, counted in bytes, frozen when shared)
-ARRAY_FIELDS = ("attention", "cross_attention", "decoder_attention", "norms")
+ARRAY_FIELDS = ("attention", "cross_attention", "decoder_attention", "norms", "q", "k")
 #: the attentions of an encoder-decoder model (``AttentionResult.of_kind``): the encoder's
 #: self-attention, the decoder's (causal) self-attention, and the decoder's cross-attention to
 #: the encoder (queries: decoder tokens; keys: encoder tokens)
@@ -108,6 +108,11 @@ class AttentionResult:
             selected layer), when only some were selected; None: every head.
         attention_dtype: the dtype the weights were stored in (``mhsa.engine.selection``:
             ``float32``, ``float16``, or ``bfloat16`` held in a float16 array).
+        q, k: float32 ``[layers, heads, n, d_head]``, each head's query and key vectors as its
+            scores take them (``attend(qk=True)``; ``mhsa.engine.query_keys``): ``attention``
+            is ``softmax(q k^T * qk_scale)`` over the keys the mask leaves; None when not
+            asked for (the neuron view needs them).
+        qk_scale: the scores' scale (``1 / sqrt(d_head)`` unless the model says otherwise).
     """
 
     text: str
@@ -145,6 +150,9 @@ class AttentionResult:
     layer_ids: list[int] | None = None
     head_ids: list[int] | None = None
     attention_dtype: str = "float32"
+    q: np.ndarray | None = None
+    k: np.ndarray | None = None
+    qk_scale: float | None = None
 
     def __post_init__(self) -> None:
         a, m, n = self.attention, self.num_queries, len(self.tokens)
@@ -160,6 +168,15 @@ class AttentionResult:
             raise ValueError(
                 f"norms must have attention's shape {list(a.shape)}, got {list(self.norms.shape)}"
             )
+        for name, rows in (("q", m), ("k", n)):
+            vectors = getattr(self, name)
+            if vectors is not None and (
+                vectors.ndim != 4 or vectors.shape[:3] != (*a.shape[:2], rows)
+            ):
+                raise ValueError(
+                    f"{name} must be [layers, heads, {rows}, d_head] beside attention "
+                    f"{list(a.shape)}, got {list(vectors.shape)}"
+                )
 
     @property
     def num_layers(self) -> int:
@@ -218,6 +235,7 @@ class AttentionResult:
                 "Marian) over tokens (whole words keep the encoder's alone)."
             )
         cleared = {"decoder_attention": None, "cross_attention": None, "norms": None}
+        cleared |= {"q": None, "k": None, "qk_scale": None}
         if kind == "cross":
             return dataclasses.replace(
                 self,
@@ -377,6 +395,9 @@ class AttentionResult:
             decoder_attention=None,
             cross_attention=None,
             decoder_special=None,
+            q=None,  # vectors belong to tokens, not words
+            k=None,
+            qk_scale=None,
         )
 
     # --- notebook views -----------------------------------------------------------------------
@@ -385,7 +406,9 @@ class AttentionResult:
         map, the chosen one enlarged; hover a token to see where it attends.
 
         Args:
-            view: ``"heads"`` (the chosen head as a map) or ``"line"`` (as lines).
+            view: ``"heads"`` (the chosen head as a map), ``"line"`` (as lines) or
+                ``"neuron"`` (BertViz's neuron view: a query's vector, each key's, their
+                products, scores and weights; needs ``attend(..., qk=True)``).
             **options: ``layer``, ``head`` (positions in ``attention``), ``theme``
                 (``"auto"``, ``"light"``, ``"dark"``).
         """
