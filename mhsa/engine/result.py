@@ -16,7 +16,14 @@ from mhsa.engine.tokens import is_punctuation, word_groups
 from mhsa.errors import InputError, MHSAError
 from mhsa.heads import head_label
 
-__all__ = ["ARRAY_FIELDS", "ATTENTION_KINDS", "AttentionResult", "NotebookView", "set_html_view"]
+__all__ = [
+    "ARRAY_FIELDS",
+    "ATTENTION_KINDS",
+    "AttentionResult",
+    "NotebookView",
+    "html_view",
+    "set_html_view",
+]
 
 _FORMAT = "mhsa-explorer/attention-result"
 _FORMAT_VERSION = 1
@@ -26,17 +33,30 @@ ARRAY_FIELDS = ("attention", "cross_attention", "decoder_attention", "norms", "q
 #: self-attention, the decoder's (causal) self-attention, and the decoder's cross-attention to
 #: the encoder (queries: decoder tokens; keys: encoder tokens)
 ATTENTION_KINDS = ("encoder", "decoder", "cross")
-#: draws a result as one self-contained piece of HTML, ``(result, view, **options) -> str``:
-#: ``mhsa.plots.notebook.result_html``, set by the front (``mhsa/__init__.py``) because the
-#: engine sits below the figures
-_html_view: Callable[..., str] | None = None
+#: draws a value as one self-contained piece of HTML, by kind: ``"attention"`` (an
+#: ``AttentionResult``: ``(result, view, **options) -> str``, ``mhsa.plots.notebook``), and the
+#: results of the layers above (``"patching agreement"``, ``"path patch"``, ``"circuit graph"``,
+#: ``"atlas"``: ``(value) -> str``, ``mhsa.plots.notebook_results``). The front
+#: (``mhsa/__init__.py``) sets them: the figures sit above the engine and the analyses.
+_html_views: dict[str, Callable[..., str]] = {}
 
 
-def set_html_view(draw: Callable[..., str]) -> None:
-    """Make ``draw`` the function that ``AttentionResult.show``, ``_repr_html_`` and
-    ``to_html`` call."""
-    global _html_view
-    _html_view = draw
+def set_html_view(draw: Callable[..., str], kind: str = "attention") -> None:
+    """Make ``draw`` the function that draws ``kind`` (``"attention"``: what
+    ``AttentionResult.show``, ``_repr_html_`` and ``to_html`` call)."""
+    _html_views[kind] = draw
+
+
+def html_view(kind: str) -> Callable[..., str]:
+    """The function that draws ``kind`` as HTML (``set_html_view``).
+
+    Raises:
+        MHSAError: none is set (``mhsa`` was not imported).
+    """
+    draw = _html_views.get(kind)
+    if draw is None:
+        raise MHSAError(f"No notebook view of {kind} is set: import mhsa (it sets them).")
+    return draw
 
 
 @dataclass(frozen=True)
@@ -412,9 +432,7 @@ class AttentionResult:
             **options: ``layer``, ``head`` (positions in ``attention``), ``theme``
                 (``"auto"``, ``"light"``, ``"dark"``).
         """
-        if _html_view is None:
-            raise MHSAError("No notebook view is set: import mhsa (it sets one).")
-        return NotebookView(_html_view(self, view, **options))
+        return NotebookView(html_view("attention")(self, view, **options))
 
     def _repr_html_(self) -> str:
         """The heads view where a notebook cell ends with a result; a result too large for one
