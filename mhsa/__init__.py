@@ -82,7 +82,7 @@ from mhsa.engine.models import (
     pick_device,
 )
 from mhsa.engine.norms import norms_as_attention
-from mhsa.engine.result import ATTENTION_KINDS, AttentionResult, set_html_view
+from mhsa.engine.result import ATTENTION_KINDS, AttentionResult, NotebookView, set_html_view
 from mhsa.engine.selection import ATTENTION_DTYPES, Selection
 from mhsa.engine.tokens import find_tokens
 from mhsa.errors import InputError, MHSAError, ModelLoadError, UnsupportedModelError
@@ -106,7 +106,35 @@ def _notebook_html(result: AttentionResult, view: str = "heads", **options: obje
     return result_html(result, view, **options)  # type: ignore[arg-type]
 
 
+def _result_html(name: str):
+    """``mhsa.plots.notebook_results.<name>``, imported when it first draws."""
+
+    def draw(value: object, **options: object) -> str:
+        from mhsa.plots import notebook_results
+
+        return getattr(notebook_results, name)(value, **options)
+
+    return draw
+
+
+def show(value: object, **options: object) -> NotebookView:
+    """Any result as a notebook view (``mhsa.plots.notebook_results.show``): an
+    ``AttentionResult``, a patching table (``patch_heads``), scored circuit edges
+    (``edge_attribution``, ``top_edges``), a ``PatchingAgreement``, ``PathPatch``,
+    ``CircuitGraph`` or ``Atlas``: its table and a small figure, self-contained."""
+    from mhsa.plots.notebook_results import show as show_result
+
+    return show_result(value, **options)
+
+
 set_html_view(_notebook_html)
+for _kind, _name in {
+    "patching agreement": "agreement_html",
+    "path patch": "path_patch_html",
+    "circuit graph": "graph_html",
+    "atlas": "atlas_html",
+}.items():
+    set_html_view(_result_html(_name), _kind)
 
 __all__ = [
     "ATTENTION_DTYPES",
@@ -198,6 +226,7 @@ __all__ = [
     "qk_positional_scores",
     "save_model",
     "scaled_dot_product_attention",
+    "show",
     "sink_value_norms",
     "streamed_head_similarity",
     "streamed_head_stats",

@@ -7,10 +7,53 @@ import streamlit as st
 import streamlit.components.v1 as components
 
 import mhsa
+from mhsa import plots
 from mhsa.analysis.tables import agreement_table, token_table
 from ui import exports, lessons, page, state
 from ui.state import md_escape
 from ui.views import long_inputs, uploads
+from ui.views import roles as role_views
+
+UPLOAD_TABS = ["Heads", "Statistics", "Head similarity", "Head roles", "Rollout"]
+
+
+def _figure(fig, name: str) -> None:
+    """An uploaded file's figure: not boxed by the sidebar's sentence, not in the page's zip."""
+    page.figure(fig, f"upload-{name}", key=f"upload-{name}", decorate=False, download=False)
+
+
+def _uploaded(shown: uploads.Imported) -> None:
+    """An uploaded file's attention through what the model pages compute from attention."""
+    st.caption(shown.summary)
+    heads, stats, similar, roles, rollout = st.tabs(UPLOAD_TABS)
+    with heads:
+        components.html(shown.view_html, height=shown.height, scrolling=True)
+    with stats:
+        st.dataframe(shown.stats, width="stretch")
+    with similar:
+        _figure(plots.similarity_figure(shown.similarity, shown.order), "similarity")
+        st.caption("Heads ordered by hierarchical clustering (average linkage).")
+    with roles:
+        if shown.roles is None:
+            st.info("Head detection needs at least two tokens.")
+        else:
+            maps = [(f"{n.capitalize()} score", shown.roles, n) for n in role_views.ROLE_DETECTORS]
+            _figure(plots.role_maps(maps, title="Detection scores (error measure mul)"), "roles")
+            st.caption(uploads.ROLES_NOTE)
+        sinks = shown.sinks
+        _figure(
+            plots.sink_map(sinks.received, sinks.heads, sinks.tokens, threshold=sinks.threshold),
+            "sinks",
+        )
+        st.caption(md_escape(sinks.note()))
+    with rollout:
+        last = shown.rollout.shape[0] - 1
+        _figure(plots.rollout_figure(shown.rollout, shown.tokens, last), "rollout")
+        st.caption(
+            "Per layer: average the heads, add the identity (residual), renormalise rows, "
+            "multiply through the layers (Abnar & Zuidema 2020). Rows sum to 1."
+        )
+
 
 with page.run("MHSA Explorer") as query:
     st.caption(
@@ -28,9 +71,7 @@ with page.run("MHSA Explorer") as query:
             except mhsa.MHSAError as e:
                 state.error(e)
             else:
-                st.caption(shown.summary)
-                components.html(shown.view_html, height=shown.height, scrolling=True)
-                st.dataframe(shown.stats, width="stretch")
+                _uploaded(shown)
     result = page.load(query)
     if result is None:
         page.stop()

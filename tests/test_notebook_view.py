@@ -71,7 +71,7 @@ def test_to_html_writes_a_whole_document(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"view": "neuron"}, "Unknown view"),
+        ({"view": "map"}, "Unknown view"),
         ({"theme": "sepia"}, "Unknown theme"),
         ({"layer": 3}, "No head at layer 3"),
         ({"head": -1}, "No head"),

@@ -33,6 +33,7 @@ __all__ = [
     "named_patterns",
     "rule_pattern",
     "sequence_ids",
+    "string_ids",
     "typed_pattern",
 ]
 
@@ -96,6 +97,16 @@ def rule_pattern(rule: str, token_ids: Sequence[int], *, k: int = 1, rows: str =
 def named_patterns(token_ids: Sequence[int]) -> dict[str, np.ndarray]:
     """Each named detector's pattern (``DETECTION_PATTERNS``) for the token ids."""
     return {name: detection_pattern(name, token_ids) for name in DETECTION_PATTERNS}
+
+
+def string_ids(tokens: Sequence[str]) -> list[int]:
+    """Ids standing for token strings where the model's ids are not at hand (attention read
+    from a file, ``mhsa.from_attention``): equal strings share an id, numbered in order of
+    first appearance. The detection patterns compare ids for equality only, so these give the
+    tokenizer's patterns wherever each string is one id (a tokenizer that writes two ids
+    alike would be read as one token)."""
+    seen: dict[str, int] = {}
+    return [seen.setdefault(t, len(seen)) for t in tokens]
 
 
 def sequence_ids(

@@ -4,7 +4,6 @@ search by token and offset, and similar contexts (``open_atlas``)."""
 from __future__ import annotations
 
 import functools
-import html
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pandas as pd
 from mhsa.atlas.build import FORMAT
 from mhsa.atlas.collect import DETECTORS, KEY_KINDS, MAX_OFFSET, WEIGHT_BINS
 from mhsa.atlas.index import ZCodes, exact_neighbours, search_index
+from mhsa.engine.result import html_view
 from mhsa.errors import InputError
 
 __all__ = ["WINDOW", "Atlas", "AtlasParts", "open_atlas"]
@@ -111,15 +111,10 @@ class Atlas:
         )
 
     def _repr_html_(self) -> str:
-        """In a notebook: what the atlas holds, and every head's corpus-wide scores (``heads``),
-        as one table (no script, no request to the network)."""
-        plan = self.manifest["plan"]
-        title = html.escape(
-            f"Atlas of {self.model}: {len(self.labels)} heads over {self.tokens:,} tokens of "
-            f"{plan['texts']:,} texts"
-        )
-        table = self.heads().round(3).to_html(border=0, escape=True)
-        return f"<div><p><b>{title}</b></p>{table}</div>"
+        """In a notebook: what the atlas holds, a map of one per-head score (the induction
+        score) and every head's corpus-wide scores (``heads``) as a table; no script, no
+        request to the network (``mhsa.plots.notebook_results.atlas_html``)."""
+        return html_view("atlas")(self)
 
     @property
     def tokens(self) -> int:

@@ -48,6 +48,7 @@ from mhsa.causal.patch_runs import (
     table_attrs,
 )
 from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.result import html_view
 from mhsa.errors import InputError, UnsupportedModelError
 from mhsa.heads import head_label
 from mhsa.registry import lookup
@@ -477,6 +478,11 @@ class PatchingAgreement:
             f"Of the {which} with the largest exact effect, attribution ranks {self.found} "
             f"among its own top {k}: {sizes}."
         )
+
+    def _repr_html_(self) -> str:
+        """In a notebook: exact against estimated effect as a scatter, and the table
+        (``mhsa.plots.notebook_results.agreement_html``)."""
+        return html_view("patching agreement")(self)
 
 
 def patching_agreement(exact: pd.DataFrame, attribution: pd.DataFrame) -> PatchingAgreement:

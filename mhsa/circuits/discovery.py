@@ -67,6 +67,7 @@ from mhsa.circuits.runs import (
 )
 from mhsa.circuits.taps import tapped_scores
 from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.result import html_view
 from mhsa.engine.swap import OurBlock, OurPass
 from mhsa.errors import InputError
 from mhsa.registry import lookup
@@ -542,6 +543,11 @@ class PathPatch:
     @property
     def effect(self) -> float:
         return self.score / (self.corrupted - self.clean)
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the three runs' metric as bars, and the numbers
+        (``mhsa.plots.notebook_results.path_patch_html``)."""
+        return html_view("path patch")(self)
 
 
 def path_patch(

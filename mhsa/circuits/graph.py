@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from mhsa.engine.result import html_view
 from mhsa.errors import InputError
 from mhsa.heads import head_label
 
@@ -81,6 +82,11 @@ class CircuitGraph:
     @property
     def n_edges(self) -> int:
         return int(self.mask.sum())
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the graph's size, and its edges drawn when few
+        (``mhsa.plots.notebook_results.graph_html``)."""
+        return html_view("circuit graph")(self)
 
     @cached_property
     def edge_index(self) -> tuple[np.ndarray, np.ndarray]:

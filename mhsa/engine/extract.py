@@ -23,6 +23,7 @@ from mhsa.engine.generation import (
 from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.engine.norms import weighted_by_norm
 from mhsa.engine.partial import LayerSink, selected_forward
+from mhsa.engine.query_keys import with_query_keys
 from mhsa.engine.result import AttentionResult
 from mhsa.engine.selection import Selection, check_attention_budget, select
 from mhsa.engine.swap import our_blocks
@@ -208,6 +209,7 @@ def attend(
     heads: str | int | Sequence[int] | None = None,
     attention_dtype: str = "float32",
     max_attention_mb: float | None = None,
+    qk: bool = False,
 ) -> AttentionResult:
     """Per-head attention of a text.
 
@@ -244,6 +246,10 @@ def attend(
             Statistics sum them in float64 whatever it is (README: the error measured).
         max_attention_mb: refuse, before the forward pass, a selection that would keep more
             megabytes of attention (``MHSA_MAX_ATTENTION_MB`` on a server); None: no budget.
+        qk: also keep each held head's query and key vectors (``AttentionResult.q``, ``k``,
+            ``qk_scale``: ``mhsa.engine.query_keys``) for the neuron view
+            (``result.show("neuron")``); one more pass through our module. Encoders and
+            decoders whose scores are ``q . k`` scaled.
 
     Raises:
         InputError, ModelLoadError, UnsupportedModelError: with a message saying what to do
@@ -270,6 +276,7 @@ def attend(
         norms=norms,
         text_pair=text_pair,
         selection=selection,
+        qk=qk,
     )
 
 
@@ -430,12 +437,14 @@ def _attend_encoded(
     text_pair: str | None = None,
     selection: Selection | None = None,
     sink: LayerSink | None = None,
+    qk: bool = False,
 ) -> AttentionResult:
     """``attend`` of a text already encoded."""
     if selection is not None:
-        return _attend_selected(
+        result = _attend_selected(
             lm, spec, encoded, text, selection, seed=seed, verify=verify, norms=norms, sink=sink
         )
+        return _query_keys(lm, spec, encoded, result, seed) if qk else result
     timings = {"load": lm.load_seconds}
     with lm.lock, torch.inference_mode():
         forward, agreement = _run_engine(
@@ -449,7 +458,7 @@ def _attend_encoded(
         )
         array = forward.attention.float().cpu().numpy()  # the one move to the CPU
         per_key = None if forward.value_norms is None else forward.value_norms.float().cpu()
-    return _engine_result(
+    result = _engine_result(
         lm,
         spec,
         encoded,
@@ -463,6 +472,16 @@ def _attend_encoded(
         **agreement,
         **_extra_fields(lm, encoded, forward),
     )
+    return _query_keys(lm, spec, encoded, result, seed) if qk else result
+
+
+def _query_keys(
+    lm: LoadedModel, spec: EngineSpec, encoded: Encoded, result: AttentionResult, seed: int
+) -> AttentionResult:
+    """``result`` with its heads' query and key vectors (``attend(qk=True)``)."""
+    with lm.lock:
+        inputs = encoded.inputs_on(lm.device)
+        return with_query_keys(lm, result, inputs, seed if spec.seeded else None)
 
 
 def _engine_result(

@@ -16,27 +16,47 @@ from mhsa.engine.tokens import is_punctuation, word_groups
 from mhsa.errors import InputError, MHSAError
 from mhsa.heads import head_label
 
-__all__ = ["ARRAY_FIELDS", "ATTENTION_KINDS", "AttentionResult", "NotebookView", "set_html_view"]
+__all__ = [
+    "ARRAY_FIELDS",
+    "ATTENTION_KINDS",
+    "AttentionResult",
+    "NotebookView",
+    "html_view",
+    "set_html_view",
+]
 
 _FORMAT = "mhsa-explorer/attention-result"
 _FORMAT_VERSION = 1
 #: the fields that hold arrays (saved as arrays, counted in bytes, frozen when shared)
-ARRAY_FIELDS = ("attention", "cross_attention", "decoder_attention", "norms")
+ARRAY_FIELDS = ("attention", "cross_attention", "decoder_attention", "norms", "q", "k")
 #: the attentions of an encoder-decoder model (``AttentionResult.of_kind``): the encoder's
 #: self-attention, the decoder's (causal) self-attention, and the decoder's cross-attention to
 #: the encoder (queries: decoder tokens; keys: encoder tokens)
 ATTENTION_KINDS = ("encoder", "decoder", "cross")
-#: draws a result as one self-contained piece of HTML, ``(result, view, **options) -> str``:
-#: ``mhsa.plots.notebook.result_html``, set by the front (``mhsa/__init__.py``) because the
-#: engine sits below the figures
-_html_view: Callable[..., str] | None = None
+#: draws a value as one self-contained piece of HTML, by kind: ``"attention"`` (an
+#: ``AttentionResult``: ``(result, view, **options) -> str``, ``mhsa.plots.notebook``), and the
+#: results of the layers above (``"patching agreement"``, ``"path patch"``, ``"circuit graph"``,
+#: ``"atlas"``: ``(value) -> str``, ``mhsa.plots.notebook_results``). The front
+#: (``mhsa/__init__.py``) sets them: the figures sit above the engine and the analyses.
+_html_views: dict[str, Callable[..., str]] = {}
 
 
-def set_html_view(draw: Callable[..., str]) -> None:
-    """Make ``draw`` the function that ``AttentionResult.show``, ``_repr_html_`` and
-    ``to_html`` call."""
-    global _html_view
-    _html_view = draw
+def set_html_view(draw: Callable[..., str], kind: str = "attention") -> None:
+    """Make ``draw`` the function that draws ``kind`` (``"attention"``: what
+    ``AttentionResult.show``, ``_repr_html_`` and ``to_html`` call)."""
+    _html_views[kind] = draw
+
+
+def html_view(kind: str) -> Callable[..., str]:
+    """The function that draws ``kind`` as HTML (``set_html_view``).
+
+    Raises:
+        MHSAError: none is set (``mhsa`` was not imported).
+    """
+    draw = _html_views.get(kind)
+    if draw is None:
+        raise MHSAError(f"No notebook view of {kind} is set: import mhsa (it sets them).")
+    return draw
 
 
 @dataclass(frozen=True)
@@ -108,6 +128,11 @@ class AttentionResult:
             selected layer), when only some were selected; None: every head.
         attention_dtype: the dtype the weights were stored in (``mhsa.engine.selection``:
             ``float32``, ``float16``, or ``bfloat16`` held in a float16 array).
+        q, k: float32 ``[layers, heads, n, d_head]``, each head's query and key vectors as its
+            scores take them (``attend(qk=True)``; ``mhsa.engine.query_keys``): ``attention``
+            is ``softmax(q k^T * qk_scale)`` over the keys the mask leaves; None when not
+            asked for (the neuron view needs them).
+        qk_scale: the scores' scale (``1 / sqrt(d_head)`` unless the model says otherwise).
     """
 
     text: str
@@ -145,6 +170,9 @@ class AttentionResult:
     layer_ids: list[int] | None = None
     head_ids: list[int] | None = None
     attention_dtype: str = "float32"
+    q: np.ndarray | None = None
+    k: np.ndarray | None = None
+    qk_scale: float | None = None
 
     def __post_init__(self) -> None:
         a, m, n = self.attention, self.num_queries, len(self.tokens)
@@ -160,6 +188,15 @@ class AttentionResult:
             raise ValueError(
                 f"norms must have attention's shape {list(a.shape)}, got {list(self.norms.shape)}"
             )
+        for name, rows in (("q", m), ("k", n)):
+            vectors = getattr(self, name)
+            if vectors is not None and (
+                vectors.ndim != 4 or vectors.shape[:3] != (*a.shape[:2], rows)
+            ):
+                raise ValueError(
+                    f"{name} must be [layers, heads, {rows}, d_head] beside attention "
+                    f"{list(a.shape)}, got {list(vectors.shape)}"
+                )
 
     @property
     def num_layers(self) -> int:
@@ -218,6 +255,7 @@ class AttentionResult:
                 "Marian) over tokens (whole words keep the encoder's alone)."
             )
         cleared = {"decoder_attention": None, "cross_attention": None, "norms": None}
+        cleared |= {"q": None, "k": None, "qk_scale": None}
         if kind == "cross":
             return dataclasses.replace(
                 self,
@@ -377,6 +415,9 @@ class AttentionResult:
             decoder_attention=None,
             cross_attention=None,
             decoder_special=None,
+            q=None,  # vectors belong to tokens, not words
+            k=None,
+            qk_scale=None,
         )
 
     # --- notebook views -----------------------------------------------------------------------
@@ -385,13 +426,13 @@ class AttentionResult:
         map, the chosen one enlarged; hover a token to see where it attends.
 
         Args:
-            view: ``"heads"`` (the chosen head as a map) or ``"line"`` (as lines).
+            view: ``"heads"`` (the chosen head as a map), ``"line"`` (as lines) or
+                ``"neuron"`` (BertViz's neuron view: a query's vector, each key's, their
+                products, scores and weights; needs ``attend(..., qk=True)``).
             **options: ``layer``, ``head`` (positions in ``attention``), ``theme``
                 (``"auto"``, ``"light"``, ``"dark"``).
         """
-        if _html_view is None:
-            raise MHSAError("No notebook view is set: import mhsa (it sets one).")
-        return NotebookView(_html_view(self, view, **options))
+        return NotebookView(html_view("attention")(self, view, **options))
 
     def _repr_html_(self) -> str:
         """The heads view where a notebook cell ends with a result; a result too large for one

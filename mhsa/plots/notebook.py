@@ -4,9 +4,17 @@ Every head as a small map in a grid (a row per layer); click one, or pick its la
 to enlarge it; hover a token to see where it attends in that head (CircuitsVis's interaction,
 which its newest ``attention_heads`` lost: circuitsvis issue 98), or a cell of the enlarged map
 to read its weight. ``view="line"`` draws the chosen head as BertViz's lines from each query to
-the keys instead of a map. Nothing is requested from the network: the script and the styles
-are inline, the weights embedded once as base64 16-bit integers (within 1/65535 of the
-float32 weights), tokens set as text (never parsed as HTML). Light and dark themes follow the
+the keys instead of a map. ``view="neuron"`` is BertViz's neuron view (Vig 2019, "A Multiscale
+Visualization of Attention in the Transformer Model", §3.3): for the chosen head and the query
+token under the pointer, the query vector q, each key vector k_j, their elementwise product
+q * k_j, the scaled dot product q . k_j * scale (``1 / sqrt(d_head)``) and the weight, signed
+values blue (> 0) and red (< 0) around white (or the dark background) at 0; keys a causal mask
+hides are shown as masked. It needs the vectors: ``attend(..., qk=True)`` (embedded as
+float32, so that the scores shown are the model's).
+
+Nothing is requested from the network: the script and the styles are inline, the weights
+embedded once as base64 16-bit integers (within 1/65535 of the float32 weights), tokens set as
+text (never parsed as HTML). Light and dark themes follow the
 notebook's (JupyterLab's ``data-jp-theme-light``, else the browser's preference) unless
 ``theme`` says which.
 
@@ -33,11 +41,13 @@ if TYPE_CHECKING:
 __all__ = ["MAX_VIEW_BYTES", "THEMES", "VIEWS", "result_html"]
 
 #: what the enlarged head shows: a map of weights, or lines from queries to keys
-VIEWS = ("heads", "line")
+VIEWS = ("heads", "line", "neuron")
 THEMES = ("auto", "light", "dark")
 #: the most bytes of embedded weights one view holds (MiniLM at 64 tokens: 0.6 MB)
 MAX_VIEW_BYTES = 24 * 2**20
 _SCRIPT_DIR = Path(__file__).with_name("notebook_assets")
+#: the script that draws each view (the neuron view's own: it reads vectors, not a grid)
+_SCRIPTS = {"heads": "view.js", "line": "view.js", "neuron": "neuron.js"}
 
 
 def _asset(name: str) -> str:
@@ -57,6 +67,34 @@ def _weights(attention: np.ndarray) -> str:
     return base64.b64encode(scaled.tobytes()).decode("ascii")
 
 
+def _floats(array: np.ndarray) -> str:
+    """An array as base64 of little-endian float32."""
+    return base64.b64encode(np.asarray(array, dtype="<f4").tobytes()).decode("ascii")
+
+
+def _neuron_data(result: AttentionResult) -> tuple[dict[str, object], int]:
+    """The neuron view's vectors (``q`` ``[L, H, m, Dh]``, ``k`` ``[L, H, n, Dh]`` as float32)
+    and their size in bytes.
+
+    Raises:
+        InputError: the result holds no vectors (how to get them).
+    """
+    if result.q is None or result.k is None or result.qk_scale is None:
+        raise InputError(
+            "The neuron view needs each head's query and key vectors, which this result does "
+            "not hold (results of from_attention hold weights only): compute it with "
+            "mhsa.attend(text, model=..., qk=True)."
+        )
+    data = {
+        "d": int(result.q.shape[3]),
+        "scale": float(result.qk_scale),
+        "causal": bool(result.causal),
+        "q": _floats(result.q),
+        "kv": _floats(result.k),
+    }
+    return data, (result.q.size + result.k.size) * 4
+
+
 def result_html(
     result: AttentionResult,
     view: str = "heads",
@@ -70,14 +108,16 @@ def result_html(
     Args:
         result: any result (a partial one shows the heads it holds, with the model's numbers;
             cross attention its decoder queries over encoder keys).
-        view: ``"heads"`` (the chosen head as a map) or ``"line"`` (as lines).
+        view: ``"heads"`` (the chosen head as a map), ``"line"`` (as lines) or ``"neuron"``
+            (query and key vectors: the result needs ``q`` and ``k``, ``attend(qk=True)``).
         layer: position in ``result.attention`` of the head shown first.
         head: position of the head shown first.
         theme: ``"auto"`` (the notebook's), ``"light"`` or ``"dark"``.
 
     Raises:
-        InputError: an unknown view or theme, a head outside the result, or weights over
-            ``MAX_VIEW_BYTES`` (select layers and heads with ``attend(layers=, heads=)``).
+        InputError: an unknown view or theme, a head outside the result, weights (and
+            vectors) over ``MAX_VIEW_BYTES`` (select layers and heads with
+            ``attend(layers=, heads=)``), or the neuron view of a result without vectors.
     """
     if view not in VIEWS:
         raise InputError(f"Unknown view {view!r}: one of {', '.join(VIEWS)}.")
@@ -90,6 +130,8 @@ def result_html(
             f"of {a.shape[1]} heads."
         )
     size = a.shape[0] * a.shape[1] * a.shape[2] * a.shape[3] * 2
+    vectors, vector_bytes = _neuron_data(result) if view == "neuron" else ({}, 0)
+    size += vector_bytes
     if size > MAX_VIEW_BYTES:
         raise InputError(
             f"{size / 2**20:,.0f} MB of weights is too much for one view (at most "
@@ -109,6 +151,7 @@ def result_html(
         "layer": layer,
         "head": head,
         "w": _weights(a),
+        **vectors,
     }
     vid = "mhsa-" + uuid.uuid4().hex[:12]
     title = f"{result.model} · {result.engine} · {a.shape[3]} tokens"
@@ -117,6 +160,6 @@ def result_html(
         f"<style>{_asset('view.css').replace('#ROOT', '#' + vid)}</style>"
         f'<div class="mhsa-title">{html.escape(title)}</div>'
         f'<script type="application/json" class="mhsa-data">{_json_for_script(data)}</script>'
-        f"<script>{_asset('view.js').replace('ROOT_ID', vid)}</script>"
+        f"<script>{_asset(_SCRIPTS[view]).replace('ROOT_ID', vid)}</script>"
         "</div>"
     )

@@ -1,6 +1,7 @@
 """The notebook view (``AttentionResult.to_html``) in Debian's Chromium with the network cut:
 no request, no console error; hovering a token colours the keys by its weights in the chosen
-head; clicking a head enlarges it; the pickers, the line view and the dark theme."""
+head; clicking a head enlarges it; the pickers, the line view and the dark theme; the neuron
+view's rows follow the query token under the pointer."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def open_view(browser, tmp_path):
 
     def open_(result: mhsa.AttentionResult, **options) -> object:
         page.set_content(result.to_html(tmp_path / "view.html", **options).read_text())
-        page.wait_for_selector(".mhsa-thumb")
+        page.wait_for_selector(".mhsa-view[data-ready]")
         return page
 
     yield open_
@@ -120,3 +121,39 @@ def test_line_view_and_dark_theme(open_view) -> None:
     )
     assert sorted(opacities) == pytest.approx(sorted(a[1, 0, 3][a[1, 0, 3] >= 0.01]), abs=1e-4)
     assert _key_colours(page)[3] == _colour(a[1, 0, 3, 3], DARK)
+
+
+def _neuron_rows(page) -> list[tuple[str, str]]:
+    """Each key row's score and weight as shown."""
+    return [
+        (r.locator(".mhsa-score").text_content(), r.locator(".mhsa-wtext").text_content())
+        for r in page.locator(".mhsa-krow").all()
+    ]
+
+
+def test_neuron_view_follows_the_query_under_the_pointer(open_view) -> None:
+    """toy:induction with its vectors: hovering a query shows its row of weights and its
+    scores q . k_j / sqrt(d) (recomputed here from the result's q and k), later keys masked."""
+    text = "ba be bi bo du ba be bi bo du"
+    result = mhsa.attend(text, model="toy:induction", qk=True)
+    page = open_view(result, view="neuron", layer=1, head=2)
+    n = result.num_tokens
+    assert page.locator(".mhsa-q").all_text_contents() == result.tokens
+    for query in (7, 2):
+        page.hover(f".mhsa-q >> nth={query}")
+        assert page.text_content(".mhsa-heading").endswith(f"(#{query})")
+        assert page.locator(".mhsa-q.mhsa-from").get_attribute("data-i") == str(query)
+        q, k = result.q[1, 2, query].astype(np.float64), result.k[1, 2].astype(np.float64)
+        scores = k @ q * result.qk_scale
+        shown = _neuron_rows(page)
+        assert [s == "masked" for s, _ in shown] == [j > query for j in range(n)]
+        # 3 decimals as shown: within half a unit of the last place (and the 16-bit weights)
+        visible = [j for j in range(n) if j <= query]
+        assert [float(shown[j][0]) for j in visible] == pytest.approx(scores[visible], abs=6e-4)
+        weights = [float(w) for _, w in shown]
+        assert weights == pytest.approx(result.attention[1, 2, query], abs=6e-4)
+        assert page.locator(".mhsa-krow.mhsa-masked").count() == n - 1 - query
+    page.select_option("select >> nth=1", "0")  # head picker: H0, same query
+    assert page.text_content(".mhsa-heading").startswith("L1H0")
+    weights = [float(w) for _, w in _neuron_rows(page)]
+    assert weights == pytest.approx(result.attention[1, 0, 2], abs=6e-4)

@@ -51,6 +51,7 @@ __all__ = [
     "head_roles",
     "random_induction",
     "sink_value_norms",
+    "sink_view",
     "strongest_inputs",
     "token_attention",
     "top_heads",
@@ -303,21 +304,23 @@ def attention_sinks(query: Query) -> SinkView:
     """Where the heads sink their attention on the sentence (Gu et al. 2025's threshold)."""
     key = ("sinks", query)
 
-    def compute() -> SinkView:
-        result = attention(query)
-        sinks = mhsa.attention_sinks(result)
-        received = sinks.table["received"].to_numpy().reshape(-1, result.num_tokens)
-        return SinkView(
-            received,
-            result.head_labels(),
-            list(result.tokens),
-            sinks.share,
-            sinks.first_share,
-            sinks.threshold,
-            sinks.causal,
-        )
+    return shared(key, lambda: sink_view(attention(query)))
 
-    return shared(key, compute)
+
+def sink_view(result: mhsa.AttentionResult) -> SinkView:
+    """``mhsa.attention_sinks`` of a result, laid out for a page (the sentence's, or an
+    uploaded file's)."""
+    sinks = mhsa.attention_sinks(result)
+    received = sinks.table["received"].to_numpy().reshape(-1, result.num_tokens)
+    return SinkView(
+        received,
+        result.head_labels(),
+        list(result.tokens),
+        sinks.share,
+        sinks.first_share,
+        sinks.threshold,
+        sinks.causal,
+    )
 
 
 def sink_value_norms(query: Query) -> pd.DataFrame:
