@@ -87,7 +87,7 @@ def weights_section(query: Query) -> None:
     layer, index = mhsa.parse_head_label(head)
     score = positions.previous_token[head]
     page.figure(
-        plots.positional_figure(positions.pattern[layer, index], head),
+        plots.positional_figure(positions.pattern[layer, index], head, positions.reads),
         f"{head}-positional",
         key="positional",
     )

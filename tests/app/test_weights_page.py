@@ -101,6 +101,33 @@ def test_head_roles_weights_section_is_the_librarys() -> None:
     assert at.session_state["_mhsa_opening"] == {"atlas_head": "L1H3"}
 
 
+@pytest.mark.slow
+def test_head_roles_on_the_default_model_splits_and_draws_positions() -> None:
+    """MiniLM (a post-norm encoder): "Why here?" split as the library splits it, and the
+    positional pattern through the embedding LayerNorm drawn with its previous-token score."""
+    text = "The cat sat on the mat because it was warm."
+    state = {"weights-head": "L1H9", "why-shown": True, "why-query": 2, "why-key": 5}
+    at = run("pages/10_Head_roles.py", state, text=text)
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    positions = mhsa.qk_positional_scores("default")
+    title, spec = next(
+        (t, s) for t, s in charts(at).items() if t.startswith("L1H9: attention from position")
+    )
+    assert "LN(W_pos)" in title
+    grid = decode(spec["data"][0]["z"]).astype(float)
+    np.testing.assert_allclose(grid, positions.pattern[1, 9], atol=1e-6)
+    captions = [rendered(c.value)[0] for c in at.caption]
+    score = positions.previous_token["L1H9"]
+    assert any(f"previous-token score from positions alone: {score:.3f}" in c for c in captions)
+    assert not any("Positional pattern:" in c for c in captions)  # not refused
+    terms = mhsa.qk_attribution(text, "L1H9", query=2)
+    at_key = terms[terms["key"] == 5]
+    why = next(s for t, s in charts(at).items() if t.startswith("L1H9: the largest terms"))
+    assert abs(decode(why["data"][0]["x"])[0]) == pytest.approx(
+        at_key["score"].abs().max(), rel=1e-6
+    )
+
+
 def test_a_click_on_a_heatmap_cell_opens_why_here_on_it(monkeypatch) -> None:
     """A click on the marker of cell (15, 6) (``plots.clickable_cells``, trace 1) opens the
     panel there; a click on the heatmap itself (trace 0) does nothing."""
