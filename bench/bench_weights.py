@@ -142,7 +142,9 @@ def main() -> None:
     copying = small_rows["copying scores, first call"]
     panel = next(v for k, v in small_rows.items() if k.startswith("Why here?"))
     minilm = _minilm_panel(words)
-    print("\nMiniLM (the default model), wall time over", PANEL_RUNS, "runs after a warm-up")
+    print(
+        "\nMiniLM (the default model), CPU and wall time over", PANEL_RUNS, "runs after a warm-up"
+    )
     print_table(minilm, MINILM_COLUMNS)
     first = next(r for r in minilm if r["what"] == "first click")["CPU p95 ms"] / 1000
     for what, seconds, target in (
