@@ -13,6 +13,8 @@ the final norm's into ``W_U``), the unembedding centred over the vocabulary
 weight folded into ``W_O`` (its scale, one number per position, changes no ratio or ranking
 here). Grouped-query heads use their key/value head. Matrices are in TransformerLens's
 convention (row vectors: ``x @ W_V``), read from our module (``mhsa.engine.swap.our_blocks``).
+A post-norm encoder's positional pattern reads its positions through the embeddings' LayerNorm
+(``LN(W_pos)``, ``qk_positional_scores``) with ``W_Q``, ``W_K`` as the model holds them.
 """
 
 from __future__ import annotations
