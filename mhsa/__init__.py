@@ -4,7 +4,7 @@ Never imports streamlit; only ``mhsa.plots`` imports plotly.
 """
 
 import mhsa.compat  # noqa: F401  (old names kept for a release: mhsa.deprecation)
-from mhsa.analysis.qk_attribution import qk_attribution
+from mhsa.analysis.qk_attribution import LayerSources, layer_sources, qk_attribution
 from mhsa.analysis.roles import (
     AttentionSinks,
     attention_sinks,
@@ -165,6 +165,7 @@ __all__ = [
     "HeadAttribution",
     "HeadClusters",
     "InputError",
+    "LayerSources",
     "LoadedModel",
     "LogitLens",
     "MHSAError",
@@ -209,6 +210,7 @@ __all__ = [
     "head_stats",
     "induction_scores",
     "information_flow",
+    "layer_sources",
     "load_model",
     "logit_lens",
     "norms_as_attention",

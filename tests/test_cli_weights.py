@@ -63,6 +63,17 @@ def test_qk_writes_terms_that_sum_to_each_keys_score(tmp_path, toy) -> None:
     assert list(written["key_token"]) == [tokens[k] for k in want["key"]]
 
 
+def test_qk_on_the_default_model_splits_every_key(minilm, capsys) -> None:
+    """MiniLM (a post-norm encoder): the largest terms of a query's row, as the library gives
+    them."""
+    text = "the cat sat on the mat"
+    assert main(["qk", text, "--head", "L3H2", "--query", "2", "--top", "5"]) == 0
+    written = pd.read_csv(pd.io.common.StringIO(capsys.readouterr().out))
+    want = mhsa.qk_attribution(text, "L3H2", model=minilm, query=2).nlargest(5, "score")
+    np.testing.assert_allclose(written["score"], want["score"], rtol=1e-12)
+    assert list(written["key_source"]) == list(want["key_source"].astype(str))
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

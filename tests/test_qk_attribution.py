@@ -2,8 +2,9 @@
 itself: the plain transformers model (its own attention blocks, not our module) with
 ``torch.nn.functional.softmax`` observed, whose input in eager attention is the scaled score
 (soft-capped for Gemma 2) plus the mask, on a tiny random model of every family the residual
-decomposition runs; one term (an earlier head on the key side) by hand on GPT-2; the refusals;
-and the induction head of ``toy:induction`` explained.
+decompositions run (pre-norm decoders, post-norm encoders); on MiniLM the scores from its own
+query and key projections, hooked; one term (an earlier head on the key side) by hand on GPT-2
+and on BERTs; the refusals; and the induction head of ``toy:induction`` explained.
 """
 
 from __future__ import annotations
@@ -14,15 +15,22 @@ import pytest
 import torch
 
 import mhsa
-from mhsa.analysis.qk_attribution import qk_attribution
+from mhsa.analysis.qk_attribution import layer_sources, qk_attribution
 from mhsa.analysis.weights import ov_copying_scores
 from tests.tiny import moved_off_init, save_tiny
 from tests.tiny_families import TINY_FAMILIES, loaded_tiny
 
 TEXT = "the cat sat on the mat and the dog sat on the rug"
-REFUSED = ["BERT family", "DistilBERT", "ALBERT", "ModernBERT", "BART family", "T5 family"]
+#: the refused families, and what their message says
+REFUSED = {
+    "ModernBERT": "pre-norm encoder such as ModernBERT",
+    "BART family": "encoder-decoder",
+    "T5 family": "encoder-decoder",
+}
+#: the post-norm encoders (split through their chain of frozen norms)
+ENCODERS = ["BERT family", "DistilBERT", "ALBERT"]
 #: every other tiny family is a pre-norm decoder (16 layouts)
-DECODERS = [name for name in TINY_FAMILIES if name not in REFUSED]
+DECODERS = [name for name in TINY_FAMILIES if name not in REFUSED and name not in ENCODERS]
 
 
 def _own_softmax_inputs(lm: mhsa.LoadedModel, text: str, monkeypatch) -> list[torch.Tensor]:
@@ -38,7 +46,7 @@ def _own_softmax_inputs(lm: mhsa.LoadedModel, text: str, monkeypatch) -> list[to
     monkeypatch.setattr(torch.nn.functional, "softmax", observed)
     inputs = lm.tokenizer(text, return_tensors="pt")
     with torch.inference_mode(), lm.lock:
-        lm.head_model(**inputs)
+        (lm.head_model or lm.model)(**inputs)
     monkeypatch.undo()
     return seen
 
@@ -111,10 +119,132 @@ def test_a_head_on_the_key_side_by_hand(tmp_path_factory):
     )
 
 
-@pytest.mark.parametrize("name", REFUSED)
+@pytest.mark.parametrize("name", ENCODERS)
+def test_post_norm_terms_sum_to_the_models_own_score(name: str, tmp_path_factory, monkeypatch):
+    """Every key of an encoder (no mask), at a query inside the text, in its last layer (the
+    stream through every norm of the layers below) and its first (input and bias alone)."""
+    lm = loaded_tiny(name, tmp_path_factory.mktemp)
+    own = _own_softmax_inputs(lm, TEXT, monkeypatch)
+    last = len(own) - 1
+    for layer, head, query in ((last, 1, 4), (0, 2, 0)):
+        frame = qk_attribution(TEXT, f"L{layer}H{head}", model=lm, query=query)
+        assert frame.attrs["causal"] is False
+        theirs = own[layer][head][query]  # (T,)
+        assert len(theirs) == len(frame.attrs["tokens"]) > query + 1  # keys after it too
+        summed = frame.groupby("key", observed=True)["score"].sum().sort_index().to_numpy()
+        scale = float(theirs.abs().max())
+        assert scale > 1e-2
+        assert summed == pytest.approx(theirs.numpy(), abs=1e-4 * scale)
+    frame = qk_attribution(TEXT, f"L{last}H1", model=lm)
+    sources = frame.attrs["sources"]
+    assert sources[0] == "input" and sources[-1] == "bias"
+    assert len(sources) == 1 + last * (lm.config.num_attention_heads + 1) + 1
+
+
+def _hooked_scores(lm: mhsa.LoadedModel, text: str, layer: int) -> torch.Tensor:
+    """``q k^T / sqrt(d_head)`` per head ``[H, T, T]`` from the query and key projections of
+    the plain BERT's layer ``layer`` (``BertSelfAttention.query`` / ``.key``), hooked."""
+    seen: dict[str, torch.Tensor] = {}
+    attention = lm.model.encoder.layer[layer].attention.self
+    handles = [
+        getattr(attention, name).register_forward_hook(
+            lambda _m, _a, out, name=name: seen.__setitem__(name, out[0].double())
+        )
+        for name in ("query", "key")
+    ]
+    try:
+        with torch.inference_mode(), lm.lock:
+            lm.model(**lm.tokenizer(text, return_tensors="pt"))
+    finally:
+        for handle in handles:
+            handle.remove()
+    h = lm.config.num_attention_heads
+    q, k = (seen[n].view(seen[n].shape[0], h, -1).transpose(0, 1) for n in ("query", "key"))
+    return q @ k.transpose(1, 2) / math.sqrt(q.shape[-1])
+
+
+def test_minilm_terms_sum_to_its_own_hooked_scores(minilm):
+    text = "The quick brown fox jumps over the lazy dog because it was bored."
+    for layer, head, query in ((5, 7, 3), (2, 0, 9)):
+        sources = layer_sources(text, layer, model=minilm)
+        frame = qk_attribution(sources, (layer, head), model=minilm, query=query)
+        theirs = _hooked_scores(minilm, text, layer)[head, query]  # (T,)
+        summed = frame.groupby("key", observed=True)["score"].sum().sort_index().to_numpy()
+        scale = float(theirs.abs().max())
+        assert len(summed) == len(theirs) == len(sources.tokens)
+        assert summed == pytest.approx(theirs.numpy(), abs=1e-4 * scale)
+        # the layer's sources serve every head and query of it as the text itself does
+        again = qk_attribution(text, (layer, head), model=minilm, query=query)
+        assert again["score"].to_numpy() == pytest.approx(frame["score"].to_numpy(), abs=1e-9)
+    with pytest.raises(mhsa.InputError, match="enter layer 2"):
+        qk_attribution(sources, "L3H0", model=minilm)
+
+
+def _bert_term_by_hand(lm: mhsa.LoadedModel, text: str, query: int) -> torch.Tensor:
+    """Term (input, L0H2) of L1H1 of a plain BERT at ``query`` over every key, from hooks:
+    layer 0's head 2 output ``A_2 V_2 W_O^2`` (its probabilities from the model), each
+    LayerNorm (layer 0's after the attention and after the MLP) frozen at the input the model
+    gave it, the embeddings' LayerNorm bias left out of ``input``; then layer 1's ``W_Q``,
+    ``W_K`` rows of head 1."""
+    bert = lm.model
+    layer0, layer1 = bert.encoder.layer[0], bert.encoder.layer[1]
+    norms = {"a": layer0.attention.output.LayerNorm, "m": layer0.output.LayerNorm}
+    given: dict[str, torch.Tensor] = {}
+    handles = [
+        norm.register_forward_hook(
+            lambda _m, args, _o, name=name: given.__setitem__(name, args[0][0].double())
+        )
+        for name, norm in norms.items()
+    ]
+    try:
+        with torch.inference_mode():
+            out = bert(
+                **lm.tokenizer(text, return_tensors="pt"),
+                output_attentions=True,
+                output_hidden_states=True,
+            )
+    finally:
+        for handle in handles:
+            handle.remove()
+    d = lm.config.hidden_size // lm.config.num_attention_heads
+    x0 = out.hidden_states[0][0].double()
+    value = layer0.attention.self.value
+    v = x0 @ value.weight.double()[2 * d : 3 * d].T + value.bias.double()[2 * d : 3 * d]
+    z = out.attentions[0][0, 2].double() @ v  # (T, Dh)
+    written = z @ layer0.attention.output.dense.weight.double()[:, 2 * d : 3 * d].T  # (T, D)
+    embedding_input = x0 - bert.embeddings.LayerNorm.bias.double()
+
+    def through(x: torch.Tensor) -> torch.Tensor:  # LN_a then LN_m, scales frozen, no beta
+        for name, norm in norms.items():
+            sigma = torch.sqrt(given[name].var(-1, unbiased=False, keepdim=True) + norm.eps)
+            x = (x - x.mean(-1, keepdim=True)) / sigma * norm.weight.double()
+        return x
+
+    w_q = layer1.attention.self.query.weight.double()[d : 2 * d]  # head 1's rows
+    w_k = layer1.attention.self.key.weight.double()[d : 2 * d]
+    query_part = through(embedding_input)[query] @ w_q.T
+    key_part = through(written) @ w_k.T  # (T, Dh)
+    return key_part @ query_part / math.sqrt(d)
+
+
+@pytest.mark.parametrize("which", ["tiny", "minilm"])
+def test_a_head_on_the_key_side_by_hand_on_bert(which, tiny_bert_sharp_path, minilm):
+    lm = minilm if which == "minilm" else mhsa.load_model(tiny_bert_sharp_path, device="cpu")
+    text = "the cat sat on the mat"
+    frame = qk_attribution(text, "L1H1", model=lm, query=3)
+    hand = _bert_term_by_hand(lm, text, 3)
+    ours = frame[(frame.query_source == "input") & (frame.key_source == "L0H2")]
+    assert list(ours["key"]) == list(range(len(frame.attrs["tokens"])))
+    assert float(hand.abs().max()) > 1e-2
+    assert ours["score"].to_numpy() == pytest.approx(
+        hand.numpy(), abs=1e-5 * float(hand.abs().max())
+    )
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
 def test_other_families_are_refused_with_a_message(name: str, tmp_path_factory):
     lm = loaded_tiny(name, tmp_path_factory.mktemp)
-    with pytest.raises(mhsa.UnsupportedModelError, match="pre-norm decoder"):
+    with pytest.raises(mhsa.UnsupportedModelError, match=REFUSED[name]):
         qk_attribution(TEXT, "L0H0", model=lm)
 
 

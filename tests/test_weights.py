@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -163,6 +164,50 @@ def test_rotary_models_have_no_positional_pattern(tiny_llama_path: str):
         qk_positional_scores(tiny_llama_path)
 
 
-def test_post_norm_encoders_have_no_positional_pattern(tiny_bert_path: str):
-    with pytest.raises(mhsa.UnsupportedModelError, match="learned absolute position"):
-        qk_positional_scores(tiny_bert_path)
+def test_positional_pattern_of_a_post_norm_encoder_by_hand(tmp_path):
+    """A tiny BERT (norm weights moved off 1): each row of its position embeddings through the
+    embeddings' LayerNorm alone (``torch.nn.functional.layer_norm``, no bias), then each head's
+    query and key rows of the plain model's ``BertSelfAttention``; softmax over every key."""
+    from tests.tiny import moved_off_init, tiny_bert
+
+    torch.manual_seed(0)
+    model = moved_off_init(tiny_bert("BertModel", positions=64, initializer_range=0.4))
+    lm = mhsa.load_model(save_tiny(tmp_path / "bert", model), device="cpu")
+    n = 12
+    ours = qk_positional_scores(lm, positions=n)
+    assert ours.reads == "LN(W_pos)" and ours.pattern.shape == (2, 4, n, n)
+    norm = model.embeddings.LayerNorm
+    pos = model.embeddings.position_embeddings.weight.detach().double()[:n]
+    weight = norm.weight.detach().double()
+    pos = torch.nn.functional.layer_norm(pos, (pos.shape[1],), weight, None, norm.eps)
+    d = model.config.hidden_size // model.config.num_attention_heads
+    for layer, block in enumerate(model.encoder.layer):
+        attention = block.attention.self
+        for head in range(model.config.num_attention_heads):
+            rows = slice(head * d, (head + 1) * d)
+            q = pos @ attention.query.weight.detach().double()[rows].T
+            k = pos @ attention.key.weight.detach().double()[rows].T
+            scores = q @ k.T / math.sqrt(d)
+            pattern = torch.exp(scores - scores.max(1, keepdim=True).values)
+            pattern = pattern / pattern.sum(1, keepdim=True)
+            assert ours.pattern[layer, head] == pytest.approx(pattern.numpy(), abs=1e-6)
+            previous = sum(float(pattern[i, i - 1]) for i in range(1, n)) / (n - 1)
+            label = f"L{layer}H{head}"
+            assert ours.previous_token[label] == pytest.approx(previous, abs=1e-6)
+    assert float(ours.pattern.std()) > 1e-3  # not uniform: positions tell the keys apart
+
+
+def test_minilm_has_a_finite_positional_pattern(minilm):
+    ours = qk_positional_scores(minilm)
+    assert ours.pattern.shape == (6, 12, 64, 64)
+    assert np.isfinite(ours.pattern).all() and np.isfinite(ours.previous_token).all()
+    np.testing.assert_allclose(ours.pattern.sum(-1), 1.0, atol=1e-5)
+    assert (ours.pattern[..., 0, 1:] > 0).all()  # no causal mask: a query reads later keys
+
+
+def test_encoders_that_project_their_embeddings_have_no_positional_pattern(tmp_path_factory):
+    from tests.tiny_families import loaded_tiny
+
+    lm = loaded_tiny("ALBERT", tmp_path_factory.mktemp)
+    with pytest.raises(mhsa.UnsupportedModelError, match="projects the embeddings"):
+        qk_positional_scores(lm)

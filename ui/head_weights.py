@@ -43,10 +43,11 @@ def why_here_panel(
     last = result.num_queries - 1
     state = st.session_state
     state[_ROW] = min(max(int(state.get(_ROW, last)), 0), last)
-    state[_KEY] = min(max(int(state.get(_KEY, 0)), 0), state[_ROW])
+    keys = int(state[_ROW]) if result.causal else result.num_tokens - 1  # a decoder: up to it
+    state[_KEY] = min(max(int(state.get(_KEY, 0)), 0), keys)
     left, right = st.columns(2)
     left.number_input("Query position", 0, last, key=_ROW)
-    right.number_input("Key position", 0, int(state[_ROW]), key=_KEY)
+    right.number_input("Key position", 0, keys, key=_KEY)
     st.caption(weights.WHY_NOTE)
     why = page.or_error(weights.why_here, query, layer, head, int(state[_ROW]), int(state[_KEY]))
     if why is None:
@@ -86,7 +87,7 @@ def weights_section(query: Query) -> None:
     layer, index = mhsa.parse_head_label(head)
     score = positions.previous_token[head]
     page.figure(
-        plots.positional_figure(positions.pattern[layer, index], head),
+        plots.positional_figure(positions.pattern[layer, index], head, positions.reads),
         f"{head}-positional",
         key="positional",
     )

@@ -1,18 +1,33 @@
 """One head's attention scores split into the pairs of residual-stream parts that make them
 (the QK attribution of Anthropic's "Tracing attention computation through feature
-interactions", 2025, on the residual decomposition of Elhage et al. 2021).
+interactions", 2025, on the residual decomposition of Elhage et al. 2021, "A Mathematical
+Framework for Transformer Circuits").
 
-The residual stream entering a head's layer is a sum of parts (``mhsa.engine.residual``):
-``input`` (token and position embeddings), each earlier head's output ``L{l}H{h}``, each
-earlier MLP's output ``M{l}``, and ``bias`` (every constant: attention output biases, norm
-biases, the query and key biases). With the layer's norm frozen at the real stream
-(TransformerLens's ``apply_ln_to_stack``: each position's scale fixed, so the norm is linear),
-query and key are sums over parts, q/k norms (Qwen3, Gemma 3, OLMo 2) frozen likewise and
-rotary positions applied to each part (a rotation is linear); the score ``q . k * scale`` is a
-sum over pairs (query part, key part).
+The residual stream entering a head's layer is a sum of parts: ``input`` (token and position
+embeddings), each earlier head's output ``L{l}H{h}``, each earlier MLP's output ``M{l}``, and
+``bias`` (every constant: attention output biases, norm biases, the query and key biases).
+The score ``q . k * scale`` is then a sum over pairs (query part, key part), query and key each
+a sum over parts:
+
+- a pre-norm decoder (``mhsa.engine.residual``): the layer's norm frozen at the real stream
+  (TransformerLens's ``apply_ln_to_stack``: each position's scale fixed, so the norm is
+  linear), q/k norms (Qwen3, Gemma 3, OLMo 2) frozen likewise and rotary positions applied to
+  each part (a rotation is linear);
+- a post-norm encoder (BERT family: BERT, RoBERTa, ELECTRA, MiniLM, DistilBERT, ALBERT;
+  ``mhsa.engine.postnorm_stream``): every LayerNorm on the way, from the embeddings' to the
+  last layer's, has its scale ``1 / sigma`` frozen per position at the real forward, so it is
+  affine; each part is pushed through every norm after the point where it was written (centred,
+  times the frozen ``1 / sigma`` and the norm's weight), each norm's bias joining ``bias``; the
+  heads read the stream as it is (no norm before the attention). An MLP's output is nonlinear
+  in its input: it is one part, as the real forward computed it.
+
+Encoder-decoders (two streams) are refused; so is an encoder whose layers are neither
+(ModernBERT: pre-norm, which the pre-norm decomposition follows only for decoders).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -23,13 +38,21 @@ from mhsa.engine.frozen_norm import FrozenNorm, frozen_norm
 from mhsa.engine.generation import Generation
 from mhsa.engine.layer_parts import attention_norm_of
 from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.postnorm_stream import postnorm_pass
 from mhsa.engine.residual import ResidualPass, residual_pass
 from mhsa.engine.rmsnorm import RMSNorm
 from mhsa.engine.swap import our_blocks
 from mhsa.errors import InputError, UnsupportedModelError
 from mhsa.heads import check_heads
 
-__all__ = ["BIAS", "INPUT", "qk_attribution", "residual_sources"]
+__all__ = [
+    "BIAS",
+    "INPUT",
+    "LayerSources",
+    "layer_sources",
+    "qk_attribution",
+    "residual_sources",
+]
 
 #: the names of the residual parts besides heads (``L{l}H{h}``) and MLPs (``M{l}``)
 INPUT, BIAS = "input", "bias"
@@ -126,24 +149,92 @@ def _side(
 
 
 def _checked(lm: LoadedModel, head: str | tuple[int, int]) -> tuple[int, int]:
-    """``(layer, head)`` of a decoder the residual decomposition can run (its refusals first)."""
+    """``(layer, head)`` of a model the split runs on (its refusals first)."""
     with lm.lock:
         blocks = our_blocks(lm)
-    if lm.is_encoder_decoder or not blocks[0].causal:
+    if lm.is_encoder_decoder:
         raise UnsupportedModelError(
-            f"{lm.display_name}: splitting a score into residual parts needs a pre-norm "
-            "decoder (GPT-2, the Llama family, GPT-NeoX, GPT-J, Phi, Falcon, OPT, Qwen, Gemma, "
-            "OLMo 2, a toy model); a post-norm encoder (BERT family) renormalises its stream "
-            "after every layer and an encoder-decoder reads two streams, which this does not "
-            "follow."
+            f"{lm.display_name} is an encoder-decoder: its decoder also reads the encoder's "
+            "output through cross attention, a second residual stream that this split does "
+            "not follow. Use a pre-norm decoder (GPT-2, the Llama family, GPT-NeoX, GPT-J, "
+            "Phi, Falcon, OPT, Qwen, Gemma, OLMo 2, a toy model) or a post-norm encoder (BERT, "
+            "RoBERTa, ELECTRA, MiniLM, DistilBERT, ALBERT)."
         )
     names = [f"L{layer}" for layer in range(len(blocks))]
     ((layer, index),) = check_heads([head], names, blocks[0].ours.num_heads)
     return layer, index
 
 
-def qk_attribution(
+@dataclass(frozen=True, eq=False)
+class LayerSources:
+    """The residual stream entering one layer in parts, as that layer's heads read it: what
+    ``qk_attribution`` splits a score over. ``layer_sources`` computes it once per text and
+    layer; every head and query of the layer reuses it. S parts, T tokens, D = d_model.
+
+    Attributes:
+        model: the model's name (``LoadedModel.name``).
+        tokens: the tokens as the model sees them.
+        layer: the layer entered.
+        names: the parts' names: ``input``, per earlier layer its heads ``L{l}H{h}`` and its
+            MLP ``M{l}``, then ``bias``.
+        sources: the parts ``[S, T, D]`` (float64).
+        frozen: the norm before the layer's attention, frozen per position at the real stream
+            (pre-norm), or None (a post-norm encoder: its heads read the stream as it is).
+        normed: the stream as the heads read it ``[T, D]`` (float64).
+        causal: whether a query reads only the keys up to it (a decoder).
+    """
+
+    model: str
+    tokens: tuple[str, ...]
+    layer: int
+    names: tuple[str, ...]
+    sources: torch.Tensor
+    frozen: FrozenNorm | None
+    normed: torch.Tensor
+    causal: bool
+
+
+def layer_sources(
     text: str | Generation,
+    layer: int,
+    *,
+    model: str | LoadedModel = DEFAULT_MODEL,
+    max_tokens: int | None = None,
+) -> LayerSources:
+    """The residual stream entering ``layer`` on ``text``, in parts (``LayerSources``): for a
+    pre-norm decoder through ``mhsa.engine.residual`` with the layer's norm frozen; for a
+    post-norm encoder through its chain of norms, each frozen (``mhsa.engine.postnorm_stream``).
+
+    Raises:
+        InputError: no such layer, an empty or too long text, a ``Generation`` for an encoder.
+        UnsupportedModelError: an encoder-decoder, or a layout neither decomposition covers.
+    """
+    lm = resolve_model(model)
+    layer, _ = _checked(lm, (layer, 0))
+    with lm.lock:
+        block = our_blocks(lm)[layer]
+    if not block.causal:
+        if isinstance(text, Generation):
+            raise InputError("A Generation is a decoder's output: give an encoder a text.")
+        run = postnorm_pass(text, model=lm, max_tokens=max_tokens)
+        whole = run.resid_pre[layer].double()
+        names, sources = run.names(layer), run.sources(layer)
+        return LayerSources(lm.name, run.tokens, layer, tuple(names), sources, None, whole, False)
+    pre = residual_pass(text, model=lm, max_tokens=max_tokens, all_logits=False)
+    names, sources = residual_sources(pre, layer)  # (S, T, D)
+    outer, attribute = block.layer_place
+    norm = attention_norm_of(getattr(outer, attribute))
+    whole = pre.resid_pre[layer].double()
+    frozen = None if norm is None else frozen_norm(norm, pre.resid_pre[layer])
+    normed = whole
+    if frozen is not None:
+        normed = frozen(whole) + (0 if frozen.bias is None else frozen.bias.double())
+    _check_values(block.ours, normed, pre.values[layer], lm.display_name, layer)
+    return LayerSources(lm.name, pre.tokens, layer, tuple(names), sources, frozen, normed, True)
+
+
+def qk_attribution(
+    text: str | Generation | LayerSources,
     head: str | tuple[int, int],
     *,
     model: str | LoadedModel = DEFAULT_MODEL,
@@ -156,27 +247,39 @@ def qk_attribution(
     docstring): ``score(q, k) = sum over (a, b) of q_a . k_b * scale``.
 
     Args:
-        text: the text (or a ``Generation``'s ids).
+        text: the text (or a ``Generation``'s ids), or the ``layer_sources`` of it at the
+            head's layer (its forward pass reused: every head and query of a layer from one).
         head: ``"L1H3"`` or ``(layer, head)``.
-        model: a pre-norm decoder the residual decomposition runs (``residual_pass``).
+        model: a pre-norm decoder (``residual_pass``) or a post-norm encoder
+            (``postnorm_pass``); the model ``text``'s sources came from.
         query: the query position (default: the last).
         max_tokens: cut the text to this many tokens.
 
     Returns:
-        One row per (query part, key part, key position 0 .. query): ``query_source``,
-        ``key_source`` (categorical), ``key``, ``score``; for each key the scores sum to the
-        head's score.
-        ``attrs``: ``tokens``, ``query``, ``head``, ``sources`` (the parts' names, in order).
+        One row per (query part, key part, key position): ``query_source``, ``key_source``
+        (categorical), ``key``, ``score``; the keys are 0 .. query for a decoder, every
+        position for an encoder; for each key the scores sum to the head's score.
+        ``attrs``: ``tokens``, ``query``, ``head``, ``sources`` (the parts' names, in order),
+        ``causal``.
 
     Raises:
-        InputError: no such head, a query outside the text, an empty or too long text.
-        UnsupportedModelError: a post-norm encoder, an encoder-decoder, or a layout the
-            residual decomposition does not cover.
+        InputError: no such head, a query outside the text, an empty or too long text,
+            sources of another layer or model.
+        UnsupportedModelError: an encoder-decoder, or a layout neither residual
+            decomposition covers.
     """
     lm = resolve_model(model)
     layer, index = _checked(lm, head)
-    run = residual_pass(text, model=lm, max_tokens=max_tokens, all_logits=False)
-    length = len(run.tokens)
+    if isinstance(text, LayerSources):
+        parts = text
+        if parts.layer != layer or parts.model != lm.name:
+            raise InputError(
+                f"These sources enter layer {parts.layer} of {parts.model}: L{layer}H{index} "
+                f"of {lm.name} reads layer {layer}'s."
+            )
+    else:
+        parts = layer_sources(text, layer, model=lm, max_tokens=max_tokens)
+    length = len(parts.tokens)
     if query is None:
         query = length - 1
     if isinstance(query, bool) or not isinstance(query, int | np.integer):
@@ -185,25 +288,27 @@ def qk_attribution(
         raise InputError(
             f"There is no query position {query}: the text has {length} tokens (0 to {length - 1})."
         )
-    names, sources = residual_sources(run, layer)  # (S, T, D)
+    query = int(query)
     with lm.lock:
-        block = our_blocks(lm)[layer]
-    ours = block.ours
-    outer, attribute = block.layer_place
-    norm = attention_norm_of(getattr(outer, attribute))
-    whole = run.resid_pre[layer].double()
-    frozen = None if norm is None else frozen_norm(norm, run.resid_pre[layer])
-    normed = whole
-    if frozen is not None:
-        normed = frozen(whole) + (0 if frozen.bias is None else frozen.bias.double())
-    _check_values(ours, normed, run, layer, index, lm.display_name)
-    keys = torch.arange(query + 1, device=sources.device)
-    at_query = keys[query:]
-    q = _side(ours, sources[:, at_query], at_query, frozen, normed[at_query], 0, index)
+        ours = our_blocks(lm)[layer].ours
+    count = query + 1 if parts.causal else length
+    keys = slice(0, count)  # a view, not a copy of [S, K, D]
+    at_query = slice(query, query + 1)
+    frozen, normed, sources = parts.frozen, parts.normed, parts.sources
+    q = _side(
+        ours,
+        sources[:, at_query],
+        torch.arange(query, query + 1),
+        frozen,
+        normed[at_query],
+        0,
+        index,
+    )
     k_index = index // ours.groups
-    k = _side(ours, sources[:, keys], keys, frozen, normed[keys], 1, k_index)  # (S, K, Dh)
+    k = _side(ours, sources[:, keys], torch.arange(count), frozen, normed[keys], 1, k_index)
     terms = torch.einsum("ad,bkd->abk", q[:, 0], k) * ours.scale  # (S, S, K)
-    s, count = len(names), query + 1
+    names = list(parts.names)
+    s = len(names)
     source = np.arange(s)
     frame = pd.DataFrame(
         {
@@ -213,32 +318,36 @@ def qk_attribution(
             "score": terms.reshape(-1).cpu().numpy(),
         }
     )
-    frame.attrs.update(tokens=run.tokens, query=query, head=f"L{layer}H{index}", sources=names)
+    frame.attrs.update(
+        tokens=parts.tokens,
+        query=query,
+        head=f"L{layer}H{index}",
+        sources=names,
+        causal=parts.causal,
+    )
     return frame
 
 
 def _check_values(
     ours: MultiHeadSelfAttention,
     normed: torch.Tensor,
-    run: ResidualPass,
-    layer: int,
-    index: int,
+    values: torch.Tensor,
     model: str,
+    layer: int,
 ) -> None:
-    """The normed stream ``normed [T, D]`` rebuilds the head's values as the pass recorded
-    them: the norm before the attention was found and frozen right.
+    """The normed stream ``normed [T, D]`` rebuilds every head's values ``[H, T, Dh]`` as the
+    pass recorded them: the norm before the attention was found and frozen right.
 
     Raises:
         UnsupportedModelError: they do not.
     """
     weights, biases = ours.projections()
-    dh, g = ours.d_head, index // ours.groups
-    rows = slice(g * dh, (g + 1) * dh)
     b = biases[2]
-    values = normed @ weights[2][rows].to(normed).T
-    values = values + (0 if b is None else b[rows].to(normed))
-    theirs = run.values[layer][index].double()
-    if not torch.allclose(values, theirs, atol=1e-4 * (1.0 + float(theirs.abs().max()))):
+    rebuilt = normed @ weights[2].to(normed).T + (0 if b is None else b.to(normed))  # (T, G Dh)
+    rebuilt = rebuilt.view(len(normed), -1, ours.d_head).transpose(0, 1)  # (G, T, Dh)
+    rebuilt = rebuilt.repeat_interleave(ours.groups, dim=0)
+    theirs = values.double()
+    if not torch.allclose(rebuilt, theirs, atol=1e-4 * (1.0 + float(theirs.abs().max()))):
         raise UnsupportedModelError(
             f"{model}: the norm before layer {layer}'s attention is not one this split "
             "recognises (LayerNorm, RMSNorm, or none): its scores cannot be split."

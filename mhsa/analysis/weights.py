@@ -13,6 +13,8 @@ the final norm's into ``W_U``), the unembedding centred over the vocabulary
 weight folded into ``W_O`` (its scale, one number per position, changes no ratio or ranking
 here). Grouped-query heads use their key/value head. Matrices are in TransformerLens's
 convention (row vectors: ``x @ W_V``), read from our module (``mhsa.engine.swap.our_blocks``).
+A post-norm encoder's positional pattern reads its positions through the embeddings' LayerNorm
+(``LN(W_pos)``, ``qk_positional_scores``) with ``W_Q``, ``W_K`` as the model holds them.
 """
 
 from __future__ import annotations
@@ -332,37 +334,92 @@ class PositionalQK:
 
     Attributes:
         pattern: ``[L, H, P, P]`` float32, rows the query position, columns the key position:
-            ``softmax(W_pos W_Q^h W_K^hT W_pos^T * scale)`` over keys (causally masked for
-            decoders).
+            ``softmax(P W_Q^h W_K^hT P^T * scale)`` over keys (causally masked for decoders),
+            ``P`` the positions as the heads read them (``reads``).
         previous_token: per head (``L{l}H{h}``), the mean of the pattern's sub-diagonal
             (attention from each position to the one before it).
+        reads: what ``P`` is: ``"W_pos"`` (a decoder's position embeddings) or
+            ``"LN(W_pos)"`` (a post-norm encoder's, through its embedding LayerNorm alone).
     """
 
     pattern: np.ndarray
     previous_token: pd.Series
+    reads: str = "W_pos"
 
 
 def _position_embeddings(lm: LoadedModel) -> torch.Tensor | None:
     """The learned absolute position embeddings ``[positions, D]`` (GPT-2's ``wpe``, OPT's
-    ``embed_positions`` past its offset), or None."""
-    for owner in (lm.model, getattr(lm.model, "decoder", None)):
-        for name in ("wpe", "embed_positions"):
+    ``embed_positions`` past its offset; an encoder's ``embeddings.position_embeddings``,
+    RoBERTa's past its padding index), or None."""
+    owners = (lm.model, getattr(lm.model, "decoder", None), getattr(lm.model, "embeddings", None))
+    for owner in owners:
+        for name in ("wpe", "embed_positions", "position_embeddings"):
             module = getattr(owner, name, None)
             if isinstance(module, nn.Embedding):
                 offset = int(getattr(module, "offset", 0))
+                if name == "position_embeddings" and module.padding_idx is not None:
+                    offset = module.padding_idx + 1  # RoBERTa counts from padding_idx + 1
                 return module.weight.detach()[offset:]
     return None
+
+
+def _encoder_positions(lm: LoadedModel, w_pos: torch.Tensor) -> torch.Tensor:
+    """A post-norm encoder's positions as its layers read them: each row of ``w_pos``
+    through the embeddings' LayerNorm alone (its own mean and standard deviation, eps
+    included, times the norm's weight; the norm's bias left out), float64.
+
+    Raises:
+        UnsupportedModelError: no embedding LayerNorm, or a projection after it (ALBERT,
+            ELECTRA with a narrower embedding).
+    """
+    norm = getattr(getattr(lm.model, "embeddings", None), "LayerNorm", None)
+    projected = hasattr(getattr(lm.model, "encoder", None), "embedding_hidden_mapping_in")
+    projected = projected or hasattr(lm.model, "embeddings_project")
+    if not isinstance(norm, nn.LayerNorm) or projected:
+        raise UnsupportedModelError(
+            f"{lm.display_name}: the positional pattern of an encoder reads its position "
+            "embeddings through the embeddings' LayerNorm straight into the first layer (BERT, "
+            "RoBERTa, MiniLM, DistilBERT); this model has no such norm, or projects the "
+            "embeddings after it (ALBERT, ELECTRA)."
+        )
+    pos = w_pos.to("cpu", torch.float64)
+    centred = _centred(pos, 1)
+    sigma = torch.sqrt(centred.pow(2).mean(1, keepdim=True) + norm.eps)
+    return centred / sigma * norm.weight.detach().to("cpu", torch.float64)
+
+
+def _raw_qk(blocks: list[OurBlock]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every head's ``W_Q``, ``W_K`` ``[N, D, Dh]`` as the model holds them (float64; keys of
+    a head's key/value head): a post-norm layer reads the stream with no norm before its
+    attention, so nothing is folded or centred."""
+    w_q, w_k = [], []
+    for block in blocks:
+        ours = block.ours
+        q, k = (w.to("cpu", torch.float64) for w in ours.projections()[0][:2])
+        h, g, dh = ours.num_heads, ours.num_kv_heads, ours.d_head
+        w_q.append(q.view(h, dh, -1).transpose(1, 2))
+        w_k.append(k.view(g, dh, -1).transpose(1, 2).repeat_interleave(ours.groups, 0))
+    return torch.cat(w_q), torch.cat(w_k)
 
 
 def qk_positional_scores(
     model: str | LoadedModel = DEFAULT_MODEL, positions: int = 64
 ) -> PositionalQK:
     """Each head's positional QK pattern (Elhage et al. 2021): the attention its QK circuit
-    gives the learned position embeddings alone, ``softmax(W_pos W_Q^h W_K^hT W_pos^T /
-    sqrt(d_head))`` (the module's scale), causally masked for decoders, and its previous-token
-    score, the mean of the pattern's sub-diagonal. Weights processed as the module's docstring
-    says (``W_pos`` centred for LayerNorm models); every layer's heads read ``W_pos``
-    directly (the direct path: in layers past the first, what earlier layers wrote adds to it).
+    gives the learned position embeddings alone, ``softmax(P W_Q^h W_K^hT P^T / sqrt(d_head))``
+    (the module's scale), causally masked for decoders, and its previous-token score, the mean
+    of the pattern's sub-diagonal; every layer's heads read ``P`` directly (the direct path: in
+    layers past the first, what earlier layers wrote adds to it). Query and key biases are
+    constants, not positions: left out.
+
+    - Decoders: ``P = W_pos``, weights processed as the module's docstring says (``W_pos``
+      centred for LayerNorm models).
+    - Post-norm encoders (BERT, RoBERTa, MiniLM, DistilBERT): the positions enter the first
+      layer through the embeddings' LayerNorm, so ``P = LN(W_pos)``: each row put through that
+      norm alone (centred, divided by its own standard deviation, eps included, times the
+      norm's weight; its bias, a constant, left out), the positional part alone as
+      TransformerLens reads ``W_pos`` for GPT-2 with ``fold_ln``; ``W_Q``, ``W_K`` as the
+      model holds them (no norm before a post-norm attention: nothing to fold); no mask.
 
     Args:
         positions: the first this many positions (at most the model's).
@@ -371,7 +428,7 @@ def qk_positional_scores(
         InputError: ``positions`` below 2.
         UnsupportedModelError: rotary positions (they rotate queries and keys by position:
             there is no position vector in the residual stream), no learned absolute
-            positions, or a post-norm encoder (its embedding norm mixes them with the tokens).
+            positions, or an encoder that projects its embeddings after their norm.
     """
     lm = resolve_model(model)
     if positions < 2:
@@ -384,29 +441,45 @@ def qk_positional_scores(
             "position inside the attention, so there is no position embedding W_pos in the "
             "residual stream to read a positional pattern from."
         )
-    w_pos = _position_embeddings(lm)
-    if w_pos is None or not blocks[0].causal:
+    if lm.is_encoder_decoder:
         raise UnsupportedModelError(
-            f"{lm.display_name}: the positional pattern is defined for decoders with learned "
-            "absolute position embeddings that the residual stream carries as they are "
-            "(GPT-2, OPT); this model has none, or an embedding norm that mixes them with the "
-            "tokens."
+            f"{lm.display_name} is an encoder-decoder model: its heads read two residual "
+            "streams. Choose an encoder or a decoder model."
         )
-    heads = _processed_heads(lm)
-    pos = w_pos[:positions].to("cpu", torch.float64)
-    if heads.layer_norm:
-        pos = _centred(pos, 1)
-    q = torch.einsum("pd,nde->npe", pos, heads.w_q)  # (N, P, Dh)
-    k = torch.einsum("pd,nde->npe", pos, heads.w_k)
-    scale = torch.tensor(heads.scale, dtype=torch.float64).repeat_interleave(heads.heads)
-    scores = q @ k.transpose(1, 2) * scale[:, None, None]  # (N, P, P)
+    w_pos = _position_embeddings(lm)
+    if w_pos is None:
+        raise UnsupportedModelError(
+            f"{lm.display_name}: the positional pattern is defined for models with learned "
+            "absolute position embeddings that the residual stream carries (GPT-2, OPT; "
+            "BERT, RoBERTa, MiniLM, DistilBERT through their embedding norm); this model has "
+            "none."
+        )
+    causal = blocks[0].causal
+    w_pos = w_pos[:positions]
+    if causal:
+        heads = _processed_heads(lm)
+        pos = w_pos.to("cpu", torch.float64)
+        pos = _centred(pos, 1) if heads.layer_norm else pos
+        w_q, w_k = heads.w_q, heads.w_k
+    else:
+        pos = _encoder_positions(lm, w_pos)
+        w_q, w_k = _raw_qk(blocks)
+    q = torch.einsum("pd,nde->npe", pos, w_q)  # (N, P, Dh)
+    k = torch.einsum("pd,nde->npe", pos, w_k)
+    n_heads = blocks[0].ours.num_heads
+    scale = torch.tensor([float(b.ours.scale) for b in blocks], dtype=torch.float64)
+    scores = q @ k.transpose(1, 2) * scale.repeat_interleave(n_heads)[:, None, None]  # (N, P, P)
     n = pos.shape[0]
-    future = torch.ones(n, n, dtype=torch.bool).triu(1)
-    pattern = scores.masked_fill(future, float("-inf")).softmax(-1)
+    if causal:
+        future = torch.ones(n, n, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    pattern = scores.softmax(-1)
     previous = pattern.diagonal(offset=-1, dim1=1, dim2=2).mean(-1)
+    labels = [head_label(li, h) for li in range(len(blocks)) for h in range(n_heads)]
     return PositionalQK(
-        pattern=pattern.view(heads.layers, heads.heads, n, n).float().numpy(),
+        pattern=pattern.view(len(blocks), n_heads, n, n).float().numpy(),
         previous_token=pd.Series(
-            previous.numpy(), index=pd.Index(heads.labels(), name="head"), name="previous token"
+            previous.numpy(), index=pd.Index(labels, name="head"), name="previous token"
         ),
+        reads="W_pos" if causal else "LN(W_pos)",
     )

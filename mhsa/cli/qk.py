@@ -16,9 +16,11 @@ EXAMPLES = (
 HELP = "why a head looks where it does: its scores split into residual parts (CSV)"
 DESCRIPTION = (
     "The head's pre-softmax scores (scaled, before the mask) from --query (default: the last "
-    "token) to every earlier key, each split into pairs of residual parts: input "
-    "(embeddings), L<l>H<h> (an earlier head), M<l> (an earlier MLP), bias; the norm's "
-    "scale frozen at the real stream. Pre-norm decoders only. --top N: the N largest terms. "
+    "token) to every key it reads (a decoder's up to the query, an encoder's all), each split "
+    "into pairs of residual parts: input (embeddings), L<l>H<h> (an earlier head), M<l> (an "
+    "earlier MLP), bias; each norm's scale frozen at the real stream (a post-norm encoder's: "
+    "every norm on the way). Pre-norm decoders and post-norm encoders (the BERT family, "
+    "DistilBERT, ALBERT). --top N: the N largest terms. "
     "The CSV goes to --out, else to the standard output."
 )
 

@@ -21,7 +21,8 @@ DESCRIPTION = (
     "circuit W_E W_V W_O W_U (W_V W_O for an encoder without an unembedding). --top-tokens "
     "HEAD: for each input token, the output tokens the head's OV circuit raises most. "
     "--positional: each head's previous-token score of its positional QK pattern (learned "
-    "absolute positions only). The CSV goes to --out, else to the standard output."
+    "absolute positions only; a post-norm encoder's through its embedding LayerNorm). The CSV "
+    "goes to --out, else to the standard output."
 )
 
 

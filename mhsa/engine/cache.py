@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
+import torch
 
 from mhsa.engine.result import ARRAY_FIELDS, AttentionResult
 
@@ -34,11 +35,13 @@ def _results_in(value: Any) -> list[AttentionResult]:
 
 def value_nbytes(value: Any) -> int:
     """Bytes a cached value holds: a result's arrays, an ``Ablation``'s two results, a table,
-    an array, and what tuples, dicts and other dataclasses of these hold."""
+    an array or tensor, and what tuples, dicts and other dataclasses of these hold."""
     if isinstance(value, pd.DataFrame | pd.Series):
         return int(np.sum(value.memory_usage(deep=True)))  # a Series gives an int
     if isinstance(value, np.ndarray):
         return value.nbytes
+    if isinstance(value, torch.Tensor):  # a decomposition's parts (``qk_attribution``'s)
+        return value.numel() * value.element_size()
     if isinstance(value, tuple | list):  # several tables of one job, or a page's arrays
         return sum(value_nbytes(v) for v in value)
     if isinstance(value, dict):

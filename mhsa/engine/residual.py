@@ -10,7 +10,8 @@ re-exports both names.
 Parallel layers (GPT-NeoX with ``use_parallel_residual``, GPT-J, Phi, Falcon) feed attention and
 MLP the same input and add both outputs to it: the MLP reads the layer's input rather than the
 residual after attention (``ResidualPass.parallel``). Post-norm models are refused
-(``UnsupportedModelError``).
+(``UnsupportedModelError``); a post-norm encoder's stream is split through its frozen norms by
+``mhsa.engine.postnorm_stream``.
 """
 
 from __future__ import annotations

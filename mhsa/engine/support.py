@@ -4,7 +4,8 @@ unsupported
 model misses.
 
 A tool runs on a family when the family's layout comes in a kind of model (``Family.kinds``:
-encoder, decoder, encoder-decoder) the tool covers. ``tests/test_family_tools.py`` runs every
+encoder, decoder, encoder-decoder) the tool covers, unless the tool names the family as one it
+leaves out (``Tool.except_families``). ``tests/test_family_tools.py`` runs every
 tool on a tiny random model of every family, saved to a folder and opened by path, and checks
 that each claimed cell runs and each unclaimed one is refused with a message: the table cannot
 claim what does not run.
@@ -32,12 +33,15 @@ class Tool:
         kinds: the kinds of model it covers.
         needs_our_module: whether it runs through our module (``mhsa.engine.swap``): models of an
             unsupported family cannot use it; the others run on any model.
+        except_families: families of those kinds whose layout the tool does not cover
+            (``Family.name``).
     """
 
     name: str
     label: str
     kinds: tuple[str, ...]
     needs_our_module: bool = True
+    except_families: tuple[str, ...] = ()
 
 
 _ALL = KINDS
@@ -57,12 +61,22 @@ TOOLS: tuple[Tool, ...] = (
     Tool("dla", "direct logit attribution", ("decoder",)),
     Tool("logit-lens", "logit lens", ("decoder",)),
     Tool("flow", "information flow", ("decoder",)),
-    Tool("qk-attribution", "why here? (QK attribution)", ("decoder",)),
+    # a pre-norm decoder's stream, or a post-norm encoder's through its frozen norms; ModernBERT
+    # is a pre-norm encoder, which neither follows
+    Tool(
+        "qk-attribution",
+        "why here? (QK attribution)",
+        _SINGLE_STREAM,
+        except_families=("ModernBERT",),
+    ),
 )
 
 
 def runs_on(tool: Tool, family: Family) -> bool:
-    """Whether ``tool`` covers a kind of model ``family``'s layout comes in."""
+    """Whether ``tool`` covers a kind of model ``family``'s layout comes in (and does not leave
+    the family out)."""
+    if family.name in tool.except_families:
+        return False
     return any(kind in tool.kinds for kind in family.kinds)
 
 

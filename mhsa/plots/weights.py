@@ -40,15 +40,18 @@ def copying_figure(scores: pd.Series) -> go.Figure:
     )
 
 
-def positional_figure(pattern: np.ndarray, head: str) -> go.Figure:
+def positional_figure(pattern: np.ndarray, head: str, reads: str = "W_pos") -> go.Figure:
     """One head's positional QK pattern ``[P, P]`` (``qk_positional_scores``): the attention
-    its QK circuit gives the position embeddings alone, rows the query position."""
+    its QK circuit gives the position embeddings alone, rows the query position; ``reads``:
+    the positions as the heads read them (``PositionalQK.reads``: ``W_pos``, or a post-norm
+    encoder's ``LN(W_pos)``)."""
     names = [str(i) for i in range(pattern.shape[0])]
+    formula = f"{reads} W_Q W_K^T {reads}^T"
     return matrix_heatmap(
         pattern,
         names,
         names,
-        title=f"{head}: attention from position embeddings alone (W_pos W_Q W_K^T W_pos^T)",
+        title=f"{head}: attention from position embeddings alone ({formula})",
         row_title="query position",
         col_title="key position",
         zmax=1.0,

@@ -71,9 +71,11 @@ def test_page_renders_every_section_on_the_embedded_model() -> None:
     ]
     assert "Detection pattern: previous token" in titles
     assert sum(t.startswith("Layer ") for t in titles) == 3  # the top heads
-    composition = [t[:13] for t in titles[-4:-1]]
+    composition = [t[:13] for t in titles[-5:-2]]
     assert composition == ["Q-composition", "K-composition", "V-composition"]
-    assert titles[-1].startswith("Copying score of each head's OV circuit W_V W_O")  # issue 49
+    assert titles[-2].startswith("Copying score of each head's OV circuit W_V W_O")  # issue 49
+    # the positional pattern through the embedding LayerNorm (a post-norm encoder's)
+    assert titles[-1].startswith("L0H0: attention from position embeddings alone (LN(W_pos)")
     sinks = mhsa.attention_sinks(mhsa.attend(CAT))
     metric = next(m for m in at.metric if m.label.startswith("Heads that sink"))
     assert metric.value == f"{sinks.share:.0%}"

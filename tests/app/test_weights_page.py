@@ -52,11 +52,26 @@ def test_why_here_shows_the_cells_largest_terms() -> None:
     assert table["score"].iloc[0] == pytest.approx(best["score"], rel=1e-6)
 
 
-def test_why_here_on_an_encoder_says_why_not() -> None:
-    at = run("pages/1_Heads.py", {"why-shown": True})
-    assert not at.exception
-    assert any("pre-norm decoder" in rendered(e.value)[0] for e in at.error)
-    assert len(charts(at)) == 3  # the page's own figures go on
+def test_why_here_on_the_default_model_splits_the_score() -> None:
+    """MiniLM, a post-norm encoder: the cell (3, 8) (a key after the query: an encoder reads
+    every key) split as the library splits it, the page's own figures beside it."""
+    text = "The cat sat on the mat because it was warm."
+    state = {"why-shown": True, "why-query": 3, "why-key": 8}
+    at = run("pages/1_Heads.py", state, text=text, layer="5", head="7")
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    terms = mhsa.qk_attribution(text, "L5H7", query=3)
+    assert terms.attrs["causal"] is False
+    at_key = terms[terms["key"] == 8]
+    best = at_key.loc[at_key["score"].abs().idxmax()]
+    spec = next(s for t, s in charts(at).items() if t.startswith("L5H7: the largest terms"))
+    clicked = spec["data"][0]
+    assert "(clicked)" in clicked["name"] and clicked["name"].startswith("8:")
+    assert decode(clicked["x"])[0] == pytest.approx(best["score"], rel=1e-6)
+    assert clicked["y"][0] == f"{best['query_source']} · {best['key_source']}"
+    sentence = next(m.value for m in at.markdown if "score" in m.value and "L5H7" in m.value)
+    assert f"score {float(at_key['score'].sum()):.3f}" in rendered(sentence)[0]
+    assert at.number_input(key="why-key").max == len(terms.attrs["tokens"]) - 1
+    assert len(charts(at)) == 4  # the page's own three go on
 
 
 @pytest.mark.slow
@@ -84,6 +99,33 @@ def test_head_roles_weights_section_is_the_librarys() -> None:
     )
     at.button(key="weights-to-atlas").click().run()  # the picker's head opens in the atlas
     assert at.session_state["_mhsa_opening"] == {"atlas_head": "L1H3"}
+
+
+@pytest.mark.slow
+def test_head_roles_on_the_default_model_splits_and_draws_positions() -> None:
+    """MiniLM (a post-norm encoder): "Why here?" split as the library splits it, and the
+    positional pattern through the embedding LayerNorm drawn with its previous-token score."""
+    text = "The cat sat on the mat because it was warm."
+    state = {"weights-head": "L1H9", "why-shown": True, "why-query": 2, "why-key": 5}
+    at = run("pages/10_Head_roles.py", state, text=text)
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    positions = mhsa.qk_positional_scores("default")
+    title, spec = next(
+        (t, s) for t, s in charts(at).items() if t.startswith("L1H9: attention from position")
+    )
+    assert "LN(W_pos)" in title
+    grid = decode(spec["data"][0]["z"]).astype(float)
+    np.testing.assert_allclose(grid, positions.pattern[1, 9], atol=1e-6)
+    captions = [rendered(c.value)[0] for c in at.caption]
+    score = positions.previous_token["L1H9"]
+    assert any(f"previous-token score from positions alone: {score:.3f}" in c for c in captions)
+    assert not any("Positional pattern:" in c for c in captions)  # not refused
+    terms = mhsa.qk_attribution(text, "L1H9", query=2)
+    at_key = terms[terms["key"] == 5]
+    why = next(s for t, s in charts(at).items() if t.startswith("L1H9: the largest terms"))
+    assert abs(decode(why["data"][0]["x"])[0]) == pytest.approx(
+        at_key["score"].abs().max(), rel=1e-6
+    )
 
 
 def test_a_click_on_a_heatmap_cell_opens_why_here_on_it(monkeypatch) -> None:

@@ -35,3 +35,25 @@ def test_a_click_on_a_cell_opens_why_here_there(app_url, page) -> None:
     assert "to 6: 'ka'" in sentence or "to 6: 'be'" in sentence
     assert "K-composition with L0H" in sentence
     assert page.locator("[data-testid='stException']").count() == 0
+
+
+def test_why_here_on_the_default_model_splits_a_clicked_cell(app_url, page) -> None:
+    """MiniLM (a post-norm encoder): a click on cell (3, 8), a key after the query, opens the
+    split there."""
+    text = "The+cat+sat+on+the+mat+because+it+was+warm."
+    page.goto(f"{app_url}/Heads?text={text}&layer=5&head=7")
+    wait_for_app(page, plots=PAGE_PLOTS["Heads"])
+    tokens = 13  # [CLS], 11 words and the full stop, [SEP]
+    marker = page.locator(".js-plotly-plot >> nth=1 >> .scatterlayer .point").nth(3 * tokens + 8)
+    marker.scroll_into_view_if_needed()
+    box = marker.bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
+        ".some(e => e.textContent.startsWith('L5H7: the largest terms'))",
+        timeout=90_000,
+    )
+    sentence = page.get_by_text("L5H7 from 3:").first.text_content()
+    assert "to 8: 'it'" in sentence and "Its largest term" in sentence
+    assert page.locator("[data-testid='stException']").count() == 0
+    assert page.locator("[data-testid='stAlert']").filter(has_text="pre-norm decoder").count() == 0

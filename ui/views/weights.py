@@ -35,8 +35,9 @@ COPYING_NOTE = (
 WHY_NOTE = (
     "The head's score at this cell (scaled, before the mask and softmax) is a sum of terms, one "
     "per pair (part of the residual stream at the query, part at the key): input (token and "
-    "position embeddings), an earlier head LxHy, an earlier MLP Mx, or bias. The norm's scale "
-    "is frozen at the real stream, so the terms add up exactly."
+    "position embeddings), an earlier head LxHy, an earlier MLP Mx, or bias. Each norm's scale "
+    "is frozen at the real stream (in a post-norm encoder such as BERT, every norm on the way "
+    "from the embeddings), so the terms add up exactly."
 )
 #: keys of the row shown beside the clicked one, and pairs per key
 OTHER_KEYS, TOP_PAIRS = 2, 6
@@ -72,6 +73,18 @@ def pair_sentence(query_source: str, key_source: str) -> str:
     return f"{query_source} at the query meets {key_source} at the key (MLP outputs)"
 
 
+def _sources(query: Query, layer: int) -> mhsa.LayerSources:
+    """The stream entering ``layer`` on the sidebar's text, in parts: one forward pass and
+    one decomposition per text and layer, which every head and cell of the layer reuses."""
+    key = ("qk-sources", query._replace(kind="encoder"), layer)
+
+    def compute() -> mhsa.LayerSources:
+        lm = loaded_model(query.model, query.device)
+        return mhsa.layer_sources(model_input(query), layer, model=lm, max_tokens=LIMITS.max_tokens)
+
+    return shared(key, compute, "Splitting the stream into its parts…")
+
+
 def _terms(query: Query, layer: int, head: int, row: int) -> pd.DataFrame:
     if query.words:
         raise mhsa.InputError("Why here? splits the scores of tokens: switch whole words off.")
@@ -79,9 +92,7 @@ def _terms(query: Query, layer: int, head: int, row: int) -> pd.DataFrame:
 
     def compute() -> pd.DataFrame:
         lm = loaded_model(query.model, query.device)
-        return mhsa.qk_attribution(
-            model_input(query), (layer, head), model=lm, query=row, max_tokens=LIMITS.max_tokens
-        )
+        return mhsa.qk_attribution(_sources(query, layer), (layer, head), model=lm, query=row)
 
     return shared(key, compute, "Splitting the scores…")
 
@@ -91,7 +102,8 @@ def why_here(query: Query, layer: int, head: int, row: int, key: int) -> WhyHere
     pairs, and those of the row's other keys of the highest scores.
 
     Raises:
-        InputError: whole words, a key after the query (a decoder does not look there).
+        InputError: whole words, a key after a decoder's query (it does not look there), a
+            key outside the text.
         UnsupportedModelError: a model the split does not cover (``qk_attribution``).
     """
     return summarised(_terms(query, layer, head, row), key)
@@ -101,20 +113,24 @@ def summarised(terms: pd.DataFrame, key: int) -> WhyHere:
     """``why_here`` of the terms ``qk_attribution`` gave for one query (``terms``) at ``key``.
 
     Raises:
-        InputError: a key after the query.
+        InputError: a key after a decoder's query, or outside the text.
     """
     row, (layer, head) = terms.attrs["query"], mhsa.parse_head_label(terms.attrs["head"])
-    if not 0 <= key <= row:
+    tokens = tuple(terms.attrs["tokens"])
+    causal = terms.attrs.get("causal", True)
+    last = row if causal else len(tokens) - 1
+    if causal and key > row:
         raise mhsa.InputError(
             f"Key {key} is not before query {row}: a decoder's query only reads keys at or "
             "before it."
         )
-    tokens = tuple(terms.attrs["tokens"])
+    if not 0 <= key <= last:
+        raise mhsa.InputError(f"There is no key {key}: keys run from 0 to {last}.")
     terms = terms.copy(deep=False)
     terms.attrs = {}  # pandas deep-copies attrs into every frame made from this one
     keys, scores = terms["key"].to_numpy(), terms["score"].to_numpy()
     parts = terms["query_source"], terms["key_source"]
-    totals = np.bincount(keys, weights=scores, minlength=row + 1)  # each key's whole score
+    totals = np.bincount(keys, weights=scores, minlength=last + 1)  # each key's whole score
     others = [int(k) for k in np.argsort(-totals, kind="stable") if k != key][:OTHER_KEYS]
 
     def largest(k: int) -> np.ndarray:
