@@ -60,6 +60,28 @@ def _pairs(brute: list[dict], layer: int, head: int) -> list[tuple]:
     return rows
 
 
+def _check_histograms(atlas, brute, label: str) -> None:
+    """A head's weight histogram (its ranked pairs in bins of 0.05, 1 in the last), mass by
+    offset (clipped to +-64, as shares) and mean distance equal the brute-force ones (a bin may
+    differ by one pair whose weight sits on an edge within the engines' rounding)."""
+    layer, head = mhsa.parse_head_label(label)
+    weights = [p[0] for p in _pairs(brute, layer, head)]
+    want_bins = np.histogram(weights, bins=np.linspace(0, 1, 21))[0]
+    mass, distance, queries = np.zeros(129), 0.0, 0
+    for b in brute:
+        a = b["a"][layer, head]
+        offset = np.arange(a.shape[0])[None, :] - np.arange(a.shape[0])[:, None]
+        np.add.at(mass, np.clip(offset, -64, 64) + 64, a)
+        distance += float((a * np.abs(offset)).sum())
+        queries += a.shape[0]
+    summary = atlas.summary(label)
+    got_bins = summary["weight_histogram"].to_numpy()
+    assert got_bins.sum() == want_bins.sum() and np.abs(got_bins - want_bins).max() <= 1
+    assert np.abs(got_bins - want_bins).sum() <= 2
+    np.testing.assert_allclose(summary["offset_histogram"], mass / mass.sum(), atol=1e-5)
+    assert atlas.heads().loc[label, "distance"] == pytest.approx(distance / queries, rel=1e-4)
+
+
 def _check_top(atlas, brute, label: str, by: str, k: int) -> None:
     layer, head = mhsa.parse_head_label(label)
     pairs = _pairs(brute, layer, head)
@@ -153,6 +175,8 @@ def test_minilm_corpus_scores_equal_transformerlens_definitions(minilm_atlas) ->
     summary = atlas.summary("L1H1")
     assert summary["offset_histogram"].sum() == pytest.approx(1.0)
     assert int(summary["weight_histogram"].sum()) == len(_pairs(brute, 1, 1))
+    for label in ("L1H1", "L4H2"):
+        _check_histograms(atlas, brute, label)
 
 
 def _hooked_z(texts: list[str], model) -> np.ndarray:
@@ -232,6 +256,7 @@ def test_toy_induction_head_finds_the_repeat(tmp_path) -> None:
     assert best.startswith("L1") and scores[best] > 0.3
     _check_top(atlas, brute, best, "weight", 5)
     _check_top(atlas, brute, best, "norm", 5)
+    _check_histograms(atlas, brute, best)  # a causal model: its first queries left out
     assert all(p[3] > 0 for p in _pairs(brute, 1, 0))  # the first query is never ranked
 
 

@@ -166,8 +166,15 @@ class BatchLayout:
         self.pattern_columns = torch.stack([p.flatten(1).float() for p in patterns], -1)
         self.valid_float = pair.float()
         self.ranked_count = int(self.ranked_pair.sum())
-        self.offset_bin = self.offset.clamp(-MAX_OFFSET, MAX_OFFSET) + MAX_OFFSET  # [T, T]
-        self.abs_offset = self.offset.abs().float()
+        # pairs out of the weight histogram: the ones no query may attend to (weight 0, so in
+        # its first bin) and those of queries with one key (counted here by their weights)
+        self.unranked = (pair & ~self.ranked_pair).nonzero(as_tuple=True)
+        self.invalid_count = int(pair.numel() - pair.sum())
+        self.offset_index = (self.offset + (t - 1)).reshape(1, -1)  # [1, T T]: 0 .. 2T - 2
+        span = torch.arange(-(t - 1), t)
+        self.abs_offsets = span.abs().double()  # [2T - 1]
+        # each full offset's bin of the kept +-MAX_OFFSET
+        self.offset_fold = span.clamp(-MAX_OFFSET, MAX_OFFSET) + MAX_OFFSET
         self.key_flags = torch.stack([self.special, self.punctuation], -1).float()  # [B, T, 2]
         # the token arrays' index of every valid (row, position)
         rows, cols = self.valid_query.nonzero(as_tuple=True)
@@ -253,17 +260,19 @@ class HeadSummaries:
         s_rows, s_q, s_k, _ = sample
         sampled["weight"].append(w[s_rows, :, s_q, s_k].numpy())
         sampled["norm"].append(norms[s_rows, :, s_q, s_k].numpy())
-        # weight histogram over the ranked pairs (the others counted in a bin left out)
-        bins = (w * WEIGHT_BINS).long().clamp_(max=WEIGHT_BINS - 1)
-        bins.masked_fill_(~layout.ranked_pair[:, None], WEIGHT_BINS)
-        bins += (torch.arange(hs) * (WEIGHT_BINS + 1))[None, :, None, None]
-        counts = torch.bincount(bins.reshape(-1), minlength=hs * (WEIGHT_BINS + 1))
-        self.weight_hist[heads] += counts.view(hs, -1)[:, :WEIGHT_BINS].numpy()
-        # attention mass by offset: each row's weights added into its offsets' bins
-        span = 2 * MAX_OFFSET + 1
-        index = layout.offset_bin.reshape(1, -1).expand(b * hs, -1)
+        # weight histogram over the ranked pairs: every pair binned (16-bit bins, one range
+        # per head), then the pairs left out taken away (the invalid ones all in bin 0)
+        self.weight_hist[heads] += self._weight_counts(w, layout)
+        # attention mass by offset: each row's weights added into its offsets' bins (every
+        # offset), giving the mean distance and the kept +-MAX_OFFSET bins
+        span = layout.abs_offsets.numel()
+        index = layout.offset_index.expand(b * hs, -1)
         mass = torch.zeros(b * hs, span).scatter_add_(1, index, w.reshape(b * hs, -1))
-        self.offset_mass[heads] += mass.view(b, hs, span).sum(0).double().numpy()
+        mass = mass.view(b, hs, span).sum(0).double()  # [Hs, 2T - 1]
+        self.distance[heads] += (mass @ layout.abs_offsets).numpy()
+        folded = torch.zeros(hs, 2 * MAX_OFFSET + 1, dtype=torch.float64)
+        folded.index_add_(1, layout.offset_fold, mass)
+        self.offset_mass[heads] += folded.numpy()
         # mass on kinds of key (padding queries' rows are 0: sums over every query)
         flags = torch.matmul(w, layout.key_flags[:, None])  # [B, Hs, T, 2]
         kinds = [
@@ -274,10 +283,8 @@ class HeadSummaries:
             w.diagonal(dim1=2, dim2=3).sum((0, 2)),
         ]
         self.kind_mass[heads] += torch.stack(kinds, 1).double().numpy()
-        # -w log w (0 where w is 0); faster here than torch.special.entr
-        plogp = w * torch.log(w.clamp(min=1e-30))
-        self.entropy[heads] -= plogp.sum((0, 2, 3)).double().numpy()
-        self.distance[heads] += (w * layout.abs_offset).sum((0, 2, 3)).double().numpy()
+        # -w log w (0 where w is 0), in one pass
+        self.entropy[heads] += torch.special.entr(w).sum((0, 2, 3)).double().numpy()
         # TransformerLens's detection scores, one per text, summed
         n = layout.lengths.float()[:, None, None]  # total attention of a text: one per query
         per_text = torch.bmm(w.reshape(b, hs, -1), layout.pattern_columns) / n  # [B, Hs, 3]
@@ -286,6 +293,21 @@ class HeadSummaries:
         best_w, best_k = w.max(-1)  # [B, Hs, T]
         rows, cols = layout.rows, layout.cols
         return best_k[rows, :, cols].T.contiguous(), best_w[rows, :, cols].T.contiguous()
+
+    @staticmethod
+    def _weight_counts(w: torch.Tensor, layout: BatchLayout) -> np.ndarray:
+        """``[Hs, WEIGHT_BINS]`` counts of the batch's ranked pairs' weights per head."""
+        hs = w.shape[1]
+        kind = torch.int16 if hs * WEIGHT_BINS < 2**15 else torch.int32
+        bins = (w * WEIGHT_BINS).to(kind).clamp_(max=WEIGHT_BINS - 1)
+        bins += (torch.arange(hs, dtype=kind) * WEIGHT_BINS)[None, :, None, None]
+        counts = torch.bincount(bins.reshape(-1), minlength=hs * WEIGHT_BINS).view(hs, -1)
+        counts[:, 0] -= layout.invalid_count
+        rows, q, k = layout.unranked
+        if len(rows):
+            left = (w[rows, :, q, k] * WEIGHT_BINS).long().clamp_(max=WEIGHT_BINS - 1)  # [u, Hs]
+            counts -= torch.zeros_like(counts).scatter_add_(1, left.T, torch.ones_like(left.T))
+        return counts.numpy()
 
     def _offer_top(
         self,
