@@ -129,6 +129,10 @@ with page.run("Inside MHSA", PARAMS, kinds=True) as query:
     if value.ndim == 3:  # per-head: pick the head
         st.number_input("Head", 0, walk.num_heads - 1, key="step_head")
         head = st.session_state["step_head"]
+        if not (fresh or cross or core.is_encoder_decoder(query.model, query.device)):
+            page.atlas_button(
+                head_label(st.session_state["pretrained_layer"], head), key="inside-to-atlas"
+            )
         if value.shape[0] == walk.num_kv_heads != walk.num_heads:  # K or V of GQA
             st.info(
                 f"Grouped-query attention: query head {head} reads key/value head "

@@ -148,9 +148,16 @@ def test_inside_mhsa_shapes_match_the_model_and_steps_move() -> None:
     assert at.subheader[0].value == "per-head Q"
     at.button[1].click().run()  # Next
     assert at.subheader[0].value == "per-head K"
+    at.number_input(key="step_head").set_value(5).run()
+    at.button(key="inside-to-atlas").click().run()  # the model's own head opens in the atlas
+    assert at.session_state["_mhsa_opening"] == {
+        "atlas_head": f"L{at.session_state['pretrained_layer']}H5"
+    }
     fresh = run(
         "pages/4_Inside_MHSA.py", source="fresh", fresh_d_model="32", fresh_heads="4", step="7"
     )
+    assert fresh.number_input(key="step_head")  # a step per head, but of fresh weights:
+    assert not [b for b in fresh.button if b.key == "inside-to-atlas"]  # no atlas
     shapes = dict(zip(fresh.table[0].value["step"], fresh.table[0].value["shape"], strict=True))
     assert shapes["per-head Q"] == "[1, 4, 9, 8]"
 
