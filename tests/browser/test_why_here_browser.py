@@ -18,19 +18,25 @@ def app_url():
         yield url
 
 
-def test_a_click_on_a_cell_opens_why_here_there(app_url, page) -> None:
-    page.goto(f"{app_url}/Heads?model=toy:induction&text={TEXT}&layer=1&head=3")
-    wait_for_app(page, plots=PAGE_PLOTS["Heads"])
-    tokens = 17  # [BOS] and 16 syllables: the markers go row by row (plots.clickable_cells)
-    marker = page.locator(".js-plotly-plot >> nth=1 >> .scatterlayer .point").nth(15 * tokens + 6)
+def _click_cell(page, tokens: int, query: int, key: int, head: str) -> None:
+    """Click cell (query, key) of the page's head map (its markers go row by row:
+    ``plots.clickable_cells``) and wait for the Why here? figure of ``head``."""
+    marker = page.locator(".js-plotly-plot >> nth=1 >> .scatterlayer .point")
+    marker = marker.nth(query * tokens + key)
     marker.scroll_into_view_if_needed()
     box = marker.bounding_box()
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     page.wait_for_function(
         "() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
-        ".some(e => e.textContent.startsWith('L1H3: the largest terms'))",
+        f".some(e => e.textContent.startsWith('{head}: the largest terms'))",
         timeout=90_000,
     )
+
+
+def test_a_click_on_a_cell_opens_why_here_there(app_url, page) -> None:
+    page.goto(f"{app_url}/Heads?model=toy:induction&text={TEXT}&layer=1&head=3")
+    wait_for_app(page, plots=PAGE_PLOTS["Heads"])
+    _click_cell(page, 17, 15, 6, "L1H3")  # [BOS] and 16 syllables
     sentence = page.get_by_text("L1H3 from 15:").first.text_content()
     assert "to 6: 'ka'" in sentence or "to 6: 'be'" in sentence
     assert "K-composition with L0H" in sentence
@@ -43,16 +49,7 @@ def test_why_here_on_the_default_model_splits_a_clicked_cell(app_url, page) -> N
     text = "The+cat+sat+on+the+mat+because+it+was+warm."
     page.goto(f"{app_url}/Heads?text={text}&layer=5&head=7")
     wait_for_app(page, plots=PAGE_PLOTS["Heads"])
-    tokens = 13  # [CLS], 11 words and the full stop, [SEP]
-    marker = page.locator(".js-plotly-plot >> nth=1 >> .scatterlayer .point").nth(3 * tokens + 8)
-    marker.scroll_into_view_if_needed()
-    box = marker.bounding_box()
-    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-    page.wait_for_function(
-        "() => [...document.querySelectorAll('.js-plotly-plot .gtitle')]"
-        ".some(e => e.textContent.startsWith('L5H7: the largest terms'))",
-        timeout=90_000,
-    )
+    _click_cell(page, 13, 3, 8, "L5H7")  # [CLS], 11 words and the full stop, [SEP]
     sentence = page.get_by_text("L5H7 from 3:").first.text_content()
     assert "to 8: 'it'" in sentence and "Its largest term" in sentence
     assert page.locator("[data-testid='stException']").count() == 0
