@@ -259,7 +259,7 @@ def fit_margins(fig: go.Figure) -> go.Figure:
         if getattr(t, "showscale", None) is not False and t.type in ("heatmap", "histogram2d")
     ]
     if any(t.colorbar.orientation == "h" for t in bars):  # a colour bar under the map
-        need["b"] += 30 + 2 * line
+        need["b"] += 30 + 3 * line  # its ticks, its title and the empty line under it
     elif bars:
         need["r"] += 60 + glyph * 6
     margin = layout.get("margin", {})
@@ -340,20 +340,21 @@ def tick_room(height: int | None) -> int:
     return max(2, min(MAX_TICKS, ((height or 450) - 160) // TICK_PX))
 
 
-#: a colour bar lying under a map: half the plot's width from its left edge, its title on
-#: its right (a title on top was drawn over the bar, hiding "weight", "pattern", "Q-comp.")
-HORIZONTAL_COLORBAR = {"len": 0.5, "x": 0.0, "xanchor": "left"}
+#: a colour bar lying under a map: its title on top, over an empty line (plotly sets a
+#: lying bar's title on the bar's top edge, which hid "weight", "pattern", "Q-comp." in
+#: Chromium; a title on its right took most of a column's width from the bar)
+HORIZONTAL_COLORBAR = {"title_gap": " <br> "}
 
 
 def _colorbar(value_name: str, columns: int) -> dict:
     """A heatmap's colour bar: upright on the right, its title on top; in a column, lying
-    under the map (beside it, it took half of a quarter page's width), its title on its
-    right (``HORIZONTAL_COLORBAR``)."""
+    under the map (beside it, it took half of a quarter page's width), its title over an
+    empty line (``HORIZONTAL_COLORBAR``)."""
     bar = {"thickness": 12, "title": {"text": value_name, "side": "top"}}
     if columns > 1:
         bar |= {"orientation": "h", "y": 0, "yref": "container", "yanchor": "bottom"}
-        bar |= HORIZONTAL_COLORBAR
-        bar |= {"title": {"text": value_name, "side": "right"}, "ypad": 10}
+        text = value_name + HORIZONTAL_COLORBAR["title_gap"]
+        bar |= {"title": {"text": text, "side": "top"}, "ypad": 10}
     return bar
 
 

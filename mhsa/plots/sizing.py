@@ -79,4 +79,7 @@ def enlarge_fonts(
             bar = trace.colorbar.to_plotly_json() if trace.colorbar is not None else {}
             trace.update(colorbar=_axis(bar, size))
         trace.update(hoverlabel={"font": {"size": size}})
+        font = getattr(trace, "textfont", None)
+        if font is not None and font.size is not None and font.size < size:  # written labels
+            trace.update(textfont={"size": size})
     return fig
