@@ -55,7 +55,8 @@ def _what_to_compute() -> None:
         "Model",
         key="model",
         help="'default' is the embedded all-MiniLM-L6-v2 (works offline); toy:induction, "
-        "toy:reverse-seq2seq, ... are the shipped toy models. Or a transformers model id, or "
+        "toy:reverse-seq2seq, ... are the shipped toy models (toy:induction-long reads 2,048 "
+        "tokens: long inputs offline). Or a transformers model id, or "
         "a local folder.",
     )
     examples.example_picker(_sidebar_model())

@@ -12,7 +12,8 @@ import plotly.graph_objects as go
 
 from mhsa.circuits import FaithfulnessCurve
 from mhsa.heads import parse_head_label
-from mhsa.plots.common import apply_layout, label, signed_color
+from mhsa.plots.common import PAGE_PX, apply_layout, label, signed_color, text_box
+from mhsa.plots.sizing import PRESENTATION_FONT
 
 __all__ = [
     "circuit_figure",
@@ -20,6 +21,7 @@ __all__ = [
     "faithfulness_figure",
     "k_composition_figure",
     "k_support_figure",
+    "node_label_positions",
 ]
 
 #: where a head's q, k and v inputs meet it, left to right
@@ -38,6 +40,25 @@ def circuit_node_xy(node: str, layers: int, heads: int) -> tuple[float, float]:
         return heads - 0.2, 2.0 * int(node[1:]) + 2
     layer, head = parse_head_label(node)
     return float(head), 2.0 * layer + 1
+
+
+#: the width of the circuit's plot area, of a figure spanning the page (px, about: the page's
+#: main column less the level names on the left)
+_PLOT_PX = PAGE_PX - 160
+
+
+def node_label_positions(nodes: Sequence[str], heads: int) -> list[str]:
+    """Each node's ``textposition``: above it, or, where a row of head names in the largest
+    font a figure gets (``PRESENTATION_FONT``) would be wider than the room between two heads,
+    every other head's name below it (L5H10 and L5H11 were drawn over each other)."""
+    room = _PLOT_PX / (heads + 1.2)  # the x axis spans heads + 1.2 units
+    widest = max((len(n) for n in nodes if n[:1] == "L"), default=0)
+    left, _, right, _ = text_box(0.0, 0.0, "x" * widest, PRESENTATION_FONT)
+    crowded = right - left + 4 > room
+    return [
+        "bottom center" if crowded and n[:1] == "L" and parse_head_label(n)[1] % 2 else "top center"
+        for n in nodes
+    ]
 
 
 #: the figure's legend: the colour is the support, minus the score
@@ -126,7 +147,7 @@ def circuit_figure(
             y=[p[1] for p in xy],
             mode="markers+text",
             text=[output if n == "logits" else n for n in nodes],
-            textposition="top center",
+            textposition=node_label_positions(nodes, heads),
             marker={
                 "size": [13 if n in used else 8 for n in nodes],
                 "color": ["#ff8700" if n.startswith("M") else "#004280" for n in nodes],

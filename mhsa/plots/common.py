@@ -19,11 +19,13 @@ __all__ = [
     "COLORSCALE",
     "COLORWAY",
     "COLUMN_TITLE_WIDTH",
+    "HORIZONTAL_COLORBAR",
     "MAX_TICKS",
     "MIN_HEIGHT",
     "SIGNED_COLORSCALE",
     "TEMPLATE",
     "apply_layout",
+    "boxes_overlap",
     "fit_margins",
     "label",
     "layout_props",
@@ -31,7 +33,9 @@ __all__ = [
     "signed_color",
     "signed_scale",
     "square_height",
+    "text_box",
     "tick_room",
+    "title_pad",
     "title_text",
     "token_axis",
 ]
@@ -176,6 +180,34 @@ def apply_layout(
 
 #: average width of a glyph of plotly's default font (Open Sans), in font sizes
 _GLYPH = 0.62
+#: plotly draws a title of several lines anchored at its top about this many font sizes
+#: higher than one of a single line (measured in Chromium: 0.7 em above, plus the line's
+#: cap height): without room for it the first line was cut at the figure's top edge
+_MULTILINE_TITLE_RISE = 1.0
+
+
+def title_pad(lines: int, size: float) -> int:
+    """The room (px) above a title of ``lines`` lines in ``size`` px that keeps its first line
+    inside the figure: 10, and for several lines the height plotly raises them by."""
+    return 10 + (int(_MULTILINE_TITLE_RISE * size + 0.5) if lines > 1 else 0)
+
+
+def text_box(
+    x: float, y: float, text: str, size: float, position: str = "top center"
+) -> tuple[float, float, float, float]:
+    """The box ``(left, bottom, right, top)`` in px (y up) that a scatter trace's text label
+    ``text`` in ``size`` px covers beside its point at ``(x, y)`` px, at plotly's
+    ``textposition`` ``position`` (an estimate: ``_GLYPH`` a character, 1.2 sizes a line)."""
+    width, height = len(html.unescape(text)) * _GLYPH * size, 1.2 * size
+    vertical, horizontal = position.split()
+    left = {"left": x - 4 - width, "center": x - width / 2, "right": x + 4}[horizontal]
+    bottom = {"top": y + 5, "middle": y - height / 2, "bottom": y - 5 - height}[vertical]
+    return left, bottom, left + width, bottom + height
+
+
+def boxes_overlap(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether two boxes ``(left, bottom, right, top)`` overlap (touching is not)."""
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
 def _tick_chars(fig: go.Figure, name: str, axis: dict) -> int:
@@ -207,9 +239,11 @@ def fit_margins(fig: go.Figure) -> go.Figure:
     line = 1.6 * size
     need = {"l": 10.0, "r": 10.0, "t": 10.0, "b": 10.0}
     title = layout.get("title", {})
-    if title.get("text"):
-        lines = 1 + str(title["text"]).count("<br>")
-        need["t"] += 1.6 * lines * (title.get("font", {}).get("size") or size + 5) + 10
+    lines = 1 + str(title.get("text") or "").count("<br>")
+    title_size = title.get("font", {}).get("size") or size + 5
+    pad = title_pad(lines, title_size)
+    if title.get("text"):  # the pad, the lines, and 10 px under them
+        need["t"] += pad - 10 + 1.6 * lines * title_size + 10
     for name in ("xaxis", "yaxis"):
         axis = layout.get(name, {})
         if axis.get("visible") is False:
@@ -225,13 +259,13 @@ def fit_margins(fig: go.Figure) -> go.Figure:
         if getattr(t, "showscale", None) is not False and t.type in ("heatmap", "histogram2d")
     ]
     if any(t.colorbar.orientation == "h" for t in bars):  # a colour bar under the map
-        need["b"] += 30 + 2 * line
+        need["b"] += 30 + 3 * line  # its ticks, its title and the empty line under it
     elif bars:
         need["r"] += 60 + glyph * 6
     margin = layout.get("margin", {})
     update: dict = {
         "margin": {k: max(int(need[k]), margin.get(k) or 0) for k in need},
-        "title": {"yref": "container", "y": 1, "yanchor": "top", "pad": {"t": 10}},
+        "title": {"yref": "container", "y": 1, "yanchor": "top", "pad": {"t": pad}},
     }
     if {k for k in layout if k.startswith(("xaxis", "yaxis"))} <= {"xaxis", "yaxis"}:
         update |= {"xaxis": {"automargin": False}, "yaxis": {"automargin": False}}
@@ -306,13 +340,21 @@ def tick_room(height: int | None) -> int:
     return max(2, min(MAX_TICKS, ((height or 450) - 160) // TICK_PX))
 
 
+#: a colour bar lying under a map: its title on top, over an empty line (plotly sets a
+#: lying bar's title on the bar's top edge, which hid "weight", "pattern", "Q-comp." in
+#: Chromium; a title on its right took most of a column's width from the bar)
+HORIZONTAL_COLORBAR = {"title_gap": " <br> "}
+
+
 def _colorbar(value_name: str, columns: int) -> dict:
-    """A heatmap's colour bar: upright on the right; in a column, lying under the map (beside
-    it, it took half of a quarter page's width)."""
-    bar = {"thickness": 12, "title": {"text": value_name}}
+    """A heatmap's colour bar: upright on the right, its title on top; in a column, lying
+    under the map (beside it, it took half of a quarter page's width), its title over an
+    empty line (``HORIZONTAL_COLORBAR``)."""
+    bar = {"thickness": 12, "title": {"text": value_name, "side": "top"}}
     if columns > 1:
         bar |= {"orientation": "h", "y": 0, "yref": "container", "yanchor": "bottom"}
-        bar |= {"title": {"text": value_name, "side": "top"}, "ypad": 10}
+        text = value_name + HORIZONTAL_COLORBAR["title_gap"]
+        bar |= {"title": {"text": text, "side": "top"}, "ypad": 10}
     return bar
 
 

@@ -8,9 +8,17 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from mhsa.plots.common import apply_layout, matrix_heatmap
+from mhsa.plots.common import PAGE_PX, apply_layout, boxes_overlap, matrix_heatmap, text_box
+from mhsa.plots.sizing import PRESENTATION_FONT
 
-__all__ = ["LABEL_ROOM", "head_map_figure", "similarity_figure", "spaced_labels"]
+__all__ = [
+    "LABEL_ROOM",
+    "MAP_PX",
+    "head_map_figure",
+    "map_scale",
+    "similarity_figure",
+    "spaced_labels",
+]
 
 
 def similarity_figure(similarity: pd.DataFrame, order: Sequence[str] | None = None) -> go.Figure:
@@ -38,19 +46,37 @@ def similarity_figure(similarity: pd.DataFrame, order: Sequence[str] | None = No
 #: a head's name is written on the map only this far (a share of the map's larger side) from
 #: every name already written; the crowded ones are named on hover
 LABEL_ROOM = 0.06
+#: the map's plot area (px, about: 620 px tall less its title and axis title, the page's width
+#: less the colour bar), which converts its coordinates to the px its names take
+MAP_PX = (PAGE_PX - 200, 500)
 
 
-def spaced_labels(x: np.ndarray, y: np.ndarray, names: list[str]) -> list[str]:
-    """The names to write beside the points ``(x, y)``, "" for a point too close to one
-    already named: the points farthest from the centre first (the outliers a class asks
-    about), each only ``LABEL_ROOM`` or more away from every name written before it."""
+def map_scale(x: np.ndarray, y: np.ndarray) -> float:
+    """Pixels per unit of the map (its axes share one scale: ``scaleanchor``), whose plot area
+    is ``MAP_PX``: the tighter of the two sides."""
+    span_x = float(np.ptp(x)) * 1.1 or 1.0  # plotly pads a range by about 5% each side
+    span_y = float(np.ptp(y)) * 1.1 or 1.0
+    return min(MAP_PX[0] / span_x, MAP_PX[1] / span_y)
+
+
+def spaced_labels(
+    x: np.ndarray, y: np.ndarray, names: list[str], *, size: float = PRESENTATION_FONT
+) -> list[str]:
+    """The names to write above the points ``(x, y)``, "" for a point whose name would cover
+    one already written: the points farthest from the centre first (the outliers a class asks
+    about), each only where its name's box in ``size`` px (``text_box``, on the map's scale,
+    ``map_scale``; presentation mode's font by default, so that the names stay apart there)
+    overlaps no name written before it and it lies ``LABEL_ROOM`` or more from each."""
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     span = max(float(np.ptp(x)), float(np.ptp(y))) or 1.0
     points = np.stack([x, y], axis=1) / span
+    scale = map_scale(x, y)
+    boxes = [text_box(a * scale, b * scale, n, size) for a, b, n in zip(x, y, names, strict=True)]
     order = np.argsort(-np.linalg.norm(points - points.mean(axis=0), axis=1), kind="stable")
     shown: list[int] = []
     for i in order:
-        if all(np.linalg.norm(points[i] - points[j]) >= LABEL_ROOM for j in shown):
+        near = any(np.linalg.norm(points[i] - points[j]) < LABEL_ROOM for j in shown)
+        if not near and not any(boxes_overlap(boxes[i], boxes[j]) for j in shown):
             shown.append(int(i))
     keep = set(shown)
     return [name if i in keep else "" for i, name in enumerate(names)]
@@ -71,7 +97,7 @@ def head_map_figure(
             mode="markers+text",
             text=spaced_labels(coords["x"], coords["y"], [str(h) for h in coords.index]),
             textposition="top center",
-            textfont={"size": 9},
+            textfont={"size": 12},
             marker={
                 "size": 11,
                 "color": colour.to_numpy(),

@@ -8,6 +8,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 __all__ = [
+    "DEFAULT_HEIGHT",
     "PRESENTATION_FONT",
     "PRESENTATION_GROWTH",
     "PRESENTATION_TITLE_FONT",
@@ -21,6 +22,9 @@ PRESENTATION_TITLE_FONT = 28
 #: room from the margins' side, and the plot area keeps about its size (a head's map shrank
 #: from 295 to 240 px without it)
 PRESENTATION_GROWTH = 1.4
+
+#: the height Streamlit (and plotly) draw a figure of no set height at (px)
+DEFAULT_HEIGHT = 450
 
 #: trace types that draw a colour bar of their own (others use a shared ``coloraxis``)
 _COLORBAR_TRACES = ("heatmap", "contour", "histogram2d", "histogram2dcontour")
@@ -48,7 +52,8 @@ def enlarge_fonts(
     """``fig`` with every font at least ``size`` px: the default font, every axis' tick labels
     and title, colour bars (a trace's own or a colour axis'), annotations (subplot titles),
     the legend and the hover label; the figure's title at least ``title`` px; a set height
-    grown by ``PRESENTATION_GROWTH``. Reads one plain copy of the layout and writes once
+    grown by ``PRESENTATION_GROWTH`` (no set height: ``DEFAULT_HEIGHT``). Reads one plain copy of
+    the layout and writes once
     (plotly validates every attribute access)."""
     layout = fig.layout.to_plotly_json()
     update: dict[str, Any] = {
@@ -62,8 +67,8 @@ def enlarge_fonts(
             update[name] = _axis(value, size)
         elif name.startswith("coloraxis") and isinstance(value, dict):
             update[name] = {"colorbar": _axis(value.get("colorbar") or {}, size)}
-    if layout.get("height"):
-        update["height"] = round(layout["height"] * PRESENTATION_GROWTH)
+    # a figure of no set height is drawn at Streamlit's default height: grown from that
+    update["height"] = round((layout.get("height") or DEFAULT_HEIGHT) * PRESENTATION_GROWTH)
     if layout.get("annotations"):
         update["annotations"] = [
             {**a, "font": _at_least(a.get("font"), size)} for a in layout["annotations"]
@@ -74,4 +79,7 @@ def enlarge_fonts(
             bar = trace.colorbar.to_plotly_json() if trace.colorbar is not None else {}
             trace.update(colorbar=_axis(bar, size))
         trace.update(hoverlabel={"font": {"size": size}})
+        font = getattr(trace, "textfont", None)
+        if font is not None and font.size is not None and font.size < size:  # written labels
+            trace.update(textfont={"size": size})
     return fig

@@ -51,14 +51,29 @@ class ModelShape(Protocol):
     seed: int
 
 
-def build_model(config: ModelShape, *, device: str | torch.device = "cpu") -> Any:
+def build_model(
+    config: ModelShape,
+    *,
+    device: str | torch.device = "cpu",
+    vocab_size: int | None = None,
+    positions: int | None = None,
+) -> Any:
     """A fresh transformers model for ``config`` (weights from ``config.seed``; with
-    ``mlp=False`` the feed-forward output weights are zero and frozen), in training mode."""
+    ``mlp=False`` the feed-forward output weights are zero and frozen), in training mode.
+
+    Args:
+        config: the run's shape.
+        device: where the model is built.
+        vocab_size: the vocabulary's size (default: ``VOCAB``'s; a long task's is larger).
+        positions: positions the model accepts (default: ``MAX_POSITIONS``, or an
+            encoder-decoder's ``MAX_ENCODER_DECODER_POSITIONS``).
+    """
     family = model_family(config.family)
     ids = {"bos_token_id": BOS_ID, "eos_token_id": SEP_ID, "pad_token_id": PAD_ID}
-    positions = MAX_ENCODER_DECODER_POSITIONS if family.encoder_decoder else MAX_POSITIONS
+    if positions is None:
+        positions = MAX_ENCODER_DECODER_POSITIONS if family.encoder_decoder else MAX_POSITIONS
     hf_config = family.config(
-        len(VOCAB), positions, config.layers, config.heads, config.width, **ids
+        vocab_size or len(VOCAB), positions, config.layers, config.heads, config.width, **ids
     )
     cls = family.model()
     with torch.device(device):

@@ -7,6 +7,10 @@ Next-token accuracy is measured on the predictions of ``t_2 .. t_L`` (induction:
 repeated symbol cannot be foreseen) or ``t_1 .. t_L`` (after a separator, the output is
 determined by the input).
 
+A long task (``LONG_TASKS``: ``induction-long``) draws its symbols with replacement (a thousand
+symbols cannot be distinct among 60); ``scripts/train_toy_long.py`` trains it (the Train heads
+page and ``python -m mhsa train`` take ``TASKS``, sequences of a few dozen tokens).
+
 An encoder-decoder task (``TaskSpec.encoder_decoder``) splits the two: the encoder reads
 ``[BOS] s_1 .. s_L`` and the decoder ``[BOS] t_1 .. t_L`` (``[BOS]`` is the decoder's start
 token), each as the toy tokenizer writes a text; decoder position ``k`` predicts ``t_{k+1}``,
@@ -27,6 +31,7 @@ from mhsa.registry import lookup
 __all__ = [
     "BOS",
     "IGNORE",
+    "LONG_TASKS",
     "PAD",
     "SEP",
     "SPECIAL_TOKENS",
@@ -42,6 +47,7 @@ __all__ = [
     "sample",
     "task_examples",
     "task_spec",
+    "task_vocab",
 ]
 
 PAD, UNK, BOS, SEP = "[PAD]", "[UNK]", "[BOS]", "[SEP]"
@@ -71,6 +77,8 @@ class TaskSpec:
         scored: which predictions the accuracy counts, for people.
         encoder_decoder: the input goes to an encoder, the output to a decoder (module
             docstring); trained in an encoder-decoder family.
+        symbols: the symbols drawn (``SYMBOLS``).
+        distinct: the input symbols are distinct (else drawn with replacement).
     """
 
     name: str
@@ -80,6 +88,13 @@ class TaskSpec:
     output: Callable[[Sequence[int]], list[int]]
     scored: str
     encoder_decoder: bool = False
+    symbols: tuple[str, ...] = SYMBOLS
+    distinct: bool = True
+
+    @property
+    def vocab(self) -> Mapping[str, int]:
+        """Token -> id of this task's vocabulary: the special tokens, then its symbols."""
+        return task_vocab(self)
 
     @property
     def max_tokens(self) -> int:
@@ -154,13 +169,44 @@ TASKS: Mapping[str, TaskSpec] = MappingProxyType(
 )
 
 
+#: tasks whose sequences run to thousands of tokens: trained by ``scripts/train_toy_long.py``
+#: (one input length a batch, logits only where scored), not by ``python -m mhsa train``
+LONG_TASKS: Mapping[str, TaskSpec] = MappingProxyType(
+    {
+        "induction-long": TaskSpec(
+            "induction-long",
+            "[BOS], then L random symbols drawn with replacement (L from 8 to 1023), then the "
+            "same L symbols again: continuing the repeat over up to 2,047 tokens needs an "
+            "induction head that finds the earlier occurrences however far back",
+            (8, 1023),
+            separator=False,
+            output=list,
+            scored="the repeated half (its first symbol cannot be foreseen)",
+            distinct=False,
+        )
+    }
+)
+
+
 def task_spec(name: str) -> TaskSpec:
-    """The task called ``name``.
+    """The task called ``name`` (``TASKS`` or ``LONG_TASKS``).
 
     Raises:
         ValueError: no such task; the message lists them.
     """
-    return lookup(TASKS, name, "task", error=ValueError)
+    return lookup({**TASKS, **LONG_TASKS}, name, "task", error=ValueError)
+
+
+_VOCABS: dict[tuple[str, ...], Mapping[str, int]] = {SYMBOLS: VOCAB}
+
+
+def task_vocab(task: TaskSpec) -> Mapping[str, int]:
+    """Token -> id of ``task``'s vocabulary: the special tokens first (the same ids in every
+    task), then its symbols in their sorted order (``VOCAB`` for the 60 syllables)."""
+    if task.symbols not in _VOCABS:
+        tokens = (*SPECIAL_TOKENS, *task.symbols)
+        _VOCABS[task.symbols] = MappingProxyType({t: i for i, t in enumerate(tokens)})
+    return _VOCABS[task.symbols]
 
 
 @dataclass(frozen=True)
@@ -188,8 +234,10 @@ class TaskBatch:
         return (self.ids != PAD_ID).astype(np.int64)
 
 
-def _symbols(rng: np.random.Generator, length: int) -> list[int]:
-    chosen = rng.choice(len(SYMBOLS), size=length, replace=False)
+def _symbols(rng: np.random.Generator, length: int, task: TaskSpec | None = None) -> list[int]:
+    """``length`` symbol ids of ``task`` (default: the 60 syllables, distinct)."""
+    pool, distinct = (SYMBOLS, True) if task is None else (task.symbols, task.distinct)
+    chosen = rng.choice(len(pool), size=length, replace=not distinct)
     return (chosen + FIRST_SYMBOL).tolist()
 
 
@@ -208,7 +256,7 @@ def sample(
     lengths = np.full(batch, length) if length is not None else rng.integers(lo, hi + 1, batch)
     if task.encoder_decoder:
         return _sample_encoder_decoder(task, rng, lengths)
-    seqs = [task.sequence(_symbols(rng, int(n))) for n in lengths]
+    seqs = [task.sequence(_symbols(rng, int(n), task)) for n in lengths]
     width = max(len(s) for s in seqs)
     ids = np.full((batch, width), PAD_ID, dtype=np.int64)
     targets = np.full((batch, width), IGNORE, dtype=np.int64)
@@ -224,7 +272,7 @@ def _sample_encoder_decoder(
 ) -> TaskBatch:
     """Encoder input ``[BOS] s_1 .. s_L``, decoder input ``[BOS] t_1 .. t_L``; decoder position
     k < L predicts ``t_{k+1}`` (the last position, after ``t_L``, is not scored)."""
-    sources = [_symbols(rng, int(n)) for n in lengths]
+    sources = [_symbols(rng, int(n), task) for n in lengths]
     width = 1 + int(lengths.max())
     ids = np.full((len(lengths), width), PAD_ID, dtype=np.int64)
     decoder = np.full_like(ids, PAD_ID)
@@ -254,13 +302,16 @@ def probe(task: TaskSpec) -> list[int]:
     return probe_batch(task).ids[0].tolist()
 
 
-def make_tokenizer() -> Any:
-    """A transformers tokenizer for ``VOCAB``: whitespace-separated words, one token each,
-    ``[BOS]`` put in front of every text; unknown words become ``[UNK]``."""
+def make_tokenizer(task: TaskSpec | None = None) -> Any:
+    """A transformers tokenizer for ``VOCAB`` (or ``task``'s vocabulary, ``task_vocab``):
+    whitespace-separated words, one token each, ``[BOS]`` put in front of every text; unknown
+    words become ``[UNK]``."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    core = Tokenizer(models.WordLevel(vocab=dict(VOCAB), unk_token=UNK))
+    vocab = VOCAB if task is None else task_vocab(task)
+    longest = max(t.max_tokens for t in TASKS.values()) if task is None else task.max_tokens
+    core = Tokenizer(models.WordLevel(vocab=dict(vocab), unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     core.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {SEP} $B", special_tokens=[(BOS, BOS_ID), (SEP, SEP_ID)]
@@ -271,7 +322,7 @@ def make_tokenizer() -> Any:
         sep_token=SEP,
         pad_token=PAD,
         unk_token=UNK,
-        model_max_length=max(t.max_tokens for t in TASKS.values()),
+        model_max_length=longest,
     )
 
 
@@ -304,7 +355,7 @@ def task_examples(task: str) -> tuple[Example, ...]:
         ValueError: no such task.
     """
     spec = task_spec(task)
-    words = {i: t for t, i in VOCAB.items()}
+    words = {i: t for t, i in spec.vocab.items()}
     low, high = spec.lengths
     lengths = sorted({low + (high - low) // 3, (low + high) // 2, high})[:_EXAMPLE_COUNT]
 

@@ -58,3 +58,25 @@ def test_a_long_map_is_scaled_to_where_its_rows_look() -> None:
     assert a[200, 199] >= 0.8 * top and a[200, 10] < 0.01 * top
     short = plots.head_heatmap(hand_result(a[None, None, :20, :20], ["t"] * 20), 0, 0)
     assert short.data[0].zmax == 1.0 and short.data[0].colorbar.title.text == "weight"
+
+
+@pytest.mark.slow
+def test_the_long_toy_model_reaches_the_zoom_window() -> None:
+    """toy:induction-long reads 2,048 positions: a 1,500-token text is cut at this server's
+    512 with the advice; following it (a layer and a range of heads) shows the text whole and
+    the zoom window over it."""
+    from mhsa.training.tasks import SYMBOLS
+
+    words = [SYMBOLS[i] for i in np.random.default_rng(0).integers(0, len(SYMBOLS), 750)]
+    text = " ".join(words + words)  # 1,500 syllables, 1,501 tokens with [BOS]
+    cut = run("pages/1_Heads.py", model="toy:induction-long", text=text)
+    said = _warned(cut)
+    assert "The text was cut to 512 tokens, this server's limit" in said and HINT in said
+    at = run(
+        "pages/1_Heads.py", model="toy:induction-long", text=text, long_layers="1",
+        long_heads="0-3",
+    )  # fmt: skip
+    assert not at.exception and not at.error
+    assert "was cut" not in _warned(at)
+    (zoom,) = [n for n in at.number_input if n.label.startswith("Zoom")]
+    assert zoom.max == 1501 - 512  # the window's first token runs over the whole text
