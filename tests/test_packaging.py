@@ -52,7 +52,7 @@ def test_the_notebook_views_assets_are_in_the_package_data() -> None:
     plots = ROOT / "mhsa" / "plots"
     packaged = {p for g in globs for p in plots.glob(g)}
     assert packaged == set((plots / "notebook_assets").iterdir())
-    assert {p.name for p in packaged} == {"view.js", "view.css"}
+    assert {p.name for p in packaged} == {"view.js", "view.css", "neuron.js"}
 
 
 @pytest.mark.parametrize(

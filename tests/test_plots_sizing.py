@@ -162,6 +162,9 @@ def _label_boxes(fig, trace: int) -> list[tuple[str, tuple[float, float, float, 
         y = (ys[i] - y0) / (y1 - y0) * height
         w = len(text) * 0.62 * size
         where = positions if isinstance(positions, str) else positions[i]
+        if where == "middle right":  # beside its point
+            boxes.append((text, (x + 4, y - size / 2, x + 4 + w, y + size / 2)))
+            continue
         bottom = y + 5 if where.startswith("top") else y - 5 - size
         boxes.append((text, (x - w / 2, bottom, x + w / 2, bottom + size)))
     return boxes
@@ -189,6 +192,26 @@ def test_no_two_node_names_of_the_default_models_circuit_overlap_when_presented(
     assert not _overlapping(boxes)
     small = _presented(plots.circuit_figure(edges.iloc[:0], 2, 4))  # room: every name on top
     assert set(small.data[-1].textposition) == {"top center"}
+
+
+def test_the_q_k_v_letters_of_circuit_edges_stay_off_the_node_names_when_presented() -> None:
+    """An edge's q/k/v letter (the "kv" beside L5H11 on the default model's circuit) is
+    written where no node's name is, also on edges between neighbouring rows."""
+    sources = ["L4H3", "M4", "L4H10", "L3H7", "input", "M3", "L4H11"]
+    inputs = ["k", "v", "q", "k", "v", "q", "v"]
+    edges = pd.DataFrame(
+        {"source": sources, "target": ["L5H11"] * 5 + ["L4H10", "M4"],
+         "input": [*inputs[:6], ""], "score": -np.linspace(1, 2, 7)}
+    )  # fmt: skip
+    fig = _presented(plots.circuit_figure(edges, 6, 12, output="last hidden state"))
+    nodes = next(i for i, t in enumerate(fig.data) if t.name == "nodes")
+    letters = next(i for i, t in enumerate(fig.data) if t.name == "edges")
+    names, written = _label_boxes(fig, nodes), _label_boxes(fig, letters)
+    assert sorted(t for t, _ in written) == sorted(inputs[:6])
+    assert not [
+        (a, b) for a, p in written for b, q in names if p[0] < q[2] and q[0] < p[2]
+        and p[1] < q[3] and q[1] < p[3]
+    ]  # fmt: skip
 
 
 def test_the_names_written_on_the_map_of_heads_do_not_overlap_when_presented() -> None:

@@ -12,7 +12,14 @@ import plotly.graph_objects as go
 
 from mhsa.circuits import FaithfulnessCurve
 from mhsa.heads import parse_head_label
-from mhsa.plots.common import PAGE_PX, apply_layout, label, signed_color, text_box
+from mhsa.plots.common import (
+    PAGE_PX,
+    apply_layout,
+    boxes_overlap,
+    label,
+    signed_color,
+    text_box,
+)
 from mhsa.plots.sizing import PRESENTATION_FONT
 
 __all__ = [
@@ -61,6 +68,44 @@ def node_label_positions(nodes: Sequence[str], heads: int) -> list[str]:
     ]
 
 
+def _height(layers: int) -> int:
+    """The figure's height (px)."""
+    return min(1000, 200 + 60 * (2 * layers + 2))
+
+
+def _name_boxes(
+    nodes: Sequence[str], texts: Sequence[str], places: Sequence[str], layers: int, heads: int
+) -> list[tuple[float, float, float, float]]:
+    """Each node's written name's box (px, y up) in presentation's font (``text_box``)."""
+    sx, sy = _PLOT_PX / (heads + 1.2), (_height(layers) - 160) / (2 * layers + 2)
+    out = []
+    for node, text, place in zip(nodes, texts, places, strict=True):
+        x, y = circuit_node_xy(node, layers, heads)
+        out.append(text_box(x * sx, y * sy, text, PRESENTATION_FONT, place))
+    return out
+
+
+def _letter_at(
+    start: tuple[float, float],
+    end: tuple[float, float],
+    letter: str,
+    names: list[tuple[float, float, float, float]],
+    layers: int,
+    heads: int,
+) -> tuple[float, float]:
+    """Where on the edge ``start -> end`` its q/k/v letter goes: 70% of the way, or the place
+    nearest it whose letter (in presentation's font, right of its point) covers no node's
+    name (a short edge ends beside the names of its target's row)."""
+    sx, sy = _PLOT_PX / (heads + 1.2), (_height(layers) - 160) / (2 * layers + 2)
+    for t in (0.7, 0.6, 0.8, 0.5, 0.4, 0.9, 0.3, 0.2):
+        x, y = start[0] + t * (end[0] - start[0]), start[1] + t * (end[1] - start[1])
+        box = text_box(x * sx, y * sy, letter, PRESENTATION_FONT, "middle right")
+        grown = (box[0] - 3, box[1] - 3, box[2] + 3, box[3] + 3)
+        if not any(boxes_overlap(grown, name) for name in names):
+            return x, y
+    return start[0] + 0.7 * (end[0] - start[0]), start[1] + 0.7 * (end[1] - start[1])
+
+
 #: the figure's legend: the colour is the support, minus the score
 SUPPORT_LEGEND = "blue: carries the clean answer, red: works against it"
 
@@ -93,6 +138,13 @@ def circuit_figure(
     scores = edges["score"].to_numpy(float)
     bound = float(np.abs(scores).max()) if len(scores) else 1.0
     bound = bound or 1.0
+    nodes = ["input"]
+    for layer in range(layers):
+        nodes += [f"L{layer}H{h}" for h in range(heads)] + [f"M{layer}"]
+    nodes.append("logits")
+    places = node_label_positions(nodes, heads)
+    texts = [output if n == "logits" else n for n in nodes]
+    names = _name_boxes(nodes, texts, places, layers, heads)
     mids_x, mids_y, mids_text, mids_data, mids_hover = [], [], [], [], []
     order = np.argsort(np.abs(scores), kind="stable")  # the strongest drawn last (on top)
     for i in order:
@@ -111,8 +163,9 @@ def circuit_figure(
                 showlegend=False,
             )
         )
-        mids_x.append(x0 + 0.7 * (x1 - x0))
-        mids_y.append(y0 + 0.7 * (y1 - y0))
+        x, y = _letter_at((x0, y0), (x1, y1), row["input"], names, layers, heads)
+        mids_x.append(x)
+        mids_y.append(y)
         mids_text.append(row["input"])
         mids_data.append(["edge", row["source"], row["target"], row["input"]])
         into = f"{row['target']} ({row['input']})" if row["input"] else row["target"]
@@ -135,10 +188,6 @@ def circuit_figure(
             showlegend=False,
         )
     )
-    nodes = ["input"]
-    for layer in range(layers):
-        nodes += [f"L{layer}H{h}" for h in range(heads)] + [f"M{layer}"]
-    nodes.append("logits")
     xy = [circuit_node_xy(n, layers, heads) for n in nodes]
     used = set(edges["source"]) | set(edges["target"])
     fig.add_trace(
@@ -146,8 +195,8 @@ def circuit_figure(
             x=[p[0] for p in xy],
             y=[p[1] for p in xy],
             mode="markers+text",
-            text=[output if n == "logits" else n for n in nodes],
-            textposition=node_label_positions(nodes, heads),
+            text=texts,
+            textposition=places,
             marker={
                 "size": [13 if n in used else 8 for n in nodes],
                 "color": ["#ff8700" if n.startswith("M") else "#004280" for n in nodes],
@@ -173,7 +222,7 @@ def circuit_figure(
         },
     )
     shown = title or f"Circuit: the top {len(edges)} edges ({SUPPORT_LEGEND})"
-    return apply_layout(fig, shown, height=min(1000, 200 + 60 * (2 * layers + 2)))
+    return apply_layout(fig, shown, height=_height(layers))
 
 
 def faithfulness_figure(curve: FaithfulnessCurve, chosen: int | None = None) -> go.Figure:
