@@ -41,21 +41,24 @@ from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.engine.postnorm_stream import postnorm_pass
 from mhsa.engine.residual import ResidualPass, residual_pass
 from mhsa.engine.rmsnorm import RMSNorm
-from mhsa.engine.swap import our_blocks
+from mhsa.engine.seq2seq_stream import seq2seq_pass
+from mhsa.engine.swap import OurBlock, our_blocks
 from mhsa.errors import InputError, UnsupportedModelError
-from mhsa.heads import check_heads
+from mhsa.heads import check_heads, layer_name
 
 __all__ = [
     "BIAS",
     "INPUT",
+    "POSITION",
     "LayerSources",
     "layer_sources",
     "qk_attribution",
     "residual_sources",
 ]
 
-#: the names of the residual parts besides heads (``L{l}H{h}``) and MLPs (``M{l}``)
-INPUT, BIAS = "input", "bias"
+#: the names of the residual parts besides heads (``L{l}H{h}``) and MLPs (``M{l}``), and of
+#: T5's relative position bias (a term of its own, paired with itself)
+INPUT, BIAS, POSITION = "input", "bias", "position"
 
 
 def residual_sources(run: ResidualPass, layer: int) -> tuple[list[str], torch.Tensor]:
@@ -149,20 +152,36 @@ def _side(
 
 
 def _checked(lm: LoadedModel, head: str | tuple[int, int]) -> tuple[int, int]:
-    """``(layer, head)`` of a model the split runs on (its refusals first)."""
+    """``(block, head)`` of a model the split runs on (``head``: ``L1H3``; an encoder-decoder's
+    ``E1H3`` or ``D1H3``; a pair gives the block's number, as ``check_heads``).
+
+    Raises:
+        InputError: no such head.
+        UnsupportedModelError: a cross-attention head.
+    """
     with lm.lock:
         blocks = our_blocks(lm)
-    if lm.is_encoder_decoder:
-        raise UnsupportedModelError(
-            f"{lm.display_name} is an encoder-decoder: its decoder also reads the encoder's "
-            "output through cross attention, a second residual stream that this split does "
-            "not follow. Use a pre-norm decoder (GPT-2, the Llama family, GPT-NeoX, GPT-J, "
-            "Phi, Falcon, OPT, Qwen, Gemma, OLMo 2, a toy model) or a post-norm encoder (BERT, "
-            "RoBERTa, ELECTRA, MiniLM, DistilBERT, ALBERT)."
-        )
-    names = [f"L{layer}" for layer in range(len(blocks))]
+    names = [layer_name(b.kind, b.index) for b in blocks]
     ((layer, index),) = check_heads([head], names, blocks[0].ours.num_heads)
+    if blocks[layer].kind == "cross":
+        raise UnsupportedModelError(
+            f"{names[layer]}H{index} is a cross-attention head: its queries come from the "
+            "decoder's residual stream and its keys from the encoder's output, two different "
+            "streams, so its score is not one stream's parts paired. Pick an encoder head "
+            "(E<layer>H<head>) or a decoder self-attention head (D<layer>H<head>)."
+        )
     return layer, index
+
+
+def _block_number(lm: LoadedModel, layer: int | str) -> int:
+    """The block number of ``layer``: a number as it is, or a name (``L3``, ``E1``, ``D0``)."""
+    if not isinstance(layer, str):
+        return layer
+    with lm.lock:
+        names = [layer_name(b.kind, b.index) for b in our_blocks(lm)]
+    if layer.strip() not in names:
+        raise InputError(f"There is no layer {layer!r}: the model's are {', '.join(names)}.")
+    return names.index(layer.strip())
 
 
 @dataclass(frozen=True, eq=False)
@@ -182,6 +201,9 @@ class LayerSources:
             (pre-norm), or None (a post-norm encoder: its heads read the stream as it is).
         normed: the stream as the heads read it ``[T, D]`` (float64).
         causal: whether a query reads only the keys up to it (a decoder).
+        label: the layer's name in head labels (``L3``; an encoder-decoder's ``E1``, ``D0``).
+        position: a score bias per head ``[H, T, T]`` that is no product of parts (T5's
+            relative position bias: the term ``position`` of ``qk_attribution``), or None.
     """
 
     model: str
@@ -192,36 +214,53 @@ class LayerSources:
     frozen: FrozenNorm | None
     normed: torch.Tensor
     causal: bool
+    label: str = ""
+    position: torch.Tensor | None = None
+
+    @property
+    def layer_label(self) -> str:
+        return self.label or f"L{self.layer}"
 
 
 def layer_sources(
     text: str | Generation,
-    layer: int,
+    layer: int | str,
     *,
     model: str | LoadedModel = DEFAULT_MODEL,
     max_tokens: int | None = None,
+    text_pair: str | None = None,
 ) -> LayerSources:
     """The residual stream entering ``layer`` on ``text``, in parts (``LayerSources``): for a
-    pre-norm decoder through ``mhsa.engine.residual`` with the layer's norm frozen; for a
-    post-norm encoder through its chain of norms, each frozen (``mhsa.engine.postnorm_stream``).
+    pre-norm decoder or encoder (ModernBERT) through ``mhsa.engine.residual`` with the layer's
+    norm frozen; for a post-norm encoder through its chain of norms, each frozen
+    (``mhsa.engine.postnorm_stream``); for an encoder-decoder's self-attention (``layer``
+    ``"E1"``, ``"D0"`` or the block's number) through ``mhsa.engine.seq2seq_stream``, the
+    decoder teacher-forced on ``text_pair`` (None: the text itself, as ``mhsa.attend``).
 
     Raises:
         InputError: no such layer, an empty or too long text, a ``Generation`` for an encoder.
-        UnsupportedModelError: an encoder-decoder, or a layout neither decomposition covers.
+        UnsupportedModelError: a cross-attention layer, or a layout no decomposition covers.
     """
     lm = resolve_model(model)
-    layer, _ = _checked(lm, (layer, 0))
+    layer, _ = _checked(lm, (_block_number(lm, layer), 0))
     with lm.lock:
         block = our_blocks(lm)[layer]
-    if not block.causal:
-        if isinstance(text, Generation):
-            raise InputError("A Generation is a decoder's output: give an encoder a text.")
+    if lm.is_encoder_decoder:
+        return _seq2seq_sources(lm, block, text, text_pair, max_tokens)
+    if not block.causal and isinstance(text, Generation):
+        raise InputError("A Generation is a decoder's output: give an encoder a text.")
+    if not block.causal and not _pre_norm(lm):
         run = postnorm_pass(text, model=lm, max_tokens=max_tokens)
         whole = run.resid_pre[layer].double()
         names, sources = run.names(layer), run.sources(layer)
         return LayerSources(lm.name, run.tokens, layer, tuple(names), sources, None, whole, False)
-    pre = residual_pass(text, model=lm, max_tokens=max_tokens, all_logits=False)
+    # a pre-norm decoder, or a pre-norm encoder (ModernBERT) without its head
+    pre = residual_pass(
+        text, model=lm, max_tokens=max_tokens, all_logits=False, with_head=block.causal
+    )
     names, sources = residual_sources(pre, layer)  # (S, T, D)
+    if not block.causal:
+        _embedding_bias_apart(lm, sources)
     outer, attribute = block.layer_place
     norm = attention_norm_of(getattr(outer, attribute))
     whole = pre.resid_pre[layer].double()
@@ -229,8 +268,57 @@ def layer_sources(
     normed = whole
     if frozen is not None:
         normed = frozen(whole) + (0 if frozen.bias is None else frozen.bias.double())
-    _check_values(block.ours, normed, pre.values[layer], lm.display_name, layer)
-    return LayerSources(lm.name, pre.tokens, layer, tuple(names), sources, frozen, normed, True)
+    _check_values(block.ours, normed, pre.values[layer], lm.display_name, layer, repeated=True)
+    return LayerSources(
+        lm.name, pre.tokens, layer, tuple(names), sources, frozen, normed, block.causal
+    )
+
+
+def _seq2seq_sources(
+    lm: LoadedModel,
+    block: OurBlock,
+    text: str | Generation,
+    text_pair: str | None,
+    max_tokens: int | None,
+) -> LayerSources:
+    """``layer_sources`` of an encoder-decoder's self-attention block."""
+    if isinstance(text, Generation):
+        raise InputError("Give an encoder-decoder its text (and target text), not a Generation.")
+    run = seq2seq_pass(text, text_pair, lm, max_tokens)
+    stream = run.streams[block.layer]
+    _check_values(block.ours, stream.normed, stream.values, lm.display_name, block.layer)
+    causal = block.kind == "decoder"
+    return LayerSources(
+        lm.name,
+        run.decoder_tokens if causal else run.encoder_tokens,
+        block.layer,
+        stream.names,
+        stream.sources,
+        stream.frozen,
+        stream.normed,
+        causal,
+        label=layer_name(block.kind, block.index),
+        position=stream.position,
+    )
+
+
+def _pre_norm(lm: LoadedModel) -> bool:
+    """Whether an encoder's layers norm the stream before their attention (ModernBERT: its
+    first layer's norm an ``nn.Identity``, the others' a LayerNorm)."""
+    with lm.lock:
+        blocks = our_blocks(lm)
+    return any(attention_norm_of(getattr(*b.layer_place)) is not None for b in blocks)
+
+
+def _embedding_bias_apart(lm: LoadedModel, sources: torch.Tensor) -> None:
+    """The bias of an encoder's embedding LayerNorm (ModernBERT's ``embeddings.norm``, where
+    its ``norm_bias`` is on) moved from ``input`` (the first part) to ``bias`` (the last), in
+    place, as the post-norm split does: a constant, not the tokens."""
+    norm = getattr(getattr(lm.model, "embeddings", None), "norm", None)
+    bias = getattr(norm, "bias", None)
+    if isinstance(norm, torch.nn.LayerNorm) and bias is not None:
+        sources[0] -= bias.detach().to(sources)
+        sources[-1] += bias.detach().to(sources)
 
 
 def qk_attribution(
@@ -240,6 +328,7 @@ def qk_attribution(
     model: str | LoadedModel = DEFAULT_MODEL,
     query: int | None = None,
     max_tokens: int | None = None,
+    text_pair: str | None = None,
 ) -> pd.DataFrame:
     """``head``'s pre-softmax scores (scaled, before the mask and any soft-cap) at the query
     position ``query`` over every key it may attend to, each split into pairs (query-side
@@ -274,11 +363,11 @@ def qk_attribution(
         parts = text
         if parts.layer != layer or parts.model != lm.name:
             raise InputError(
-                f"These sources enter layer {parts.layer} of {parts.model}: L{layer}H{index} "
+                f"These sources enter layer {parts.layer} of {parts.model}: head {head!r} "
                 f"of {lm.name} reads layer {layer}'s."
             )
     else:
-        parts = layer_sources(text, layer, model=lm, max_tokens=max_tokens)
+        parts = layer_sources(text, layer, model=lm, max_tokens=max_tokens, text_pair=text_pair)
     length = len(parts.tokens)
     if query is None:
         query = length - 1
@@ -308,6 +397,10 @@ def qk_attribution(
     k = _side(ours, sources[:, keys], torch.arange(count), frozen, normed[keys], 1, k_index)
     terms = torch.einsum("ad,bkd->abk", q[:, 0], k) * ours.scale  # (S, S, K)
     names = list(parts.names)
+    if parts.position is not None:  # T5: one more term, (position, position)
+        terms = torch.nn.functional.pad(terms, (0, 0, 0, 1, 0, 1))
+        terms[-1, -1] = parts.position[index, query, :count].to(terms)
+        names.append(POSITION)
     s = len(names)
     source = np.arange(s)
     frame = pd.DataFrame(
@@ -318,12 +411,15 @@ def qk_attribution(
             "score": terms.reshape(-1).cpu().numpy(),
         }
     )
+    window = ours.sliding_window
     frame.attrs.update(
         tokens=parts.tokens,
         query=query,
-        head=f"L{layer}H{index}",
+        head=f"{parts.layer_label}H{index}",
         sources=names,
         causal=parts.causal,
+        window=window,
+        masked_keys=[] if window is None else [k for k in range(count) if abs(query - k) >= window],
     )
     return frame
 
@@ -334,9 +430,11 @@ def _check_values(
     values: torch.Tensor,
     model: str,
     layer: int,
+    repeated: bool = False,
 ) -> None:
-    """The normed stream ``normed [T, D]`` rebuilds every head's values ``[H, T, Dh]`` as the
-    pass recorded them: the norm before the attention was found and frozen right.
+    """The normed stream ``normed [T, D]`` rebuilds every head's values as the pass recorded
+    them (``[H, T, Dh]`` ``repeated`` for the query heads that share them, else ``[G, T,
+    Dh]``): the norm before the attention was found and frozen right.
 
     Raises:
         UnsupportedModelError: they do not.
@@ -345,7 +443,8 @@ def _check_values(
     b = biases[2]
     rebuilt = normed @ weights[2].to(normed).T + (0 if b is None else b.to(normed))  # (T, G Dh)
     rebuilt = rebuilt.view(len(normed), -1, ours.d_head).transpose(0, 1)  # (G, T, Dh)
-    rebuilt = rebuilt.repeat_interleave(ours.groups, dim=0)
+    if repeated:  # values repeated for the query heads that share them (H, T, Dh)
+        rebuilt = rebuilt.repeat_interleave(ours.groups, dim=0)
     theirs = values.double()
     if not torch.allclose(rebuilt, theirs, atol=1e-4 * (1.0 + float(theirs.abs().max()))):
         raise UnsupportedModelError(
