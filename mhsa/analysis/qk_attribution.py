@@ -13,16 +13,31 @@ a sum over parts:
   (TransformerLens's ``apply_ln_to_stack``: each position's scale fixed, so the norm is
   linear), q/k norms (Qwen3, Gemma 3, OLMo 2) frozen likewise and rotary positions applied to
   each part (a rotation is linear);
+- a pre-norm encoder (ModernBERT): the same, without the causal mask (every key split, as
+  the post-norm path does; ``attrs["causal"]`` is False); its first layer reads the stream
+  itself (its attention norm an ``nn.Identity``), the embeddings' LayerNorm is in ``input``
+  (its bias, where there is one, in ``bias``). A local layer's sliding window is a mask, not
+  a term: the keys outside it are kept, with their score ``q . k`` scaled as everywhere, and
+  marked (``attrs["masked_keys"]``, ``attrs["window"]``), as a decoder's are;
 - a post-norm encoder (BERT family: BERT, RoBERTa, ELECTRA, MiniLM, DistilBERT, ALBERT;
   ``mhsa.engine.postnorm_stream``): every LayerNorm on the way, from the embeddings' to the
   last layer's, has its scale ``1 / sigma`` frozen per position at the real forward, so it is
   affine; each part is pushed through every norm after the point where it was written (centred,
   times the frozen ``1 / sigma`` and the norm's weight), each norm's bias joining ``bias``; the
   heads read the stream as it is (no norm before the attention). An MLP's output is nonlinear
-  in its input: it is one part, as the real forward computed it.
+  in its input: it is one part, as the real forward computed it;
+- an encoder-decoder's self-attention (``mhsa.engine.seq2seq_stream``): an encoder head
+  ``E{l}H{h}`` over the encoder's stream (every key), a decoder head ``D{l}H{h}`` over the
+  decoder's (causal), teacher-forced on a target text as ``mhsa.attend`` runs it; the
+  decoder's parts include each cross-attention head's output ``C{l}H{h}`` (it writes into the
+  decoder's stream). Pre-norm (T5, mBART) as above, post-norm (BART, Marian) through the chain
+  of frozen LayerNorms. T5 adds a relative position bias to every score, a constant given the
+  query's and the key's positions and no product of two parts: it is the term ``(position,
+  position)`` of its own (T5 has no biases elsewhere, so ``bias`` would hide nothing else, but
+  the position term says how T5 looks by position). T5 does not scale its scores (scale 1).
 
-Encoder-decoders (two streams) are refused; so is an encoder whose layers are neither
-(ModernBERT: pre-norm, which the pre-norm decomposition follows only for decoders).
+A cross-attention head is refused: its query is read from the decoder's stream and its key
+from the encoder's output, two streams, so no pair of one stream's parts makes its score.
 """
 
 from __future__ import annotations
@@ -338,23 +353,31 @@ def qk_attribution(
     Args:
         text: the text (or a ``Generation``'s ids), or the ``layer_sources`` of it at the
             head's layer (its forward pass reused: every head and query of a layer from one).
-        head: ``"L1H3"`` or ``(layer, head)``.
-        model: a pre-norm decoder (``residual_pass``) or a post-norm encoder
-            (``postnorm_pass``); the model ``text``'s sources came from.
-        query: the query position (default: the last).
+        head: ``"L1H3"`` or ``(layer, head)``; an encoder-decoder's ``"E1H3"`` (encoder) or
+            ``"D1H3"`` (decoder self-attention), or ``(block, head)`` numbered as
+            ``check_heads`` does.
+        model: a pre-norm decoder or encoder (``residual_pass``), a post-norm encoder
+            (``postnorm_pass``) or an encoder-decoder (``seq2seq_pass``); the model
+            ``text``'s sources came from.
+        query: the query position (default: the last), in the decoder's tokens for a ``D``
+            head.
         max_tokens: cut the text to this many tokens.
+        text_pair: an encoder-decoder's target text, which its decoder reads teacher-forced
+            (None: the text itself, as ``mhsa.attend``).
 
     Returns:
         One row per (query part, key part, key position): ``query_source``, ``key_source``
         (categorical), ``key``, ``score``; the keys are 0 .. query for a decoder, every
-        position for an encoder; for each key the scores sum to the head's score.
-        ``attrs``: ``tokens``, ``query``, ``head``, ``sources`` (the parts' names, in order),
-        ``causal``.
+        position for an encoder; for each key the scores sum to the head's score (T5's:
+        with its relative position bias, the pair ``(position, position)``).
+        ``attrs``: ``tokens`` (a ``D`` head's: the decoder's), ``query``, ``head``,
+        ``sources`` (the parts' names, in order), ``causal``, ``window`` (a sliding window,
+        or None) and ``masked_keys`` (the keys listed that the window hides from the query).
 
     Raises:
         InputError: no such head, a query outside the text, an empty or too long text,
             sources of another layer or model.
-        UnsupportedModelError: an encoder-decoder, or a layout neither residual
+        UnsupportedModelError: a cross-attention head, or a layout no residual
             decomposition covers.
     """
     lm = resolve_model(model)
