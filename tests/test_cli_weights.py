@@ -74,10 +74,27 @@ def test_qk_on_the_default_model_splits_every_key(minilm, capsys) -> None:
     assert list(written["key_source"]) == list(want["key_source"].astype(str))
 
 
+SEQ2SEQ = ["--model", "toy:reverse-seq2seq", "--device", "cpu"]
+
+
+def test_qk_on_an_encoder_decoders_decoder_head(tmp_path) -> None:
+    """The shipped BART: a decoder head teacher-forced on --target, as the library splits it."""
+    out = tmp_path / "qk.csv"
+    text, target = "da de di do", "do di de da"
+    argv = ["qk", text, "--head", "D1H2", "--target", target, *SEQ2SEQ, "--out", str(out)]
+    assert main(argv) == 0
+    written = pd.read_csv(out)
+    want = mhsa.qk_attribution(text, "D1H2", model="toy:reverse-seq2seq", text_pair=target)
+    np.testing.assert_allclose(written["score"], want["score"], rtol=1e-12)
+    assert list(written["key_token"]) == [want.attrs["tokens"][k] for k in want["key"]]
+    assert "C0H1" in set(written["key_source"])  # the cross heads write the decoder's stream
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["qk", TEXT, "--head", "L5H0", *TOY], "There is no head L5H0"),
+        (["qk", "da de", "--head", "C0H1", *SEQ2SEQ], "C0H1 is a cross-attention head"),
         (["qk", TEXT, "--head", "L1H0", "--query", "40", *TOY], "no query position 40"),
         (["qk", TEXT, "--head", "L1H0", "--top", "0", *TOY], "--top must be at least 1"),
         (["weights", "--positional", *TOY], "rotary positions"),

@@ -286,12 +286,14 @@ def test_flow(family) -> None:
 
 
 def test_qk_attribution(family) -> None:
-    """The terms of the last layer's head 1 at the last query sum to scores whose softmax is
-    the model's own attention (transformers engine) over the keys it may read (a sliding
+    """The terms of the last layer's head 1 at the last query (an encoder-decoder's last
+    decoder self-attention layer, and its cross-attention refused) sum to scores whose softmax
+    is the model's own attention (transformers engine) over the keys it may read (a sliding
     window's others are 0; Gemma 2's soft-cap applied)."""
     name, lm = family
-    layer = len(our_blocks(lm)) - 1
-    head = f"L{layer}H1"
+    blocks = our_blocks(lm)
+    layer = max(b.index for b in blocks)
+    head = f"{'D' if lm.is_encoder_decoder else 'L'}{layer}H1"
     if _refused("qk-attribution", name, lambda: mhsa.qk_attribution(TEXT, head, model=lm)):
         return
     terms = mhsa.qk_attribution(TEXT, head, model=lm)
@@ -299,8 +301,16 @@ def test_qk_attribution(family) -> None:
     cap = getattr(lm.config, "attn_logit_softcapping", None)
     if cap is not None:
         scores = cap * torch.tanh(scores / cap)
-    own = mhsa.attend(TEXT, model=lm, engine="transformers").attention[layer, 1, -1]
+    result = mhsa.attend(TEXT, model=lm, engine="transformers")
+    if lm.is_encoder_decoder:
+        result = result.of_kind("decoder")
+        with pytest.raises(mhsa.UnsupportedModelError, match="cross-attention head"):
+            mhsa.qk_attribution(TEXT, f"C{layer}H1", model=lm)
+    own = result.attention[layer, 1, -1]
     allowed = torch.tensor(own[: len(scores)] > 0)
-    assert bool(allowed.all()) or name in {"Qwen3", "Gemma 2", "Gemma 3 (text)", "Phi-3"}
+    windowed = {"Qwen3", "Gemma 2", "Gemma 3 (text)", "Phi-3", "ModernBERT"}
+    assert bool(allowed.all()) or name in windowed
+    hidden = [k for k, ok in enumerate(allowed.tolist()) if not ok]
+    assert terms.attrs["masked_keys"] == hidden  # the window's keys, marked
     ours = torch.softmax(scores[allowed], -1).numpy()
     np.testing.assert_allclose(ours, own[: len(scores)][allowed.numpy()], atol=1e-4)

@@ -49,7 +49,8 @@ def why_here_panel(
     left.number_input("Query position", 0, last, key=_ROW)
     right.number_input("Key position", 0, keys, key=_KEY)
     st.caption(weights.WHY_NOTE)
-    why = page.or_error(weights.why_here, query, layer, head, int(state[_ROW]), int(state[_KEY]))
+    row, key = int(state[_ROW]), int(state[_KEY])
+    why = page.or_error(weights.why_here, query, layer, head, row, key, result.kind)
     if why is None:
         return
     st.markdown(md_escape(why.sentence))

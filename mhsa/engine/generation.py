@@ -62,10 +62,14 @@ class Generation:
         return self.ids[self.prompt_tokens :]
 
 
-def forward_inputs(lm: LoadedModel, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def forward_inputs(
+    lm: LoadedModel, inputs: dict[str, torch.Tensor], head: bool = True
+) -> dict[str, torch.Tensor]:
     """The inputs ``lm``'s forward names (a saved BERT tokenizer's ``token_type_ids`` make a
-    Llama-family model's ``generate`` raise; GPT-2 takes them)."""
-    params = inspect.signature(lm.head_model.forward).parameters
+    Llama-family model's ``generate`` raise; GPT-2 takes them): its head model's, or with
+    ``head=False`` its base model's."""
+    module = lm.head_model if head and lm.head_model is not None else lm.model
+    params = inspect.signature(module.forward).parameters
     named = {n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
     return {k: v for k, v in inputs.items() if k in named}
 

@@ -35,11 +35,12 @@ def post_norm_error(lm: LoadedModel) -> UnsupportedModelError:
     )
 
 
-_FINAL_NORMS = ("ln_f", "norm", "final_layernorm", "final_layer_norm")
+_FINAL_NORMS = ("ln_f", "norm", "final_layernorm", "final_layer_norm", "final_norm")
 
 
 def final_norm_of(lm: LoadedModel) -> nn.Module:
-    """The base model's final norm (OPT keeps it in its ``decoder``)."""
+    """The base model's final norm (OPT keeps it in its ``decoder``; ModernBERT names it
+    ``final_norm``)."""
     for owner in (lm.model, getattr(lm.model, "decoder", None)):
         for name in _FINAL_NORMS:
             module = getattr(owner, name, None)

@@ -169,7 +169,7 @@ def postnorm_pass(
 
     Raises:
         UnsupportedModelError: not an encoder, or layers that are not post-norm (ModernBERT is
-            a pre-norm encoder).
+            a pre-norm encoder: ``residual_pass(..., with_head=False)`` records its stream).
         InputError: the text is empty or too long.
     """
     text = check_text(text)
@@ -256,7 +256,8 @@ def _assembled(
                 lm,
                 f"layer {j} does not put the sum of its input and its attention output through "
                 "a LayerNorm (a pre-norm encoder such as ModernBERT normalises before its "
-                "attention, which this split follows only for decoders)",
+                "attention: its stream is split by mhsa.engine.residual's pre-norm pass, as "
+                "qk_attribution does)",
             )
         resid.append(x)
         context.append(merged.view(-1, h, dh).transpose(0, 1))  # (H, T, Dh)

@@ -9,9 +9,10 @@ re-exports both names.
 
 Parallel layers (GPT-NeoX with ``use_parallel_residual``, GPT-J, Phi, Falcon) feed attention and
 MLP the same input and add both outputs to it: the MLP reads the layer's input rather than the
-residual after attention (``ResidualPass.parallel``). Post-norm models are refused
-(``UnsupportedModelError``); a post-norm encoder's stream is split through its frozen norms by
-``mhsa.engine.postnorm_stream``.
+residual after attention (``ResidualPass.parallel``). A pre-norm encoder (ModernBERT: the same
+sum, every key read) runs with ``residual_pass(..., with_head=False)``, which records the
+stream alone (no logits). Post-norm models are refused (``UnsupportedModelError``); a post-norm
+encoder's stream is split through its frozen norms by ``mhsa.engine.postnorm_stream``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from mhsa.engine.encoding import Encoded, check_text, encode
 from mhsa.engine.frozen_norm import FrozenNorm, follow_norms_after, frozen_norm
 from mhsa.engine.generation import Generation, forward_inputs, generation_encoded
 from mhsa.engine.layer_parts import (
+    attention_norm_of,
     check_layer_norms,
     check_sums,
     final_norm_of,
@@ -60,9 +62,11 @@ class ResidualPass:
         mlp_out: per layer, the MLP's output ``[T, D]``.
         resid_post: per layer, the residual leaving it ``[T, D]``.
         logits: the model's logits ``[T, V]`` (``residual_pass(..., all_logits=False)``: the
-            last position's only, ``[1, V]``, where the model's head can skip the others).
+            last position's only, ``[1, V]``, where the model's head can skip the others;
+            ``with_head=False``: none, ``[0, 0]``).
         final_norm: the model's final norm.
-        unembed: the unembedding (``lm_head``).
+        unembed: the unembedding (``lm_head``); None for a pass without the head
+            (``with_head=False``).
         attn_norm: per layer, the norm the layer puts after its attention output before the
             residual sum (Gemma 2/3, OLMo 2), frozen at each position of the whole attention
             output (``apply_ln_to_stack``'s convention), or None; empty: none anywhere.
@@ -88,7 +92,7 @@ class ResidualPass:
     resid_post: tuple[torch.Tensor, ...]
     logits: torch.Tensor
     final_norm: nn.Module
-    unembed: nn.Module
+    unembed: nn.Module | None
     attn_norm: tuple[FrozenNorm | None, ...] = ()
     logit_softcap: float | None = None
     parallel: tuple[bool, ...] = ()
@@ -130,13 +134,16 @@ class ResidualPass:
     def unembed_vectors(self, vectors: torch.Tensor) -> torch.Tensor:
         """``vectors [..., D]`` through the final norm (their own statistics), the
         unembedding and the model's final soft-cap (if any): the logit lens."""
+        if self.unembed is None:
+            raise UnsupportedModelError("this pass was recorded without the model's head")
         logits = self.unembed(self.final_norm(vectors))
         cap = self.logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
-def _checked_decoder(lm: LoadedModel) -> list[OurBlock]:
-    """Our blocks of ``lm``, a pre-norm decoder with a next-token head.
+def _checked_decoder(lm: LoadedModel, with_head: bool = True) -> list[OurBlock]:
+    """Our blocks of ``lm``, a pre-norm decoder with a next-token head (``with_head=False``:
+    any pre-norm stack, an encoder's too, with or without a head).
 
     Raises:
         UnsupportedModelError: an encoder-decoder, a post-norm encoder, or a model without a
@@ -151,9 +158,11 @@ def _checked_decoder(lm: LoadedModel) -> list[OurBlock]:
             "such as toy:induction."
         )
     blocks = our_blocks(lm)
-    if not blocks[0].causal:
+    if not blocks[0].causal and (
+        with_head or all(attention_norm_of(_layer(b)) is None for b in blocks)
+    ):
         raise post_norm_error(lm)
-    if lm.lm_head != "causal" or lm.head_model is None:
+    if with_head and (lm.lm_head != "causal" or lm.head_model is None):
         raise UnsupportedModelError(
             f"{lm.display_name} has no next-token (language-model) head: load a causal LM "
             "checkpoint (GPT-2, Llama, Qwen2, a toy model)."
@@ -244,11 +253,13 @@ def residual_pass(
     model: str | LoadedModel = DEFAULT_MODEL,
     max_tokens: int | None = None,
     all_logits: bool = True,
+    with_head: bool = True,
 ) -> ResidualPass:
     """``text`` through a pre-norm decoder (our module in every attention block), its residual
     stream recorded in parts. A ``Generation`` (``generate_ids``) runs over exactly the ids the
     model chose, not its text tokenized again. ``all_logits=False``: the unembedding of the
     last position only (what reads only the stream saves the vocabulary-wide product).
+    ``with_head=False``: the base model alone, no logits; a pre-norm encoder (ModernBERT) too.
 
     Raises:
         UnsupportedModelError: a post-norm encoder (BERT), a model without a next-token head,
@@ -261,12 +272,12 @@ def residual_pass(
     record: dict[tuple[str, int], torch.Tensor] = {}
     after: dict[int, list[tuple[nn.Module, Any, torch.Tensor]]] = {}
     with lm.lock, torch.inference_mode():
-        blocks = _checked_decoder(lm)
+        blocks = _checked_decoder(lm, with_head)
         if isinstance(text, Generation):
             encoded = generation_encoded(lm, text, max_tokens)
         else:
             encoded = encode(lm, text, None, max_tokens)
-        inputs = forward_inputs(lm, encoded.inputs_on(lm.device))
+        inputs = forward_inputs(lm, encoded.inputs_on(lm.device), with_head)
         observers = {b.layer: _observer(record, b.layer) for b in blocks}
         handles = _recording(blocks, record, after)
         try:
@@ -275,14 +286,15 @@ def residual_pass(
                 blocks,
                 OurPass(observers=observers),
                 inputs,
-                with_head=True,
+                with_head=with_head,
                 last_logits=not all_logits,
             )
         finally:
             for handle in handles:
                 handle.remove()
         follow_norms_after(blocks, record, after)
-        return _assembled(lm, blocks, encoded, record, out.logits[0])
+        logits = out.logits[0] if with_head else torch.zeros(0, 0)
+        return _assembled(lm, blocks, encoded, record, logits, with_head)
 
 
 def _assembled(
@@ -291,6 +303,7 @@ def _assembled(
     encoded: Encoded,
     record: dict[tuple[str, int], torch.Tensor],
     logits: torch.Tensor,
+    with_head: bool = True,
 ) -> ResidualPass:
     def per_layer(name: str) -> tuple[torch.Tensor, ...]:
         return tuple(record[(name, b.layer)][0].float() for b in blocks)
@@ -334,7 +347,7 @@ def _assembled(
         resid_post=per_layer("post"),
         logits=logits.float(),
         final_norm=final_norm_of(lm),
-        unembed=lm.head_model.get_output_embeddings(),
+        unembed=lm.head_model.get_output_embeddings() if with_head else None,
         attn_norm=attn_norm if any(n is not None for n in attn_norm) else (),
         logit_softcap=None if cap is None else float(cap),
         parallel=tuple(

@@ -61,14 +61,9 @@ TOOLS: tuple[Tool, ...] = (
     Tool("dla", "direct logit attribution", ("decoder",)),
     Tool("logit-lens", "logit lens", ("decoder",)),
     Tool("flow", "information flow", ("decoder",)),
-    # a pre-norm decoder's stream, or a post-norm encoder's through its frozen norms; ModernBERT
-    # is a pre-norm encoder, which neither follows
-    Tool(
-        "qk-attribution",
-        "why here? (QK attribution)",
-        _SINGLE_STREAM,
-        except_families=("ModernBERT",),
-    ),
+    # a pre-norm stream (decoders, ModernBERT), a post-norm encoder's through its frozen norms,
+    # an encoder-decoder's self-attention in either layout (its cross-attention refused)
+    Tool("qk-attribution", "why here? (QK attribution)", _ALL),
 )
 
 

@@ -74,6 +74,34 @@ def test_why_here_on_the_default_model_splits_the_score() -> None:
     assert len(charts(at)) == 4  # the page's own three go on
 
 
+def test_why_here_on_an_encoder_decoders_decoder_head() -> None:
+    """The shipped BART ``toy:reverse-seq2seq``, its decoder self-attention (teacher-forced
+    on the target): the cell split as the library splits head D1H2 (whose parts include the
+    cross-attention heads C0Hx); its cross-attention says why it is not split."""
+    text, target = "da de di do du", "du do di de da"
+    state = {"why-shown": True, "why-query": 3, "why-key": 1}
+    link = {"model": "toy:reverse-seq2seq", "text": text, "target_text": target}
+    at = run("pages/1_Heads.py", state, **link, kind="decoder", layer="1", head="2")
+    assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
+    terms = mhsa.qk_attribution(
+        text, "D1H2", model="toy:reverse-seq2seq", text_pair=target, query=3
+    )
+    assert terms.attrs["causal"] is True
+    at_key = terms[terms["key"] == 1]
+    best = at_key.loc[at_key["score"].abs().idxmax()]
+    spec = next(s for t, s in charts(at).items() if t.startswith("D1H2: the largest terms"))
+    clicked = spec["data"][0]
+    assert "(clicked)" in clicked["name"] and clicked["name"].startswith("1:")
+    assert decode(clicked["x"])[0] == pytest.approx(best["score"], rel=1e-6)
+    assert clicked["y"][0] == f"{best['query_source']} · {best['key_source']}"
+    sentence = next(m.value for m in at.markdown if "score" in m.value and "D1H2" in m.value)
+    assert f"score {float(at_key['score'].sum()):.3f}" in rendered(sentence)[0]
+    assert at.number_input(key="why-key").max == 3  # a decoder's query reads keys up to it
+    cross = run("pages/1_Heads.py", state, **link, kind="cross", layer="1", head="2")
+    assert not cross.exception
+    assert any("C1H2 is a cross-attention head" in rendered(e.value)[0] for e in cross.error)
+
+
 @pytest.mark.slow
 def test_head_roles_weights_section_is_the_librarys() -> None:
     state = {"weights-head": "L1H3", "why-shown": True, "why-query": 15, "why-key": 6}

@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 
 import mhsa
-from mhsa.analysis.qk_attribution import BIAS, INPUT
+from mhsa.analysis.qk_attribution import BIAS, INPUT, POSITION
+from mhsa.heads import kind_head_label, layer_name
 from ui.core import LIMITS, Query, loaded_model, model_input, shared
 
 __all__ = [
@@ -37,7 +38,10 @@ WHY_NOTE = (
     "per pair (part of the residual stream at the query, part at the key): input (token and "
     "position embeddings), an earlier head LxHy, an earlier MLP Mx, or bias. Each norm's scale "
     "is frozen at the real stream (in a post-norm encoder such as BERT, every norm on the way "
-    "from the embeddings), so the terms add up exactly."
+    "from the embeddings), so the terms add up exactly. An encoder-decoder's heads are ExHy "
+    "(encoder) and DxHy (decoder; its cross-attention heads CxHy write into its stream too); "
+    "T5 adds its relative position bias, the term position · position. A cross-attention "
+    "head reads two streams and is not split."
 )
 #: keys of the row shown beside the clicked one, and pairs per key
 OTHER_KEYS, TOP_PAIRS = 2, 6
@@ -59,6 +63,8 @@ class WhyHere(NamedTuple):
 def pair_sentence(query_source: str, key_source: str) -> str:
     """What a (query part, key part) pair says, in the field's words (Elhage et al. 2021)."""
     heads = {s for s in (query_source, key_source) if s not in (INPUT, BIAS) and "H" in s}
+    if POSITION in (query_source, key_source):
+        return "the relative position bias (T5): a constant given the query's and key's positions"
     if query_source == INPUT and key_source == INPUT:
         return "the tokens themselves: the query's and the key's embeddings (token and position)"
     if BIAS in (query_source, key_source):
@@ -73,40 +79,58 @@ def pair_sentence(query_source: str, key_source: str) -> str:
     return f"{query_source} at the query meets {key_source} at the key (MLP outputs)"
 
 
-def _sources(query: Query, layer: int) -> mhsa.LayerSources:
-    """The stream entering ``layer`` on the sidebar's text, in parts: one forward pass and
-    one decomposition per text and layer, which every head and cell of the layer reuses."""
+def _sources(query: Query, layer: int | str) -> mhsa.LayerSources:
+    """The stream entering ``layer`` (a number; an encoder-decoder's ``E1``, ``D0``) on the
+    sidebar's text (and an encoder-decoder's target), in parts: one forward pass and one
+    decomposition per text and layer, which every head and cell of the layer reuses."""
     key = ("qk-sources", query._replace(kind="encoder"), layer)
 
     def compute() -> mhsa.LayerSources:
         lm = loaded_model(query.model, query.device)
-        return mhsa.layer_sources(model_input(query), layer, model=lm, max_tokens=LIMITS.max_tokens)
+        return mhsa.layer_sources(
+            model_input(query),
+            layer,
+            model=lm,
+            max_tokens=LIMITS.max_tokens,
+            text_pair=query.target or None,
+        )
 
     return shared(key, compute, "Splitting the stream into its parts…")
 
 
-def _terms(query: Query, layer: int, head: int, row: int) -> pd.DataFrame:
+def _terms(query: Query, layer: int, head: int, row: int, kind: str | None) -> pd.DataFrame:
     if query.words:
         raise mhsa.InputError("Why here? splits the scores of tokens: switch whole words off.")
-    key = ("qk-attribution", query._replace(kind="encoder"), layer, head, row)
+    if kind == "cross":  # the library's refusal, before a forward pass
+        label = kind_head_label(kind, layer, head)
+        return mhsa.qk_attribution(query.text, label, model=loaded_model(query.model, query.device))
+    # an encoder-decoder's attentions by their letter (E1, D0), a single stack's by number
+    where: int | str = layer if kind in (None, "self") else layer_name(kind, layer)
+    key = ("qk-attribution", query._replace(kind="encoder"), where, head, row)
 
     def compute() -> pd.DataFrame:
         lm = loaded_model(query.model, query.device)
-        return mhsa.qk_attribution(_sources(query, layer), (layer, head), model=lm, query=row)
+        sources = _sources(query, where)
+        return mhsa.qk_attribution(sources, (sources.layer, head), model=lm, query=row)
 
     return shared(key, compute, "Splitting the scores…")
 
 
-def why_here(query: Query, layer: int, head: int, row: int, key: int) -> WhyHere:
-    """Cell (``row``, ``key``) of head (``layer``, ``head``) (the model's numbers): its largest
-    pairs, and those of the row's other keys of the highest scores.
+def why_here(
+    query: Query, layer: int, head: int, row: int, key: int, kind: str | None = None
+) -> WhyHere:
+    """Cell (``row``, ``key``) of head (``layer``, ``head``) (the model's numbers; ``kind``:
+    an encoder-decoder's ``encoder``, ``decoder`` or ``cross`` attention, whose layers are
+    counted within it): its largest pairs, and those of the row's other keys of the highest
+    scores.
 
     Raises:
         InputError: whole words, a key after a decoder's query (it does not look there), a
             key outside the text.
-        UnsupportedModelError: a model the split does not cover (``qk_attribution``).
+        UnsupportedModelError: a model the split does not cover, a cross-attention head
+            (``qk_attribution``).
     """
-    return summarised(_terms(query, layer, head, row), key)
+    return summarised(_terms(query, layer, head, row, kind), key)
 
 
 def summarised(terms: pd.DataFrame, key: int) -> WhyHere:
@@ -115,7 +139,7 @@ def summarised(terms: pd.DataFrame, key: int) -> WhyHere:
     Raises:
         InputError: a key after a decoder's query, or outside the text.
     """
-    row, (layer, head) = terms.attrs["query"], mhsa.parse_head_label(terms.attrs["head"])
+    row, head = terms.attrs["query"], terms.attrs["head"]
     tokens = tuple(terms.attrs["tokens"])
     causal = terms.attrs.get("causal", True)
     last = row if causal else len(tokens) - 1
@@ -155,12 +179,12 @@ def summarised(terms: pd.DataFrame, key: int) -> WhyHere:
     cell = cell.assign(share=cell["score"] / score if score else np.nan)
     first = cell.iloc[0]
     sentence = (
-        f"L{layer}H{head} from {row}: {tokens[row]!r} to {key}: {tokens[key]!r}, score "
+        f"{head} from {row}: {tokens[row]!r} to {key}: {tokens[key]!r}, score "
         f"{score:.3f}. Its largest term ({first['score']:.3f}) is "
         f"{pair_sentence(first['query_source'], first['key_source'])}."
     )
     return WhyHere(
-        f"L{layer}H{head}",
+        head,
         row,
         key,
         tokens,
