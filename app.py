@@ -1,14 +1,18 @@
 """MHSA Explorer. Run with `streamlit run app.py`: the navigation over the pages of
 ``ui.navigation.PAGES``, named for people and grouped by what they are for. Each page keeps its
 address (`/Heads`, ...), so links made before the navigation still open the same page; the
-home page also answers at `/Overview` (``ui.navigation.navigation_entries``)."""
+home page also answers at `/Overview` (``ui.navigation.navigation_entries``). Nothing it shows
+is fetched from outside the server (tests/browser/test_offline_browser.py)."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from ui.navigation import navigation_entries
+from ui.navigation import FAVICON, navigation_entries
 
+# the tab's icon before the navigation: else the browser shows (and fetches from
+# fonts.gstatic.com) the chosen page's Material icon until the page sets its own
+st.set_page_config(page_icon=FAVICON, layout="wide")
 navigation = st.navigation(
     {
         group: [

@@ -121,7 +121,8 @@ def show(value: object, **options: object) -> NotebookView:
     """Any result as a notebook view (``mhsa.plots.notebook_results.show``): an
     ``AttentionResult``, a patching table (``patch_heads``), scored circuit edges
     (``edge_attribution``, ``top_edges``), a ``PatchingAgreement``, ``PathPatch``,
-    ``CircuitGraph`` or ``Atlas``: its table and a small figure, self-contained."""
+    ``CircuitGraph``, ``Atlas``, ``AtlasParts`` or ``FaithfulnessCurve``: its table and a
+    small figure, self-contained."""
     from mhsa.plots.notebook_results import show as show_result
 
     return show_result(value, **options)
@@ -133,6 +134,8 @@ for _kind, _name in {
     "path patch": "path_patch_html",
     "circuit graph": "graph_html",
     "atlas": "atlas_html",
+    "atlas parts": "atlas_parts_html",
+    "faithfulness curve": "faithfulness_html",
 }.items():
     set_html_view(_result_html(_name), _kind)
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -22,6 +26,71 @@ def test_attend_prints_summary_and_writes_result(tmp_path, capsys) -> None:
     assert float(text.split("final hidden state: ")[1].split()[0]) < 1e-4
     r = mhsa.AttentionResult.load(out)
     assert r.engine == "mhsa" and r.attention.shape == (6, 12, 9, 9)
+
+
+def _softmax(scores: np.ndarray, causal: bool) -> np.ndarray:
+    if causal:
+        scores = np.where(np.triu(np.ones(scores.shape, bool), 1), -np.inf, scores)
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _embedded(page: str) -> dict:
+    """The data a written page embeds for its view."""
+    found = re.search(r'<script type="application/json" class="mhsa-data">(.*?)</script>', page)
+    assert found is not None
+    return json.loads(found.group(1))
+
+
+def _embedded_vectors(page: str) -> tuple[dict, np.ndarray, np.ndarray]:
+    """The neuron view's data in a written page: its header, q ``[L, H, m, d]``, k."""
+    data = _embedded(page)
+    shape = (data["L"], data["H"])
+    q = np.frombuffer(base64.b64decode(data["q"]), "<f4").reshape(*shape, data["m"], data["d"])
+    k = np.frombuffer(base64.b64decode(data["kv"]), "<f4").reshape(*shape, data["n"], data["d"])
+    return data, q, k
+
+
+@pytest.mark.parametrize("flags", [["--qk"], []])
+def test_attend_keeps_query_and_key_vectors_for_the_neuron_view(tmp_path, capsys, flags) -> None:
+    """``--qk`` (or ``--view neuron``, which needs them): the saved q and k give back the
+    attention the transformers engine computed (softmax of q k^T * scale, later keys masked:
+    toy:induction is a decoder), and the page written holds the same vectors."""
+    out, page = tmp_path / "toy.npz", tmp_path / "toy.html"
+    text = "ba be bi bo du ba be bi bo du"
+    argv = ["attend", text, "--model", "toy:induction", "--out", str(out), "--html", str(page)]
+    assert main([*argv, "--view", "neuron", *flags]) == 0
+    printed = capsys.readouterr().out
+    r = mhsa.AttentionResult.load(out)
+    assert r.q is not None and r.k is not None and r.causal
+    assert f"q, k     {list(r.q.shape)}" in printed and "(neuron view)" in printed
+    scores = np.einsum("lhqd,lhkd->lhqk", r.q.astype(np.float64), r.k.astype(np.float64))
+    np.testing.assert_allclose(_softmax(scores * r.qk_scale, True), r.attention, atol=1e-5)
+    data, q, k = _embedded_vectors(page.read_text(encoding="utf-8"))
+    assert data["scale"] == pytest.approx(r.qk_scale)
+    np.testing.assert_array_equal(q, r.q)
+    np.testing.assert_array_equal(k, r.k)
+    assert "http" not in page.read_text(encoding="utf-8").replace("http://www.w3.org/2000/svg", "")
+
+
+def test_attend_without_qk_keeps_no_vectors_and_draws_the_heads(tmp_path, capsys) -> None:
+    out, page = tmp_path / "cat.npz", tmp_path / "cat.html"
+    argv = ["attend", "The <b>cat</b> sat.", "--out", str(out), "--html", str(page)]
+    assert main(argv) == 0
+    assert "(heads view)" in capsys.readouterr().out
+    r = mhsa.AttentionResult.load(out)
+    assert r.q is None and r.k is None
+    written = page.read_text(encoding="utf-8")
+    assert written.startswith("<!doctype html>")
+    assert _embedded(written)["keys"] == r.tokens and "<" in r.tokens
+    assert re.search(r"<b\b", written) is None  # the tokens "<", "b", ">" stay text
+
+
+def test_attend_views_are_the_notebooks() -> None:
+    from mhsa.cli.attend import VIEWS as CLI_VIEWS
+    from mhsa.plots.notebook import VIEWS
+
+    assert CLI_VIEWS == VIEWS
 
 
 def test_info_prints_model_facts(capsys) -> None:
@@ -65,6 +134,8 @@ def test_stats_matches_head_stats_on_the_same_sentences(tmp_path, capsys, minilm
         (["stats", "c.txt", "--out", "s.csv", "--problems", "/no/p/b.csv"], "folder /no/p does"),
         (["importance", "c.txt", "--out", "i.csv", "--pruning", "/no/q/c.csv"], "folder /no/q"),
         (["attend", "x", "--out", "/no/r/x.npz"], "--out /no/r/x.npz: the folder /no/r does"),
+        (["attend", "x", "--html", "/no/h/x.html"], "--html /no/h/x.html: the folder /no/h"),
+        (["attend", "x", "--html", "x.html", "--view", "grid"], "invalid choice: 'grid'"),
         (["stats", "c.txt", "--out", "/"], "--out / is a folder: give a file name."),
         (["stats", "c.txt", "--out", "s.csv", "--max-tokens", "0"], "--max-tokens must be at"),
         (["stats", "c.txt", "--out", "s.csv", "--ray", "--workers", "0"], "--workers must be at"),

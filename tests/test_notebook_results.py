@@ -186,3 +186,63 @@ def test_show_takes_any_result() -> None:
     assert HOSTILE not in plain and "&lt;script&gt;" in plain
     with pytest.raises(TypeError, match="No notebook view of a object"):
         mhsa.show(object())
+
+
+def test_an_encoder_decoder_atlas_maps_each_part(tmp_path, tiny_bart_path) -> None:
+    texts = ["The cat sat on the mat.", "Dogs bark at <b>night</b>.", "A b a b a b."]
+    atlas = mhsa.build_atlas(texts, tmp_path / "bart", model=tiny_bart_path, progress=False)
+    assert isinstance(atlas, mhsa.AtlasParts)
+    html = mhsa.show(atlas).html
+    svgs = [ET.fromstring(m) for m in re.findall(r"<svg.*?</svg>", html, re.S)]
+    assert len(svgs) == len(atlas.parts) == 2
+    for svg, (name, part) in zip(svgs, atlas.parts.items(), strict=True):
+        scores = part.heads()["induction score"]
+        letter = "E" if name == "encoder" else "D"
+        assert all(label.startswith(letter) for label in scores.index)
+        cells = _all(svg, "rect", "mhsa-cell")
+        shown = {c.get("data-name"): float(c.get("data-value")) for c in cells}
+        assert shown == pytest.approx(scores.to_dict())
+        rows = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")]
+        assert f"{letter}0" in rows and f"{letter}1" in rows
+        assert f"{part.tokens:,} tokens" in html
+    assert re.findall(r"<th>([ED]\d+H\d+)</th>", html) == atlas.labels  # each part's table
+    _self_contained(html)
+
+
+def _guide_y(svg: ET.Element, value: float) -> float:
+    (guide,) = [g for g in _all(svg, "line", "mhsa-guide") if float(g.get("data-value")) == value]
+    assert guide.get("y1") == guide.get("y2")
+    return float(guide.get("y1"))
+
+
+def test_faithfulness_curve_places_each_circuit() -> None:
+    clean, corrupted = "ba ke mo di fu lo ba ke mo di", "ba ke mo ra fu lo ba ke mo di"
+    kw = {"model": "toy:induction", "answer": "fu", "wrong": "lo"}
+    scores = mhsa.edge_attribution(clean, corrupted, **kw)
+    curve = mhsa.faithfulness_curve(clean, corrupted, scores, extra=(7,), **kw)
+    html = curve._repr_html_()
+    svg = _svg(html)
+    points, extra = _all(svg, "circle", "mhsa-point"), _all(svg, "circle", "mhsa-extra")
+    mib = curve.points[curve.points["mib"]]
+    assert [float(p.get("data-y")) for p in points] == mib["faithfulness"].tolist()
+    assert [float(p.get("data-x")) for p in points] == mib["fraction"].tolist()
+    assert [float(p.get("data-y")) for p in extra] == [curve.points["faithfulness"].iloc[-1]]
+    assert extra[0].get("data-name") == "top 7 of 110 edges (6.4%)"
+    # geometry: y linear in f between the guides at f = 0 and f = 1; x linear in log10(share)
+    y0, y1 = _guide_y(svg, 0.0), _guide_y(svg, 1.0)
+    shares = [*mib["fraction"], 7 / 110]
+    fs = [*mib["faithfulness"], curve.points["faithfulness"].iloc[-1]]
+    circles = [*points, *extra]
+    for circle, f in zip(circles, fs, strict=True):
+        assert float(circle.get("cy")) == pytest.approx(y0 + (y1 - y0) * f, abs=0.02)
+    x_lo, x_hi = float(points[0].get("cx")), float(points[-1].get("cx"))  # 0.1 % and 100 %
+    for circle, share in zip(circles, shares, strict=True):
+        want = x_lo + (x_hi - x_lo) * (np.log10(share) + 3) / 3
+        assert float(circle.get("cx")) == pytest.approx(want, abs=0.02)
+    (line,) = list(svg.iter("{http://www.w3.org/2000/svg}polyline"))
+    joined = [tuple(map(float, xy.split(","))) for xy in line.get("points").split()]
+    assert joined == [(float(p.get("cx")), float(p.get("cy"))) for p in points]
+    assert f"CPR {curve.cpr:.3f}" in html and f"CMD {curve.cmd:.3f}" in html
+    assert len(re.findall(r"<tr[ >]", html)) == len(curve.points) + 1
+    assert mhsa.show(curve).html == html
+    _self_contained(html)

@@ -38,6 +38,25 @@ class AppPage:
         return self.url_path == ""
 
 
+#: the browser tab's icon: a 3 x 3 attention map (each token to itself, then the one before),
+#: inline SVG, which Streamlit sends as a data: URL. A Material icon (``:material/...:``) as
+#: the page icon makes the browser fetch it from fonts.gstatic.com (no request may leave the
+#: app; tests/browser/test_offline_browser.py); ``app.py`` sets it before ``st.navigation``,
+#: whose pages' Material icons would else become the tab's icon too.
+FAVICON = (
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24" fill="#1c83e1">'
+    '<rect x="1" y="1" width="6" height="6" rx="1" fill-opacity="1"/>'
+    '<rect x="9" y="1" width="6" height="6" rx="1" fill-opacity=".15"/>'
+    '<rect x="17" y="1" width="6" height="6" rx="1" fill-opacity=".15"/>'
+    '<rect x="1" y="9" width="6" height="6" rx="1" fill-opacity=".55"/>'
+    '<rect x="9" y="9" width="6" height="6" rx="1" fill-opacity="1"/>'
+    '<rect x="17" y="9" width="6" height="6" rx="1" fill-opacity=".15"/>'
+    '<rect x="1" y="17" width="6" height="6" rx="1" fill-opacity=".15"/>'
+    '<rect x="9" y="17" width="6" height="6" rx="1" fill-opacity=".55"/>'
+    '<rect x="17" y="17" width="6" height="6" rx="1" fill-opacity="1"/>'
+    "</svg>"
+)
+
 #: the home page's address besides the root: ``/Overview?model=...`` opens it (hidden in the menu)
 HOME_ALIAS = "Overview"
 

@@ -31,6 +31,7 @@ from mhsa import plots
 from ui import core, exports, runtime
 from ui.core import LIMITS, Query
 from ui.heavy import heavy, queue_place
+from ui.navigation import FAVICON
 from ui.opening import OPENING as _OPENING
 from ui.opening import atlas_button, open_head, open_in_atlas, open_text_head
 from ui.sidebar import EXPORT_FORMATS, KIND_LABELS, attention_kind, sidebar
@@ -151,9 +152,7 @@ def setup(title: str, params: dict[str, Param] | None = None, *, kinds: bool = F
     else its query asks for the encoder's, and the page says so when another is chosen."""
     _use_the_navigation()
     st.session_state.update(st.session_state.pop(_OPENING, {}))  # before any widget is drawn
-    st.set_page_config(
-        page_title=f"{title} · MHSA Explorer", page_icon=":material/search:", layout="wide"
-    )
+    st.set_page_config(page_title=f"{title} · MHSA Explorer", page_icon=FAVICON, layout="wide")
     all_params = GLOBAL_PARAMS | (params or {})
     use_params(all_params)
     st.html(PAGE_SCRIPT, unsafe_allow_javascript=True)

@@ -427,6 +427,11 @@ class AtlasParts(Atlas):
         )
         return f"AtlasParts({self.model!r}, {inner})"
 
+    def _repr_html_(self) -> str:
+        """In a notebook: each part's map of one per-head score (the induction score) and its
+        heads' corpus-wide scores (``mhsa.plots.notebook_results.atlas_parts_html``)."""
+        return html_view("atlas parts")(self)
+
     @property
     def tokens(self) -> int:
         return next(iter(self.parts.values())).tokens

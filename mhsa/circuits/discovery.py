@@ -444,6 +444,11 @@ class FaithfulnessCurve:
     corrupted: float
     total: int
 
+    def _repr_html_(self) -> str:
+        """In a notebook: f against the edges kept, and the points
+        (``mhsa.plots.notebook_results.faithfulness_html``)."""
+        return html_view("faithfulness curve")(self)
+
 
 def _areas(fractions: Sequence[float], f: Sequence[float]) -> tuple[float, float]:
     """MIB's area under f and under |1 - f| (trapezoids over the fractions)."""

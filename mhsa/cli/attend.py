@@ -1,4 +1,5 @@
-"""``attend``: per-head attention of one text, summarised and saved (``mhsa.attend``)."""
+"""``attend``: per-head attention of one text, summarised and saved (``mhsa.attend``), and
+drawn as a self-contained page (``AttentionResult.to_html``)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,16 @@ from pathlib import Path
 
 from mhsa.cli.common import add_model_options
 
+#: the views ``--html`` draws (``mhsa.plots.notebook.VIEWS``, not imported: plotly stays out of
+#: the command line's start)
+VIEWS = ("heads", "line", "neuron")
+
 EXAMPLES = (
     'python -m mhsa attend "The cat sat on the mat." --engine mhsa --out cat.npz',
     'python -m mhsa attend "$(cat long.txt)" --model MODEL --layers 2 --heads 0-7 '
     "--dtype float16 --out long.npz",
+    'python -m mhsa attend "The cat sat on the mat." --qk --out cat.npz --html cat.html '
+    "--view neuron",
 )
 HELP = "compute per-head attention of a text and save it"
 
@@ -37,6 +44,12 @@ def add_arguments(attend: argparse.ArgumentParser) -> None:
         "with --out as the result's norms",
     )
     attend.add_argument(
+        "--qk",
+        action="store_true",
+        help="also keep each head's query and key vectors (one more pass through our module), "
+        "saved with --out: the neuron view draws them (mhsa.attend(qk=True))",
+    )
+    attend.add_argument(
         "--layers",
         default=None,
         help="long inputs: only these layers (2, 0-3,8); the others run a fused kernel",
@@ -54,13 +67,32 @@ def add_arguments(attend: argparse.ArgumentParser) -> None:
         default=None,
         help="write the result (.npz; with --layers, --heads or --dtype written layer by layer)",
     )
+    attend.add_argument(
+        "--html",
+        type=Path,
+        default=None,
+        help="write the result's view as one self-contained HTML page (opens offline)",
+    )
+    attend.add_argument(
+        "--view",
+        default="heads",
+        choices=VIEWS,
+        help="the view --html draws: every head's map, lines between tokens, or the neuron "
+        "view (Vig 2019: the query and key vectors; it turns on --qk)",
+    )
 
 
 def _streamed(args: argparse.Namespace) -> bool:
     """A selection written to ``--out``: layer by layer (``mhsa.engine.layer_files``), never
     held."""
     selected = args.layers is not None or args.heads is not None or args.dtype != "float32"
-    return bool(args.out) and selected and not (args.verify or args.norms or args.pair)
+    held = args.verify or args.norms or args.pair or _wants_qk(args) or args.html
+    return bool(args.out) and selected and not held
+
+
+def _wants_qk(args: argparse.Namespace) -> bool:
+    """``--qk``, or the neuron view asked for (it draws the vectors)."""
+    return bool(args.qk or (args.html and args.view == "neuron"))
 
 
 def _selection(args: argparse.Namespace) -> dict:
@@ -98,7 +130,12 @@ def run(args: argparse.Namespace) -> None:
         _run_streamed(args)
         return
     r = mhsa.attend(
-        args.text, text_pair=args.pair, verify=args.verify, norms=args.norms, **_selection(args)
+        args.text,
+        text_pair=args.pair,
+        verify=args.verify,
+        norms=args.norms,
+        qk=_wants_qk(args),
+        **_selection(args),
     )
     print(f"model    {r.model} ({r.num_parameters:,} parameters) on {r.device}, engine {r.engine}")
     print(f"tokens   {len(r.tokens)}: {' '.join(r.tokens)}")
@@ -122,5 +159,9 @@ def run(args: argparse.Namespace) -> None:
         print(f"         final hidden state: {r.hidden_max_abs_diff:.1e}")
     if r.norms is not None:
         print(f"norms    {list(r.norms.shape)} weight x value norm, largest {r.norms.max():.3g}")
+    if r.q is not None and r.k is not None:
+        print(f"q, k     {list(r.q.shape)} and {list(r.k.shape)} [layers, heads, token, d_head]")
     if args.out:
         print(f"wrote    {r.save(args.out)}")
+    if args.html:
+        print(f"wrote    {r.to_html(args.html, args.view)} ({args.view} view)")

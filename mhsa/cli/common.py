@@ -44,6 +44,7 @@ OUTPUTS = (
     "attribution",
     "routes",
     "curve",
+    "html",
 )
 
 

@@ -36,7 +36,8 @@ ATTENTION_KINDS = ("encoder", "decoder", "cross")
 #: draws a value as one self-contained piece of HTML, by kind: ``"attention"`` (an
 #: ``AttentionResult``: ``(result, view, **options) -> str``, ``mhsa.plots.notebook``), and the
 #: results of the layers above (``"patching agreement"``, ``"path patch"``, ``"circuit graph"``,
-#: ``"atlas"``: ``(value) -> str``, ``mhsa.plots.notebook_results``). The front
+#: ``"atlas"``, ``"atlas parts"``, ``"faithfulness curve"``: ``(value) -> str``,
+#: ``mhsa.plots.notebook_results``). The front
 #: (``mhsa/__init__.py``) sets them: the figures sit above the engine and the analyses.
 _html_views: dict[str, Callable[..., str]] = {}
 

@@ -9,7 +9,12 @@ script: nothing is requested from the network and no plotting library travels wi
   (``mhsa.plots.circuits.circuit_figure``); a ``CircuitGraph``: its edges, unscored;
 - a ``PatchingAgreement``: exact against estimated effect, one point per head, and y = x;
 - a ``PathPatch``: the edge's metric, clean / patched / corrupted;
-- an ``Atlas``: a heatmap of one of its per-head scores beside its table.
+- an ``Atlas``: a heatmap of one of its per-head scores beside its table; an ``AtlasParts``
+  (an encoder-decoder's): one such map and table per part (encoder, decoder);
+- a ``FaithfulnessCurve``: faithfulness against the number of edges kept (log scale), MIB's
+  sizes joined by a line.
+
+``PatchGrid`` has no view: it holds the sizes patching runs over, no values.
 
 The figures sit on a light card of their own (their colours read the same in a dark notebook).
 ``show`` draws any of these, an ``AttentionResult`` or a plain table: ``mhsa.show(value)``.
@@ -25,14 +30,14 @@ import numpy as np
 import pandas as pd
 
 from mhsa.engine.result import AttentionResult, NotebookView
-from mhsa.heads import parse_head_label
+from mhsa.heads import parse_head_label, parse_layer_head_label
 from mhsa.plots.circuits import SUPPORT_LEGEND, circuit_node_xy
 from mhsa.plots.common import signed_color
 
 if TYPE_CHECKING:
-    from mhsa.atlas.reader import Atlas
+    from mhsa.atlas.reader import Atlas, AtlasParts
     from mhsa.causal.patching import PatchingAgreement
-    from mhsa.circuits.discovery import PathPatch
+    from mhsa.circuits.discovery import FaithfulnessCurve, PathPatch
     from mhsa.circuits.graph import CircuitGraph
 
 __all__ = [
@@ -40,7 +45,9 @@ __all__ = [
     "MAX_GRAPH_EDGES",
     "agreement_html",
     "atlas_html",
+    "atlas_parts_html",
     "edges_html",
+    "faithfulness_html",
     "graph_html",
     "patching_html",
     "path_patch_html",
@@ -319,25 +326,142 @@ def path_patch_html(patch: PathPatch) -> str:
     return _card(title, "".join(parts), _SCORE_LEGEND, _table(frame))
 
 
+def _atlas_map(frame: pd.DataFrame, column: str) -> str:
+    """``column`` of an atlas's ``heads()`` table as a heatmap: a row per layer (``L0``; an
+    encoder-decoder's part: ``E0``, ``D0``), a column per head."""
+    parsed = [parse_layer_head_label(str(label)) for label in frame.index]
+    rows = sorted({name for name, _ in parsed}, key=lambda name: (name[0], int(name[1:])))
+    heads = sorted({h for _, h in parsed})
+    grid = np.full((len(rows), len(heads)), np.nan)
+    for (name, h), v in zip(parsed, frame[column], strict=True):
+        grid[rows.index(name), heads.index(h)] = v
+    names = [[f"{name}H{h}" for h in heads] for name in rows]
+    return heatmap_svg(grid, rows, [f"H{h}" for h in heads], names)
+
+
+def _atlas_column(frame: pd.DataFrame, column: str | None) -> str:
+    """The score to map: ``column``, else the induction score, else the first column."""
+    return column or next((c for c in frame.columns if "induction" in c), frame.columns[0])
+
+
 def atlas_html(atlas: Atlas, column: str | None = None) -> str:
     """An atlas: a heatmap of one per-head score (``column`` of ``heads()``; the induction
     score by default, else the first) over layers x heads, and every head's scores."""
     frame = atlas.heads()
-    column = column or next((c for c in frame.columns if "induction" in c), frame.columns[0])
-    parsed = [parse_head_label(str(label)) for label in frame.index]
-    layers = sorted({li for li, _ in parsed})
-    heads = sorted({h for _, h in parsed})
-    grid = np.full((len(layers), len(heads)), np.nan)
-    for (li, h), v in zip(parsed, frame[column], strict=True):
-        grid[layers.index(li), heads.index(h)] = v
-    names = [[f"L{li}H{h}" for h in heads] for li in layers]
-    figure = heatmap_svg(grid, [f"L{li}" for li in layers], [f"H{h}" for h in heads], names)
+    column = _atlas_column(frame, column)
     plan = atlas.manifest["plan"]
     title = (
         f"Atlas of {atlas.model}: {len(frame)} heads over {atlas.tokens:,} tokens of "
         f"{plan['texts']:,} texts; the map: {column}"
     )
-    return _card(title, figure, _SCORE_LEGEND, _table(frame))
+    return _card(title, _atlas_map(frame, column), _SCORE_LEGEND, _table(frame))
+
+
+def atlas_parts_html(atlas: AtlasParts, column: str | None = None) -> str:
+    """An encoder-decoder's atlas: for each part (the encoder's self-attention, heads
+    ``E{layer}H{head}``; the decoder's, ``D{layer}H{head}``, over the teacher-forced target)
+    its map of one per-head score (as ``atlas_html``) and its heads' table: the parts read
+    different tokens, so each has its own count."""
+    cards = []
+    for name, part in atlas.parts.items():
+        frame = part.heads()
+        shown = _atlas_column(frame, column)
+        title = (
+            f"{name} self-attention: {len(frame)} heads over {part.tokens:,} tokens; the "
+            f"map: {shown}"
+        )
+        cards.append(_card(title, _atlas_map(frame, shown), _SCORE_LEGEND, _table(frame)))
+    plan = atlas.manifest["plan"]
+    title = (
+        f"Atlas of {atlas.model} (an encoder-decoder): {len(atlas.labels)} heads in "
+        f"{len(atlas.parts)} parts over {plan['texts']:,} texts"
+    )
+    return f'<div class="mhsa-result"><p><b>{_e(title)}</b></p>{"".join(cards)}</div>'
+
+
+def line_chart_svg(x: np.ndarray, y: np.ndarray, names: Sequence[str], extra: np.ndarray) -> str:
+    """Faithfulness ``y`` against the share of edges ``x`` (log scale, 0.1 % to 100 %): the
+    points joined in order (``<polyline>``), each a ``<circle class="mhsa-point">`` named and
+    holding its numbers; points where ``extra`` is true are marked apart (``mhsa-extra``),
+    unjoined. Dashed guides at f = 0 and f = 1 (``mhsa-guide``, ``data-value``)."""
+    width, height, left, top = 320, 200, 44, 14
+    lo_x, hi_x = -3.0, 0.0
+    lo_y = float(min(0.0, *y)) if len(y) else 0.0
+    hi_y = float(max(1.0, *y)) if len(y) else 1.0
+    pad = 0.05 * (hi_y - lo_y)
+    lo_y, hi_y = lo_y - pad, hi_y + pad
+
+    def px(share: float) -> float:
+        v = np.log10(min(max(share, 10**lo_x), 10**hi_x))
+        return left + (v - lo_x) / (hi_x - lo_x) * width
+
+    def py(v: float) -> float:
+        return top + height - (v - lo_y) / (hi_y - lo_y) * height
+
+    end_x, end_y = left + width + 12, top + height + 36
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{end_x}" height="{end_y}">',
+        f'<rect x="{left}" y="{top}" width="{width}" height="{height}" fill="none" '
+        'stroke="#8c959f"/>',
+    ]
+    for share, label in ((0.001, "0.1%"), (0.01, "1%"), (0.1, "10%"), (1.0, "100%")):
+        parts.append(
+            f'<text x="{px(share):.1f}" y="{top + height + 12}" text-anchor="middle" '
+            f'font-size="9">{label}</text>'
+        )
+    for v in (0.0, 1.0):
+        parts.append(
+            f'<line class="mhsa-guide" x1="{left}" y1="{py(v):.2f}" x2="{left + width}" '
+            f'y2="{py(v):.2f}" stroke="#8c959f" stroke-dasharray="4 3" data-value="{v!r}"/>'
+            f'<text x="{left - 4}" y="{py(v) + 3:.1f}" text-anchor="end" font-size="9">'
+            f"{v:g}</text>"
+        )
+    parts.append(
+        f'<text x="{left + width / 2}" y="{end_y - 6}" text-anchor="middle" font-size="10">'
+        "edges kept, as a share of all edges (log)</text>"
+        f'<text x="10" y="{top + height / 2}" font-size="10" text-anchor="middle" '
+        f'transform="rotate(-90 10 {top + height / 2})">faithfulness f</text>'
+    )
+    joined = [i for i in range(len(x)) if not extra[i]]
+    path = " ".join(f"{px(float(x[i])):.2f},{py(float(y[i])):.2f}" for i in joined)
+    parts.append(f'<polyline points="{path}" fill="none" stroke="#1c83e1" stroke-width="1.5"/>')
+    for i in range(len(x)):
+        cls, fill = ("mhsa-extra", "#ff2b2b") if extra[i] else ("mhsa-point", "#1c83e1")
+        parts.append(
+            f'<circle class="{cls}" cx="{px(float(x[i])):.2f}" cy="{py(float(y[i])):.2f}" '
+            f'r="{5 if extra[i] else 3.5}" fill="{fill}" data-name="{_e(names[i])}" '
+            f'data-x="{float(x[i])!r}" data-y="{float(y[i])!r}"><title>{_e(names[i])}: f = '
+            f"{_fmt(float(y[i]))}</title></circle>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def faithfulness_html(curve: FaithfulnessCurve) -> str:
+    """A faithfulness curve (``faithfulness_curve``): f of the top-n edges against n as a
+    share of all edges, log scale (as the app's ``faithfulness_figure``): MIB's sizes joined,
+    the extra n asked for marked in red; its table of points."""
+    points = curve.points
+    names = [
+        f"top {n} of {curve.total} edges ({share:.1%})"
+        for n, share in zip(points["edges"], points["fraction"], strict=True)
+    ]
+    figure = line_chart_svg(
+        points["fraction"].to_numpy(float),
+        points["faithfulness"].to_numpy(float),
+        names,
+        ~points["mib"].to_numpy(bool),
+    )
+    title = (
+        f"Faithfulness of the top-n edges: CPR {curve.cpr:.3f} (higher is better), "
+        f"CMD {curve.cmd:.3f} (lower is better)"
+    )
+    legend = (
+        f"f = (m_circuit - m_corrupted) / (m_clean - m_corrupted), m_clean {_fmt(curve.clean)}, "
+        f"m_corrupted {_fmt(curve.corrupted)}; dashed: f = 0 and f = 1; blue: MIB's sizes, "
+        "red: the other sizes asked for"
+    )
+    return _card(title, figure, legend, _table(points))
 
 
 def _kind_of_table(frame: pd.DataFrame) -> str:
@@ -352,7 +476,8 @@ def _kind_of_table(frame: pd.DataFrame) -> str:
 def show(value: Any, **options: Any) -> NotebookView:
     """Any result as a notebook view: an ``AttentionResult`` (``result.show(**options)``), a
     patching table, a table of scored circuit edges, or anything with ``_repr_html_`` (a
-    ``PatchingAgreement``, ``PathPatch``, ``CircuitGraph``, ``Atlas``); another table as
+    ``PatchingAgreement``, ``PathPatch``, ``CircuitGraph``, ``Atlas``, ``AtlasParts``,
+    ``FaithfulnessCurve``); another table as
     itself (escaped).
 
     Raises:
