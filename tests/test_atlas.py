@@ -547,3 +547,18 @@ def test_an_atlas_of_format_1_is_still_read(indexed_atlas, tmp_path) -> None:
         atlas.top("L1H2", k=3)["text_id"].tolist()
         == indexed_atlas.top("L1H2", k=3)["text_id"].tolist()
     )
+
+
+def test_shards_are_sized_by_the_head_outputs_they_hold() -> None:
+    """Without ``shard_texts``, a shard holds about ``SHARD_BYTES`` of float16 head outputs,
+    its tokens guessed at 4 characters each: short sentences make large shards (less padding),
+    long documents or a large model small ones (memory stays bounded), 16 to 4,096 texts."""
+    from mhsa.atlas.build import SHARD_BYTES, shard_texts_for
+
+    sentence, document = "word " * 24, "word " * 600  # 120 and 3,000 characters
+    minilm = 6 * 12 * 32
+    short = shard_texts_for([sentence] * 50, minilm)
+    assert short * 120 / 4 * minilm * 2 == pytest.approx(SHARD_BYTES, rel=0.01)
+    assert shard_texts_for([document] * 50, minilm) == pytest.approx(short / 25, rel=0.01)
+    assert shard_texts_for([document] * 50, 16 * 2048) == 16  # a 1B model's long texts
+    assert shard_texts_for(["a"] * 50, minilm) == 4096

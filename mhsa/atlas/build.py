@@ -44,13 +44,20 @@ __all__ = [
     "merge_shards",
     "plan_atlas",
     "read_texts",
+    "shard_texts_for",
 ]
 
 #: the atlas folder's format; a reader refuses a newer one (2: head outputs coded per shard,
 #: the all-heads index a random projection; format-1 atlases are still read)
 FORMAT = 2
-#: texts per shard: the unit of resuming and of Ray's work
+#: texts per shard where the corpus's own size does not set it (the unit of resuming and of
+#: Ray's work; by default a build sizes its shards by ``SHARD_BYTES``)
 SHARD_TEXTS = 512
+#: the head outputs (float16) a shard holds before coding them: shards hold about this much,
+#: from the corpus's characters a text (``CHARS_PER_TOKEN``): larger shards pad less (each
+#: batch is cut from one shard's texts sorted by length)
+SHARD_BYTES = 256 * 2**20
+CHARS_PER_TOKEN = 4
 #: the largest uniform sample of pairs kept
 SAMPLE_SIZE = 4096
 #: tokens per text the atlas reads at most (longer texts are cut, and counted)
@@ -144,7 +151,7 @@ def plan_atlas(
     batch_size: int | None,
     max_tokens: int = MAX_TOKENS,
     sample_size: int = SAMPLE_SIZE,
-    shard_texts: int = SHARD_TEXTS,
+    shard_texts: int | None = None,
     part: str | None = None,
 ) -> AtlasPlan:
     """Check the settings against the model and fix what the build will do.
@@ -160,6 +167,8 @@ def plan_atlas(
     if not isinstance(top_k, int) or not 1 <= top_k <= 10_000:
         raise InputError(f"top_k must be a whole number from 1 to 10000, got {top_k!r}.")
     for name, value in (("sample_size", sample_size), ("shard_texts", shard_texts)):
+        if value is None and name == "shard_texts":
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputError(f"{name} must be a whole number of at least 1, got {value!r}.")
     with lm.lock:
@@ -172,6 +181,9 @@ def plan_atlas(
             f"{lm.display_name!r} has heads of {blocks[0].ours.d_head} dimensions: an atlas keeps "
             "head outputs two numbers a byte, so it takes models whose heads have an even number."
         )
+    if shard_texts is None:
+        numbers = len(chosen_layers) * len(chosen_heads) * blocks[0].ours.d_head
+        shard_texts = shard_texts_for(texts, numbers)
     digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()
     limit = min(max_tokens, lm.max_positions or max_tokens)
     return AtlasPlan(
@@ -190,6 +202,15 @@ def plan_atlas(
         shard_texts=shard_texts,
         part=kind,
     )
+
+
+def shard_texts_for(texts: Sequence[str], numbers: int) -> int:
+    """Texts per shard for a corpus whose tokens each keep ``numbers`` head-output numbers:
+    about ``SHARD_BYTES`` of them a shard (tokens guessed from characters), 16 to 4,096 texts
+    (MiniLM's 72 heads of 32 over Brown sentences: about 1,900)."""
+    chars = sum(len(t) for t in texts) / max(1, len(texts))
+    tokens = SHARD_BYTES / (2 * numbers)
+    return int(min(4096, max(16, tokens * CHARS_PER_TOKEN / max(chars, 1.0))))
 
 
 def _part(lm: LoadedModel, part: str | None) -> str:

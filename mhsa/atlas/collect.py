@@ -318,25 +318,16 @@ class HeadSummaries:
         w: torch.Tensor,
         norms: torch.Tensor,
     ) -> None:
-        """The batch's candidates for each head's top list: per text and head its ``top_k + 1``
-        largest pairs (one more: a text holds at most one pair that is not ranked, a causal
-        model's first query), of which the ranked ones are offered."""
-        b, hs, t = values.shape[0], values.shape[1], values.shape[-1]
+        """The batch's candidates for each head's top list (``_above``, else
+        ``_best_per_text``), offered to it."""
+        hs = values.shape[1]
         if layout.ranked_count == 0:
             return
-        best, at = torch.topk(values.view(b, hs, t * t), min(self.top_k + 1, t * t), dim=-1)
-        row = torch.arange(b)[:, None, None].expand_as(at)
-        head = torch.arange(hs)[None, :, None].expand_as(at)
-        q, k = at // t, at % t
-        keep = layout.ranked_pair[row, q, k]
-        # only what can enter a list: per head, candidates at or above both the list's current
-        # last value and the batch's k-th best ranked candidate (ties kept: the order of
-        # (text, query, key) decides them in ``TopList.offer``)
-        ranked = best.masked_fill(~keep, -torch.inf).transpose(0, 1).reshape(hs, -1)
-        kth = torch.topk(ranked, min(self.top_k, ranked.shape[1]), dim=-1).values[:, -1]
         last = torch.from_numpy(top.value[first_head : first_head + hs, -1])
-        keep &= best >= torch.maximum(kth, last)[None, :, None]
-        row, head, q, k, best = row[keep], head[keep], q[keep], k[keep], best[keep]
+        found = self._above(values, layout, last) if bool(last.isfinite().all()) else None
+        if found is None:
+            found = self._best_per_text(values, layout, last)
+        row, head, q, k, best = found
         cand = {
             "value": best.numpy(),
             "text": layout.text[row.numpy()],
@@ -349,6 +340,37 @@ class HeadSummaries:
         for i in range(hs):
             mine = head_np == i
             top.offer(first_head + i, {c: v[mine] for c, v in cand.items()})
+
+    def _above(
+        self, values: torch.Tensor, layout: BatchLayout, last: torch.Tensor
+    ) -> tuple[torch.Tensor, ...] | None:
+        """Once every list is full: the ranked pairs at or above each head's last value (all
+        that can enter; ties kept, ``TopList.offer`` orders them), found by one comparison
+        instead of a top-k per text; None when too many are (the top-k per text then)."""
+        hit = values >= last[None, :, None, None]
+        hit &= layout.ranked_pair[:, None]
+        if int(hit.sum()) > 8 * self.top_k * values.shape[1]:
+            return None
+        row, head, q, k = hit.nonzero(as_tuple=True)
+        return row, head, q, k, values[row, head, q, k]
+
+    def _best_per_text(
+        self, values: torch.Tensor, layout: BatchLayout, last: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """Per text and head its ``top_k + 1`` largest pairs (one more: a text holds at most
+        one pair that is not ranked, a causal model's first query), of which the ranked ones
+        at or above both the list's current last value and the batch's k-th best ranked
+        candidate (ties kept)."""
+        b, hs, t = values.shape[0], values.shape[1], values.shape[-1]
+        best, at = torch.topk(values.view(b, hs, t * t), min(self.top_k + 1, t * t), dim=-1)
+        row = torch.arange(b)[:, None, None].expand_as(at)
+        head = torch.arange(hs)[None, :, None].expand_as(at)
+        q, k = at // t, at % t
+        keep = layout.ranked_pair[row, q, k]
+        ranked = best.masked_fill(~keep, -torch.inf).transpose(0, 1).reshape(hs, -1)
+        kth = torch.topk(ranked, min(self.top_k, ranked.shape[1]), dim=-1).values[:, -1]
+        keep &= best >= torch.maximum(kth, last)[None, :, None]
+        return row[keep], head[keep], q[keep], k[keep], best[keep]
 
     def finish_batch(
         self, layout: BatchLayout, sample: tuple[torch.Tensor, ...], sampled: dict

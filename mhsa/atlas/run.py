@@ -15,7 +15,6 @@ from mhsa.atlas.build import (
     FORMAT,
     PARTS,
     SAMPLE_SIZE,
-    SHARD_TEXTS,
     AtlasPlan,
     build_shard,
     merge_shards,
@@ -47,7 +46,7 @@ def build_atlas(
     ray: bool = False,
     workers: int = 2,
     sample_size: int = SAMPLE_SIZE,
-    shard_texts: int = SHARD_TEXTS,
+    shard_texts: int | None = None,
     part: str | None = None,
 ) -> Atlas:
     """Build the head atlas of ``model`` over ``corpus`` into the folder ``out``.
@@ -67,7 +66,8 @@ def build_atlas(
         ray: compute the shards on Ray (``workers`` actors; a local instance unless Ray is
             already connected) with the same result.
         sample_size: pairs of the uniform sample (the same pairs for every head).
-        shard_texts: texts per shard (the unit of resuming and of Ray's work).
+        shard_texts: texts per shard (the unit of resuming and of Ray's work); None: sized
+            by the corpus (``shard_texts_for``: about 256 MB of head outputs a shard).
         part: an encoder-decoder's ``"encoder"`` or ``"decoder"`` self-attention alone (its
             heads labelled ``E{layer}H{head}`` / ``D{layer}H{head}``; the decoder reads each
             text as its teacher-forced target, as ``mhsa.attend`` shows it). None: both, each
