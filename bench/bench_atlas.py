@@ -137,14 +137,22 @@ def main() -> None:
     parser.add_argument("--reads", type=int, default=100)
     parser.add_argument("--memory", action="store_true", help="peak RSS at N and 4N sentences")
     parser.add_argument("--ray", action="store_true", help="Ray with 2 workers against 1")
+    parser.add_argument("--repeats", type=int, default=3, help="baseline and build, in turn")
+    parser.add_argument("--ray-shard-texts", type=int, default=250, help="texts a Ray shard")
     args = parser.parse_args()
     report: dict[str, object] = {}
     texts = _sentences(args.sentences)
     with tempfile.TemporaryDirectory() as tmp:
         plain_forward(texts[:64])  # warm: the first forward allocates
+        # baseline and build in turn, ``--repeats`` times: the ratio of the medians (this
+        # machine's times vary by 10-20% from run to run)
+        bases, builds = [], []
+        for r in range(args.repeats):
+            bases.append(plain_forward(texts))
+            builds.append(atlas_build(texts, Path(tmp) / ("a" if r == 0 else f"again-{r}")))
         (base, base_cpu), (built, built_cpu) = (
-            plain_forward(texts),
-            atlas_build(texts, Path(tmp) / "a"),
+            tuple(float(np.median(column)) for column in zip(*runs, strict=True))
+            for runs in (bases, builds)
         )
         manifest = json.loads((Path(tmp) / "a" / "manifest.json").read_text())
         size = sum(p.stat().st_size for p in (Path(tmp) / "a").iterdir())
@@ -157,6 +165,9 @@ def main() -> None:
             "plain_forward_s": round(base, 2),
             "atlas_build_s": round(built, 2),
             "build_ratio": round(built / base, 2),
+            "build_ratios_each": [
+                round(a[0] / b[0], 2) for a, b in zip(builds, bases, strict=True)
+            ],
             "build_ratio_cpu": round(built_cpu / base_cpu, 2),
             "shards_s": manifest["build_seconds"],
             "merge_s": manifest["merge_seconds"],
@@ -172,8 +183,12 @@ def main() -> None:
 
             connect(None)
             try:
-                one, _ = atlas_build(texts, Path(tmp) / "r1", ray=True, workers=1, shard_texts=100)
-                two, _ = atlas_build(texts, Path(tmp) / "r2", ray=True, workers=2, shard_texts=100)
+                one, _ = atlas_build(
+                    texts, Path(tmp) / "r1", ray=True, workers=1, shard_texts=args.ray_shard_texts
+                )
+                two, _ = atlas_build(
+                    texts, Path(tmp) / "r2", ray=True, workers=2, shard_texts=args.ray_shard_texts
+                )
             finally:
                 ray.shutdown()
             merge = json.loads((Path(tmp) / "r2" / "manifest.json").read_text())
