@@ -47,7 +47,7 @@ def positional_figure(pattern: np.ndarray, head: str, reads: str = "W_pos") -> g
     encoder's ``LN(W_pos)``)."""
     names = [str(i) for i in range(pattern.shape[0])]
     formula = f"{reads} W_Q W_K^T {reads}^T"
-    return matrix_heatmap(
+    fig = matrix_heatmap(
         pattern,
         names,
         names,
@@ -57,6 +57,14 @@ def positional_figure(pattern: np.ndarray, head: str, reads: str = "W_pos") -> g
         zmax=1.0,
         height=min(700, 160 + 8 * len(names)),
     )
+    # positions are numbers in order: every k-th named (16 at most) is enough, and a row of
+    # 64 numbers side by side overlaps on a page's width
+    step = -(-len(names) // 16)
+    categories = list(fig.data[0].x)
+    ticks = {"tickvals": categories[::step], "ticktext": names[::step]}
+    fig.update_xaxes(**ticks)
+    fig.update_yaxes(**ticks)
+    return fig
 
 
 def qk_terms_figure(terms: pd.DataFrame, *, title: str) -> go.Figure:

@@ -52,6 +52,20 @@ def test_why_here_shows_the_cells_largest_terms() -> None:
     assert table["score"].iloc[0] == pytest.approx(best["score"], rel=1e-6)
 
 
+def _check_clicked_split(at, terms, head: str, key: int) -> None:
+    """The page's "Why here?" figure of ``head`` shows the clicked key's largest term as the
+    library's ``terms`` have it, and its sentence the key's whole score."""
+    at_key = terms[terms["key"] == key]
+    best = at_key.loc[at_key["score"].abs().idxmax()]
+    spec = next(s for t, s in charts(at).items() if t.startswith(f"{head}: the largest terms"))
+    clicked = spec["data"][0]
+    assert "(clicked)" in clicked["name"] and clicked["name"].startswith(f"{key}:")
+    assert decode(clicked["x"])[0] == pytest.approx(best["score"], rel=1e-6)
+    assert clicked["y"][0] == f"{best['query_source']} · {best['key_source']}"
+    sentence = next(m.value for m in at.markdown if "score" in m.value and head in m.value)
+    assert f"score {float(at_key['score'].sum()):.3f}" in rendered(sentence)[0]
+
+
 def test_why_here_on_the_default_model_splits_the_score() -> None:
     """MiniLM, a post-norm encoder: the cell (3, 8) (a key after the query: an encoder reads
     every key) split as the library splits it, the page's own figures beside it."""
@@ -61,15 +75,7 @@ def test_why_here_on_the_default_model_splits_the_score() -> None:
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
     terms = mhsa.qk_attribution(text, "L5H7", query=3)
     assert terms.attrs["causal"] is False
-    at_key = terms[terms["key"] == 8]
-    best = at_key.loc[at_key["score"].abs().idxmax()]
-    spec = next(s for t, s in charts(at).items() if t.startswith("L5H7: the largest terms"))
-    clicked = spec["data"][0]
-    assert "(clicked)" in clicked["name"] and clicked["name"].startswith("8:")
-    assert decode(clicked["x"])[0] == pytest.approx(best["score"], rel=1e-6)
-    assert clicked["y"][0] == f"{best['query_source']} · {best['key_source']}"
-    sentence = next(m.value for m in at.markdown if "score" in m.value and "L5H7" in m.value)
-    assert f"score {float(at_key['score'].sum()):.3f}" in rendered(sentence)[0]
+    _check_clicked_split(at, terms, "L5H7", 8)
     assert at.number_input(key="why-key").max == len(terms.attrs["tokens"]) - 1
     assert len(charts(at)) == 4  # the page's own three go on
 
@@ -87,15 +93,7 @@ def test_why_here_on_an_encoder_decoders_decoder_head() -> None:
         text, "D1H2", model="toy:reverse-seq2seq", text_pair=target, query=3
     )
     assert terms.attrs["causal"] is True
-    at_key = terms[terms["key"] == 1]
-    best = at_key.loc[at_key["score"].abs().idxmax()]
-    spec = next(s for t, s in charts(at).items() if t.startswith("D1H2: the largest terms"))
-    clicked = spec["data"][0]
-    assert "(clicked)" in clicked["name"] and clicked["name"].startswith("1:")
-    assert decode(clicked["x"])[0] == pytest.approx(best["score"], rel=1e-6)
-    assert clicked["y"][0] == f"{best['query_source']} · {best['key_source']}"
-    sentence = next(m.value for m in at.markdown if "score" in m.value and "D1H2" in m.value)
-    assert f"score {float(at_key['score'].sum()):.3f}" in rendered(sentence)[0]
+    _check_clicked_split(at, terms, "D1H2", 1)
     assert at.number_input(key="why-key").max == 3  # a decoder's query reads keys up to it
     cross = run("pages/1_Heads.py", state, **link, kind="cross", layer="1", head="2")
     assert not cross.exception
