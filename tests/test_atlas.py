@@ -562,3 +562,16 @@ def test_shards_are_sized_by_the_head_outputs_they_hold() -> None:
     assert shard_texts_for([document] * 50, minilm) == pytest.approx(short / 25, rel=0.01)
     assert shard_texts_for([document] * 50, 16 * 2048) == 16  # a 1B model's long texts
     assert shard_texts_for(["a"] * 50, minilm) == 4096
+
+
+def test_stored_outputs_decode_through_each_tokens_own_range_in_any_order() -> None:
+    """Tokens of two spans asked in any order (first and last of one span, one of the other
+    between) decode through their own span's range, as by hand."""
+    from mhsa.atlas.index import ZCodes
+
+    codes = np.array([[[0x21], [0x43], [0x65], [0x87]]], np.uint8)  # 1 head, 4 tokens, Dh 2
+    lo = np.array([[[0.0, 0.0]], [[100.0, 100.0]]], np.float32)  # 2 spans
+    step = np.array([[[1.0, 1.0]], [[10.0, 10.0]]], np.float32)
+    z = ZCodes(codes, lo, step, np.array([0, 2]))
+    got = z.decode(np.array([0, 3, 1]))[0]
+    np.testing.assert_allclose(got, [[1, 2], [100 + 70, 100 + 80], [3, 4]])

@@ -306,7 +306,7 @@ class HeadSummaries:
         rows, q, k = layout.unranked
         if len(rows):
             left = (w[rows, :, q, k] * WEIGHT_BINS).long().clamp_(max=WEIGHT_BINS - 1)  # [u, Hs]
-            counts -= torch.zeros_like(counts).scatter_add_(1, left.T, torch.ones_like(left.T))
+            counts.scatter_add_(1, left.T, -torch.ones_like(left.T))
         return counts.numpy()
 
     def _offer_top(

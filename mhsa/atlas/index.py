@@ -88,8 +88,11 @@ class ZCodes:
         its own per-dimension ranges."""
         hs, n, dh = z.shape
         if n == 0:
-            ones = np.ones((hs, dh), np.float32)
-            return np.zeros((hs, 0, dh // 2), np.uint8), ones * 0, ones
+            return (
+                np.zeros((hs, 0, dh // 2), np.uint8),
+                np.zeros((hs, dh), np.float32),
+                np.ones((hs, dh), np.float32),
+            )
         z = z.float()
         lo = z.amin(1)
         step = ((z.amax(1) - lo) / LEVELS).clamp_(min=1e-12)
@@ -108,8 +111,8 @@ class ZCodes:
         span = np.searchsorted(self.bounds, np.asarray(where), side="right") - 1
         lo = self.lo if heads is None else self.lo[:, heads]
         step = self.step if heads is None else self.step[:, heads]
-        first, last = (int(span[0]), int(span[-1])) if len(span) else (0, 0)
-        if first == last:  # one span (a chunk inside a shard): broadcast
+        if len(span) == 0 or span.min() == span.max():  # one span (a chunk of a shard)
+            first = int(span[0]) if len(span) else 0
             return q.__imul__(step[first][:, None]).__iadd__(lo[first][:, None])
         for s in np.unique(span):
             mine = span == s
