@@ -1,9 +1,10 @@
-"""Another version of ``mhsa/engine/attention.py`` against this one, in one process: paired calls
+"""Another version of ``mhsa/engine/attention/module.py`` against this one, in one process: paired
+calls
 (the
 two versions adjacent in time, in alternating order), the median of the per-pair ratios and its
 interquartile range, so that a shared CPU's load swings hit both alike.
 
-    git show main:mhsa/engine/attention.py > /tmp/old_attention.py
+    git show main:mhsa/engine/attention/module.py > /tmp/old_attention.py
     python -m bench.ab_attention /tmp/old_attention.py --threads 1
 
 Ratios below 1.0 mean this version is faster. "no weights (sdpa)" runs the same torch kernel in
@@ -22,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from mhsa.engine import attention as new
+from mhsa.engine.attention import module as new
 
 
 def _load(path: str):

@@ -42,8 +42,8 @@ def plain_forward(texts: list[str], model: str = "default") -> tuple[float, floa
     length as the atlas does, forward with attentions."""
     import torch
 
-    from mhsa.engine.batches import batch_tokens_for, length_batches
-    from mhsa.engine.models import get_model
+    from mhsa.engine.models.loading import get_model
+    from mhsa.engine.runs.batches import batch_tokens_for, length_batches
 
     lm = get_model(model)
     start, cpu = time.perf_counter(), time.process_time()
@@ -63,7 +63,7 @@ def atlas_build(texts: list[str], out: Path, model: str = "default", **kw) -> tu
     """Seconds of ``build_atlas`` (wall clock, and this process's CPU time: with Ray, the
     driver's alone)."""
     from mhsa.atlas import build_atlas
-    from mhsa.engine.models import get_model
+    from mhsa.engine.models.loading import get_model
 
     get_model(model)  # loaded before the clock starts, as for the baseline
     start, cpu = time.perf_counter(), time.process_time()

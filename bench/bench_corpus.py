@@ -28,7 +28,7 @@ import mhsa
 from bench.common import print_table
 from mhsa.causal.importance import corpus_importance
 from mhsa.corpus.stats import corpus_stats
-from mhsa.engine.batches import Corpus, Entry
+from mhsa.engine.runs.batches import Corpus, Entry
 
 SENTENCES = Path(__file__).resolve().parents[1] / "data" / "sentences.txt"
 

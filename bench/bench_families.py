@@ -93,7 +93,9 @@ def _saved(build, folder: str) -> mhsa.LoadedModel:
 
     torch.manual_seed(0)
     build().save_pretrained(folder)
-    AutoTokenizer.from_pretrained(mhsa.engine.models.default_model_path()).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(mhsa.engine.models.loading.default_model_path()).save_pretrained(
+        folder
+    )
     return mhsa.load_model(folder, device="cpu")
 
 

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 import mhsa
 from bench.bench_attend import text_of
 from bench.common import median_times, print_table
-from mhsa.engine.swap import OurPass, forward_through_ours
+from mhsa.engine.runs.swap import OurPass, forward_through_ours
 
 PAIR = "A fast brown fox leaps over a sleepy dog."
 

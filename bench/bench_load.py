@@ -183,7 +183,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
-    from mhsa.engine.models import default_model_path
+    from mhsa.engine.models.loading import default_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_path())
     print(f"tokens per sentence: {len(tokenizer(sentence(0, 0))['input_ids'])}")

@@ -61,7 +61,7 @@ def build(layers: int, tokens: int, device: str = "cpu", dtype=None):
     import transformers as tf
 
     import mhsa
-    from mhsa.engine.models import LoadedModel
+    from mhsa.engine.models.loading import LoadedModel
 
     torch.manual_seed(0)
     config = tf.LlamaConfig(
@@ -72,7 +72,7 @@ def build(layers: int, tokens: int, device: str = "cpu", dtype=None):
     if device != "cpu" or dtype is not None:
         model = model.to(device=device, dtype=dtype)
     model = model.eval().requires_grad_(False)
-    tokenizer = tf.AutoTokenizer.from_pretrained(mhsa.engine.models.default_model_path())
+    tokenizer = tf.AutoTokenizer.from_pretrained(mhsa.engine.models.loading.default_model_path())
     return LoadedModel(
         name="tinyllama-shape",
         display_name="tinyllama-shape",

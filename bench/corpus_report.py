@@ -22,7 +22,7 @@ import pandas as pd
 import mhsa
 from mhsa.causal.importance import corpus_importance, rank_correlation
 from mhsa.corpus.stats import corpus_stats
-from mhsa.engine.batches import read_corpus
+from mhsa.engine.runs.batches import read_corpus
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "sentences.txt"
 

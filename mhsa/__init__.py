@@ -49,8 +49,7 @@ from mhsa.circuits import (
     path_patch,
     top_edges,
 )
-from mhsa.engine.adapters import SUPPORTED_FOR_MHSA
-from mhsa.engine.attention import (
+from mhsa.engine.attention.module import (
     MultiHeadSelfAttention,
     RotaryEmbedding,
     TraceStep,
@@ -71,8 +70,9 @@ from mhsa.engine.extract import (
     generate,
     generate_ids,
 )
+from mhsa.engine.families.registry import SUPPORTED_FOR_MHSA
 from mhsa.engine.interop import from_attention
-from mhsa.engine.models import (
+from mhsa.engine.models.loading import (
     DEFAULT_MODEL,
     DEVICES,
     LoadedModel,
@@ -81,9 +81,9 @@ from mhsa.engine.models import (
     load_model,
     pick_device,
 )
-from mhsa.engine.norms import norms_as_attention
 from mhsa.engine.result import ATTENTION_KINDS, AttentionResult, NotebookView, set_html_view
-from mhsa.engine.selection import ATTENTION_DTYPES, Selection
+from mhsa.engine.runs.norms import norms_as_attention
+from mhsa.engine.runs.selection import ATTENTION_DTYPES, Selection
 from mhsa.engine.tokens import find_tokens
 from mhsa.errors import InputError, MHSAError, ModelLoadError, UnsupportedModelError
 from mhsa.heads import head_label, parse_head_label

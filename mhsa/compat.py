@@ -2,7 +2,8 @@
 ``DeprecationWarning`` naming its new name, then does what the new name does.
 
 - ``MultiHeadSelfAttention.from_bert`` / ``from_distilbert`` / ``from_gpt2`` / ``from_llama``
-  (removed when the family registry arrived): ``mhsa.engine.adapters.load_bert`` ... ``load_llama``.
+  (removed when the family registry arrived): ``mhsa.engine.families.registry.load_bert`` ...
+  ``load_llama``.
 - ``attn_mask=`` / ``attention_mask=`` of ``MultiHeadSelfAttention.forward``,
   ``attention_weights`` and ``combine_masks`` (renamed ``mask=`` / ``padding_mask=``): at their
   definitions, ``mhsa.deprecation.renamed_kwargs``.
@@ -13,8 +14,10 @@
   ``mhsa.analysis``, ``mhsa.circuits`` and ``mhsa.corpus`` are packages now, and each still
   exports the old module's names.
 
-The constructors are set on the class here, not in ``mhsa.engine.attention``: they call the family
-loaders of ``mhsa.engine.adapters``, which imports ``mhsa.engine.attention`` (no import cycle).
+The constructors are set on the class here, not in ``mhsa.engine.attention.module``: they call the
+family
+loaders of ``mhsa.engine.families.registry``, which imports ``mhsa.engine.attention.module`` (no
+import cycle).
 ``import mhsa``
 imports this module, as does any ``mhsa.<module>`` import (the package is imported first).
 """
@@ -31,8 +34,8 @@ from types import ModuleType
 from typing import Any
 
 from mhsa.deprecation import REMOVED_IN, deprecated_alias
-from mhsa.engine.adapters import load_bert, load_distilbert, load_gpt2, load_llama
-from mhsa.engine.attention import MultiHeadSelfAttention
+from mhsa.engine.attention.module import MultiHeadSelfAttention
+from mhsa.engine.families.registry import load_bert, load_distilbert, load_gpt2, load_llama
 
 __all__ = [
     "DEPRECATED_CONSTRUCTORS",
@@ -53,7 +56,10 @@ DEPRECATED_CONSTRUCTORS: dict[str, Callable[..., MultiHeadSelfAttention]] = {
 
 def _constructor(old: str, load: Callable[..., MultiHeadSelfAttention]) -> classmethod:
     alias = deprecated_alias(
-        load, f"MultiHeadSelfAttention.{old}", f"mhsa.engine.adapters.{load.__name__}", stacklevel=3
+        load,
+        f"MultiHeadSelfAttention.{old}",
+        f"mhsa.engine.families.registry.{load.__name__}",
+        stacklevel=3,
     )
 
     def construct(_cls: type, *args: Any, **kwargs: Any) -> MultiHeadSelfAttention:
@@ -70,10 +76,10 @@ for _old, _load in DEPRECATED_CONSTRUCTORS.items():
 
 #: old module path -> its home since the package was grouped by concern (issue 45)
 MOVED_MODULES: dict[str, str] = {
-    "mhsa.adapters": "mhsa.engine.adapters",
-    "mhsa.attention": "mhsa.engine.attention",
+    "mhsa.adapters": "mhsa.engine.families.registry",
+    "mhsa.attention": "mhsa.engine.attention.module",
     "mhsa.attribution": "mhsa.causal.attribution",
-    "mhsa.block_search": "mhsa.engine.block_search",
+    "mhsa.block_search": "mhsa.engine.runs.block_search",
     "mhsa.cache": "mhsa.engine.cache",
     "mhsa.circuit_graph": "mhsa.circuits.graph",
     "mhsa.circuit_layers": "mhsa.circuits.layers",
@@ -83,44 +89,69 @@ MOVED_MODULES: dict[str, str] = {
     "mhsa.circuit_taps": "mhsa.circuits.taps",
     "mhsa.classroom": "mhsa.analysis.classroom",
     "mhsa.composition": "mhsa.analysis.composition",
-    "mhsa.core": "mhsa.engine.core",
+    "mhsa.core": "mhsa.engine.attention.core",
     "mhsa.detection": "mhsa.analysis.detection",
     "mhsa.distributed": "mhsa.corpus.distributed",
     "mhsa.encoding": "mhsa.engine.encoding",
     "mhsa.extract": "mhsa.engine.extract",
     "mhsa.flow": "mhsa.causal.flow",
-    "mhsa.forward": "mhsa.engine.forward",
-    "mhsa.frozen_norm": "mhsa.engine.frozen_norm",
-    "mhsa.generation": "mhsa.engine.generation",
+    "mhsa.forward": "mhsa.engine.runs.forward",
+    "mhsa.frozen_norm": "mhsa.engine.stream.frozen_norm",
+    "mhsa.generation": "mhsa.engine.runs.generation",
     "mhsa.importance": "mhsa.causal.importance",
     "mhsa.jobs": "mhsa.corpus.jobs",
-    "mhsa.layer_files": "mhsa.engine.layer_files",
-    "mhsa.layer_parts": "mhsa.engine.layer_parts",
-    "mhsa.limits": "mhsa.engine.limits",
+    "mhsa.layer_files": "mhsa.engine.runs.layer_files",
+    "mhsa.layer_parts": "mhsa.engine.families.layout",
+    "mhsa.limits": "mhsa.engine.models.limits",
     "mhsa.metrics": "mhsa.causal.metrics",
-    "mhsa.model_names": "mhsa.engine.model_names",
-    "mhsa.models": "mhsa.engine.models",
-    "mhsa.norms": "mhsa.engine.norms",
-    "mhsa.partial": "mhsa.engine.partial",
+    "mhsa.model_names": "mhsa.engine.models.names",
+    "mhsa.models": "mhsa.engine.models.loading",
+    "mhsa.norms": "mhsa.engine.runs.norms",
+    "mhsa.partial": "mhsa.engine.runs.partial",
     "mhsa.patch_runs": "mhsa.causal.patch_runs",
     "mhsa.patching": "mhsa.causal.patching",
     "mhsa.pruning": "mhsa.causal.pruning",
     "mhsa.repeats": "mhsa.analysis.repeats",
-    "mhsa.residual": "mhsa.engine.residual",
+    "mhsa.residual": "mhsa.engine.stream.residual",
     "mhsa.result": "mhsa.engine.result",
-    "mhsa.rmsnorm": "mhsa.engine.rmsnorm",
+    "mhsa.rmsnorm": "mhsa.engine.attention.rmsnorm",
     "mhsa.roles": "mhsa.analysis.roles",
-    "mhsa.rotary": "mhsa.engine.rotary",
-    "mhsa.selection": "mhsa.engine.selection",
+    "mhsa.rotary": "mhsa.engine.attention.rotary",
+    "mhsa.selection": "mhsa.engine.runs.selection",
     "mhsa.similarity": "mhsa.analysis.similarity",
     "mhsa.stats": "mhsa.analysis.stats",
     "mhsa.stream": "mhsa.analysis.stream",
-    "mhsa.support": "mhsa.engine.support",
-    "mhsa.swap": "mhsa.engine.swap",
+    "mhsa.support": "mhsa.engine.families.support",
+    "mhsa.swap": "mhsa.engine.runs.swap",
     "mhsa.tables": "mhsa.analysis.tables",
     "mhsa.targets": "mhsa.causal.targets",
     "mhsa.tokens": "mhsa.engine.tokens",
-    "mhsa.trained": "mhsa.engine.trained",
+    "mhsa.trained": "mhsa.engine.models.trained",
+    "mhsa.engine.adapters": "mhsa.engine.families.registry",
+    "mhsa.engine.batches": "mhsa.engine.runs.batches",
+    "mhsa.engine.block_search": "mhsa.engine.runs.block_search",
+    "mhsa.engine.core": "mhsa.engine.attention.core",
+    "mhsa.engine.forward": "mhsa.engine.runs.forward",
+    "mhsa.engine.frozen_norm": "mhsa.engine.stream.frozen_norm",
+    "mhsa.engine.generation": "mhsa.engine.runs.generation",
+    "mhsa.engine.layer_files": "mhsa.engine.runs.layer_files",
+    "mhsa.engine.layer_parts": "mhsa.engine.families.layout",
+    "mhsa.engine.limits": "mhsa.engine.models.limits",
+    "mhsa.engine.model_names": "mhsa.engine.models.names",
+    "mhsa.engine.norms": "mhsa.engine.runs.norms",
+    "mhsa.engine.partial": "mhsa.engine.runs.partial",
+    "mhsa.engine.postnorm_stream": "mhsa.engine.stream.postnorm",
+    "mhsa.engine.query_keys": "mhsa.engine.runs.query_keys",
+    "mhsa.engine.residual": "mhsa.engine.stream.residual",
+    "mhsa.engine.rmsnorm": "mhsa.engine.attention.rmsnorm",
+    "mhsa.engine.rotary": "mhsa.engine.attention.rotary",
+    "mhsa.engine.selection": "mhsa.engine.runs.selection",
+    "mhsa.engine.seq2seq_stream": "mhsa.engine.stream.seq2seq",
+    "mhsa.engine.store": "mhsa.engine.models.store",
+    "mhsa.engine.store_entry": "mhsa.engine.models.store_entry",
+    "mhsa.engine.support": "mhsa.engine.families.support",
+    "mhsa.engine.swap": "mhsa.engine.runs.swap",
+    "mhsa.engine.trained": "mhsa.engine.models.trained",
 }
 
 #: old package path -> new: the package and every module under it

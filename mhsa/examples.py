@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.training.tasks import Example, task_examples
 
 __all__ = [
@@ -43,7 +43,7 @@ def model_examples(name: str) -> tuple[Example, ...]:
     """The examples the model called ``name`` brings: the default model's
     (``DEFAULT_EXAMPLES``), a toy model's or a model trained here on a task (its task's,
     ``task_examples``); none for any other model (its own text is the user's)."""
-    from mhsa.engine.trained import is_trained_name, trained_store
+    from mhsa.engine.models.trained import is_trained_name, trained_store
     from mhsa.training.toy import toy_task
 
     if name == DEFAULT_MODEL:

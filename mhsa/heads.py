@@ -28,7 +28,7 @@ _HEAD_LABEL = re.compile(r"L(\d{1,4})H(\d{1,4})")
 _LAYER_HEAD_LABEL = re.compile(r"([LEDC]\d{1,4})H(\d{1,4})")
 
 #: the letter that names a layer's attention, by the kind of attention block
-#: (``mhsa.engine.swap.BLOCK_KINDS``): "L" for encoders' and decoders' one self-attention
+#: (``mhsa.engine.runs.swap.BLOCK_KINDS``): "L" for encoders' and decoders' one self-attention
 KIND_LETTERS = {"self": "L", "encoder": "E", "decoder": "D", "cross": "C"}
 
 

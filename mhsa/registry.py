@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from mhsa.errors import InputError
 
-__all__ = ["lookup"]
+__all__ = ["lazy_exports", "lookup"]
 
 Spec = TypeVar("Spec")
 
@@ -38,3 +38,24 @@ def lookup(
         choices = ", ".join(table)
         raise error(message or f"Unknown {what} {name!r}: choose one of {choices}.")
     return spec
+
+
+def lazy_exports(package: str, exports: Mapping[str, str]):
+    """A package's ``__getattr__`` and ``__dir__`` (PEP 562) that import each exported name from
+    the module that defines it on first use: ``exports`` maps a name to that module's path.
+
+    Importing a package then costs nothing, and no package's ``__init__`` imports its own
+    modules (which would make ``import package.module`` run them all and risk import cycles).
+    """
+    import importlib
+
+    def __getattr__(name: str) -> object:
+        module = exports.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(module), name)
+
+    def __dir__() -> list[str]:
+        return sorted(set(exports) | set(vars(importlib.import_module(package))))
+
+    return __getattr__, __dir__

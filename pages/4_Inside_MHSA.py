@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from mhsa import plots
-from mhsa.engine.attention import OBSERVATION_POINTS
+from mhsa.engine.attention.module import OBSERVATION_POINTS
 from mhsa.heads import head_label
 from ui import core, page
 from ui.state import Param, bounded_int, clamp, flag, index_param

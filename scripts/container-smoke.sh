@@ -109,7 +109,7 @@ grep -q "MHSA_MAX_HEAVY" "$WORK/bad.log" || { echo "no message naming MHSA_MAX_H
 echo "MHSA_MAX_HEAVY=0: refused at start"
 # The model policy inside the running container: a link cannot make it load another model.
 podman --runtime runc exec "$NAME" python3 -c "
-from mhsa.engine.limits import Limits
+from mhsa.engine.models.limits import Limits
 from mhsa.errors import ModelLoadError
 limits = Limits.from_env()
 assert limits.allowed_models == (), limits

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 import mhsa
-from mhsa.engine.model_names import TOY_DIR
+from mhsa.engine.models.names import TOY_DIR
 
 site = Path(sys.prefix).resolve()
 assert site in Path(mhsa.__file__).resolve().parents, f"mhsa imported from {mhsa.__file__}"

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from mhsa import MultiHeadSelfAttention
-from mhsa.engine.adapters import load_bert, load_distilbert, load_gpt2
-from mhsa.engine.attention import RotaryEmbedding
+from mhsa.engine.attention.module import RotaryEmbedding
+from mhsa.engine.families.registry import load_bert, load_distilbert, load_gpt2
 
 TOL = 1e-5
 

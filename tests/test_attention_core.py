@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mhsa import MultiHeadSelfAttention, RotaryEmbedding
-from mhsa.engine.attention import Recorder, attention_backend, attention_core, combine_masks
+from mhsa.engine.attention.module import Recorder, attention_backend, attention_core, combine_masks
 
 # (batch, query heads, key/value heads, query length, key length, d_head)
 SHAPES = [(1, 2, 2, 5, 5, 4), (2, 4, 2, 7, 7, 8), (3, 6, 3, 4, 9, 8), (1, 8, 1, 16, 16, 16)]

@@ -411,7 +411,7 @@ def plotly_rgb(color: str) -> tuple[float, ...]:
 
 
 def test_scores_on_ids_inside_a_running_swap_equal_the_texts_scores(toy: mhsa.LoadedModel):
-    from mhsa.engine.swap import OurPass, through_our_module, trainable_our_blocks
+    from mhsa.engine.runs.swap import OurPass, through_our_module, trainable_our_blocks
 
     kw = {"model": toy, "answer": TOY_ANSWER, "wrong": TOY_WRONG}
     expected = mhsa.edge_attribution(TOY_CLEAN, TOY_CORRUPTED, **kw)
@@ -470,7 +470,7 @@ def test_training_probe_pair_breaks_the_repeat_at_the_last_symbols_first_occurre
 
 
 def test_k_edge_scores_during_training_are_the_libraries_and_the_series_follows_them(toy):
-    from mhsa.engine.swap import OurPass, through_our_module, trainable_our_blocks
+    from mhsa.engine.runs.swap import OurPass, through_our_module, trainable_our_blocks
     from mhsa.training.circuit_probe import (
         EdgeProbe,
         k_composition_series,

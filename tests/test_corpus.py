@@ -16,7 +16,13 @@ from mhsa.analysis.similarity import HeadSimilarityAccumulator
 from mhsa.analysis.stats import HeadStatsAccumulator
 from mhsa.causal.importance import ImportanceAccumulator, corpus_importance
 from mhsa.corpus.stats import corpus_stats
-from mhsa.engine.batches import Corpus, attend_batched, attend_batches, length_batches, read_corpus
+from mhsa.engine.runs.batches import (
+    Corpus,
+    attend_batched,
+    attend_batches,
+    length_batches,
+    read_corpus,
+)
 from mhsa.errors import InputError
 
 SENTENCES = Path(__file__).resolve().parents[1] / "data" / "sentences.txt"
@@ -82,8 +88,8 @@ def test_batched_equals_one_by_one_for_statistics_and_similarity(
 
 
 def test_one_tokenizer_call_encodes_each_entry_as_one_by_one(minilm) -> None:
-    from mhsa.engine.batches import encode_entries
     from mhsa.engine.encoding import encode
+    from mhsa.engine.runs.batches import encode_entries
 
     texts = [*MIXED, "[CLS] typed, and émigré naïveté", " ".join(["word"] * 600)]
     entries = Corpus.of(texts).entries

@@ -17,8 +17,8 @@ from transformers import (
 )
 
 from mhsa import MultiHeadSelfAttention
-from mhsa.engine.adapters import load_bert, load_distilbert, load_gpt2, load_llama
-from mhsa.engine.core import combine_masks
+from mhsa.engine.attention.core import combine_masks
+from mhsa.engine.families.registry import load_bert, load_distilbert, load_gpt2, load_llama
 
 
 def _module() -> MultiHeadSelfAttention:
@@ -114,7 +114,7 @@ def test_removed_constructors_warn_and_give_the_loaders_module(family: str) -> N
     with pytest.warns(
         DeprecationWarning,
         match=rf"MultiHeadSelfAttention\.from_{family} is deprecated .*"
-        rf"use mhsa\.engine\.adapters\.load_{family}",
+        rf"use mhsa\.engine\.families\.registry\.load_{family}",
     ) as rec:
         old = getattr(MultiHeadSelfAttention, f"from_{family}")(block, *extra).eval()
     assert [r.filename for r in rec] == [__file__]

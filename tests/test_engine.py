@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import mhsa
-from mhsa.engine.swap import OurPass, forward_through_ours, our_blocks
+from mhsa.engine.runs.swap import OurPass, forward_through_ours, our_blocks
 from tests.tiny import DECODER_SIZES, ENGINE_MODELS, save_tiny
 
 TEXT = "The quick brown fox jumps over the lazy dog, then sleeps."

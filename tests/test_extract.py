@@ -179,7 +179,9 @@ def test_architecture_without_attentions_is_refused(tmp_path) -> None:
             intermediate_size=32,
         )
     ).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(mhsa.engine.models.default_model_path()).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(mhsa.engine.models.loading.default_model_path()).save_pretrained(
+        folder
+    )
     with pytest.raises(ModelLoadError, match="returned no self-attention weights"):
         mhsa.attend("hello there", model=str(folder), device="cpu")
     with pytest.raises(UnsupportedModelError, match="Supported: BERT family"):

@@ -18,7 +18,7 @@ import torch
 
 import mhsa
 from mhsa.engine.families.fused import join_qkv, split_qkv, value_rows
-from mhsa.engine.swap import (
+from mhsa.engine.runs.swap import (
     our_blocks,
     store_our_weights,
     trainable_our_blocks,

@@ -1,6 +1,8 @@
-"""Every tool on a tiny random model of every registered family (``mhsa.engine.adapters.FAMILIES``),
+"""Every tool on a tiny random model of every registered family
+(``mhsa.engine.families.registry.FAMILIES``),
 saved to a folder and opened by path: one parametrised test per tool, so the README's Models
-table (``mhsa.engine.support``) cannot claim what does not run. A cell the table claims must give
+table (``mhsa.engine.families.support``) cannot claim what does not run. A cell the table claims
+must give
 values checked against an independent computation (the model's own forward, a second code
 path); a cell it does not claim must be refused with a message (``MHSAError``), never a
 traceback.
@@ -16,9 +18,9 @@ import pytest
 import torch
 
 import mhsa
-from mhsa.engine.adapters import FAMILIES
-from mhsa.engine.support import TOOLS, models_table, runs_on
-from mhsa.engine.swap import our_blocks, store_our_weights, trainable_our_blocks
+from mhsa.engine.families.registry import FAMILIES
+from mhsa.engine.families.support import TOOLS, models_table, runs_on
+from mhsa.engine.runs.swap import our_blocks, store_our_weights, trainable_our_blocks
 from tests.tiny_families import TINY_FAMILIES, check_engine, loaded_tiny
 
 TEXT = "the cat sat on the mat and the dog"
@@ -78,7 +80,8 @@ def _own_logit_diff(lm: mhsa.LoadedModel, text: str, *, before_cap: bool = False
 
 def test_the_readme_table_is_the_generated_one() -> None:
     block = re.search(
-        r"<!-- models table: python -m mhsa.engine.support -->\n(.*?)<!-- end of models table -->",
+        r"<!-- models table: python -m mhsa.engine.families.support -->\n(.*?)"
+        r"<!-- end of models table -->",
         README.read_text(),
         re.S,
     )

@@ -14,7 +14,7 @@ import mhsa
 from mhsa.causal.importance import target_value
 from mhsa.causal.targets import MASK_FRACTION, mask_tokens
 from mhsa.engine.encoding import encode
-from mhsa.engine.swap import OurPass, forward_through_ours
+from mhsa.engine.runs.swap import OurPass, forward_through_ours
 
 TEXT = "The quick brown fox jumps over the lazy dog near the bank."
 PAIR = "A fast fox leaps over a sleepy dog by the river."

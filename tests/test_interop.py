@@ -22,7 +22,7 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 import mhsa
 from mhsa.engine import interop
 from mhsa.engine.interop import read_attention_file
-from mhsa.engine.models import default_model_path
+from mhsa.engine.models.loading import default_model_path
 
 TEXT = "The cat sat on the mat, and the cat slept."
 TOY_TEXT = "ba be bi bo du ba be bi bo du"

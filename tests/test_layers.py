@@ -39,7 +39,7 @@ def _offenders(files: list[Path], forbidden: set[str]) -> dict[str, set[str]]:
 def test_the_rules_read_real_imports() -> None:
     """The checker sees imports at any depth (else the rules below would pass vacuously)."""
     assert {"streamlit", "plotly"} <= _imports(ROOT / "ui" / "page.py")
-    assert "torch" in _imports(ROOT / "mhsa" / "engine" / "attention.py")
+    assert "torch" in _imports(ROOT / "mhsa" / "engine" / "attention" / "module.py")
     assert len(_files("mhsa")) >= 10 and len(_files("pages")) >= 5
 
 
@@ -140,8 +140,8 @@ def test_the_cycle_finder_finds_a_planted_cycle() -> None:
 
 def test_the_import_graph_reads_real_imports(tmp_path: Path) -> None:
     graph = _mhsa_import_graph()
-    assert "mhsa.engine.models" in graph["mhsa.engine.swap"]  # a module-level import
-    assert "mhsa.engine.model_names" in graph["mhsa.engine.limits"]
+    assert "mhsa.engine.models.loading" in graph["mhsa.engine.runs.swap"]  # a module-level import
+    assert "mhsa.engine.models.names" in graph["mhsa.engine.models.limits"]
     assert "mhsa.training.tasks" in graph["mhsa.training.card"]
     # card.py's TrainResult is imported for annotations only: it counts (issue 45)
     assert "mhsa.training.trainer" in graph["mhsa.training.card"]
@@ -167,7 +167,7 @@ def test_no_import_cycle_among_mhsa_modules() -> None:
     """Imports under ``if TYPE_CHECKING:`` count (issue 45: three circles ran through them).
     Issue 37: "what a model name means" lived in four modules that imported each other
     (limits, models, swap, trained, training/toy, training/trainer); now in
-    ``mhsa.engine.model_names``, a leaf."""
+    ``mhsa.engine.models.names``, a leaf."""
     assert _cycles(_mhsa_import_graph()) == []
 
 
@@ -227,9 +227,9 @@ def test_modules_stay_small(folder: str) -> None:
 @pytest.mark.parametrize(
     ("old_home", "name", "new_home"),
     [
-        ("mhsa.engine.attention", "RotaryEmbedding", "mhsa.engine.rotary"),
-        ("mhsa.causal.attribution", "ResidualPass", "mhsa.engine.residual"),
-        ("mhsa.causal.attribution", "residual_pass", "mhsa.engine.residual"),
+        ("mhsa.engine.attention.module", "RotaryEmbedding", "mhsa.engine.attention.rotary"),
+        ("mhsa.causal.attribution", "ResidualPass", "mhsa.engine.stream.residual"),
+        ("mhsa.causal.attribution", "residual_pass", "mhsa.engine.stream.residual"),
     ],
 )
 def test_split_modules_keep_their_public_names(old_home: str, name: str, new_home: str) -> None:
@@ -276,7 +276,7 @@ def _group(module: str) -> str:
 
 def test_mhsa_concerns_import_only_downwards() -> None:
     graph = _mhsa_import_graph()
-    assert "mhsa.engine.models" in graph["mhsa.causal.patching"]  # the graph reads them
+    assert "mhsa.engine.models.loading" in graph["mhsa.causal.patching"]  # the graph reads them
     upward = {
         (name, target)
         for name, targets in graph.items()

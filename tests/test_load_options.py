@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import mhsa
-from mhsa.engine.swap import our_blocks_of
+from mhsa.engine.runs.swap import our_blocks_of
 
 TEXT = "A long text, read one selected layer at a time."
 
@@ -50,7 +50,7 @@ def test_low_cpu_mem_usage_passes_through(tiny_llama_path, monkeypatch):
 
 
 def test_device_map_without_accelerate_says_what_to_install(tiny_llama_path, monkeypatch):
-    monkeypatch.setattr(mhsa.engine.models, "has_accelerate", lambda: False)
+    monkeypatch.setattr(mhsa.engine.models.loading, "has_accelerate", lambda: False)
     with pytest.raises(mhsa.ModelLoadError, match="accelerate"):
         mhsa.load_model(tiny_llama_path, device_map={"": "cpu"})
 

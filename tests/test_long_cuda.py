@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import mhsa
-from mhsa.engine.swap import our_blocks_of
+from mhsa.engine.runs.swap import our_blocks_of
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TEXT = "A long text, read one selected layer at a time, on two devices."

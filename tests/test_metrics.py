@@ -8,7 +8,7 @@ import torch
 
 import mhsa
 from mhsa.causal import attribution, metrics, patching, targets
-from mhsa.engine.models import get_model
+from mhsa.engine.models.loading import get_model
 
 
 def test_the_analyses_read_the_one_definition() -> None:

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 import mhsa
-from mhsa.engine.attention import RMSNorm, attention_core
-from mhsa.engine.swap import OurPass, forward_through_ours, our_blocks
+from mhsa.engine.attention.module import RMSNorm, attention_core
+from mhsa.engine.runs.swap import OurPass, forward_through_ours, our_blocks
 from tests.tiny import FAMILY_MODELS, save_tiny, tiny_family
 
 TEXT = "The quick brown fox jumps over the lazy dog, then sleeps."
@@ -584,7 +584,7 @@ def test_window_of_reads_the_block_then_its_config() -> None:
 def test_weights_trained_through_our_module_write_back_into_the_model(lm) -> None:
     """Training's write-back: our modules' weights (q/k norms included) changed, stored into
     the model's blocks (``store_our_weights``); the model's own forward then equals ours."""
-    from mhsa.engine.swap import store_our_weights, trainable_our_blocks
+    from mhsa.engine.runs.swap import store_our_weights, trainable_our_blocks
 
     copy = mhsa.load_model(lm.name, device="cpu")  # a copy whose weights may change
     before = mhsa.attend(TEXT, model=copy, engine="transformers").attention

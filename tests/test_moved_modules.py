@@ -79,9 +79,33 @@ def test_every_old_top_level_path_is_accounted_for() -> None:
     for name in OLD_TOP_LEVEL:
         old = f"mhsa.{name}"
         assert name in stayed or old in SAME_NAME or moved_to(old) is not None, old
-    assert len(MOVED_MODULES) + len(MOVED_PACKAGES) + len(SAME_NAME) + len(stayed) == len(
+    top_level_moves = [old for old in MOVED_MODULES if old.count(".") == 1]
+    assert len(top_level_moves) + len(MOVED_PACKAGES) + len(SAME_NAME) + len(stayed) == len(
         OLD_TOP_LEVEL
     )
+
+
+#: every module of ``mhsa/engine/`` before it was grouped in sub-folders (0.1.0)
+OLD_ENGINE = """adapters attention batches block_search cache core encoding extract forward
+frozen_norm generation interop layer_files layer_parts limits model_names models norms partial
+postnorm_stream query_keys residual result rmsnorm rotary selection seq2seq_stream store
+store_entry support swap tokens trained""".split()
+
+
+def test_every_old_engine_path_is_accounted_for() -> None:
+    """Each engine module of 0.1.0 stayed at ``mhsa/engine/``, became a package of the same name
+    that exports its names, or moved (and the finder knows where)."""
+    here = {m.name for m in pkgutil.iter_modules([str(ROOT / "mhsa" / "engine")])}
+    same_name = {"attention": "module", "models": "loading"}
+    for name in OLD_ENGINE:
+        old = f"mhsa.engine.{name}"
+        if name in same_name:
+            package = importlib.import_module(old)
+            inner = importlib.import_module(f"{old}.{same_name[name]}")
+            assert all(getattr(package, n) is getattr(inner, n) for n in inner.__all__), old
+        else:
+            assert name in here or moved_to(old) is not None, old
+    assert len(here - {"attention", "models", "families", "runs", "stream"}) <= 12
 
 
 @pytest.mark.parametrize("old", [*sorted(MOVED_MODULES), *MOVED_PACKAGES, *OLD_FAMILY_MODULES])
@@ -109,8 +133,8 @@ def test_from_import_of_an_old_name_warns_in_a_fresh_process() -> None:
         "warnings.simplefilter('ignore')\n"
         "from mhsa import models\n"
         "from mhsa.families import neox\n"
-        "import mhsa.engine.models, mhsa.engine.families.neox\n"
-        "print(models is mhsa.engine.models, neox is mhsa.engine.families.neox)\n"
+        "import mhsa.engine.models.loading, mhsa.engine.families.neox\n"
+        "print(models is mhsa.engine.models.loading, neox is mhsa.engine.families.neox)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True

@@ -15,8 +15,8 @@ import torch
 import mhsa
 from mhsa.engine.cache import result_nbytes
 from mhsa.engine.encoding import encode
-from mhsa.engine.norms import recording_value_norms
-from mhsa.engine.swap import our_blocks
+from mhsa.engine.runs.norms import recording_value_norms
+from mhsa.engine.runs.swap import our_blocks
 
 TEXT = "The keys of the cabinet are on the table."
 

@@ -11,7 +11,7 @@ import pytest
 from packaging.requirements import Requirement
 
 import mhsa.cli
-from mhsa.engine.model_names import DATA_DIR, TOY_DIR
+from mhsa.engine.models.names import DATA_DIR, TOY_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())

@@ -1,5 +1,5 @@
 """Selected layers and heads (``attend(layers=, heads=, attention_dtype=)``,
-``mhsa.engine.partial``).
+``mhsa.engine.runs.partial``).
 
 The reference is always the model's own eager forward (``output_attentions=True``, through
 ``attend``'s ordinary path): the selected weights equal its weights of those layers and heads,
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import mhsa
-import mhsa.engine.core
-from mhsa.engine.selection import check_attention_budget, parse_indices, select
+import mhsa.engine.attention.core
+from mhsa.engine.runs.selection import check_attention_budget, parse_indices, select
 from tests.tiny import ENGINE_MODELS, hand_result
 
 TEXT = "The quick brown fox jumps over the lazy dog, then sleeps."
@@ -61,7 +61,7 @@ def test_blocks_not_selected_run_fused_and_the_pass_stops_after_the_last_selecte
     """Engine mhsa: our module's sdpa backend below the selected layer, the eager steps in it,
     nothing above it; engine transformers: the model's own blocks run with sdpa meanwhile."""
     calls: list[str] = []
-    backends = dict(mhsa.engine.core.ATTENTION_BACKENDS)
+    backends = dict(mhsa.engine.attention.core.ATTENTION_BACKENDS)
 
     def counting(name):
         def run(*args, **kwargs):
@@ -70,7 +70,9 @@ def test_blocks_not_selected_run_fused_and_the_pass_stops_after_the_last_selecte
 
         return run
 
-    mhsa.engine.core.ATTENTION_BACKENDS.update({name: counting(name) for name in backends})
+    mhsa.engine.attention.core.ATTENTION_BACKENDS.update(
+        {name: counting(name) for name in backends}
+    )
     try:
         mhsa.attend(TEXT, model=llama, engine="mhsa", layers=1)
         assert calls == ["sdpa", "eager-inplace"]  # layer 0 fused, layer 1 with its weights
@@ -78,7 +80,7 @@ def test_blocks_not_selected_run_fused_and_the_pass_stops_after_the_last_selecte
         mhsa.attend(TEXT, model=llama, engine="mhsa", layers=0)
         assert calls == ["eager-inplace"]  # layer 1 never ran
     finally:
-        mhsa.engine.core.ATTENTION_BACKENDS.update(backends)
+        mhsa.engine.attention.core.ATTENTION_BACKENDS.update(backends)
     seen: list[str] = []
     block = llama.model.layers[0].self_attn
     handle = block.register_forward_pre_hook(
@@ -254,7 +256,7 @@ def test_streamed_statistics_equal_the_whole_results(llama):
 def test_the_eager_fallback_reads_the_models_own_blocks(llama):
     """A model our module cannot load runs its own eager blocks, the selected ones read by a
     hook (here forced through ``eager=True``, the path ``verify`` compares with)."""
-    from mhsa.engine.partial import selected_forward
+    from mhsa.engine.runs.partial import selected_forward
 
     full = mhsa.attend(TEXT, model=llama)
     inputs = dict(mhsa.engine.encoding.encode(llama, TEXT, None, None).inputs)
@@ -266,7 +268,7 @@ def test_the_eager_fallback_reads_the_models_own_blocks(llama):
 
 
 def test_a_file_written_layer_by_layer_loads_as_the_result(llama, tmp_path):
-    from mhsa.engine.layer_files import save_layers
+    from mhsa.engine.runs.layer_files import save_layers
 
     full = mhsa.attend(TEXT, model=llama)
     header = save_layers(

@@ -276,7 +276,7 @@ def test_the_induction_head_of_toy_induction_explained():
 
 
 def test_a_residual_pass_can_skip_all_but_the_last_logits():
-    from mhsa.engine.residual import residual_pass
+    from mhsa.engine.stream.residual import residual_pass
 
     full = residual_pass(INDUCTION, model="toy:induction")
     last = residual_pass(INDUCTION, model="toy:induction", all_logits=False)

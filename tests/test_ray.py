@@ -13,7 +13,7 @@ import ray
 from mhsa.__main__ import main
 from mhsa.corpus.distributed import RayTask, check_reachable, run_on_ray
 from mhsa.corpus.stats import corpus_stats
-from mhsa.engine.batches import Corpus, Problem
+from mhsa.engine.runs.batches import Corpus, Problem
 from mhsa.errors import InputError
 from tests.test_corpus import MIXED
 

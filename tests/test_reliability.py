@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mhsa
-from mhsa.engine.limits import Limits
+from mhsa.engine.models.limits import Limits
 from tests.hostile import CASES
 
 

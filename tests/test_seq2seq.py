@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import mhsa
-from mhsa.engine.adapters import load_bart, load_t5, store_bart, store_t5
-from mhsa.engine.swap import OurPass, our_blocks, through_our_module, trainable_our_blocks
+from mhsa.engine.families.registry import load_bart, load_t5, store_bart, store_t5
+from mhsa.engine.runs.swap import OurPass, our_blocks, through_our_module, trainable_our_blocks
 from tests.tiny import SEQ2SEQ_FAMILIES, save_tiny, tiny_seq2seq
 
 SOURCE = "the cat sat on the mat"

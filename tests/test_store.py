@@ -1,4 +1,5 @@
-"""The store (``mhsa.engine.store``) with real processes: entries whole or not at all (a writer
+"""The store (``mhsa.engine.models.store``) with real processes: entries whole or not at all (a
+writer
 killed with SIGKILL mid-save leaves nothing listed, and its leftovers go at the next open, not
 while it lives), two processes building one id build it once, the least recently used go first
 under the bound and never a pinned one (pinned by another process too), a write that cannot
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from mhsa.cli import main
-from mhsa.engine.store import EntryMissingError, Store, StoreError, StoreFullError
+from mhsa.engine.models.store import EntryMissingError, Store, StoreError, StoreFullError
 from tests.test_jobs import start_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,7 +85,7 @@ def test_an_error_while_writing_leaves_nothing(tmp_path) -> None:
 
 _KILLED_MID_SAVE = """
 import sys, time
-from mhsa.engine.store import Store
+from mhsa.engine.models.store import Store
 store = Store(sys.argv[1])
 with store.writing("atlas", "half", {}) as folder:
     (folder / "part-1.bin").write_bytes(b"x" * 1000)
@@ -117,7 +118,7 @@ def test_a_writer_killed_mid_save_leaves_nothing_listed_and_its_leftovers_go_nex
 _BUILDER = """
 import sys, time
 from pathlib import Path
-from mhsa.engine.store import Store
+from mhsa.engine.models.store import Store
 store, log = Store(sys.argv[1]), Path(sys.argv[2])
 if sys.argv[3] == "0":
     sys.stdin.readline()  # the test says when: once the other holds the lock
@@ -151,7 +152,7 @@ def test_two_processes_building_one_id_build_it_once(tmp_path) -> None:
 
 _PINNER = """
 import sys, time
-from mhsa.engine.store import Store
+from mhsa.engine.models.store import Store
 with Store(sys.argv[1]).pinned("atlas", sys.argv[2]):
     print("pinned", flush=True)
     time.sleep(60)

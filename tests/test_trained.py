@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import mhsa
-from mhsa.engine.limits import Limits
-from mhsa.engine.trained import TrainedModelStore, trained_store
+from mhsa.engine.models.limits import Limits
+from mhsa.engine.models.trained import TrainedModelStore, trained_store
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,7 +109,7 @@ def test_a_model_saved_by_another_process_opens_here_by_name(shared_store, tiny_
     ``models()`` lists it with its settings."""
     code = (
         "import shutil, sys\n"
-        "from mhsa.engine.trained import trained_store\n"
+        "from mhsa.engine.models.trained import trained_store\n"
         "held = trained_store().add(lambda f: shutil.copytree(sys.argv[1], f), {'task': 'copy'})\n"
         "print(held.name)\n"
     )

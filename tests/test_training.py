@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import mhsa
-from mhsa.engine.limits import Limits
-from mhsa.engine.swap import OurBlock, OurPass, through_our_module, trainable_our_blocks
+from mhsa.engine.models.limits import Limits
+from mhsa.engine.runs.swap import OurBlock, OurPass, through_our_module, trainable_our_blocks
 from mhsa.errors import ModelLoadError
 from mhsa.training import (
     TASKS,

@@ -59,7 +59,9 @@ def save_tiny(folder: str | Path, model) -> str:
     from transformers import AutoTokenizer
 
     model.save_pretrained(folder)
-    AutoTokenizer.from_pretrained(mhsa.engine.models.default_model_path()).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(mhsa.engine.models.loading.default_model_path()).save_pretrained(
+        folder
+    )
     return str(folder)
 
 

@@ -1,4 +1,5 @@
-"""A tiny random model of every family our module stands in for (``mhsa.engine.adapters.FAMILIES``),
+"""A tiny random model of every family our module stands in for
+(``mhsa.engine.families.registry.FAMILIES``),
 and of some variants, built from a config, seeded, with random non-zero biases and norm weights
 (fresh models start them at 0 and 1, where a bias left out would go unnoticed). Each comes with
 its head, as checkpoints do (a causal LM, a masked LM, a seq2seq LM); ``save_tiny`` writes one
@@ -205,7 +206,7 @@ def check_engine(
     import torch
 
     import mhsa
-    from mhsa.engine.swap import OurPass, forward_through_ours, our_blocks
+    from mhsa.engine.runs.swap import OurPass, forward_through_ours, our_blocks
 
     tol = 1e-4
     with lm.lock:

@@ -23,7 +23,7 @@ import streamlit as st
 import mhsa
 from mhsa.corpus.jobs import JobQueue, max_heavy_from_env
 from mhsa.engine.cache import ResultCache
-from mhsa.engine.limits import Limits
+from mhsa.engine.models.limits import Limits
 from ui.runtime import freeze_long_lived_objects, page_work
 
 __all__ = [

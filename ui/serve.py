@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from mhsa.corpus.jobs import max_heavy_from_env
-from mhsa.engine.store import Store, StoreError
+from mhsa.engine.models.store import Store, StoreError
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 #: the process environment a deployment runs with, unless the operator sets these: glibc's

@@ -13,12 +13,12 @@ from urllib.parse import quote
 import streamlit as st
 
 from mhsa.engine.extract import ENGINES, MAX_NEW_TOKENS
-from mhsa.engine.limits import Limits
-from mhsa.engine.model_names import allowed_description
-from mhsa.engine.models import DEVICES
+from mhsa.engine.models.limits import Limits
+from mhsa.engine.models.loading import DEVICES
+from mhsa.engine.models.names import allowed_description
+from mhsa.engine.models.trained import is_trained_name, trained_store
 from mhsa.engine.result import ATTENTION_KINDS
-from mhsa.engine.selection import parse_indices
-from mhsa.engine.trained import is_trained_name, trained_store
+from mhsa.engine.runs.selection import parse_indices
 from mhsa.errors import MHSAError
 from mhsa.heads import parse_layer_head_label
 from ui.navigation import every_link_key
@@ -190,7 +190,7 @@ def text_param(raw: str) -> str:
 def model_param(raw: str) -> str:
     """A model named in a link loads only if the operator allowed it (``MHSA_ALLOWED_MODELS``);
     the refusal says the same whether or not such a folder or model exists. A ``trained:<id>``
-    model opens only while the server's store holds it (``mhsa.engine.trained``: with
+    model opens only while the server's store holds it (``mhsa.engine.models.trained``: with
     ``MHSA_STORE``, on every replica and after a restart; without, in the process that
     trained it)."""
     raw = raw.strip()

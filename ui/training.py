@@ -1,6 +1,7 @@
 """Training runs of the Train heads page: the settings and their link values, one run per
 session through the server's heavy-job queue, its snapshots for the page to draw while it trains,
-and the trained model held in the process's store (``mhsa.engine.trained``) under ``trained:<id>``.
+and the trained model held in the process's store (``mhsa.engine.models.trained``) under
+``trained:<id>``.
 
 A run waits in the heavy queue like any heavy job (its place and expected wait shown); once it
 runs, the trainer appends a snapshot every few steps. Cancel takes a waiting run out of the
@@ -32,7 +33,7 @@ import plotly.graph_objects as go
 
 from mhsa import plots
 from mhsa.corpus.jobs import Job, JobState
-from mhsa.engine.trained import TrainedModel, trained_store
+from mhsa.engine.models.trained import TrainedModel, trained_store
 from mhsa.training import (
     PHASE_CHANGE_SCORE,
     RECIPES,

@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from mhsa.engine.attention import MultiHeadSelfAttention
+from mhsa.engine.attention.module import MultiHeadSelfAttention
 from mhsa.engine.encoding import Encoded, check_text, encode
-from mhsa.engine.generation import Generation, generation_encoded
-from mhsa.engine.models import LoadedModel
-from mhsa.engine.swap import OurPass, our_blocks, run_with_our_blocks
+from mhsa.engine.models.loading import LoadedModel
+from mhsa.engine.runs.generation import Generation, generation_encoded
+from mhsa.engine.runs.swap import OurPass, our_blocks, run_with_our_blocks
 from mhsa.errors import InputError, UnsupportedModelError
 
 __all__ = ["CROSS_STEPS", "Neuron", "Step", "Walkthrough", "cross_walkthrough", "walkthrough"]
@@ -401,7 +401,7 @@ _GROUPED = (
 
 
 def ungrouped_formula(formula: str) -> str:
-    """A formula of ``mhsa.engine.core.OBSERVATION_POINTS`` for a module whose every query
+    """A formula of ``mhsa.engine.attention.core.OBSERVATION_POINTS`` for a module whose every query
     head has its own key and value head (no grouped-query attention): ``Q_h K_h^T``, not
     ``Q_h K_g(h)^T``, which names groups the model does not have."""
     for grouped, own in _GROUPED:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
-from mhsa.engine.swap import our_blocks
+from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.runs.swap import our_blocks
 from mhsa.errors import InputError, UnsupportedModelError
 from mhsa.heads import head_label, parse_head_label
 
@@ -70,7 +70,8 @@ def head_composition(model: str | LoadedModel = DEFAULT_MODEL, kind: str = "K") 
     ``||OV_A @ M_B||_F / (||OV_A||_F ||M_B||_F)`` with ``M_B = QK_B`` (Q), ``QK_B^T`` (K) or
     ``OV_B`` (V): how much of what head A writes head B reads into its queries, keys or values.
 
-    Weights are read from our module (``mhsa.engine.swap.our_blocks``: the model's attention blocks
+    Weights are read from our module (``mhsa.engine.runs.swap.our_blocks``: the model's attention
+    blocks
     loaded into ``MultiHeadSelfAttention``); biases are left out, as in TransformerLens;
     grouped-query heads share their K and V. The scores equal TransformerLens's on a model
     loaded without weight processing (``from_pretrained_no_processing``): its default folds

@@ -18,9 +18,9 @@ import pandas as pd
 
 from mhsa.analysis.roles import DETECTION_PATTERNS, detection_pattern, detection_scores
 from mhsa.engine.encoding import encode
-from mhsa.engine.generation import Generation, generation_encoded
-from mhsa.engine.models import LoadedModel
+from mhsa.engine.models.loading import LoadedModel
 from mhsa.engine.result import AttentionResult
+from mhsa.engine.runs.generation import Generation, generation_encoded
 from mhsa.errors import InputError
 
 __all__ = [

@@ -9,7 +9,7 @@ embeddings), each earlier head's output ``L{l}H{h}``, each earlier MLP's output 
 The score ``q . k * scale`` is then a sum over pairs (query part, key part), query and key each
 a sum over parts:
 
-- a pre-norm decoder (``mhsa.engine.residual``): the layer's norm frozen at the real stream
+- a pre-norm decoder (``mhsa.engine.stream.residual``): the layer's norm frozen at the real stream
   (TransformerLens's ``apply_ln_to_stack``: each position's scale fixed, so the norm is
   linear), q/k norms (Qwen3, Gemma 3, OLMo 2) frozen likewise and rotary positions applied to
   each part (a rotation is linear);
@@ -20,13 +20,13 @@ a sum over parts:
   a term: the keys outside it are kept, with their score ``q . k`` scaled as everywhere, and
   marked (``attrs["masked_keys"]``, ``attrs["window"]``), as a decoder's are;
 - a post-norm encoder (BERT family: BERT, RoBERTa, ELECTRA, MiniLM, DistilBERT, ALBERT;
-  ``mhsa.engine.postnorm_stream``): every LayerNorm on the way, from the embeddings' to the
+  ``mhsa.engine.stream.postnorm``): every LayerNorm on the way, from the embeddings' to the
   last layer's, has its scale ``1 / sigma`` frozen per position at the real forward, so it is
   affine; each part is pushed through every norm after the point where it was written (centred,
   times the frozen ``1 / sigma`` and the norm's weight), each norm's bias joining ``bias``; the
   heads read the stream as it is (no norm before the attention). An MLP's output is nonlinear
   in its input: it is one part, as the real forward computed it;
-- an encoder-decoder's self-attention (``mhsa.engine.seq2seq_stream``): an encoder head
+- an encoder-decoder's self-attention (``mhsa.engine.stream.seq2seq``): an encoder head
   ``E{l}H{h}`` over the encoder's stream (every key), a decoder head ``D{l}H{h}`` over the
   decoder's (causal), teacher-forced on a target text as ``mhsa.attend`` runs it; the
   decoder's parts include each cross-attention head's output ``C{l}H{h}`` (it writes into the
@@ -48,16 +48,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from mhsa.engine.attention import MultiHeadSelfAttention
-from mhsa.engine.frozen_norm import FrozenNorm, frozen_norm
-from mhsa.engine.generation import Generation
-from mhsa.engine.layer_parts import attention_norm_of
-from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
-from mhsa.engine.postnorm_stream import postnorm_pass
-from mhsa.engine.residual import ResidualPass, residual_pass
-from mhsa.engine.rmsnorm import RMSNorm
-from mhsa.engine.seq2seq_stream import seq2seq_pass
-from mhsa.engine.swap import OurBlock, our_blocks
+from mhsa.engine.attention.module import MultiHeadSelfAttention
+from mhsa.engine.attention.rmsnorm import RMSNorm
+from mhsa.engine.families.layout import attention_norm_of
+from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.runs.generation import Generation
+from mhsa.engine.runs.swap import OurBlock, our_blocks
+from mhsa.engine.stream.frozen_norm import FrozenNorm, frozen_norm
+from mhsa.engine.stream.postnorm import postnorm_pass
+from mhsa.engine.stream.residual import ResidualPass, residual_pass
+from mhsa.engine.stream.seq2seq import seq2seq_pass
 from mhsa.errors import InputError, UnsupportedModelError
 from mhsa.heads import check_heads, layer_name
 
@@ -246,10 +246,11 @@ def layer_sources(
     text_pair: str | None = None,
 ) -> LayerSources:
     """The residual stream entering ``layer`` on ``text``, in parts (``LayerSources``): for a
-    pre-norm decoder or encoder (ModernBERT) through ``mhsa.engine.residual`` with the layer's
+    pre-norm decoder or encoder (ModernBERT) through ``mhsa.engine.stream.residual`` with the
+    layer's
     norm frozen; for a post-norm encoder through its chain of norms, each frozen
-    (``mhsa.engine.postnorm_stream``); for an encoder-decoder's self-attention (``layer``
-    ``"E1"``, ``"D0"`` or the block's number) through ``mhsa.engine.seq2seq_stream``, the
+    (``mhsa.engine.stream.postnorm``); for an encoder-decoder's self-attention (``layer``
+    ``"E1"``, ``"D0"`` or the block's number) through ``mhsa.engine.stream.seq2seq``, the
     decoder teacher-forced on ``text_pair`` (None: the text itself, as ``mhsa.attend``).
 
     Raises:

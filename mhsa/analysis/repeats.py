@@ -9,12 +9,12 @@ import time
 import numpy as np
 import torch
 
-from mhsa.engine.batches import batch_attention
 from mhsa.engine.encoding import Encoded
 from mhsa.engine.extract import engine_spec
-from mhsa.engine.forward import make_result
-from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.engine.result import AttentionResult
+from mhsa.engine.runs.batches import batch_attention
+from mhsa.engine.runs.forward import make_result
 from mhsa.engine.tokens import Tokens
 from mhsa.errors import InputError
 

@@ -29,11 +29,11 @@ import torch
 
 from mhsa.analysis.composition import COMPOSITION_KINDS, head_composition, strongest_inputs
 from mhsa.analysis.repeats import REPEAT_COUNT, random_repeats, repeat_length
-from mhsa.engine.batches import Corpus, attend_batched, attend_one_by_one, batch_attention
 from mhsa.engine.encoding import check_text, encode, encode_many
 from mhsa.engine.extract import engine_spec
-from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.engine.result import AttentionResult
+from mhsa.engine.runs.batches import Corpus, attend_batched, attend_one_by_one, batch_attention
 from mhsa.errors import InputError
 from mhsa.heads import head_label
 
@@ -517,7 +517,8 @@ def attention_sinks(result: AttentionResult, threshold: float = SINK_THRESHOLD) 
 def sink_value_norms(result: AttentionResult, threshold: float = SINK_THRESHOLD) -> pd.DataFrame:
     """What each attention sink carries: per sink (head, position) of ``attention_sinks``, the
     norm ``||f_h(x_j)||`` of the value vector head h reads at the sink j after its slice of the
-    output projection (Kobayashi et al. 2020; ``mhsa.engine.norms``), beside the head's median over
+    output projection (Kobayashi et al. 2020; ``mhsa.engine.runs.norms``), beside the head's median
+    over
     all positions. A sink whose value norm is far below the median draws attention while
     adding little to the output (Gu et al. 2025 and Kobayashi et al. observe this on the first
     token).

@@ -19,7 +19,7 @@ import pandas as pd
 from mhsa.analysis.similarity import HeadSimilarityAccumulator
 from mhsa.analysis.stats import HeadStatsAccumulator
 from mhsa.engine.extract import attend_layers
-from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.engine.result import AttentionResult
 
 __all__ = ["streamed_head_similarity", "streamed_head_stats"]

@@ -12,7 +12,7 @@ the final norm's into ``W_U``), the unembedding centred over the vocabulary
 ``fold_ln``'s ``center_weights``). A norm after the attention output (Gemma 2/3, OLMo 2) has its
 weight folded into ``W_O`` (its scale, one number per position, changes no ratio or ranking
 here). Grouped-query heads use their key/value head. Matrices are in TransformerLens's
-convention (row vectors: ``x @ W_V``), read from our module (``mhsa.engine.swap.our_blocks``).
+convention (row vectors: ``x @ W_V``), read from our module (``mhsa.engine.runs.swap.our_blocks``).
 A post-norm encoder's positional pattern reads its positions through the embeddings' LayerNorm
 (``LN(W_pos)``, ``qk_positional_scores``) with ``W_Q``, ``W_K`` as the model holds them.
 """
@@ -26,10 +26,10 @@ import pandas as pd
 import torch
 from torch import nn
 
-from mhsa.engine.frozen_norm import frozen_norm
-from mhsa.engine.layer_parts import attention_norm_of, final_norm_of
-from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
-from mhsa.engine.swap import OurBlock, our_blocks
+from mhsa.engine.families.layout import attention_norm_of, final_norm_of
+from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.runs.swap import OurBlock, our_blocks
+from mhsa.engine.stream.frozen_norm import frozen_norm
 from mhsa.errors import InputError, UnsupportedModelError
 from mhsa.heads import check_heads, head_label
 

@@ -24,12 +24,12 @@ import torch
 
 from mhsa.atlas.collect import BatchLayout, HeadSummaries
 from mhsa.atlas.index import PROJECTION_DIMS, ZCodes, build_index, projection_matrix
-from mhsa.engine.batches import batch_tokens_for, length_batches, pad_inputs
 from mhsa.engine.encoding import Encoded, encode, encode_many
-from mhsa.engine.forward import run_until
-from mhsa.engine.models import LoadedModel, get_model
-from mhsa.engine.norms import value_norms
-from mhsa.engine.swap import OurBlock, OurPass, our_blocks
+from mhsa.engine.models.loading import LoadedModel, get_model
+from mhsa.engine.runs.batches import batch_tokens_for, length_batches, pad_inputs
+from mhsa.engine.runs.forward import run_until
+from mhsa.engine.runs.norms import value_norms
+from mhsa.engine.runs.swap import OurBlock, OurPass, our_blocks
 from mhsa.engine.tokens import is_punctuation
 from mhsa.errors import InputError, UnsupportedModelError
 from mhsa.heads import kind_head_label
@@ -121,7 +121,7 @@ class AtlasPlan:
     batch_tokens: int
     shard_texts: int = SHARD_TEXTS
     #: the self-attention the atlas reads: "self" (an encoder's or a decoder's), or an
-    #: encoder-decoder's "encoder" or "decoder" (``mhsa.engine.swap.BLOCK_KINDS``)
+    #: encoder-decoder's "encoder" or "decoder" (``mhsa.engine.runs.swap.BLOCK_KINDS``)
     part: str = "self"
 
     @property

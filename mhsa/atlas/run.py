@@ -24,7 +24,7 @@ from mhsa.atlas.build import (
     shard_path,
 )
 from mhsa.atlas.reader import Atlas, open_atlas
-from mhsa.engine.models import get_model
+from mhsa.engine.models.loading import get_model
 from mhsa.errors import InputError
 
 __all__ = ["build_atlas"]

@@ -31,7 +31,7 @@ def atlas_dirs() -> list[Path]:
     """The folders of the app's atlases: ``MHSA_ATLAS_DIR`` (several separated by ``:``; the
     first receives atlases built from the page: the Docker image lists the store's volume, then
     its own prebuilt ones), else ``_atlases`` in the store (``MHSA_STORE``: beside its managed
-    entries, which ``mhsa.engine.store`` leaves alone; an atlas is never evicted by
+    entries, which ``mhsa.engine.models.store`` leaves alone; an atlas is never evicted by
     ``MHSA_STORE_MB``), else ``atlases`` in the user's cache folder."""
     given = [p for p in os.environ.get("MHSA_ATLAS_DIR", "").split(os.pathsep) if p.strip()]
     if given:

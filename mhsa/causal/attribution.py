@@ -26,7 +26,8 @@ Post-norm models (BERT, DistilBERT, the embedded MiniLM, OPT with ``do_layer_nor
 put a LayerNorm after every residual sum, inside each layer: the last residual is no sum of the
 components' outputs, so neither applies (``UnsupportedModelError``).
 
-Everything runs through our module (``mhsa.engine.swap``), whose observation points give each head's
+Everything runs through our module (``mhsa.engine.runs.swap``), whose observation points give each
+head's
 attention, values and context.
 """
 
@@ -39,10 +40,10 @@ import pandas as pd
 import torch
 
 from mhsa.causal.metrics import answer_direction, answer_tokens, logit_difference
-from mhsa.engine.frozen_norm import FrozenNorm, frozen_final_norm
-from mhsa.engine.generation import Generation
-from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
-from mhsa.engine.residual import ResidualPass, residual_pass
+from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.runs.generation import Generation
+from mhsa.engine.stream.frozen_norm import FrozenNorm, frozen_final_norm
+from mhsa.engine.stream.residual import ResidualPass, residual_pass
 from mhsa.errors import InputError
 from mhsa.heads import head_label
 

@@ -56,8 +56,8 @@ import torch
 import torch.nn.functional as F
 
 from mhsa.causal.attribution import ResidualPass, residual_pass, token_strings
-from mhsa.engine.generation import Generation
-from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.runs.generation import Generation
 from mhsa.errors import InputError
 
 __all__ = [

@@ -39,12 +39,12 @@ from mhsa.causal.targets import (
     prepare,
     resolve_target,
 )
-from mhsa.engine.batches import Entry, Problem, batch_tokens_for, length_batches
-from mhsa.engine.forward import make_result, our_attention, our_seq2seq_forward
-from mhsa.engine.generation import Generation
-from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.engine.result import AttentionResult
-from mhsa.engine.swap import our_blocks
+from mhsa.engine.runs.batches import Entry, Problem, batch_tokens_for, length_batches
+from mhsa.engine.runs.forward import make_result, our_attention, our_seq2seq_forward
+from mhsa.engine.runs.generation import Generation
+from mhsa.engine.runs.swap import our_blocks
 from mhsa.errors import InputError
 from mhsa.heads import KIND_LETTERS, check_heads, parse_head
 

@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from mhsa.engine.encoding import answer_ids
-from mhsa.engine.models import LoadedModel
-from mhsa.engine.swap import OurBlock, OurPass, run_with_our_blocks, tile_rows
+from mhsa.engine.models.loading import LoadedModel
+from mhsa.engine.runs.swap import OurBlock, OurPass, run_with_our_blocks, tile_rows
 from mhsa.errors import InputError
 from mhsa.registry import lookup
 

@@ -21,10 +21,10 @@ import pandas as pd
 import torch
 
 from mhsa.causal.metrics import PatchMetric, embedding_of, patch_metric
-from mhsa.engine.core import Observer
+from mhsa.engine.attention.core import Observer
 from mhsa.engine.encoding import Encoded, check_text, encode, encode_clean_corrupted
-from mhsa.engine.models import LoadedModel, resolve_model
-from mhsa.engine.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
+from mhsa.engine.models.loading import LoadedModel, resolve_model
+from mhsa.engine.runs.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
 from mhsa.errors import InputError
 from mhsa.heads import head_label
 
@@ -53,7 +53,7 @@ class PatchPoint:
         name: what ``what=`` takes (TransformerLens's hook name without ``hook_``).
         label: its name for people.
         point: the observation point of the attention core
-        (``mhsa.engine.core.OBSERVATION_POINTS``).
+        (``mhsa.engine.attention.core.OBSERVATION_POINTS``).
         all_pos: the TransformerLens function patching it per head at every position.
         by_pos: the TransformerLens function patching it per head and position (or what is done
             instead).

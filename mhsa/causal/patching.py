@@ -15,10 +15,11 @@ backward pass on the corrupted input and one forward pass on the clean one.
 Activation patching has one driver, ``generic_activation_patch`` (TransformerLens's name):
 ``patch_heads`` and ``patch_positions`` are ``partial``s of it with their layout of patches
 (``PATCH_INDEXES``), for every activation of ``PATCH_POINTS`` (z, q, k, v, pattern). The metric
-is ``mhsa.causal.metrics``'s. Everything runs through our module (``mhsa.engine.swap``) with the
+is ``mhsa.causal.metrics``'s. Everything runs through our module (``mhsa.engine.runs.swap``) with
+the
 model's own
 weights: an activation is replaced by an observer at the named observation point of the attention
-core (``mhsa.engine.core``); the runs, batched, are ``mhsa.causal.patch_runs``.
+core (``mhsa.engine.attention.core``); the runs, batched, are ``mhsa.causal.patch_runs``.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from mhsa.causal.patch_runs import (
     setup_patch,
     table_attrs,
 )
-from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.engine.result import html_view
 from mhsa.errors import InputError, UnsupportedModelError
 from mhsa.heads import head_label

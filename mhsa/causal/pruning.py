@@ -12,8 +12,8 @@ import torch
 
 from mhsa.causal.importance import Progress, as_entries, head_importance, pair_target, resolve_model
 from mhsa.causal.targets import Head, Measure, TargetSpec, gates_rows, prepare
-from mhsa.engine.batches import Entry
-from mhsa.engine.models import DEFAULT_MODEL, LoadedModel
+from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel
+from mhsa.engine.runs.batches import Entry
 from mhsa.errors import InputError
 
 __all__ = ["ORDERS", "pruning_curve"]

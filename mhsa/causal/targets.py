@@ -26,11 +26,11 @@ from mhsa.causal.metrics import (
     sentence_embedding,
     target_spec,
 )
-from mhsa.engine.batches import Entry, pad_inputs
 from mhsa.engine.encoding import Encoded, check_text, encode
-from mhsa.engine.generation import Generation, generation_encoded
-from mhsa.engine.models import LoadedModel
-from mhsa.engine.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks, tile_rows
+from mhsa.engine.models.loading import LoadedModel
+from mhsa.engine.runs.batches import Entry, pad_inputs
+from mhsa.engine.runs.generation import Generation, generation_encoded
+from mhsa.engine.runs.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks, tile_rows
 from mhsa.errors import InputError
 from mhsa.heads import layer_name
 

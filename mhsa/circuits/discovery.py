@@ -34,7 +34,8 @@ clean run's (1 for the clean run), or "similarity", with that of a second senten
 ``text_pair``; each target reads its own copy of the post-norm chain (``mhsa.circuits.postnorm``,
 our definition). The gradient of "embedding" is zero at the clean run, so plain EAP refuses it.
 
-Everything runs through our module (``mhsa.engine.swap``, wired by ``mhsa.circuits.runs``) with the
+Everything runs through our module (``mhsa.engine.runs.swap``, wired by ``mhsa.circuits.runs``) with
+the
 model's own weights, on pre-norm causal language models (GPT-2, the Llama family, the toy
 models), the parallel-block families GPT-J, GPT-NeoX, Phi and Falcon (whose MLP reads the
 layer's input, so that a head feeds only the MLPs of the layers above it) and BERT-family
@@ -66,9 +67,9 @@ from mhsa.circuits.runs import (
     run_pair,
 )
 from mhsa.circuits.taps import tapped_scores
-from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.engine.result import html_view
-from mhsa.engine.swap import OurBlock, OurPass
+from mhsa.engine.runs.swap import OurBlock, OurPass
 from mhsa.errors import InputError
 from mhsa.registry import lookup
 

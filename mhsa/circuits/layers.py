@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from mhsa.engine.attention import MultiHeadSelfAttention
-from mhsa.engine.swap import OurBlock
+from mhsa.engine.attention.module import MultiHeadSelfAttention
+from mhsa.engine.runs.swap import OurBlock
 from mhsa.errors import UnsupportedModelError
 
 __all__ = ["is_parallel", "layer_norms", "per_head", "ungrouped"]

@@ -9,7 +9,7 @@ from mhsa.causal.metrics import embedding_of, patch_metric
 from mhsa.circuits.postnorm import PostNormModel
 from mhsa.circuits.runs import CircuitPair, circuit_model, run_pair
 from mhsa.engine.encoding import answer_ids, check_text, encode, encode_clean_corrupted
-from mhsa.engine.models import LoadedModel
+from mhsa.engine.models.loading import LoadedModel
 from mhsa.errors import InputError
 
 __all__ = ["EAP_ONE_PASS_MAX", "circuit_pair"]

@@ -50,9 +50,9 @@ from torch import nn
 
 from mhsa.causal.metrics import sentence_embedding
 from mhsa.circuits.graph import CircuitGraph, graph_of
-from mhsa.engine.core import attention_core, combine_masks
-from mhsa.engine.models import LoadedModel
-from mhsa.engine.swap import OurBlock
+from mhsa.engine.attention.core import attention_core, combine_masks
+from mhsa.engine.models.loading import LoadedModel
+from mhsa.engine.runs.swap import OurBlock
 
 __all__ = [
     "PostNormModel",
@@ -376,7 +376,7 @@ def _run_rows(model: PostNormModel, run: _Run, inputs: Mapping[str, torch.Tensor
     The copies of every target not yet reached advance together through each layer (one
     LayerNorm over ``[B, targets above, T, D]`` per norm), so a run costs as many norm calls as
     the plain forward, on more rows. Attention runs through our module's core
-    (``mhsa.engine.core.attention_core``) on each head's Q, K and V projected from its own
+    (``mhsa.engine.attention.core.attention_core``) on each head's Q, K and V projected from its own
     copies."""
     corrupted = run.corrupt is not None and bool(run.corrupt.any())
     if corrupted and not run.probe and run.corrupted is not None and COPIES_ONLY_WHERE_MIXED:

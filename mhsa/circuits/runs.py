@@ -12,7 +12,7 @@ input, for its MLP (EAP-IG's ``parallel_attn_mlp``: the MLP reads no head of its
 ``mhsa.circuits.layers`` finds each layer's norms).
 Here each head's q, k and v input is ``ln_1`` of its own copy of ``x``, projected with that
 head's slice of W_Q, W_K, W_V, and put in place of our module's per-head Q, K, V
-(``mhsa.engine.core``
+(``mhsa.engine.attention.core``
 observation points "per-head Q", "per-head K", "per-head V"; grouped-query attention runs
 ungrouped, each query head with its own copy of its key/value head's weights, as
 TransformerLens's ``ungroup_grouped_query_attention``).
@@ -52,9 +52,9 @@ from mhsa.circuits.postnorm import (
     postnorm_model,
     run_postnorm,
 )
-from mhsa.engine.layer_parts import final_norm_of
-from mhsa.engine.models import LoadedModel, last_logits_only
-from mhsa.engine.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
+from mhsa.engine.families.layout import final_norm_of
+from mhsa.engine.models.loading import LoadedModel, last_logits_only
+from mhsa.engine.runs.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
 from mhsa.errors import InputError, UnsupportedModelError
 
 __all__ = [

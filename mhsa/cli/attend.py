@@ -83,7 +83,7 @@ def add_arguments(attend: argparse.ArgumentParser) -> None:
 
 
 def _streamed(args: argparse.Namespace) -> bool:
-    """A selection written to ``--out``: layer by layer (``mhsa.engine.layer_files``), never
+    """A selection written to ``--out``: layer by layer (``mhsa.engine.runs.layer_files``), never
     held."""
     selected = args.layers is not None or args.heads is not None or args.dtype != "float32"
     held = args.verify or args.norms or args.pair or _wants_qk(args) or args.html
@@ -97,7 +97,7 @@ def _wants_qk(args: argparse.Namespace) -> bool:
 
 def _selection(args: argparse.Namespace) -> dict:
     """The model, engine, device, tokens, layers, heads, dtype and seed that both ways of
-    running (``mhsa.attend``, ``mhsa.engine.layer_files.save_layers``) take."""
+    running (``mhsa.attend``, ``mhsa.engine.runs.layer_files.save_layers``) take."""
     return {
         "model": args.model,
         "engine": args.engine,
@@ -111,7 +111,7 @@ def _selection(args: argparse.Namespace) -> dict:
 
 
 def _run_streamed(args: argparse.Namespace) -> None:
-    from mhsa.engine.layer_files import save_layers
+    from mhsa.engine.runs.layer_files import save_layers
 
     start = time.perf_counter()
     header = save_layers(args.out, args.text, **_selection(args))

@@ -83,7 +83,7 @@ def add_corpus_arguments(parser: argparse.ArgumentParser, corpus_help: str) -> N
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """--model and --device: every subcommand loads a model."""
-    from mhsa.engine.models import DEVICES
+    from mhsa.engine.models.loading import DEVICES
 
     parser.add_argument(
         "--model",
@@ -189,7 +189,7 @@ def progress_bar(desc: str):
 
 
 def read_corpus_args(args: argparse.Namespace, pairs: bool = False):
-    from mhsa.engine.batches import read_corpus
+    from mhsa.engine.runs.batches import read_corpus
 
     return read_corpus(args.corpus, column=args.column, pairs=pairs)
 

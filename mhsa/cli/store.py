@@ -1,5 +1,5 @@
 """``store``: list, remove or clean the store of trained models and atlases (``MHSA_STORE``,
-``mhsa.engine.store``)."""
+``mhsa.engine.models.store``)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _open(args: argparse.Namespace):
-    from mhsa.engine.store import Store, store_mb, store_root
+    from mhsa.engine.models.store import Store, store_mb, store_root
 
     root = args.store or store_root()
     if root is None:
@@ -45,7 +45,7 @@ def _when(seconds: float) -> str:
 
 def _entry_of(store, name: str) -> tuple[str, str]:
     """(kind, id) of ``name``: ``trained:<id>``, ``KIND/ID``, or an id of any kind."""
-    from mhsa.engine.model_names import TRAINED_PREFIX
+    from mhsa.engine.models.names import TRAINED_PREFIX
 
     if name.startswith(TRAINED_PREFIX):
         return "trained", name.removeprefix(TRAINED_PREFIX)

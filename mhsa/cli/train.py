@@ -21,7 +21,7 @@ DESCRIPTION = (
 
 def add_arguments(train: argparse.ArgumentParser) -> None:
     """``train TASK --out FOLDER``: a toy model trained through our module, saved with its card."""
-    from mhsa.engine.models import DEVICES
+    from mhsa.engine.models.loading import DEVICES
     from mhsa.training import MODEL_FAMILIES, TASKS, TrainConfig
 
     d = TrainConfig()

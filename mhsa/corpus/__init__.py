@@ -5,12 +5,12 @@ May import: ``mhsa.engine``, ``mhsa.analysis``, ``mhsa.causal`` and the shared t
 modules (``tests/test_layers.py``).
 
 ``mhsa.corpus`` was a module before issue 45; its names still import from here: reading corpora
-and running them in padded batches moved down to ``mhsa.engine.batches`` (the analyses use
+and running them in padded batches moved down to ``mhsa.engine.runs.batches`` (the analyses use
 them), the statistics to ``mhsa.corpus.stats``.
 """
 
 from mhsa.corpus.stats import CorpusStats, corpus_stats
-from mhsa.engine.batches import (
+from mhsa.engine.runs.batches import (
     BATCH_TOKENS,
     Corpus,
     Entry,

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mhsa.corpus.stats import CorpusStats, corpus_stats
-from mhsa.engine.batches import Corpus, Entry
+from mhsa.engine.runs.batches import Corpus, Entry
 from mhsa.errors import InputError
 
 __all__ = ["SHARD_SIZE", "RayTask", "check_reachable", "connect", "run_on_ray"]
@@ -62,7 +62,7 @@ class _ShardWorker:
     def __init__(self, task: RayTask, device: str, threads: int) -> None:
         import torch
 
-        from mhsa.engine.models import get_model
+        from mhsa.engine.models.loading import get_model
 
         torch.set_num_threads(max(1, threads))
         self.task = task

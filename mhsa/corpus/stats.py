@@ -1,5 +1,5 @@
 """Per-head statistics over a corpus (``corpus_stats``): the corpus read and run in padded
-batches by ``mhsa.engine.batches``, each batch's results added to running sums
+batches by ``mhsa.engine.runs.batches``, each batch's results added to running sums
 (``mhsa.analysis.stats``, ``mhsa.analysis.similarity``), so memory does not grow with the corpus;
 shards merge (``mhsa.corpus.distributed`` runs them on Ray)."""
 
@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 from mhsa.analysis.similarity import HeadSimilarityAccumulator
 from mhsa.analysis.stats import HeadStatsAccumulator
-from mhsa.engine.batches import Entry, Problem, Progress, attend_batches, attend_one_by_one
-from mhsa.engine.models import LoadedModel, get_model
+from mhsa.engine.models.loading import LoadedModel, get_model
 from mhsa.engine.result import AttentionResult
+from mhsa.engine.runs.batches import Entry, Problem, Progress, attend_batches, attend_one_by_one
 
 __all__ = ["CorpusStats", "corpus_stats"]
 

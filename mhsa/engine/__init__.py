@@ -1,15 +1,15 @@
 """The engine: attention computed and read out of a model.
 
-Holds the attention module and its parts (``attention``, ``core``, ``rotary``, ``rmsnorm``,
-``frozen_norm``, ``layer_parts``), the model families (``families/``, ``adapters``,
-``support``), swapping a model's blocks for ours and finding them (``swap``,
-``block_search``), the runs (``forward``, ``residual``, ``postnorm_stream``,
-``seq2seq_stream``, ``partial``, ``selection``, ``extract``, ``layer_files``, ``generation``),
-text in and out (``encoding``, ``tokens``), corpora in padded batches (``batches``), models
-and what their names mean (``models``,
-``model_names``, ``limits``, ``trained``), the store that keeps trained models and atlases by
-id (``store``, ``store_entry``: ``MHSA_STORE``), caches (``cache``), norms as attention (``norms``:
-``attend(norms=True)`` computes them) and the result (``result``).
+Sub-folders by concern, each saying in its docstring what it holds and may import:
+``attention/`` (our ``MultiHeadSelfAttention`` and its parts: the core, rotary, q/k norms),
+``families/`` (one module per model family: its blocks, weights and layer layout; which tools
+run on which family), ``models/`` (loading models, what their names mean, limits, trained models
+and the store by id), ``runs/`` (a model's forward pass through its own eager attention or our
+module: swapping blocks, selected layers and heads, layer files, queries and keys, norms,
+generation, corpora in batches) and ``stream/`` (the residual stream part by part). At this
+level: texts in (``encoding``, ``tokens``), the engines (``extract``: text -> ``AttentionResult``),
+the result (``result``), attention computed elsewhere (``interop``) and the process-wide cache of
+results (``cache``).
 
 May import: the shared top-level modules (``mhsa.errors``, ``mhsa.registry``,
 ``mhsa.deprecation``, ``mhsa.heads``) and nothing else of ``mhsa``: every other layer builds on

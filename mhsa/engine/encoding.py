@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from mhsa.engine.models import LoadedModel
+from mhsa.engine.models.loading import LoadedModel
 from mhsa.engine.tokens import Tokens
 from mhsa.errors import InputError
 

@@ -12,21 +12,21 @@ import numpy as np
 import torch
 
 from mhsa.engine.encoding import Encoded, check_text, encode
-from mhsa.engine.forward import ForwardPass, eager_forward, make_result, our_forward
-from mhsa.engine.generation import (
+from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.result import AttentionResult
+from mhsa.engine.runs.forward import ForwardPass, eager_forward, make_result, our_forward
+from mhsa.engine.runs.generation import (
     MAX_NEW_TOKENS,
     Generation,
     generate,
     generate_ids,
     generation_encoded,
 )
-from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
-from mhsa.engine.norms import weighted_by_norm
-from mhsa.engine.partial import LayerSink, selected_forward
-from mhsa.engine.query_keys import with_query_keys
-from mhsa.engine.result import AttentionResult
-from mhsa.engine.selection import Selection, check_attention_budget, select
-from mhsa.engine.swap import our_blocks
+from mhsa.engine.runs.norms import weighted_by_norm
+from mhsa.engine.runs.partial import LayerSink, selected_forward
+from mhsa.engine.runs.query_keys import with_query_keys
+from mhsa.engine.runs.selection import Selection, check_attention_budget, select
+from mhsa.engine.runs.swap import our_blocks
 from mhsa.errors import InputError
 from mhsa.registry import lookup
 
@@ -234,10 +234,13 @@ def attend(
             W_O^h`` (the output bias left out). With the ``mhsa`` engines the norms come from the
             per-head V our module computes (an observer on every block); with ``transformers``
             from the V each of the model's blocks computes (a forward hook on its value
-            projection); ``W_O`` from our module of each block (``mhsa.engine.swap.our_blocks``: the
-            model's weights), so norms need a model our module can load (``mhsa.engine.norms``).
+            projection); ``W_O`` from our module of each block
+            (``mhsa.engine.runs.swap.our_blocks``: the
+            model's weights), so norms need a model our module can load
+            (``mhsa.engine.runs.norms``).
         layers: materialise these layers only (``2``, ``[0, 5]``, ``"0-3,8"``; None: all).
-            Every other block runs a fused kernel and keeps nothing (``mhsa.engine.partial``); the
+            Every other block runs a fused kernel and keeps nothing (``mhsa.engine.runs.partial``);
+            the
             result's ``layer_ids`` say which were kept and its labels stay ``L{l}H{h}`` of the
             model's layers. Encoders and decoders (not encoder-decoders).
         heads: keep these heads of each selected layer (as ``layers``; None: all).
@@ -247,7 +250,7 @@ def attend(
         max_attention_mb: refuse, before the forward pass, a selection that would keep more
             megabytes of attention (``MHSA_MAX_ATTENTION_MB`` on a server); None: no budget.
         qk: also keep each held head's query and key vectors (``AttentionResult.q``, ``k``,
-            ``qk_scale``: ``mhsa.engine.query_keys``) for the neuron view
+            ``qk_scale``: ``mhsa.engine.runs.query_keys``) for the neuron view
             (``result.show("neuron")``); one more pass through our module. Encoders and
             decoders whose scores are ``q . k`` scaled.
 
@@ -526,7 +529,7 @@ def _attend_selected(
     norms: bool,
     sink: LayerSink | None,
 ) -> AttentionResult:
-    """``attend`` of the selected layers and heads only (``mhsa.engine.partial``)."""
+    """``attend`` of the selected layers and heads only (``mhsa.engine.runs.partial``)."""
     timings = {"load": lm.load_seconds}
     agreement: dict[str, Any] = {}
     with lm.lock, torch.inference_mode():

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from mhsa.engine.encoding import check_text, encode
-from mhsa.engine.models import LoadedModel, resolve_model
+from mhsa.engine.models.loading import LoadedModel, resolve_model
 from mhsa.engine.result import AttentionResult
 from mhsa.engine.tokens import is_punctuation
 from mhsa.errors import InputError

@@ -127,10 +127,10 @@ class AttentionResult:
             selected (``attend(layers=...)``); None: every layer, in order.
         head_ids: the model's head each of ``attention``'s heads is (the same heads in every
             selected layer), when only some were selected; None: every head.
-        attention_dtype: the dtype the weights were stored in (``mhsa.engine.selection``:
+        attention_dtype: the dtype the weights were stored in (``mhsa.engine.runs.selection``:
             ``float32``, ``float16``, or ``bfloat16`` held in a float16 array).
         q, k: float32 ``[layers, heads, n, d_head]``, each head's query and key vectors as its
-            scores take them (``attend(qk=True)``; ``mhsa.engine.query_keys``): ``attention``
+            scores take them (``attend(qk=True)``; ``mhsa.engine.runs.query_keys``): ``attention``
             is ``softmax(q k^T * qk_scale)`` over the keys the mask leaves; None when not
             asked for (the neuron view needs them).
         qk_scale: the scores' scale (``1 / sqrt(d_head)`` unless the model says otherwise).

@@ -10,8 +10,8 @@ from typing import Any, Protocol
 
 import torch
 
-from mhsa.engine.models import LoadedModel
-from mhsa.engine.swap import (
+from mhsa.engine.models.loading import LoadedModel
+from mhsa.engine.runs.swap import (
     OurBlock,
     OurPass,
     store_our_weights,

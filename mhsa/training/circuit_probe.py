@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mhsa.engine.swap import OurBlock, OurPass
+from mhsa.engine.runs.swap import OurBlock, OurPass
 from mhsa.heads import head_label, parse_head_label
 
 __all__ = [
@@ -65,7 +65,7 @@ def k_edge_scores(
     head's key input (NaN where there is none), on the model while a training run holds it
     (its blocks ``ours`` already standing in)."""
     from mhsa.circuits import edge_attribution_ids
-    from mhsa.engine.models import LoadedModel
+    from mhsa.engine.models.loading import LoadedModel
 
     lm = LoadedModel(
         name="training",

@@ -8,8 +8,8 @@ from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any
 
-from mhsa.engine.limits import Limits
-from mhsa.engine.models import DEVICES
+from mhsa.engine.models.limits import Limits
+from mhsa.engine.models.loading import DEVICES
 from mhsa.training.build import build_model
 from mhsa.training.families import MODEL_FAMILIES, model_family
 from mhsa.training.tasks import task_spec

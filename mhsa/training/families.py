@@ -1,7 +1,7 @@
 """The transformers architectures training builds (``TrainConfig.family``), one record each: what
 the trainer, the model card and the Train heads page need to know of a family. Adding one is a
 record here (and, for the ``mhsa`` engine, its attention layout in
-``mhsa.engine.adapters.FAMILIES``)."""
+``mhsa.engine.families.registry.FAMILIES``)."""
 
 from __future__ import annotations
 

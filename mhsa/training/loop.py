@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mhsa.engine.models import pick_device
-from mhsa.engine.swap import OurBlock
+from mhsa.engine.models.loading import pick_device
+from mhsa.engine.runs.swap import OurBlock
 from mhsa.training.build import build_model, trained_through_ours
 from mhsa.training.config import TrainConfig
 from mhsa.training.probing import Probe, evaluate, model_inputs, scored_loss

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mhsa.engine.swap import OurBlock, OurPass
+from mhsa.engine.runs.swap import OurBlock, OurPass
 from mhsa.errors import InputError
 from mhsa.training.circuit_probe import induction_edge_probe, k_edge_scores
 from mhsa.training.results import Evaluation, TrainSnapshot

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from mhsa.engine.model_names import TOY_DIR
-from mhsa.engine.store import Store
-from mhsa.engine.trained import KIND, trained_store
+from mhsa.engine.models.names import TOY_DIR
+from mhsa.engine.models.store import Store
+from mhsa.engine.models.trained import KIND, trained_store
 from tests.hostile import rendered
 from ui import navigation
 

@@ -15,7 +15,7 @@ import pytest
 
 import mhsa
 from mhsa.corpus.jobs import JobState
-from mhsa.engine.trained import trained_store
+from mhsa.engine.models.trained import trained_store
 from mhsa.training import TrainConfig, TrainSnapshot
 from tests.app.test_train_page import RUN, SHORT, button, open_page
 from ui import core, training

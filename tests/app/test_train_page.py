@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 import mhsa
 from mhsa.corpus.jobs import JobState
-from mhsa.engine.trained import trained_store
+from mhsa.engine.models.trained import trained_store
 from mhsa.training import RECIPES, TrainConfig
 from tests.app.test_importance_page import charts, decode
 from tests.app.test_pages import ROOT

@@ -23,8 +23,8 @@ from bench.browser import (
     tick_labels,
     wait_for_app,
 )
-from mhsa.engine.store import Store
-from mhsa.engine.store_entry import flock
+from mhsa.engine.models.store import Store
+from mhsa.engine.models.store_entry import flock
 
 pytestmark = pytest.mark.browser
 TINY = "layers=2&heads=2&width=16&train_seed=1"

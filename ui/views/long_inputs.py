@@ -1,6 +1,6 @@
 """Long inputs in the app: the sidebar's layers and heads (link keys ``long_layers``,
 ``long_heads``), what a page says when a text is over the token limit or the attention budget,
-and what a result materialised (``mhsa.engine.partial``: only the selected layers and heads are
+and what a result materialised (``mhsa.engine.runs.partial``: only the selected layers and heads are
 computed and kept)."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mhsa.engine.attention import MultiHeadSelfAttention
+from mhsa.engine.attention.module import MultiHeadSelfAttention
 from mhsa.engine.families.record import Family, load_linears, store_linears, whole
 
 __all__ = ["FAMILY", "albert_call_order", "is_albert", "load_albert", "store_albert"]

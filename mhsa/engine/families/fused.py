@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mhsa.engine.attention import MultiHeadSelfAttention
+from mhsa.engine.attention.module import MultiHeadSelfAttention
 from mhsa.engine.families.record import bias_of, copy_linear
 
 __all__ = [

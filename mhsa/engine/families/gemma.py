@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from mhsa.engine.attention import MultiHeadSelfAttention
+from mhsa.engine.attention.module import MultiHeadSelfAttention
 from mhsa.engine.families.parts import check_flags
 from mhsa.engine.families.projected import is_projected, load_projected
 

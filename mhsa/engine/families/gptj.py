@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from mhsa.engine.attention import MultiHeadSelfAttention, RotaryEmbedding
+from mhsa.engine.attention.module import MultiHeadSelfAttention, RotaryEmbedding
 from mhsa.engine.families.record import Family, load_linears, store_linears, whole
 
 __all__ = ["FAMILY", "is_gptj", "load_gptj", "store_gptj"]

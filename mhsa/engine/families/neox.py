@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mhsa.engine.attention import MultiHeadSelfAttention
+from mhsa.engine.attention.module import MultiHeadSelfAttention
 from mhsa.engine.families.fused import load_fused, store_fused, value_rows
 from mhsa.engine.families.record import Family, ValueOf, our_rotary, rotary_of
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from mhsa.engine.attention import MultiHeadSelfAttention
+from mhsa.engine.attention.module import MultiHeadSelfAttention
 from mhsa.engine.families.projected import is_projected, load_projected
 
 __all__ = ["is_olmo2", "load_olmo2"]

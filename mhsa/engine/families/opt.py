@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from mhsa.engine.attention import MultiHeadSelfAttention
+from mhsa.engine.attention.module import MultiHeadSelfAttention
 from mhsa.engine.families.record import Family, load_linears, store_linears, whole
 
 __all__ = ["FAMILY", "is_opt", "load_opt", "store_opt"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mhsa.engine.attention import RMSNorm, RotaryEmbedding
+from mhsa.engine.attention.module import RMSNorm, RotaryEmbedding
 
 __all__ = [
     "check_flags",

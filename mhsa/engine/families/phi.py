@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from mhsa.engine.attention import MultiHeadSelfAttention
+from mhsa.engine.attention.module import MultiHeadSelfAttention
 from mhsa.engine.families.record import (
     Family,
     load_linears,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from mhsa.engine.attention import MultiHeadSelfAttention
+from mhsa.engine.attention.module import MultiHeadSelfAttention
 from mhsa.engine.families.fused import load_fused, store_fused
 from mhsa.engine.families.parts import rotary_for, window_of
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mhsa.engine.attention import MultiHeadSelfAttention
+from mhsa.engine.attention.module import MultiHeadSelfAttention
 from mhsa.engine.families.parts import (
     our_rms_norm,
     rotary_for,

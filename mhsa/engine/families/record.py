@@ -1,8 +1,10 @@
 """The ``Family`` record and what every family's loader shares: biases, ``nn.Linear`` copies,
 the model's rotary embedding as ours.
 
-``mhsa.engine.adapters`` re-exports ``Family`` and registers every family in ``FAMILIES``; a family
-module imports from here (never from ``mhsa.engine.adapters``: that would be an import cycle).
+``mhsa.engine.families.registry`` re-exports ``Family`` and registers every family in ``FAMILIES``;
+a family
+module imports from here (never from ``mhsa.engine.families.registry``: that would be an import
+cycle).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from mhsa.engine.attention import MultiHeadSelfAttention, RotaryEmbedding
+from mhsa.engine.attention.module import MultiHeadSelfAttention, RotaryEmbedding
 
 __all__ = [
     "Family",
@@ -71,7 +73,8 @@ class Family:
             than the residual after attention (GPT-NeoX's ``use_parallel_residual``, GPT-J,
             Phi, Falcon), as ``parallel(block)``; None: never.
         kinds: the kinds of model the layout comes in (``"encoder"``, ``"decoder"``,
-            ``"encoder-decoder"``): the README's family x tool table (``mhsa.engine.support``) reads
+            ``"encoder-decoder"``): the README's family x tool table
+            (``mhsa.engine.families.support``) reads
             which tools apply from them.
     """
 

@@ -1,6 +1,6 @@
 """Run a transformers model through our module: each supported attention block is swapped, for one
 forward pass, for an ``OurBlock`` around ``MultiHeadSelfAttention`` loaded with that block's
-weights (``mhsa.engine.adapters`` says how, per family).
+weights (``mhsa.engine.families.registry`` says how, per family).
 
 Words used here: "ours" / "our module" is the project's ``MultiHeadSelfAttention``; "the model's
 block" (``OurBlock.original``) is the model's eager attention block that ours stands in for.
@@ -20,9 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from mhsa.engine.adapters import Family
-from mhsa.engine.attention import MultiHeadSelfAttention, Observer
-from mhsa.engine.block_search import (
+from mhsa.engine.attention.module import MultiHeadSelfAttention, Observer
+from mhsa.engine.families.registry import Family
+from mhsa.engine.models.loading import LoadedModel, last_logits_only
+from mhsa.engine.runs.block_search import (
     block_kinds,
     check_model,
     find_blocks,
@@ -30,7 +31,6 @@ from mhsa.engine.block_search import (
     layer_counts,
     unsupported,
 )
-from mhsa.engine.models import LoadedModel, last_logits_only
 from mhsa.errors import UnsupportedModelError
 
 __all__ = [
@@ -71,7 +71,8 @@ class OurPass:
         sinks: per layer, a callable that receives the layer's weights ``[B, H, T, S]`` as
             soon as they are computed (those layers compute weights, the others run the fused
             kernel unless ``need_weights``); its weights are then not kept in ``weights``
-            (long inputs: ``mhsa.engine.partial`` keeps the selected heads of the selected layers
+            (long inputs: ``mhsa.engine.runs.partial`` keeps the selected heads of the selected
+            layers
             only).
         buffers: per layer, a preallocated ``[B, H, T, S]`` tensor the weights are computed
             into (beside ``weights_out``, for a few layers).

@@ -25,7 +25,9 @@ import torch.nn.functional as F
 
 from mhsa.engine.encoding import Encoded, encode_many
 from mhsa.engine.extract import EngineSpec, engine_spec
-from mhsa.engine.forward import (
+from mhsa.engine.models.loading import LoadedModel
+from mhsa.engine.result import AttentionResult
+from mhsa.engine.runs.forward import (
     StopPass,
     attention_modules,
     is_causal,
@@ -33,10 +35,8 @@ from mhsa.engine.forward import (
     our_attention,
     require_attentions,
 )
-from mhsa.engine.generation import Generation
-from mhsa.engine.models import LoadedModel
-from mhsa.engine.result import AttentionResult
-from mhsa.engine.swap import our_blocks
+from mhsa.engine.runs.generation import Generation
+from mhsa.engine.runs.swap import our_blocks
 from mhsa.errors import InputError, UnsupportedModelError
 
 __all__ = [

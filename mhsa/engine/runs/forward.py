@@ -2,7 +2,7 @@
 for our module; and the ``AttentionResult`` of an encoded text.
 
 "Eager" means the model's own (eager) attention blocks; "our" means the project's
-``MultiHeadSelfAttention`` running in their place (``mhsa.engine.swap``).
+``MultiHeadSelfAttention`` running in their place (``mhsa.engine.runs.swap``).
 """
 
 from __future__ import annotations
@@ -13,19 +13,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from mhsa.engine.adapters import supported_families
-from mhsa.engine.attention import Observer
+from mhsa.engine.attention.module import Observer
 from mhsa.engine.encoding import Encoded
-from mhsa.engine.models import LoadedModel
-from mhsa.engine.norms import (
+from mhsa.engine.families.registry import supported_families
+from mhsa.engine.models.loading import LoadedModel
+from mhsa.engine.result import AttentionResult
+from mhsa.engine.runs.norms import (
     blocks_for_norms,
     check_norms_apply,
     norm_observers,
     recording_value_norms,
     stacked_norms,
 )
-from mhsa.engine.result import AttentionResult
-from mhsa.engine.swap import OurBlock, OurPass, run_with_our_blocks
+from mhsa.engine.runs.swap import OurBlock, OurPass, run_with_our_blocks
 from mhsa.errors import ModelLoadError, UnsupportedModelError
 
 __all__ = [
@@ -55,7 +55,7 @@ class ForwardPass:
             attention as numpy arrays).
         last_hidden: the final hidden state, when the model gives one.
         value_norms: ``||f_h(x_j)||`` of every layer, head and key, ``[L, H, T]`` float32
-            (``mhsa.engine.norms``), when asked for: ``attention`` times these is the attention
+            (``mhsa.engine.runs.norms``), when asked for: ``attention`` times these is the attention
             weighted by value norm.
         encoder_hidden: encoder-decoder models: the encoder's final hidden state
             (``last_hidden`` is the decoder's).
@@ -109,7 +109,8 @@ def eager_forward(
 ) -> ForwardPass:
     """The model through its own eager attention, every layer (batch 1); ``norms``: also each
     key's value norm (the V each block computes, read by a hook, through ``W_O`` of our module
-    of that block: ``mhsa.engine.norms.recording_value_norms``). The caller holds ``lm.lock``."""
+    of that block: ``mhsa.engine.runs.norms.recording_value_norms``). The caller holds
+    ``lm.lock``."""
     name = lm.display_name
     value_norms: dict[int, torch.Tensor] = {}
     with recording_value_norms(blocks_for_norms(lm) if norms else [], value_norms):
@@ -177,7 +178,7 @@ def our_attention(
 
     Args:
         lm: the model.
-        blocks: our blocks, one per attention block (``mhsa.engine.swap.our_blocks``).
+        blocks: our blocks, one per attention block (``mhsa.engine.runs.swap.our_blocks``).
         inputs: a batch of model inputs, on the model's device.
         gates: per layer, head gates ``[H]`` or ``[B, H]`` (1 keeps a head, 0 switches it
             off); layers not listed: all heads on.
@@ -228,7 +229,7 @@ def our_forward(
 ) -> ForwardPass:
     """The whole model with every attention block swapped for ours (batch 1); ``norms``: also
     each key's value norm (from the per-head V our module computes anyway:
-    ``mhsa.engine.norms.norm_observers``). Encoder-decoder models: ``our_seq2seq_forward``."""
+    ``mhsa.engine.runs.norms.norm_observers``). Encoder-decoder models: ``our_seq2seq_forward``."""
     if blocks[0].kind != "self":
         if norms:
             check_norms_apply(lm)
@@ -243,7 +244,7 @@ def our_forward(
 
 
 def blocks_of_kind(blocks: list[OurBlock], kind: str) -> list[OurBlock]:
-    """The blocks of one kind (``mhsa.engine.swap.BLOCK_KINDS``), in layer order."""
+    """The blocks of one kind (``mhsa.engine.runs.swap.BLOCK_KINDS``), in layer order."""
     return [b for b in blocks if b.kind == kind]
 
 

@@ -1,5 +1,5 @@
 """Which tools run on which model families: the README's "Models" table, generated from the
-registry (``mhsa.engine.adapters.FAMILIES``) and the tools below, and the list of tools an
+registry (``mhsa.engine.families.registry.FAMILIES``) and the tools below, and the list of tools an
 unsupported
 model misses.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mhsa.engine.adapters import FAMILIES, Family
+from mhsa.engine.families.registry import FAMILIES, Family
 
 __all__ = ["KINDS", "TOOLS", "Tool", "models_table", "runs_on", "tools_needing_our_module"]
 
@@ -31,7 +31,8 @@ class Tool:
         name: a short key (``"dla"``).
         label: the table's column header.
         kinds: the kinds of model it covers.
-        needs_our_module: whether it runs through our module (``mhsa.engine.swap``): models of an
+        needs_our_module: whether it runs through our module (``mhsa.engine.runs.swap``): models of
+        an
             unsupported family cannot use it; the others run on any model.
         except_families: families of those kinds whose layout the tool does not cover
             (``Family.name``).
@@ -91,5 +92,5 @@ def models_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":  # python -m mhsa.engine.support: print the table for README.md
+if __name__ == "__main__":  # python -m mhsa.engine.families.support: print the table for README.md
     print(models_table(), end="")

@@ -1,6 +1,7 @@
-"""Finding a model's attention blocks for our module (``mhsa.engine.swap``): every block of a
+"""Finding a model's attention blocks for our module (``mhsa.engine.runs.swap``): every block of a
 supported
-layout (``mhsa.engine.adapters``' families) in the order the model calls them, each block's kind
+layout (``mhsa.engine.families.registry``' families) in the order the model calls them, each block's
+kind
 (encoder, decoder self-, cross-attention), the layer counts the config promises, and the
 model-level features no family of ours reproduces (refused with ``UnsupportedModelError``)."""
 
@@ -8,9 +9,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from mhsa.engine.adapters import SUPPORTED_FOR_MHSA, Family, family_of
-from mhsa.engine.models import LoadedModel
-from mhsa.engine.support import TOOLS, tools_needing_our_module
+from mhsa.engine.families.registry import SUPPORTED_FOR_MHSA, Family, family_of
+from mhsa.engine.families.support import TOOLS, tools_needing_our_module
+from mhsa.engine.models.loading import LoadedModel
 from mhsa.errors import UnsupportedModelError
 
 __all__ = [

@@ -3,7 +3,8 @@ blocks it recognises, how their weights map onto ``MultiHeadSelfAttention`` (and
 they are causal and what they do after their output projection.
 
 Every list of supported families (error messages, ``SUPPORTED_FOR_MHSA``) is derived from
-``FAMILIES``. The swap itself (our module running in the model's place) is ``mhsa.engine.swap``.
+``FAMILIES``. The swap itself (our module running in the model's place) is
+``mhsa.engine.runs.swap``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from mhsa.engine.attention import MultiHeadSelfAttention, RotaryEmbedding
+from mhsa.engine.attention.module import MultiHeadSelfAttention, RotaryEmbedding
 from mhsa.engine.families import albert, falcon, gptj, neox, opt, phi
 from mhsa.engine.families.gemma import is_gemma, is_gemma2, is_gemma3, load_gemma
 from mhsa.engine.families.modernbert import (

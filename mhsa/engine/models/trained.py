@@ -2,7 +2,8 @@
 by name (``trained:<id>``) like any other model.
 
 A trained model is a normal transformers folder (``mhsa.training.save_model``), an entry of kind
-``"trained"`` in a store (``mhsa.engine.store``): written whole or not at all, with a manifest
+``"trained"`` in a store (``mhsa.engine.models.store``): written whole or not at all, with a
+manifest
 (its training settings, when, its size, the versions that wrote it).
 
 - ``MHSA_STORE`` set: the store is that folder, shared by every process and replica that names
@@ -32,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mhsa.engine.limits import Limits
-from mhsa.engine.model_names import TRAINED_PREFIX, is_trained_name
-from mhsa.engine.store import Entry, EntryMissingError, Pin, Store
+from mhsa.engine.models.limits import Limits
+from mhsa.engine.models.names import TRAINED_PREFIX, is_trained_name
+from mhsa.engine.models.store import Entry, EntryMissingError, Pin, Store
 from mhsa.errors import ModelLoadError
 
 __all__ = [
@@ -69,7 +70,7 @@ class TrainedModel:
 
 
 class TrainedModelStore:
-    """Trained models in a store (``mhsa.engine.store.Store``; see the module's docstring).
+    """Trained models in a store (``mhsa.engine.models.store.Store``; see the module's docstring).
 
     Args:
         capacity: models this process holds (pins), least recently used dropped first: from a
@@ -112,7 +113,7 @@ class TrainedModelStore:
             ``capacity``.
 
         Raises:
-            mhsa.engine.store.StoreFullError: it does not fit under ``MHSA_STORE_MB``.
+            mhsa.engine.models.store.StoreFullError: it does not fit under ``MHSA_STORE_MB``.
         """
         model_id = secrets.token_hex(6)
         with self.store.writing(KIND, model_id, info) as folder:
@@ -235,7 +236,7 @@ def trained_store() -> TrainedModelStore:
     ``MHSA_TRAINED_MODELS`` of them.
 
     Raises:
-        mhsa.engine.store.StoreError: ``MHSA_STORE`` names a folder that cannot be used.
+        mhsa.engine.models.store.StoreError: ``MHSA_STORE`` names a folder that cannot be used.
     """
     shared = Store.from_env()
     store = TrainedModelStore(Limits.from_env().trained_models, store=shared)

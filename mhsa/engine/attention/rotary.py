@@ -1,6 +1,6 @@
 """Rotary position embeddings (RoPE, Su et al. 2021, "RoFormer"): ``RotaryEmbedding``, the
 frequencies and the rotation our ``MultiHeadSelfAttention`` applies to queries and keys
-(``mhsa.engine.attention`` re-exports it)."""
+(``mhsa.engine.attention.module`` re-exports it)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Our multi-head self-attention (the project's, from scratch), proven against trusted ones:
 ``MultiHeadSelfAttention`` (fused QKV projection, grouped-query attention, rotary positions, head
-gates) and ``RotaryEmbedding``. The attention itself is computed in ``mhsa.engine.core``'s
+gates) and ``RotaryEmbedding``. The attention itself is computed in ``mhsa.engine.attention.core``'s
 ``attention_core``; its public names are re-exported here.
 
 Shapes use B = batch, T = query length, S = key length, H = query heads, G = key/value heads,
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mhsa.deprecation import renamed_kwargs
-from mhsa.engine.core import (
+from mhsa.engine.attention.core import (
     ATTENTION_BACKENDS,
     OBSERVATION_POINTS,
     Observer,
@@ -30,8 +30,8 @@ from mhsa.engine.core import (
     observed,
     scaled_dot_product_attention,
 )
-from mhsa.engine.rmsnorm import RMSNorm
-from mhsa.engine.rotary import RotaryEmbedding
+from mhsa.engine.attention.rmsnorm import RMSNorm
+from mhsa.engine.attention.rotary import RotaryEmbedding
 
 __all__ = [
     "ATTENTION_BACKENDS",
@@ -57,7 +57,8 @@ class MultiHeadSelfAttention(nn.Module):
     ``forward(x)`` is self-attention; ``forward(x, memory=m)`` is cross-attention: Q from ``x``,
     K and V from ``m`` (an encoder's output; ``key``/``value`` may also be given apart). The fused
     weight is then applied in two parts. Loaders
-    for transformers models' attention blocks live in ``mhsa.engine.adapters``, one per family.
+    for transformers models' attention blocks live in ``mhsa.engine.families.registry``, one per
+    family.
     """
 
     def __init__(
@@ -427,7 +428,8 @@ class MultiHeadSelfAttention(nn.Module):
     ) -> None:
         """``attention_weights(query, ...)[:, chunk]`` for each chunk of query heads, handed
         to ``take(chunk, weights)`` before the next is computed (Q and K projected once): one
-        layer's weights of every head never exist at once (long inputs, ``mhsa.engine.partial``)."""
+        layer's weights of every head never exist at once (long inputs,
+        ``mhsa.engine.runs.partial``)."""
         q, k, _ = self._heads(
             query, None, None, positions=positions, observe=nobody, weights_only=True
         )

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from mhsa.engine.model_names import (
+from mhsa.engine.models.names import (
     DEFAULT_MODEL,
     TOY_DIR,
     TOY_PREFIX,
@@ -22,7 +22,7 @@ from mhsa.engine.model_names import (
     shipped_toy_tasks,
     toy_task,
 )
-from mhsa.engine.trained import trained_store
+from mhsa.engine.models.trained import trained_store
 from mhsa.errors import ModelLoadError
 
 __all__ = [
@@ -226,9 +226,10 @@ def _load_config(name: str, path: str) -> Any:
 
 
 def _model_path(name: str) -> str:
-    """Where a model name loads from (what a name means: ``mhsa.engine.model_names``): the embedded
+    """Where a model name loads from (what a name means: ``mhsa.engine.models.names``): the embedded
     model, a shipped toy model (``toy:<task>``: ``data/toy/<task>``), a model trained in this
-    process (``trained:<id>``: its folder in ``mhsa.engine.trained``), or the name itself (a model
+    process (``trained:<id>``: its folder in ``mhsa.engine.models.trained``), or the name itself (a
+    model
     id
     or folder)."""
     if name == DEFAULT_MODEL:
@@ -261,7 +262,7 @@ def load_model(
     Args:
         name: ``"default"`` for the embedded all-MiniLM-L6-v2, ``"toy:<task>"`` for a shipped toy
             model (``data/toy/<task>``), ``"trained:<id>"`` for a model trained in this process
-            (``mhsa.engine.trained``), a transformers model id, or a folder.
+            (``mhsa.engine.models.trained``), a transformers model id, or a folder.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"mps"``.
         max_parameters: refuse, before loading any weights, a model with more parameters.
         device_map: passed to ``from_pretrained``: ``"auto"`` spreads the layers over the GPUs

@@ -1,6 +1,6 @@
 """The store: what a server keeps by id on disk, across restarts and across replicas that share
 one folder (``MHSA_STORE``): the models trained on the Train heads page (kind ``"trained"``,
-``mhsa.engine.trained``) and the head atlases (kind ``"atlas"``). Any kind of entry uses the
+``mhsa.engine.models.trained``) and the head atlases (kind ``"atlas"``). Any kind of entry uses the
 same few calls:
 
 - ``store_root()``: the folder ``MHSA_STORE`` names (None: unset, each process keeps its own).
@@ -57,7 +57,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from mhsa.engine.store_entry import FORMAT, Entry, flock, folder_files, read_entry, versions
+from mhsa.engine.models.store_entry import FORMAT, Entry, flock, folder_files, read_entry, versions
 from mhsa.errors import MHSAError
 
 __all__ = [

@@ -18,7 +18,7 @@ that norm, as ELECTRA's and ALBERT's), each earlier head ``L{l}H{h}``, each earl
 ``M{l}`` (nonlinear in its input: one part as the real forward computed it, its output bias
 included, as TransformerLens's ``get_full_resid_decomposition`` keeps ``mlp_out``), and ``bias``
 (the attention output biases ``b_O`` and every norm's ``beta``, pushed through the norms after
-them). The parts are recorded through our module (``mhsa.engine.swap``) with the model's own
+them). The parts are recorded through our module (``mhsa.engine.runs.swap``) with the model's own
 LayerNorms observed in the order the forward calls them, and checked to rebuild every layer's
 input.
 """
@@ -33,9 +33,9 @@ import torch
 from torch import nn
 
 from mhsa.engine.encoding import check_text, encode
-from mhsa.engine.frozen_norm import FrozenNorm, frozen_norm
-from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
-from mhsa.engine.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
+from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.runs.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
+from mhsa.engine.stream.frozen_norm import FrozenNorm, frozen_norm
 from mhsa.errors import UnsupportedModelError
 
 __all__ = ["INPUT_PART", "POSTNORM_BIAS", "PostNormPass", "postnorm_pass"]
@@ -256,7 +256,7 @@ def _assembled(
                 lm,
                 f"layer {j} does not put the sum of its input and its attention output through "
                 "a LayerNorm (a pre-norm encoder such as ModernBERT normalises before its "
-                "attention: its stream is split by mhsa.engine.residual's pre-norm pass, as "
+                "attention: its stream is split by mhsa.engine.stream.residual's pre-norm pass, as "
                 "qk_attribution does)",
             )
         resid.append(x)

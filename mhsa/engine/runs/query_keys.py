@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from mhsa.engine.forward import run_until
-from mhsa.engine.models import LoadedModel
+from mhsa.engine.models.loading import LoadedModel
 from mhsa.engine.result import AttentionResult
-from mhsa.engine.swap import OurBlock, OurPass, our_blocks
+from mhsa.engine.runs.forward import run_until
+from mhsa.engine.runs.swap import OurBlock, OurPass, our_blocks
 from mhsa.errors import UnsupportedModelError
 
 __all__ = ["KEY_POINTS", "QUERY_POINTS", "query_key_fields", "with_query_keys"]

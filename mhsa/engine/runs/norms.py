@@ -6,7 +6,7 @@ projection (the output bias ``b_O`` is shared by all heads and left out, as in t
 large weight on a vector of small norm moves the output little: ``alpha_ij * ||f_h(x_j)||``
 says how much key j actually contributes to query i in head h.
 
-Both engines take ``W_O`` from our module of each block (``mhsa.engine.swap.our_blocks``: the
+Both engines take ``W_O`` from our module of each block (``mhsa.engine.runs.swap.our_blocks``: the
 model's
 weights). The ``mhsa`` engine observes the per-head V our module computes anyway ("per-head V");
 the ``transformers`` engine reads the V the model's own block computes, with a forward hook on
@@ -26,10 +26,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mhsa.engine.attention import MultiHeadSelfAttention, Observer
-from mhsa.engine.models import LoadedModel
+from mhsa.engine.attention.module import MultiHeadSelfAttention, Observer
+from mhsa.engine.models.loading import LoadedModel
 from mhsa.engine.result import AttentionResult
-from mhsa.engine.swap import OurBlock, our_blocks
+from mhsa.engine.runs.swap import OurBlock, our_blocks
 from mhsa.errors import UnsupportedModelError
 
 __all__ = [

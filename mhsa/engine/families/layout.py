@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from mhsa.engine.models import LoadedModel
+from mhsa.engine.models.loading import LoadedModel
 from mhsa.errors import UnsupportedModelError
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The residual stream of a pre-norm decoder, part by part (``ResidualPass``, ``residual_pass``):
 the embeddings, each head's output (its context through its slice of ``W_O``), each attention
-block's output bias, each MLP's output, recorded through our module (``mhsa.engine.swap``) and
+block's output bias, each MLP's output, recorded through our module (``mhsa.engine.runs.swap``) and
 checked
 to sum to each layer's output. Direct logit attribution and the logit lens
 (``mhsa.causal.attribution``) and the residual flow (``mhsa.causal.flow``) read it;
@@ -12,7 +12,7 @@ MLP the same input and add both outputs to it: the MLP reads the layer's input r
 residual after attention (``ResidualPass.parallel``). A pre-norm encoder (ModernBERT: the same
 sum, every key read) runs with ``residual_pass(..., with_head=False)``, which records the
 stream alone (no logits). Post-norm models are refused (``UnsupportedModelError``); a post-norm
-encoder's stream is split through its frozen norms by ``mhsa.engine.postnorm_stream``.
+encoder's stream is split through its frozen norms by ``mhsa.engine.stream.postnorm``.
 """
 
 from __future__ import annotations
@@ -25,9 +25,7 @@ import torch
 from torch import nn
 
 from mhsa.engine.encoding import Encoded, check_text, encode
-from mhsa.engine.frozen_norm import FrozenNorm, follow_norms_after, frozen_norm
-from mhsa.engine.generation import Generation, forward_inputs, generation_encoded
-from mhsa.engine.layer_parts import (
+from mhsa.engine.families.layout import (
     attention_norm_of,
     check_layer_norms,
     check_sums,
@@ -35,8 +33,10 @@ from mhsa.engine.layer_parts import (
     mlp_of,
     post_norm_error,
 )
-from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
-from mhsa.engine.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
+from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.runs.generation import Generation, forward_inputs, generation_encoded
+from mhsa.engine.runs.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
+from mhsa.engine.stream.frozen_norm import FrozenNorm, follow_norms_after, frozen_norm
 from mhsa.errors import UnsupportedModelError
 
 __all__ = ["ResidualPass", "residual_pass"]

@@ -1,4 +1,4 @@
-"""One entry of the store on disk (``mhsa.engine.store``): its manifest, the check that reads
+"""One entry of the store on disk (``mhsa.engine.models.store``): its manifest, the check that reads
 it back, and the ``flock`` locks the store's writers and readers take."""
 
 from __future__ import annotations

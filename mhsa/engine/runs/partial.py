@@ -3,7 +3,7 @@
 Every block not selected runs the fused kernel and keeps nothing: the model's own sdpa under
 the ``transformers`` engine (its attention implementation switched for the one pass), our
 module's sdpa backend under the ``mhsa`` engines. A selected layer's block is our module
-(``mhsa.engine.swap.OurBlock``, the block's weights) computing its weights explicitly, as
+(``mhsa.engine.runs.swap.OurBlock``, the block's weights) computing its weights explicitly, as
 Neuronpedia recomputes the patterns it shows outside the fused kernel; they equal the model's
 eager weights (``tests/test_partial.py``, per family). A model our module cannot load runs the
 ``transformers`` engine through its own eager blocks, each selected block's weights read by a
@@ -11,7 +11,8 @@ hook as it returns them (the pass then costs what the eager forward costs, but h
 of weights at a time all the same).
 
 Each selected layer's weights go, as soon as they are computed, into a preallocated array of
-the selected heads in the storage dtype (``mhsa.engine.selection``); the pass stops after the last
+the selected heads in the storage dtype (``mhsa.engine.runs.selection``); the pass stops after the
+last
 selected layer (the layers above it change no weight). Peak memory: the model's activations
 plus one layer's float32 weights plus what is kept.
 """
@@ -26,11 +27,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from mhsa.engine.forward import StopPass, attention_modules
-from mhsa.engine.models import LoadedModel
-from mhsa.engine.norms import norm_observers
-from mhsa.engine.selection import Selection
-from mhsa.engine.swap import OurBlock, OurPass, our_blocks, our_blocks_of, through_our_module
+from mhsa.engine.models.loading import LoadedModel
+from mhsa.engine.runs.forward import StopPass, attention_modules
+from mhsa.engine.runs.norms import norm_observers
+from mhsa.engine.runs.selection import Selection
+from mhsa.engine.runs.swap import OurBlock, OurPass, our_blocks, our_blocks_of, through_our_module
 from mhsa.errors import UnsupportedModelError
 
 __all__ = ["LayerSink", "PartialPass", "selected_forward"]

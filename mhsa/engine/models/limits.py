@@ -23,9 +23,9 @@
 - MHSA_MAX_TRAIN_PARAMETERS (5000000): parameters of a model trained here.
 - MHSA_TRAINED_MODELS (4): models trained on the Train heads page (``trained:<id>`` in the model
   box) each process holds: with a store (MHSA_STORE) it keeps them pinned, without one they are
-  all it keeps (least recently used dropped, its folder removed); ``mhsa.engine.trained``.
+  all it keeps (least recently used dropped, its folder removed); ``mhsa.engine.models.trained``.
 - MHSA_STORE (unset) and MHSA_STORE_MB (2048): the folder that keeps trained models and atlases
-  across restarts and replicas, and its bound (``mhsa.engine.store``).
+  across restarts and replicas, and its bound (``mhsa.engine.models.store``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
-from mhsa.engine.model_names import check_allowed
+from mhsa.engine.models.names import check_allowed
 
 __all__ = ["Limits"]
 
@@ -74,6 +74,7 @@ class Limits:
         return cls(allowed_models=allowed, **ints)
 
     def check_model(self, name: str) -> None:
-        """Refuse a model the operator has not allowed: ``mhsa.engine.models.check_allowed(name,
-        self)`` (``mhsa.engine.model_names``, where what a model name means is decided)."""
+        """Refuse a model the operator has not allowed:
+        ``mhsa.engine.models.loading.check_allowed(name,
+        self)`` (``mhsa.engine.models.names``, where what a model name means is decided)."""
         check_allowed(name, self)

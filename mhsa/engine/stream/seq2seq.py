@@ -15,7 +15,7 @@ write into the decoder's stream like any head) and by each layer's MLP ``M{l}``.
   checked to be nothing between two blocks of one layer.
 - post-norm (BART, Marian): ``x <- LN(x + written)`` after every attention block and every MLP,
   each LayerNorm's scale ``1 / sigma`` frozen per position, so that every part is pushed
-  through the norms after the point where it was written (``mhsa.engine.postnorm_stream``'s
+  through the norms after the point where it was written (``mhsa.engine.stream.postnorm``'s
   chain, here with a decoder's three norms a layer).
 
 Every constant (output biases, norm biases, the embedding norm's bias) is the part ``bias``.
@@ -34,10 +34,10 @@ import torch
 from torch import nn
 
 from mhsa.engine.encoding import check_text, encode
-from mhsa.engine.frozen_norm import FrozenNorm, frozen_norm
-from mhsa.engine.generation import forward_inputs
-from mhsa.engine.models import LoadedModel
-from mhsa.engine.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
+from mhsa.engine.models.loading import LoadedModel
+from mhsa.engine.runs.generation import forward_inputs
+from mhsa.engine.runs.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
+from mhsa.engine.stream.frozen_norm import FrozenNorm, frozen_norm
 from mhsa.errors import UnsupportedModelError
 from mhsa.heads import layer_name
 

@@ -1,10 +1,12 @@
 """What a model name means, in one place: ``"default"`` (the embedded all-MiniLM-L6-v2),
 ``"toy:<task>"`` (a shipped toy model, ``data/toy/<task>``), ``"trained:<id>"`` (a model trained
-in this process, held by ``mhsa.engine.trained``), or anything else: a transformers model id or a
+in this process, held by ``mhsa.engine.models.trained``), or anything else: a transformers model id
+or a
 folder; and whether the operator's limits allow it (``check_allowed``).
 
 A leaf module (it imports nothing of ``mhsa`` but its errors): the limits, the store of trained
-models, the model loader (``mhsa.engine.models``, which maps a name to its folder) and the training
+models, the model loader (``mhsa.engine.models.loading``, which maps a name to its folder) and the
+training
 package all read it, so none of them needs another (the import circle of issue 37).
 """
 
@@ -33,7 +35,7 @@ __all__ = [
 
 
 class AllowedModels(Protocol):
-    """What ``check_allowed`` reads of the operator's limits (``mhsa.engine.limits.Limits``):
+    """What ``check_allowed`` reads of the operator's limits (``mhsa.engine.models.limits.Limits``):
     the models allowed besides the always-allowed ones (None: any model)."""
 
     allowed_models: tuple[str, ...] | None
@@ -50,7 +52,7 @@ TRAINED_PREFIX = "trained:"
 def _data_dir() -> Path:
     """The shipped data: ``mhsa/_data`` inside an installed wheel (pyproject.toml puts the
     repository's ``data/`` there), else ``data/`` of the repository this module sits in."""
-    here = Path(__file__).resolve().parents[1]
+    here = Path(__file__).resolve().parents[2]
     packaged = here / "_data"
     return packaged if packaged.is_dir() else here.parent / "data"
 
@@ -96,7 +98,8 @@ def is_trained_name(name: str) -> bool:
 def check_allowed(name: str, limits: AllowedModels) -> None:
     """Refuse a model the operator has not allowed (``limits.allowed_models``; the embedded
     default, the shipped toy models, ``toy:<task>``, and the models this process trained,
-    ``trained:<id>``, always are: a trained name opens only what ``mhsa.engine.trained`` holds).
+    ``trained:<id>``, always are: a trained name opens only what ``mhsa.engine.models.trained``
+    holds).
 
     Raises:
         ModelLoadError: the model is not allowed; the message lists those that are, in the same

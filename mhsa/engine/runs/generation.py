@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from mhsa.engine.encoding import Encoded, check_text, encode
-from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.engine.tokens import Tokens, is_punctuation
 from mhsa.errors import InputError
 

@@ -110,7 +110,7 @@ def follow_norms_after(
     """Where a layer puts a norm after its attention output or its MLP output (Gemma 2/3,
     OLMo 2), what the residual receives is that norm's output: ``record``'s "output" and
     "mlp" become it, and the norm after the attention, with its input, is kept ("norm after
-    attention", "raw output"). ``blocks``: ``mhsa.engine.swap.OurBlock``s (their ``layer``)."""
+    attention", "raw output"). ``blocks``: ``mhsa.engine.runs.swap.OurBlock``s (their ``layer``)."""
     for block in blocks:
         seen = after.get(block.layer, [])
         attention = norm_after(seen, record[("output", block.layer)])

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from mhsa.engine.extract import attend_layers, model_selection
-from mhsa.engine.models import DEFAULT_MODEL, LoadedModel, resolve_model
+from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.engine.result import AttentionResult
 from mhsa.errors import InputError
 
