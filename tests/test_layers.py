@@ -320,3 +320,41 @@ def test_pages_stay_small(folder: str) -> None:
     sizes = {p.name: len(p.read_text().splitlines()) for p in _files(folder)}
     assert len(sizes) >= 10
     assert {name: n for name, n in sizes.items() if n > 250} == {}
+
+
+#: torch's calls that put a hook on a module or a tensor
+_HOOK_CALLS = {
+    "register_forward_hook",
+    "register_forward_pre_hook",
+    "register_full_backward_hook",
+    "register_full_backward_pre_hook",
+    "register_backward_hook",
+    "register_hook",
+    "register_module_forward_hook",
+    "register_module_forward_pre_hook",
+}
+
+
+def _hook_calls(path: Path) -> list[int]:
+    """The lines of ``path`` that call one of torch's hook registrations."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in _HOOK_CALLS
+    ]
+
+
+def test_only_the_stream_and_the_families_register_hooks() -> None:
+    """Every hook on a model goes through ``mhsa.engine.stream`` (its ``hooks`` module and the
+    recorder) or a family's own file: no other module of ``mhsa`` registers one."""
+    allowed = (ROOT / "mhsa" / "engine" / "stream", ROOT / "mhsa" / "engine" / "families")
+    hooks = ROOT / "mhsa" / "engine" / "stream" / "hooks.py"
+    assert _hook_calls(hooks), "the checker finds the registrations it must allow"
+    offenders = {
+        str(p.relative_to(ROOT)): lines
+        for p in _files("mhsa")
+        if not any(folder in p.parents for folder in allowed) and (lines := _hook_calls(p))
+    }
+    assert offenders == {}

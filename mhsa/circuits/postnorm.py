@@ -53,6 +53,7 @@ from mhsa.circuits.graph import CircuitGraph, graph_of
 from mhsa.engine.attention.core import attention_core, combine_masks
 from mhsa.engine.models.loading import LoadedModel
 from mhsa.engine.runs.swap import OurBlock
+from mhsa.engine.stream.hooks import StopPass, before, hooked
 
 __all__ = [
     "PostNormModel",
@@ -229,10 +230,6 @@ def postnorm_edge_scores(
 # --- a run --------------------------------------------------------------------------------------
 
 
-class _Stop(Exception):
-    """Raised by the hook that takes the embeddings' output: the rest of the model is ours."""
-
-
 def embedded(
     model: PostNormModel, inputs: Mapping[str, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -244,16 +241,11 @@ def embedded(
         hidden = args[0] if args else kwargs["hidden_states"]
         mask = args[1] if len(args) > 1 else kwargs.get("attention_mask")
         got.extend((hidden, mask if isinstance(mask, torch.Tensor) else None))
-        raise _Stop
+        raise StopPass  # the rest of the model is ours
 
-    handle = model.layers[0].register_forward_pre_hook(hook, with_kwargs=True)
     device = model.lm.device
-    try:
+    with hooked([before(model.layers[0], hook, kwargs=True)], stop=True):
         model.lm.model(**{k: v.to(device) for k, v in inputs.items()})
-    except _Stop:
-        pass
-    finally:
-        handle.remove()
     return got[0], got[1]
 
 

@@ -55,6 +55,7 @@ from mhsa.circuits.postnorm import (
 from mhsa.engine.families.layout import final_norm_of
 from mhsa.engine.models.loading import LoadedModel, last_logits_only
 from mhsa.engine.runs.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
+from mhsa.engine.stream.hooks import Hook, after, before, hooked
 from mhsa.errors import InputError, UnsupportedModelError
 
 __all__ = [
@@ -396,20 +397,17 @@ def run_circuit(
     Caller holds the lock (and picks the grad mode)."""
     if isinstance(model, PostNormModel):
         return run_postnorm(model, run, inputs)
-    handles = []
-    try:
-        for i, layer in enumerate(model.layers):
-            handles.append(
-                layer.register_forward_pre_hook(_layer_pre_hook(run, i), with_kwargs=True)
-            )
-            if model.parallel:
-                mlp_input = _parallel_mlp_pre_hook(run, i, model.ln2[i])
-                handles.append(layer.mlp.register_forward_pre_hook(mlp_input))
-            else:
-                handles.append(model.ln2[i].register_forward_pre_hook(_ln2_pre_hook(run)))
-            handles.append(layer.mlp.register_forward_hook(_mlp_hook(run, model.parallel)))
-        handles.append(model.final_norm.register_forward_pre_hook(_ln2_pre_hook(run)))
-        observers = {b.layer: _observer(model, run, i) for i, b in enumerate(model.blocks)}
+    hooks: list[Hook] = []
+    for i, layer in enumerate(model.layers):
+        hooks.append(before(layer, _layer_pre_hook(run, i), kwargs=True))
+        if model.parallel:
+            hooks.append(before(layer.mlp, _parallel_mlp_pre_hook(run, i, model.ln2[i])))
+        else:
+            hooks.append(before(model.ln2[i], _ln2_pre_hook(run)))
+        hooks.append(after(layer.mlp, _mlp_hook(run, model.parallel)))
+    hooks.append(before(model.final_norm, _ln2_pre_hook(run)))
+    observers = {b.layer: _observer(model, run, i) for i, b in enumerate(model.blocks)}
+    with hooked(hooks):
         if model.running is None:  # the metric reads the last position's logits only
             our_pass = OurPass(need_weights=False, observers=observers)
             out = run_with_our_blocks(
@@ -424,9 +422,6 @@ def run_circuit(
                 out = model.lm.head_model(**{k: v.to(device) for k, v in inputs.items()}, **last)
             finally:
                 model.running.observers = kept
-    finally:
-        for handle in handles:
-            handle.remove()
     return out.logits
 
 

@@ -37,6 +37,7 @@ from mhsa.engine.runs.forward import (
 )
 from mhsa.engine.runs.generation import Generation
 from mhsa.engine.runs.swap import our_blocks
+from mhsa.engine.stream.hooks import after, hooked
 from mhsa.errors import InputError, UnsupportedModelError
 
 __all__ = [
@@ -299,14 +300,8 @@ def _attentions_until_the_last(
         if len(weights) == len(modules):
             raise StopPass
 
-    handles = [m.register_forward_hook(keep) for m in modules]
-    try:
+    with hooked([after(m, keep) for m in modules], stop=True):
         lm.model(**inputs, output_attentions=True, return_dict=True)
-    except StopPass:
-        pass
-    finally:
-        for h in handles:
-            h.remove()
     return tuple(weights) if len(weights) == len(modules) else None
 
 

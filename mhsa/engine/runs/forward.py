@@ -26,6 +26,7 @@ from mhsa.engine.runs.norms import (
     stacked_norms,
 )
 from mhsa.engine.runs.swap import OurBlock, OurPass, run_with_our_blocks
+from mhsa.engine.stream.hooks import StopPass, hooked, stop_after
 from mhsa.errors import ModelLoadError, UnsupportedModelError
 
 __all__ = [
@@ -156,15 +157,6 @@ def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     ]
 
 
-class StopPass(Exception):
-    """Raised by a forward hook to end a pass once the last attention weights are in (the rest
-    of the model changes none): our blocks here, the model's eager blocks in ``mhsa.corpus``."""
-
-
-def _stop_pass(_module: Any, _args: Any, _output: Any) -> None:
-    raise StopPass
-
-
 def our_attention(
     lm: LoadedModel,
     blocks: list[OurBlock],
@@ -215,13 +207,8 @@ def run_until(
 ) -> None:
     """``run_with_our_blocks`` stopped right after ``last`` has run: the layers above it (and
     any head on top) change nothing ``our_pass`` observes. The caller holds ``lm.lock``."""
-    handle = last.register_forward_hook(_stop_pass)
-    try:
+    with hooked([stop_after(last)], stop=True):
         run_with_our_blocks(lm, blocks, our_pass, inputs)
-    except StopPass:
-        pass
-    finally:
-        handle.remove()
 
 
 def our_forward(

@@ -30,6 +30,7 @@ from mhsa.engine.attention.module import MultiHeadSelfAttention, Observer
 from mhsa.engine.models.loading import LoadedModel
 from mhsa.engine.result import AttentionResult
 from mhsa.engine.runs.swap import OurBlock, our_blocks
+from mhsa.engine.stream.hooks import Hook, after, before, hooked
 from mhsa.errors import UnsupportedModelError
 
 __all__ = [
@@ -136,18 +137,13 @@ def recording_value_norms(
     turns: dict[int, list[OurBlock]] = {}  # a block the model calls in several layers (ALBERT)
     for block in blocks:
         turns.setdefault(id(block.original), []).append(block)
-    handles = [_value_hook(group, out) for group in turns.values()]
-    try:
+    with hooked([_value_hook(group, out) for group in turns.values()]):
         yield out
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
-def _value_hook(turns: list[OurBlock], out: dict[int, torch.Tensor]) -> Any:
+def _value_hook(turns: list[OurBlock], out: dict[int, torch.Tensor]) -> Hook:
     """The hook that records the value norms of the layers of one of the model's blocks into
-    ``out`` (``turns``: the layers that call it, in order; one for most models); returns its
-    handle."""
+    ``out`` (``turns``: the layers that call it, in order; one for most models)."""
     block = turns[0]
     ours = block.ours
     calls = [0]
@@ -162,13 +158,13 @@ def _value_hook(turns: list[OurBlock], out: dict[int, torch.Tensor]) -> Any:
         def hook(_module: torch.nn.Module, _args: Any, output: torch.Tensor) -> None:
             out[layer()] = value_norms(ours, _per_head(ours, value_of(output)))
 
-        return module.register_forward_hook(hook)
+        return after(module, hook)
 
     def pre_hook(_module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         hidden = args[0] if args else kwargs["hidden_states"]
         out[layer()] = value_norms(ours, values_of(ours, hidden))
 
-    return block.original.register_forward_pre_hook(pre_hook, with_kwargs=True)
+    return before(block.original, pre_hook, kwargs=True)
 
 
 def stacked_norms(norms: dict[int, torch.Tensor], layers: int) -> torch.Tensor:

@@ -20,7 +20,7 @@ plus one layer's float32 weights plus what is kept.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,10 +28,11 @@ import numpy as np
 import torch
 
 from mhsa.engine.models.loading import LoadedModel
-from mhsa.engine.runs.forward import StopPass, attention_modules
+from mhsa.engine.runs.forward import attention_modules
 from mhsa.engine.runs.norms import norm_observers
 from mhsa.engine.runs.selection import Selection
 from mhsa.engine.runs.swap import OurBlock, OurPass, our_blocks, our_blocks_of, through_our_module
+from mhsa.engine.stream.hooks import StopPass, after, hooked, stop_after
 from mhsa.errors import UnsupportedModelError
 
 __all__ = ["LayerSink", "PartialPass", "selected_forward"]
@@ -169,13 +170,6 @@ def _no_cache(lm: LoadedModel) -> dict[str, bool]:
     return {"use_cache": False} if getattr(lm.config, "use_cache", None) is not None else {}
 
 
-def _stop_after(module: torch.nn.Module) -> Any:
-    def hook(_module: Any, _args: Any, _output: Any) -> None:
-        raise StopPass
-
-    return module.register_forward_hook(hook)
-
-
 def _our_blocks_for(
     lm: LoadedModel, engine_our_module: bool, seed: int | None, layers: frozenset[int]
 ) -> list[OurBlock]:
@@ -251,17 +245,13 @@ def selected_forward(
         },
     )
     last = max(selected, key=lambda b: b.layer)
-    handle = _stop_after(last)
-    try:
-        # the layers above the last selected one change no weight: the pass stops there
-        with (
-            _nothing() if our_module else _fused_model_attention(lm) as fused,
-            suppress(StopPass),
-            through_our_module(lm, blocks, our_pass),
-        ):
-            lm.model(**inputs, **_no_cache(lm), return_dict=True)
-    finally:
-        handle.remove()
+    # the layers above the last selected one change no weight: the pass stops there
+    with (
+        _nothing() if our_module else _fused_model_attention(lm) as fused,
+        hooked([stop_after(last)], stop=True),
+        through_our_module(lm, blocks, our_pass),
+    ):
+        lm.model(**inputs, **_no_cache(lm), return_dict=True)
     return PartialPass(
         collect.array,
         selected[0].causal,
@@ -314,12 +304,6 @@ def _eager_hooked(
 
         return keep
 
-    handles = [modules[layer].register_forward_hook(keeper(layer)) for layer in selection.layers]
-    try:
+    with hooked([after(modules[layer], keeper(layer)) for layer in selection.layers], stop=True):
         lm.model(**inputs, **_no_cache(lm), return_dict=True)
-    except StopPass:
-        pass
-    finally:
-        for h in handles:
-            h.remove()
     return PartialPass(collect.array, causal[0], None, fused=False)

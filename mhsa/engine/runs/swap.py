@@ -31,6 +31,7 @@ from mhsa.engine.runs.block_search import (
     layer_counts,
     unsupported,
 )
+from mhsa.engine.stream.hooks import Hook, after, before, hooked
 from mhsa.errors import UnsupportedModelError
 
 __all__ = [
@@ -476,7 +477,7 @@ def through_our_module(
     """
     swapped: list[OurBlock] = []
     replaced: list[tuple[nn.Module, str, nn.Module]] = []
-    handles: list[Any] = []
+    hooks: list[Hook] = []
     calls: dict[int, list[OurBlock]] = {}  # the model's block -> ours, in the order it is called
     for block in blocks:
         calls.setdefault(id(block.original), []).append(block)
@@ -494,18 +495,17 @@ def through_our_module(
             swapped.append(block)
             layer = parent  # the whole layer around the attention block
             if our_pass.record is not None:
-                handles.append(layer.register_forward_hook(_recorder(our_pass.record, block.layer)))
+                hooks.append(after(layer, _recorder(our_pass.record, block.layer)))
             if our_pass.fan_out is not None and our_pass.fan_out[0] == block.layer:
                 hook = _repeat_hidden(our_pass.fan_out[1])
-                handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
+                hooks.append(before(layer, hook, kwargs=True))
             if block.layer in our_pass.replay:
                 outer, name = block.layer_place
                 replaced.append((outer, name, layer))
                 setattr(outer, name, _Replay(our_pass.replay[block.layer], layer))
-        yield our_pass
+        with hooked(hooks):
+            yield our_pass
     finally:
-        for handle in handles:
-            handle.remove()
         for outer, name, layer in replaced:
             setattr(outer, name, layer)
         for block in swapped:
