@@ -57,7 +57,7 @@ _PLOT_PX = PAGE_PX - 160
 def node_label_positions(nodes: Sequence[str], heads: int) -> list[str]:
     """Each node's ``textposition``: above it, or, where a row of head names in the largest
     font a figure gets (``PRESENTATION_FONT``) would be wider than the room between two heads,
-    every other head's name below it (L5H10 and L5H11 were drawn over each other)."""
+    every other head's name below it (else neighbours such as L5H10 and L5H11 overlap)."""
     room = _PLOT_PX / (heads + 1.2)  # the x axis spans heads + 1.2 units
     widest = max((len(n) for n in nodes if n[:1] == "L"), default=0)
     left, _, right, _ = text_box(0.0, 0.0, "x" * widest, PRESENTATION_FONT)
