@@ -43,10 +43,10 @@ PARAMS = {
     "corrupted": Param(DEFAULT_CORRUPTED, text_param),
     "answer": Param("", word_param),
     "wrong": Param("", word_param),
-    "patch_target": Param("embedding", choice(*mhsa.PATCH_TARGETS)),
+    "patch_target": Param("embedding", choice(*mhsa.causal.PATCH_TARGETS)),
     "pair": Param("A cat was sitting on the rug.", text_param),
     "patch_mode": Param("both", choice(*PATCH_MODES)),
-    "patch_what": Param("z", choice(*mhsa.PATCH_POINTS)),
+    "patch_what": Param("z", choice(*mhsa.causal.PATCH_POINTS)),
     "patch_layer": Param(0, index_param),
 }
 #: the examples' settings: the embedded encoder (a word swapped), and the toy induction model
@@ -124,9 +124,9 @@ with page.run("Patching", PARAMS) as sidebar:
     left.radio("Mode", list(PATCH_MODES), key="patch_mode", format_func=PATCH_MODES.get)
     right.radio(
         "Activation patched",
-        list(mhsa.PATCH_POINTS),
+        list(mhsa.causal.PATCH_POINTS),
         key="patch_what",
-        format_func=lambda n: f"{n}: {mhsa.PATCH_POINTS[n].label}",
+        format_func=lambda n: f"{n}: {mhsa.causal.PATCH_POINTS[n].label}",
     )
     with st.expander("What these numbers mean, and the references"):
         st.markdown(EXPLANATION)
@@ -171,10 +171,11 @@ with page.run("Patching", PARAMS) as sidebar:
         help="It opens on the layer of the head with the largest effect.",
     )
     attrs = view.shown.attrs
+    point = mhsa.causal.PATCH_POINTS[attrs["what"]]
     st.caption(
         md_escape(
             f"Metric: {attrs['metric']} · clean run {attrs['clean']:.4g} · corrupted run "
-            f"{attrs['corrupted']:.4g} · activation: {mhsa.PATCH_POINTS[attrs['what']].label}"
+            f"{attrs['corrupted']:.4g} · activation: {point.label}"
         )
     )
     if attrs["kv_heads"]:

@@ -29,10 +29,10 @@ PARAMS = {
     "corrupted": Param("The dog sat on the mat.", text_param),
     "answer": Param("", word_param),
     "wrong": Param("", word_param),
-    "circuit_method": Param("eap-ig", choice(*mhsa.EDGE_METHODS)),
+    "circuit_method": Param("eap-ig", choice(*mhsa.circuits.EDGE_METHODS)),
     "circuit_steps": Param(5, bounded_int(1, 50)),
     "circuit_n": Param(20, bounded_int(1, MAX_N)),
-    "circuit_target": Param("embedding", choice(*mhsa.PATCH_TARGETS)),
+    "circuit_target": Param("embedding", choice(*mhsa.causal.PATCH_TARGETS)),
     "pair": Param("A cat was sitting on the rug.", text_param),
 }
 EXPLANATION = """\
@@ -128,7 +128,7 @@ with page.run("Circuits", PARAMS) as sidebar:
     if not causal:
         page.encoder_target_inputs("circuit_target")
     left, right = st.columns(2)
-    page.described_choice("Edge scores", mhsa.EDGE_METHODS, "circuit_method", where=left)
+    page.described_choice("Edge scores", mhsa.circuits.EDGE_METHODS, "circuit_method", where=left)
     if state["circuit_method"] == "eap-ig":
         right.number_input("Integrated-gradient steps", 1, 50, key="circuit_steps")
     page.matched_tokens(

@@ -106,7 +106,7 @@ def test_identical_heads_have_js_zero_cosine_one_and_share_a_cluster() -> None:
     assert np.allclose(js.to_numpy(), js.to_numpy().T)
     assert cos.loc["L0H0", "L0H1"] == pytest.approx(1.0)
     assert cos.loc["L0H0", "L0H2"] < 1.0
-    clusters = mhsa.head_clusters(js, 2)
+    clusters = mhsa.analysis.head_clusters(js, 2)
     assert clusters.labels["L0H0"] == clusters.labels["L0H1"] != clusters.labels["L0H2"]
     assert sorted(clusters.order) == ["L0H0", "L0H1", "L0H2"]
     assert abs(clusters.order.index("L0H0") - clusters.order.index("L0H1")) == 1
@@ -158,15 +158,15 @@ def test_head_map_separates_three_groups_and_is_deterministic() -> None:
             heads.append(noisy / noisy.sum(-1, keepdims=True))
     r = _result(np.stack(heads).reshape(3, 4, n, n))
     sim = mhsa.head_similarity(r)
-    xy = mhsa.head_map(sim, seed=0)
+    xy = mhsa.analysis.head_map(sim, seed=0)
     assert list(xy.columns[:2]) == ["x", "y"] and len(xy) == 12
     pts = xy[["x", "y"]].to_numpy().reshape(3, 4, 2)
     centres = pts.mean(1)
     spread = max(np.linalg.norm(pts[g] - centres[g], axis=1).max() for g in range(3))
     gaps = min(np.linalg.norm(centres[i] - centres[j]) for i in range(3) for j in range(i + 1, 3))
     assert gaps > 5 * spread
-    np.testing.assert_allclose(mhsa.head_map(sim, seed=0)[["x", "y"]], xy[["x", "y"]])
-    labels = mhsa.head_clusters(sim, 3).labels.to_numpy().reshape(3, 4)
+    np.testing.assert_allclose(mhsa.analysis.head_map(sim, seed=0)[["x", "y"]], xy[["x", "y"]])
+    labels = mhsa.analysis.head_clusters(sim, 3).labels.to_numpy().reshape(3, 4)
     assert all(len(set(row)) == 1 for row in labels) and len(set(labels[:, 0])) == 3
 
 
@@ -175,7 +175,7 @@ def test_rollout_multiplies_later_layers_on_the_left() -> None:
     one head with rows summing to one)."""
     first = np.array([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])  # rows 0, 1 -> token 0
     second = np.array([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0], [0.0, 1.0, 0.0]])  # all -> token 1
-    roll = mhsa.attention_rollout(_result(np.stack([first, second])[:, None]))
+    roll = mhsa.analysis.attention_rollout(_result(np.stack([first, second])[:, None]))
     a0, a1 = (first + np.eye(3)) / 2, (second + np.eye(3)) / 2
     np.testing.assert_allclose(roll[0], a0, atol=1e-6)
     np.testing.assert_allclose(roll[1], a1 @ a0, atol=1e-6)
@@ -187,10 +187,10 @@ def test_rollout_of_identity_is_identity_and_rows_sum_to_one() -> None:
     n = 5
     eye = np.broadcast_to(np.eye(n), (3, 2, n, n)).copy()
     np.testing.assert_allclose(
-        mhsa.attention_rollout(_result(eye)), np.broadcast_to(np.eye(n), (3, n, n))
+        mhsa.analysis.attention_rollout(_result(eye)), np.broadcast_to(np.eye(n), (3, n, n))
     )
     uniform = np.full((2, 2, n, n), 1 / n)
-    roll = mhsa.attention_rollout(_result(uniform))
+    roll = mhsa.analysis.attention_rollout(_result(uniform))
     np.testing.assert_allclose(roll.sum(-1), 1.0, atol=1e-6)
     # one layer: (U + I) / 2
     np.testing.assert_allclose(roll[0], (np.full((n, n), 1 / n) + np.eye(n)) / 2, atol=1e-6)
@@ -230,7 +230,7 @@ def test_real_model_statistics_are_finite_in_range_and_reproducible(minilm) -> N
     assert sim.shape == (72, 72) and np.allclose(np.diag(sim), 0, atol=1e-6)
     words = mhsa.head_stats(results, word_level=True)
     assert len(words) == 72 and np.isfinite(words["entropy"]).all()
-    roll = mhsa.attention_rollout(results[0])
+    roll = mhsa.analysis.attention_rollout(results[0])
     assert roll.shape == (6, 9, 9)
     np.testing.assert_allclose(roll.sum(-1), 1.0, atol=1e-5)
 

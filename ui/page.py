@@ -240,9 +240,9 @@ def answer_inputs() -> None:
 
 
 def encoder_target_inputs(key: str) -> str:
-    """An encoder's metric picker (``mhsa.PATCH_TARGETS``, session key ``key``) and, for
+    """An encoder's metric picker (``mhsa.causal.PATCH_TARGETS``, session key ``key``) and, for
     "similarity", the second sentence's box (``pair``); returns the target chosen."""
-    described_choice("Metric", mhsa.PATCH_TARGETS, key)
+    described_choice("Metric", mhsa.causal.PATCH_TARGETS, key)
     if st.session_state[key] == "similarity":
         st.text_input("Second sentence (compared with each run)", key="pair")
     return st.session_state[key]
@@ -399,7 +399,7 @@ def _find(result: mhsa.AttentionResult) -> None:
     choice), selected on the pages that select a token, boxed in every figure of tokens."""
     state = st.session_state
     found = None
-    matches = mhsa.find_tokens(result.tokens, state["find"])
+    matches = mhsa.engine.find_tokens(result.tokens, state["find"])
     with st.sidebar:
         if state["find"].strip() and not matches:
             st.caption("No token matches the search.")

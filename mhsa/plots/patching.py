@@ -96,7 +96,7 @@ def agreement_title(agreement: PatchingAgreement) -> str:
 
 
 def patching_positions_figure(frame: pd.DataFrame) -> go.Figure:
-    """``mhsa.patch_positions``'s table as heads x positions, the clean tokens on the x axis
+    """``mhsa.causal.patch_positions``'s table as heads x positions, the clean tokens on the x axis
     (``clean → corrupted`` where the two texts differ)."""
     grid = frame.pivot(index="head", columns="position", values="effect")
     tokens = frame.drop_duplicates("position").sort_values("position")

@@ -50,8 +50,10 @@ def test_default_model_shows_exact_and_attribution_beside_each_other(minilm) -> 
     shown = maps(at)
     assert set(shown) == {"exact", "attribution"}
     assert not [b for b in at.button if b.label == "Cancel"]  # done: its Cancel button cleared
-    exact = mhsa.patch_heads("The cat sat on the mat.", "The dog sat on the mat.", model=minilm)
-    attribution = mhsa.attribution_patching(
+    exact = mhsa.causal.patch_heads(
+        "The cat sat on the mat.", "The dog sat on the mat.", model=minilm
+    )
+    attribution = mhsa.causal.attribution_patching(
         "The cat sat on the mat.", "The dog sat on the mat.", model=minilm
     )
     np.testing.assert_allclose(shown["exact"], exact["effect"].to_numpy().reshape(6, 12), atol=1e-5)
@@ -104,7 +106,9 @@ def test_toy_example_patches_a_broken_repeat_and_the_link_carries_it() -> None:
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
     assert at.session_state["model"] == "toy:induction"
     clean, corrupted = "ba ke mo di fu lo ba ke mo di", "ba ke mo ra fu lo ba ke mo di"
-    library = mhsa.patch_heads(clean, corrupted, model="toy:induction", answer="fu", wrong="lo")
+    library = mhsa.causal.patch_heads(
+        clean, corrupted, model="toy:induction", answer="fu", wrong="lo"
+    )
     shown = maps(at)
     np.testing.assert_allclose(
         shown["exact"], library["effect"].to_numpy().reshape(2, 4), atol=1e-5
@@ -140,7 +144,7 @@ def test_different_token_counts_are_named_literally_and_nothing_runs(corrupted: 
     at = run(corrupted=corrupted)
     assert not at.exception and not at.error
     warning = next(rendered(w.value)[0] for w in at.warning if "position by position" in w.value)
-    n = len(mhsa.get_model("default").tokenizer(corrupted)["input_ids"])
+    n = len(mhsa.engine.get_model("default").tokenizer(corrupted)["input_ids"])
     assert (
         "Clean: 9 tokens ['[CLS]', 'the', 'cat'" in warning and f"corrupted: {n} tokens" in warning
     )

@@ -97,7 +97,7 @@ def test_neuron_view_shows_the_modules_query_and_keys() -> None:
     assert not at.exception
     neuron = next(s for s in specs(at) if s["layout"]["title"]["text"].startswith("Neuron view"))
     traces = {t["meta"]: t for t in neuron["data"]}
-    lm = mhsa.get_model("default", "cpu")
+    lm = mhsa.engine.get_model("default", "cpu")
     walk = walkthrough("The cat sat on the mat.", model=lm, layer=2)
     x = torch.from_numpy(walk.step("X").value)
     models_attention = lm.model.encoder.layer[2].attention.self  # the model's, not our module
@@ -148,7 +148,7 @@ def test_several_matches_offer_a_choice() -> None:
 def test_generated_text_on_every_page(tiny_gpt2_path, monkeypatch) -> None:
     monkeypatch.setenv("MHSA_ALLOWED_MODELS", tiny_gpt2_path)
     prompt = "The cat sat"
-    full = mhsa.generate(
+    full = mhsa.engine.generate(
         prompt, model=mhsa.load_model(tiny_gpt2_path, device="cpu"), max_new_tokens=5
     )
     assert len(full) > len(prompt)
@@ -205,7 +205,7 @@ def test_the_figures_zip_holds_each_figure_as_html_and_csv() -> None:
     from mhsa import plots
     from ui import exports
 
-    cat = mhsa.attend("The cat sat on the mat.", model=mhsa.get_model("default", "cpu"))
+    cat = mhsa.attend("The cat sat on the mat.", model=mhsa.engine.get_model("default", "cpu"))
     grid, head = plots.head_grid(cat), plots.head_heatmap(cat, 2, 7)
     data = exports.figures_zip([("s-grid", grid), ("s-L2H7", head), ("s-L2H7", head)])
     archive = zipfile.ZipFile(io.BytesIO(data))
