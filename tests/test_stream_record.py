@@ -247,3 +247,81 @@ def test_the_package_exports_record_lazily() -> None:
 
     assert exported is StreamCache
     assert "record" in dir(stream)
+
+
+def test_q_k_v_by_hand_on_gpt2(tmp_path_factory) -> None:
+    """GPT-2's queries, keys and values from its own c_attn applied to ln_1 of the layer's
+    input, and the pattern as their softmax."""
+    lm = _tiny("GPT-2 family", tmp_path_factory)
+    cache = stream.record(TEXT, model=lm)
+    for layer in range(2):
+        block = lm.model.h[layer]
+        heads, d = block.attn.num_heads, block.attn.embed_dim
+        with torch.inference_mode():
+            qkv = block.ln_1(cache[f"L{layer}.resid_pre"]) @ block.attn.c_attn.weight
+            qkv = qkv + block.attn.c_attn.bias
+        t = qkv.shape[0]
+        q, k, v = (part.view(t, heads, d // heads).transpose(0, 1) for part in qkv.split(d, -1))
+        for point, mine in (("q", q), ("k", k), ("v", v)):
+            assert _close(cache[f"L{layer}.{point}"], mine, 1e-5), (layer, point)
+        scores = q @ k.transpose(-1, -2) * block.attn.scaling
+        scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+        assert _close(cache[f"L{layer}.pattern"], scores.softmax(-1), 1e-5)
+        assert _close(cache[f"L{layer}.z"], cache[f"L{layer}.pattern"] @ v, 1e-5)
+
+
+def test_rotated_q_and_k_give_the_pattern_on_llama(tmp_path_factory) -> None:
+    """Llama's q and k are the rotated ones the scores read: softmax(q k^T * scaling + causal
+    mask) with each key/value head serving its group of query heads is the pattern."""
+    lm = _tiny("Llama-style", tmp_path_factory)
+    cache = stream.record(TEXT, model=lm, points=["*.q", "*.k", "*.v", "*.pattern", "*.z"])
+    for layer in range(2):
+        q, k, v = (cache[f"L{layer}.{p}"] for p in "qkv")
+        groups = q.shape[0] // k.shape[0]
+        k, v = k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)
+        t = q.shape[1]
+        scores = q @ k.transpose(-1, -2) * lm.model.layers[layer].self_attn.scaling
+        scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+        assert _close(cache[f"L{layer}.pattern"], scores.softmax(-1), 1e-5)
+        assert _close(cache[f"L{layer}.z"], cache[f"L{layer}.pattern"] @ v, 1e-5)
+
+
+def test_the_pass_stops_once_what_is_asked_is_in(tmp_path_factory) -> None:
+    lm = _tiny("GPT-2 family", tmp_path_factory)
+    ran: list[str] = []
+    watched = {"h1": lm.model.h[1], "ln_f": lm.model.ln_f, "lm_head": lm.head_model.lm_head}
+    handles = [m.register_forward_hook(lambda *_a, n=n: ran.append(n)) for n, m in watched.items()]
+    try:
+        stream.record(TEXT, model=lm, points=["L0.resid_post"])
+        assert ran == []
+        stream.record(TEXT, model=lm, points=["final_norm_in"])
+        assert ran == ["h1"]  # no final norm, no vocabulary-wide logits
+        stream.record(TEXT, model=lm, points=["logits"])
+        assert ran == ["h1", "h1", "ln_f", "lm_head"]
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert len(stream.record(TEXT, model=lm, points=[])) == 0
+
+
+def test_layer_points_replace_in_the_real_pass(tmp_path_factory) -> None:
+    lm = _tiny("GPT-2 family", tmp_path_factory)
+    t, d = len(lm.tokenizer(TEXT)["input_ids"]), 32
+    x = torch.randn(t, d, generator=torch.Generator().manual_seed(0))
+    cache = stream.record(TEXT, model=lm, replace={"L0.resid_post": x}, points=["L1.resid_pre"])
+    assert torch.equal(cache["L1.resid_pre"], x)
+    cache = stream.record(
+        TEXT, model=lm, replace={"L0.mlp_out": torch.zeros(t, d)}, points=["L0.*"]
+    )
+    parts = cache["L0.resid_pre"] + cache["L0.attn_out"]
+    assert _close(cache["L0.resid_post"], parts, 1e-5)
+    cache = stream.record(
+        TEXT, model=lm, replace={"L0.attn_out": torch.zeros(t, d)}, points=["L0.*"]
+    )
+    with torch.inference_mode():
+        assert _close(cache["L0.mlp_in"], lm.model.h[0].ln_2(cache["L0.resid_pre"]), 1e-5)
+    plain = stream.record(TEXT, model=lm, points=["L1.resid_pre"])["L1.resid_pre"]
+    shifted = stream.record(
+        TEXT, model=lm, replace={"L1.resid_pre": lambda r: r + 1}, points=["L1.resid_pre"]
+    )
+    assert _close(shifted["L1.resid_pre"], plain + 1, 1e-6)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -252,8 +253,9 @@ def _attention_observer(recorder: _Recorder, block: OurBlock) -> Callable[..., A
     before the scores: rotated, else normed, else split into heads), or None when none of them
     is asked or replaced (the layer then runs the fused kernel)."""
     ours = block.ours
-    q = "rotated Q" if ours.rotary is not None else "normed Q" if ours.q_norm else "per-head Q"
-    k = "rotated K" if ours.rotary is not None else "normed K" if ours.k_norm else "per-head K"
+    rotary, q_norm, k_norm = (m is not None for m in (ours.rotary, ours.q_norm, ours.k_norm))
+    q = "rotated Q" if rotary else "normed Q" if q_norm else "per-head Q"
+    k = "rotated K" if rotary else "normed K" if k_norm else "per-head K"
     names = {q: "q", k: "k", "per-head V": "v", "probabilities": "pattern"}
     names = {ours_name: f"L{block.layer}.{p}" for ours_name, p in names.items()}
     if not any(recorder.needs(n) for n in names.values()):
@@ -451,6 +453,8 @@ def record(
         layers = _layers(lm, blocks)
         valid = _valid(lm, layers)
         wanted = selected(points, valid, "points")
+        if not wanted:  # nothing to keep: the pass would change nothing anyone sees
+            return StreamCache({}, tokens, lm.display_name)
         recorder = _Recorder(wanted, _replacements(replace, valid), grad)
         with_head = "logits" in recorder.wanted
         observers = {
@@ -463,8 +467,7 @@ def record(
         )
         hooks = _hooks(recorder, layers, _final_norm(lm), inputs["input_ids"].shape[1])
         model_inputs = forward_inputs(lm, inputs, with_head)
-        mode = torch.enable_grad() if grad else torch.inference_mode()
-        with mode, hooked(hooks, stop=True):
+        with _grad_mode(grad), hooked(hooks, stop=True):
             out = run_with_our_blocks(lm, blocks, our_pass, model_inputs, with_head=with_head)
             if with_head:
                 recorder.visit("logits", out.logits)
@@ -476,6 +479,18 @@ def record(
         )
     ordered = {n: recorder.values[n] for n in recorder.values}
     return StreamCache(ordered, tokens, lm.display_name)
+
+
+@contextmanager
+def _grad_mode(grad: bool) -> Iterator[None]:
+    """Autograd on (also inside a caller's ``inference_mode``) for ``grad``, else inference
+    mode."""
+    if not grad:
+        with torch.inference_mode():
+            yield
+        return
+    with torch.inference_mode(False), torch.enable_grad():
+        yield
 
 
 def _discard(_weights: torch.Tensor) -> None:
