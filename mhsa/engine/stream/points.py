@@ -17,6 +17,7 @@ __all__ = [
     "LAYER_POINTS",
     "MODEL_POINTS",
     "REPLACEABLE",
+    "TRANSFORMER_LENS",
     "layer_of",
     "point_of",
     "selected",
@@ -56,6 +57,25 @@ MODEL_POINTS: dict[str, str] = {
     "and pre-norm encoders): the last layer's output",
     "logits": "[T, V]: the checkpoint's head's output over the vocabulary (a causal or masked "
     "LM head, after any final soft-cap); models loaded without a head have none",
+}
+
+#: each point's nearest TransformerLens hook point (``{l}``: the layer), for readers who know
+#: those names. Ours are per sequence (no batch axis) and heads first (``[H, T, d_head]``, where
+#: TransformerLens has ``[batch, pos, head, d_head]``); our q and k are after the rotary
+#: positions (its ``hook_rot_q`` / ``hook_rot_k``) and the q/k norms, where the model has them.
+TRANSFORMER_LENS: dict[str, str] = {
+    "resid_pre": "blocks.{l}.hook_resid_pre",
+    "q": "blocks.{l}.attn.hook_rot_q (blocks.{l}.attn.hook_q without rotary positions)",
+    "k": "blocks.{l}.attn.hook_rot_k (blocks.{l}.attn.hook_k without rotary positions)",
+    "v": "blocks.{l}.attn.hook_v",
+    "pattern": "blocks.{l}.attn.hook_pattern",
+    "z": "blocks.{l}.attn.hook_z",
+    "attn_out": "blocks.{l}.hook_attn_out",
+    "mlp_in": "blocks.{l}.hook_mlp_in",
+    "mlp_out": "blocks.{l}.hook_mlp_out",
+    "resid_post": "blocks.{l}.hook_resid_post",
+    "final_norm_in": "the input of ln_final (the last layer's blocks.{l}.hook_resid_post)",
+    "logits": "the logits run_with_cache returns",
 }
 
 #: the points a replacement may change (the logits are the pass's end: nothing reads them)

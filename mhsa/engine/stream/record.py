@@ -6,10 +6,15 @@ This is TransformerLens's ``run_with_cache`` / ``run_with_hooks`` and its ``Acti
 (Nanda & Bloom 2022, https://github.com/TransformerLensOrg/TransformerLens) for the models this
 project runs: its hook points (``hook_resid_pre``, ``hook_q``, ``hook_pattern``, ``hook_z``,
 ``hook_attn_out``, ``hook_mlp_out``, ``hook_resid_post``...) become the names of
-``mhsa.engine.stream.points`` (``L{l}.resid_pre``, ``L{l}.pattern``, ...), the same in every
-family. Every attention block runs as our ``MultiHeadSelfAttention`` (``mhsa.engine.runs.swap``):
-the attention points are our module's observation points (``OBSERVATION_POINTS``), the others
-inputs and outputs of the model's own modules (``mhsa.engine.stream.hooks``).
+``mhsa.engine.stream.points`` (``L{l}.resid_pre``, ``L{l}.pattern``, ...; ``TRANSFORMER_LENS``
+there gives each one's counterpart), the same in every family. Every attention block runs as our
+``MultiHeadSelfAttention`` (``mhsa.engine.runs.swap``): the attention points are our module's
+observation points (``OBSERVATION_POINTS``) and its output projection's input and output, the
+others inputs and outputs of the model's own modules (``mhsa.engine.stream.hooks``).
+
+Why it is this module that ``mhsa.engine.stream.record(...)`` calls: importing it binds the
+package's ``record`` to the module (Python's import system does so), so the module is callable
+as the function (``_CallableModule``).
 """
 
 from __future__ import annotations
