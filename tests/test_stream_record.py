@@ -84,10 +84,51 @@ def test_every_family_matches_attend_and_the_plain_model(name: str, tmp_path_fac
 
 
 @pytest.mark.parametrize("name", sorted(SEQ2SEQ))
-def test_encoder_decoders_are_refused(name: str, tmp_path_factory) -> None:
+def test_encoder_decoders_match_attend_and_the_plain_model(name: str, tmp_path_factory) -> None:
+    """The encoder's (E), the decoder's (D) and the cross attention's (C) patterns are
+    ``mhsa.attend``'s; the layers' inputs and outputs the plain model's hidden states of each
+    stack; the logits its logits, over the decoder tokens ``attend`` shows."""
     lm = _tiny(name, tmp_path_factory)
-    with pytest.raises(mhsa.UnsupportedModelError, match="encoder-decoder"):
-        stream.record(TEXT, model=lm)
+    cache = stream.record(TEXT, model=lm)
+    result = mhsa.attend(TEXT, model=lm)
+    assert cache.decoder_tokens == tuple(result.decoder_tokens)
+    pairs = (
+        ("E", result.attention),
+        ("D", result.decoder_attention),
+        ("C", result.cross_attention),
+    )
+    for prefix, attention in pairs:
+        for layer in range(attention.shape[0]):
+            mine = cache[f"{prefix}{layer}.pattern"].numpy()
+            np.testing.assert_allclose(mine, attention[layer], atol=1e-5, rtol=0)
+    t_enc, t_dec = len(cache.tokens), len(cache.decoder_tokens)
+    assert cache["C0.pattern"].shape == (4, t_dec, t_enc)
+    assert cache["C0.k"].shape == (4, t_enc, 8) and cache["C0.q"].shape == (4, t_dec, 8)
+    assert "C0.resid_pre" not in stream.stream_points(lm)
+    encoded = mhsa.engine.encoding.encode(lm, TEXT, None, None)
+    with torch.inference_mode(), lm.lock:
+        plain = lm.head_model(**encoded.inputs, output_hidden_states=True, return_dict=True)
+    for prefix, hidden in (("E", plain.encoder_hidden_states), ("D", plain.decoder_hidden_states)):
+        layers = len(hidden) - 1
+        for layer in range(layers):
+            assert _close(cache[f"{prefix}{layer}.resid_pre"], hidden[layer][0]), (prefix, layer)
+        for layer in range(layers - 1):
+            assert _close(cache[f"{prefix}{layer}.resid_post"], hidden[layer + 1][0])
+    assert _close(cache["logits"], plain.logits[0])
+    if "final_norm_in" in cache:  # T5: the decoder's last hidden state is its final norm's
+        assert _close(cache["final_norm_in"], cache[f"D{layers - 1}.resid_post"])
+    else:
+        assert _close(cache[f"D{layers - 1}.resid_post"], plain.decoder_hidden_states[-1][0])
+
+
+def test_a_replaced_cross_pattern_reaches_the_logits(tmp_path_factory) -> None:
+    lm = _tiny("BART family", tmp_path_factory)
+    intact = stream.record(TEXT, model=lm, points=["C0.pattern", "logits"])
+    t_dec, t_enc = intact["C0.pattern"].shape[1:]
+    uniform = torch.full((4, t_dec, t_enc), 1.0 / t_enc)
+    cache = stream.record(TEXT, model=lm, replace={"C0.pattern": uniform})
+    assert _close(cache["C0.z"], uniform @ cache["C0.v"], 1e-5)
+    assert float((cache["logits"] - intact["logits"]).abs().max()) > 1e-5
 
 
 def test_minilm_and_the_toy_model_match_attend(minilm) -> None:

@@ -3,7 +3,11 @@
 The names follow TransformerLens's hook points (``blocks.{l}.hook_resid_pre``,
 ``blocks.{l}.attn.hook_pattern``, ``hook_z``, ``hook_attn_out``... in Nanda & Bloom 2022,
 https://github.com/TransformerLensOrg/TransformerLens), shortened to ``L{l}.<point>``: one name
-for the same tensor in every family, whatever the model's own modules are called.
+for the same tensor in every family, whatever the model's own modules are called. An
+encoder-decoder's points are ``E{l}.<point>`` (its encoder's layers), ``D{l}.<point>`` (its
+decoder's layers, their self-attention) and ``C{l}.<point>`` (decoder layer l's
+cross-attention: ``q``, ``k``, ``v``, ``pattern`` ``[H, T_dec, T_enc]``, ``z``, ``attn_out``;
+keys and values from the encoder's output).
 """
 
 from __future__ import annotations
@@ -94,17 +98,17 @@ def layer_of(name: str) -> int | None:
 
 
 def _listing(valid: Sequence[str]) -> str:
-    """The valid names for a message: the first layer's in full, the others by their range."""
+    """The valid names for a message: each kind of layer's first layer in full (``L``, or an
+    encoder-decoder's ``E``, ``D``, ``C``), the others by their range."""
     prefixes = list(dict.fromkeys(n.partition(".")[0] for n in valid if "." in n))
-    first = [n for n in valid if prefixes and n.partition(".")[0] == prefixes[0]]
-    whole = [n for n in valid if "." not in n]
-    others = f" (and the same points of {prefixes[1]}..{prefixes[-1]})" if len(prefixes) > 1 else ""
-    return (
-        ", ".join(first)
-        + others
-        + (f", {', '.join(whole)}" if whole else "")
-        + "; patterns such as '*.z' or 'L1.*' match several"
-    )
+    parts = []
+    for letter in dict.fromkeys(p[0] for p in prefixes):
+        of_kind = [p for p in prefixes if p[0] == letter]
+        names = ", ".join(n for n in valid if n.partition(".")[0] == of_kind[0])
+        more = f" (and the same points of {of_kind[1]}..{of_kind[-1]})" if len(of_kind) > 1 else ""
+        parts.append(names + more)
+    parts += [n for n in valid if "." not in n]
+    return "; ".join(parts) + "; patterns such as '*.z' or 'L1.*' match several"
 
 
 def selected(asked: Iterable[str] | str | None, valid: Sequence[str], what: str) -> list[str]:

@@ -60,16 +60,26 @@ class StreamCache(Mapping[str, torch.Tensor]):
     tensors of the model's dtype on its device inside the autograd graph.
 
     Attributes:
-        tokens: the token strings of the text, as the model sees them.
+        tokens: the token strings of the text, as the model (an encoder-decoder's encoder)
+            sees them.
         model: the model's display name.
         points: the names recorded, in the order the forward pass reached them.
+        decoder_tokens: an encoder-decoder's decoder tokens (its ``D{l}`` and ``C{l}``
+            points' queries), else None.
     """
 
-    def __init__(self, values: dict[str, torch.Tensor], tokens: tuple[str, ...], model: str):
+    def __init__(
+        self,
+        values: dict[str, torch.Tensor],
+        tokens: tuple[str, ...],
+        model: str,
+        decoder_tokens: tuple[str, ...] | None = None,
+    ) -> None:
         self._values = types.MappingProxyType(dict(values))
         self.tokens = tokens
         self.model = model
         self.points = tuple(values)
+        self.decoder_tokens = decoder_tokens
 
     def __getitem__(self, name: str) -> torch.Tensor:
         try:
@@ -97,8 +107,10 @@ class _Layer:
 
     Attributes:
         block: our block in the layer's attention place.
-        module: the whole layer (its input is ``resid_pre``, its output ``resid_post``).
-        mlp: the layer's MLP module (``mlp_of``), or None.
+        module: the whole layer (its input is ``resid_pre``, its output ``resid_post``; a
+            decoder layer of an encoder-decoder holds its self- and its cross-attention).
+        mlp: the layer's MLP module (``mlp_of``), or None (cross-attention: the decoder
+            layer's MLP belongs to its self-attention's points).
         mlp_in: whether the MLP module receives the residual's width (``mlp_in`` exists).
     """
 
@@ -108,24 +120,40 @@ class _Layer:
     mlp_in: bool
 
     @property
-    def index(self) -> int:
-        return self.block.layer
+    def prefix(self) -> str:
+        """``L{l}`` (encoders, decoders); ``E{l}``, ``D{l}``, ``C{l}`` (an encoder-decoder's
+        encoder, decoder self-attention and cross-attention layers)."""
+        return f"{_PREFIXES[self.block.kind]}{self.block.index}"
+
+    @property
+    def cross(self) -> bool:
+        return self.block.kind == "cross"
 
     def names(self) -> list[str]:
         """The layer's point names, in ``LAYER_POINTS``'s order."""
         missing = set() if self.mlp is not None else {"mlp_in", "mlp_out"}
         if not self.mlp_in:
             missing.add("mlp_in")
-        return [f"L{self.index}.{p}" for p in LAYER_POINTS if p not in missing]
+        if self.cross:
+            missing |= {"resid_pre", "resid_post"}
+        return [f"{self.prefix}.{p}" for p in LAYER_POINTS if p not in missing]
+
+
+#: the prefix of a block's points, by its kind (``mhsa.engine.runs.swap.BLOCK_KINDS``)
+_PREFIXES = {"self": "L", "encoder": "E", "decoder": "D", "cross": "C"}
 
 
 def _layers(lm: LoadedModel, blocks: list[OurBlock]) -> list[_Layer]:
     d_model = blocks[0].ours.d_model
+    owners = {id(child): m for m in lm.model.modules() for child in m.children()}
     out = []
     for block in blocks:
         outer, name = block.layer_place
         module = getattr(outer, name)
-        mlp = mlp_of(module)
+        owner = owners.get(id(outer))
+        if block.kind != "self" and getattr(owner, "layer", None) is outer:
+            module = owner  # T5: the block's sublayers sit in its ``layer`` list
+        mlp = None if block.kind == "cross" else mlp_of(module)
         width = getattr(mlp, "in_features", d_model)
         out.append(_Layer(block, module, mlp, mlp is not None and width == d_model))
     return out
@@ -138,21 +166,6 @@ def _final_norm(lm: LoadedModel) -> nn.Module | None:
         return None
 
 
-def _checked_blocks(lm: LoadedModel) -> list[OurBlock]:
-    """Our blocks of ``lm``, an encoder or a decoder.
-
-    Raises:
-        UnsupportedModelError: an encoder-decoder, or a family our module does not cover.
-    """
-    if lm.is_encoder_decoder:
-        raise UnsupportedModelError(
-            f"{lm.display_name} is an encoder-decoder: the stream recorder covers encoders and "
-            "decoders (one stream); an encoder-decoder's encoder, decoder and cross attention "
-            "come from mhsa.attend (decoder_attention, cross_attention)."
-        )
-    return our_blocks(lm)
-
-
 def stream_points(model: str | LoadedModel = DEFAULT_MODEL) -> list[str]:
     """Every point name ``record`` knows for ``model``, layer by layer in ``LAYER_POINTS``'s
     order, then ``final_norm_in`` and ``logits`` where the model has them.
@@ -162,11 +175,19 @@ def stream_points(model: str | LoadedModel = DEFAULT_MODEL) -> list[str]:
     """
     lm = resolve_model(model)
     with lm.lock:
-        return _valid(lm, _layers(lm, _checked_blocks(lm)))
+        return _valid(lm, _layers(lm, our_blocks(lm)))
 
 
 def _valid(lm: LoadedModel, layers: list[_Layer]) -> list[str]:
-    names = [n for layer in layers for n in layer.names()]
+    """Every point name, in forward order (an encoder-decoder's encoder layers, then each
+    decoder layer's self-attention, then its cross-attention)."""
+
+    def rank(layer: _Layer) -> tuple[bool, int, bool]:
+        kind = layer.block.kind
+        return kind in ("decoder", "cross"), layer.block.index, kind == "cross"
+
+    ranked = sorted(layers, key=rank)
+    names = [n for layer in ranked for n in layer.names()]
     if _final_norm(lm) is not None:
         names.append("final_norm_in")
     if lm.head_model is not None:
@@ -196,11 +217,11 @@ class _Turns:
     """Which layer each call of one module is: a module several layers call (ALBERT's shared
     layer and its one attention module) is called once per layer, in the layers' order."""
 
-    def __init__(self, layers: list[int]) -> None:
-        self.layers = layers
+    def __init__(self, layers: list[str]) -> None:
+        self.layers = layers  # the point prefixes of the layers, in call order
         self.calls = 0
 
-    def next(self) -> int:
+    def next(self) -> str:
         layer = self.layers[self.calls % len(self.layers)]
         self.calls += 1
         return layer
@@ -262,7 +283,8 @@ def _attention_observer(recorder: _Recorder, block: OurBlock) -> Callable[..., A
     q = "rotated Q" if rotary else "normed Q" if q_norm else "per-head Q"
     k = "rotated K" if rotary else "normed K" if k_norm else "per-head K"
     names = {q: "q", k: "k", "per-head V": "v", "probabilities": "pattern"}
-    names = {ours_name: f"L{block.layer}.{p}" for ours_name, p in names.items()}
+    prefix = f"{_PREFIXES[block.kind]}{block.index}"
+    names = {ours_name: f"{prefix}.{p}" for ours_name, p in names.items()}
     if not any(recorder.needs(n) for n in names.values()):
         return None
 
@@ -273,28 +295,26 @@ def _attention_observer(recorder: _Recorder, block: OurBlock) -> Callable[..., A
     return observe
 
 
-def _hooks(
-    recorder: _Recorder, layers: list[_Layer], final_norm: nn.Module | None, tokens: int
-) -> list[Hook]:
+def _hooks(recorder: _Recorder, layers: list[_Layer], final_norm: nn.Module | None) -> list[Hook]:
     """The hooks on the model's modules (and on our modules' output projections) that see the
     points outside the attention core."""
     turns: dict[tuple[int, str], _Turns] = {}  # (module, when) -> the layers calling it
     needed: set[tuple[int, str]] = set()  # the (module, when) of a point asked or replaced
     hooks: list[Hook] = []
 
-    def add(module: nn.Module, when: str, layer: int, point: str, make) -> None:
+    def add(module: nn.Module, when: str, layer: str, point: str, make) -> None:
         key = (id(module), when)
         if key not in turns:
             turns[key] = _Turns([])
             hooks.append(make(module, turns[key]))
         turns[key].layers.append(layer)
-        if recorder.needs(f"L{layer}.{point}"):
+        if recorder.needs(f"{layer}.{point}"):
             needed.add(key)
 
     def pre_hidden(point: str):
         def make(module, turns_of):
             def hook(_m, args, kwargs):
-                new = recorder.visit(f"L{turns_of.next()}.{point}", _hidden(args, kwargs))
+                new = recorder.visit(f"{turns_of.next()}.{point}", _hidden(args, kwargs))
                 return None if new is None else _with_hidden(args, kwargs, new)
 
             return before(module, hook, kwargs=True)
@@ -307,8 +327,8 @@ def _hooks(
                 first = _first(output)
                 shape = first.shape
                 if first.dim() == 2:  # OPT's MLP runs on the tokens flattened to [B T, D]
-                    first = first.reshape(-1, tokens, shape[-1])
-                new = recorder.visit(f"L{turns_of.next()}.{point}", first)
+                    first = first.reshape(1, -1, shape[-1])  # one sequence
+                new = recorder.visit(f"{turns_of.next()}.{point}", first)
                 return None if new is None else _with_first(output, new.reshape(shape))
 
             return after(module, hook)
@@ -322,23 +342,25 @@ def _hooks(
             merged = args[0]  # [B, T, H d_head]: the heads' contexts side by side
             b, t, _ = merged.shape
             z = merged.view(b, t, heads, d_head).transpose(1, 2)
-            new = recorder.visit(f"L{turns_of.next()}.z", z)
+            new = recorder.visit(f"{turns_of.next()}.z", z)
             return None if new is None else (new.transpose(1, 2).reshape(b, t, heads * d_head),)
 
         return before(module, hook)
 
     module_heads: dict[int, tuple[int, int]] = {}
     for layer in layers:
-        i, ours = layer.index, layer.block.ours
+        i, ours = layer.prefix, layer.block.ours
         module_heads[id(ours.out)] = (ours.num_heads, ours.d_head)
-        add(layer.module, "pre", i, "resid_pre", pre_hidden("resid_pre"))
+        if not layer.cross:
+            add(layer.module, "pre", i, "resid_pre", pre_hidden("resid_pre"))
         add(ours.out, "pre", i, "z", z_hook)
         add(ours.out, "post", i, "attn_out", post_output("attn_out"))
         if layer.mlp is not None:
             if layer.mlp_in:
                 add(layer.mlp, "pre", i, "mlp_in", pre_hidden("mlp_in"))
             add(layer.mlp, "post", i, "mlp_out", post_output("mlp_out"))
-        add(layer.module, "post", i, "resid_post", post_output("resid_post"))
+        if not layer.cross:
+            add(layer.module, "post", i, "resid_post", post_output("resid_post"))
     kept = [h for h in hooks if (id(h.module), h.when) in needed]
     if final_norm is not None and recorder.needs("final_norm_in"):
 
@@ -350,16 +372,21 @@ def _hooks(
     return kept
 
 
-def _inputs(lm: LoadedModel, text_or_inputs: str | Mapping[str, Any]) -> tuple[dict, tuple]:
-    """The model inputs (batch 1, on the CPU) and the tokens of a text (encoded as
-    ``mhsa.attend`` encodes it) or of inputs given as they are.
+def _inputs(
+    lm: LoadedModel, text_or_inputs: str | Mapping[str, Any]
+) -> tuple[dict, tuple, tuple | None]:
+    """The model inputs (batch 1, on the CPU), the tokens and an encoder-decoder's decoder
+    tokens of a text (encoded as ``mhsa.attend`` encodes it: the decoder reads the text itself,
+    teacher-forced) or of inputs given as they are.
 
     Raises:
-        InputError: an empty text, inputs without ``input_ids``, or a batch of several.
+        InputError: an empty text, inputs without ``input_ids`` (an encoder-decoder's without
+            ``decoder_input_ids``), or a batch of several.
     """
     if isinstance(text_or_inputs, str):
         encoded = encode(lm, check_text(text_or_inputs), None, None)
-        return dict(encoded.inputs), tuple(encoded.tokens.strings)
+        decoder = encoded.decoder_tokens
+        return dict(encoded.inputs), tuple(encoded.tokens.strings), decoder and tuple(decoder)
     if not isinstance(text_or_inputs, Mapping) or "input_ids" not in text_or_inputs:
         raise InputError("record takes a text or a dict of model inputs with input_ids.")
     inputs = {k: torch.as_tensor(v) for k, v in text_or_inputs.items()}
@@ -371,7 +398,13 @@ def _inputs(lm: LoadedModel, text_or_inputs: str | Mapping[str, Any]) -> tuple[d
         raise InputError(
             f"record runs one sequence: input_ids must be [1, T], got {list(ids.shape)}."
         )
-    return inputs, tuple(lm.tokenizer.convert_ids_to_tokens(ids[0].tolist()))
+    tokens = tuple(lm.tokenizer.convert_ids_to_tokens(ids[0].tolist()))
+    if not lm.is_encoder_decoder:
+        return inputs, tokens, None
+    decoder = inputs.get("decoder_input_ids")
+    if decoder is None or decoder.dim() != 2 or decoder.shape[0] != 1:
+        raise InputError("An encoder-decoder's inputs need decoder_input_ids of one sequence.")
+    return inputs, tokens, tuple(lm.tokenizer.convert_ids_to_tokens(decoder[0].tolist()))
 
 
 def _replacements(
@@ -422,6 +455,15 @@ def record(
     ``final_norm_in`` ``[T, D]`` (models with a final norm) and ``logits`` ``[T, V]`` (models
     loaded with a head; absent otherwise). The batch dimension is dropped: one sequence.
 
+    Encoder-decoders (BART, T5 families): ``E{l}.*`` for the encoder's layers, ``D{l}.*`` for
+    the decoder's layers (their self-attention; the decoder reads the text itself,
+    teacher-forced, as ``mhsa.attend`` runs it: ``StreamCache.decoder_tokens``) and ``C{l}.*``
+    for decoder layer l's cross-attention (``q`` ``[H, T_dec, d_head]``, ``k`` and ``v``
+    ``[H, T_enc, d_head]`` from the encoder's output, ``pattern`` ``[H, T_dec, T_enc]``, ``z``,
+    ``attn_out``); ``final_norm_in`` is the decoder's final norm's input (T5), ``logits``
+    ``[T_dec, V]``. A T5 layer is its whole block (self-attention, cross-attention and
+    feed-forward sublayers), which has no MLP points.
+
     Only what is asked is computed: a layer runs its attention's eager steps (per-head weights)
     only when its q, k, v or pattern is asked or replaced (z and attn_out come from our module's
     output projection, with the fused kernel), the pass ends once the last point asked is in,
@@ -449,17 +491,17 @@ def record(
         InputError: an empty text, inputs of several sequences, an unknown point name (the
             message lists the valid ones), or a replacement of the wrong shape (naming the
             point and both shapes).
-        UnsupportedModelError: an encoder-decoder, or a family our module does not cover.
+        UnsupportedModelError: a family our module does not cover.
     """
     lm = resolve_model(model)
     with lm.lock:
-        inputs, tokens = _inputs(lm, text_or_inputs)
-        blocks = _checked_blocks(lm)
+        inputs, tokens, decoder_tokens = _inputs(lm, text_or_inputs)
+        blocks = our_blocks(lm)
         layers = _layers(lm, blocks)
         valid = _valid(lm, layers)
         wanted = selected(points, valid, "points")
         if not wanted:  # nothing to keep: the pass would change nothing anyone sees
-            return StreamCache({}, tokens, lm.display_name)
+            return StreamCache({}, tokens, lm.display_name, decoder_tokens)
         recorder = _Recorder(wanted, _replacements(replace, valid), grad)
         with_head = "logits" in recorder.wanted
         observers = {
@@ -470,7 +512,7 @@ def record(
             observers=observers,
             sinks={layer: _discard for layer in observers},  # the observer keeps what is asked
         )
-        hooks = _hooks(recorder, layers, _final_norm(lm), inputs["input_ids"].shape[1])
+        hooks = _hooks(recorder, layers, _final_norm(lm))
         model_inputs = forward_inputs(lm, inputs, with_head)
         with _grad_mode(grad), hooked(hooks, stop=True):
             out = run_with_our_blocks(lm, blocks, our_pass, model_inputs, with_head=with_head)
@@ -483,7 +525,7 @@ def record(
             "not call the module this point reads)."
         )
     ordered = {n: recorder.values[n] for n in recorder.values}
-    return StreamCache(ordered, tokens, lm.display_name)
+    return StreamCache(ordered, tokens, lm.display_name, decoder_tokens)
 
 
 @contextmanager
