@@ -500,9 +500,10 @@ def record(
         layers = _layers(lm, blocks)
         valid = _valid(lm, layers)
         wanted = selected(points, valid, "points")
+        replacements = _replacements(replace, valid)
         if not wanted:  # nothing to keep: the pass would change nothing anyone sees
             return StreamCache({}, tokens, lm.display_name, decoder_tokens)
-        recorder = _Recorder(wanted, _replacements(replace, valid), grad)
+        recorder = _Recorder(wanted, replacements, grad)
         with_head = "logits" in recorder.wanted
         observers = {
             b.layer: o for b in blocks if (o := _attention_observer(recorder, b)) is not None
@@ -524,8 +525,7 @@ def record(
             f"{lm.display_name}: the pass never reached {', '.join(missing)} (a layer that does "
             "not call the module this point reads)."
         )
-    ordered = {n: recorder.values[n] for n in recorder.values}
-    return StreamCache(ordered, tokens, lm.display_name, decoder_tokens)
+    return StreamCache(recorder.values, tokens, lm.display_name, decoder_tokens)
 
 
 @contextmanager
@@ -545,10 +545,10 @@ def _discard(_weights: torch.Tensor) -> None:
 
 
 class _CallableModule(types.ModuleType):
-    """This module, callable as ``record``: importing ``mhsa.engine.stream.record`` binds the
-    package's attribute ``record`` to the module (Python's import system does, after the lazy
-    export bound it to the function), and ``mhsa.engine.stream.record(text)`` must work either
-    way."""
+    """This module, callable as ``record``: once ``mhsa.engine.stream.record`` is imported,
+    Python's import system makes the package's attribute ``record`` this module, shadowing the
+    package's lazy export of the function, and ``mhsa.engine.stream.record(text)`` must work
+    either way."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> StreamCache:
         return record(*args, **kwargs)
