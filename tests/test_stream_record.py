@@ -171,8 +171,9 @@ def _uniform(t: int, heads: int, causal: bool) -> torch.Tensor:
 
 
 def _patched_logits(lm: mhsa.LoadedModel, modeling, target, pattern, monkeypatch) -> torch.Tensor:
-    """The plain model's logits with ``target``'s probabilities set to ``pattern``, through
-    its eager attention function (``modeling.eager_attention_forward``) patched here."""
+    """The plain model's logits (a model without a head: its last hidden state) with
+    ``target``'s probabilities set to ``pattern``, through its eager attention function
+    (``modeling.eager_attention_forward``) patched here."""
     own = modeling.eager_attention_forward
 
     def patched(module, query, key, value, attention_mask, *args, **kwargs):
@@ -183,11 +184,12 @@ def _patched_logits(lm: mhsa.LoadedModel, modeling, target, pattern, monkeypatch
         return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
     assert lm.config._attn_implementation == "eager"
-    module = lm.head_model
+    module = lm.head_model if lm.head_model is not None else lm.model
     with monkeypatch.context() as m:
         m.setattr(modeling, "eager_attention_forward", patched)
         with torch.inference_mode(), lm.lock:
-            return module(**_plain_inputs(lm, module)).logits[0]
+            out = module(**_plain_inputs(lm, module))
+    return out.logits[0] if lm.head_model is not None else out.last_hidden_state[0]
 
 
 def test_a_replaced_pattern_is_what_the_plain_gpt2_would_give(tmp_path_factory, monkeypatch):
@@ -366,3 +368,19 @@ def test_layer_points_replace_in_the_real_pass(tmp_path_factory) -> None:
         TEXT, model=lm, replace={"L1.resid_pre": lambda r: r + 1}, points=["L1.resid_pre"]
     )
     assert _close(shifted["L1.resid_pre"], plain + 1, 1e-6)
+
+
+def test_a_replaced_pattern_is_what_the_plain_minilm_would_give(minilm, monkeypatch) -> None:
+    """The embedded MiniLM has no head: its last layer's output against the plain model's
+    last hidden state with layer 0's eager attention patched."""
+    from transformers.models.bert import modeling_bert
+
+    t = len(minilm.tokenizer(TEXT)["input_ids"])
+    uniform = _uniform(t, minilm.config.num_attention_heads, causal=False)
+    last = f"L{minilm.config.num_hidden_layers - 1}.resid_post"
+    cache = stream.record(TEXT, model=minilm, replace={"L0.pattern": uniform}, points=[last])
+    target = minilm.model.encoder.layer[0].attention.self
+    theirs = _patched_logits(minilm, modeling_bert, target, uniform, monkeypatch)
+    assert _close(cache[last], theirs)
+    intact = stream.record(TEXT, model=minilm, points=[last])[last]
+    assert float((cache[last] - intact).abs().max()) > 1e-3
