@@ -15,7 +15,7 @@ import mhsa
 import mhsa.engine.stream as stream
 from mhsa.engine.families.registry import FAMILIES
 from mhsa.engine.runs.swap import OurPass, our_blocks, run_with_our_blocks
-from mhsa.engine.stream.record import NotRecordedError, StreamCache
+from mhsa.engine.stream.recorder import NotRecordedError, StreamCache
 from tests.tiny_families import loaded_tiny
 
 TEXT = "the cat sat on the mat and the dog"
@@ -284,8 +284,8 @@ def test_grad_reaches_a_replaced_pattern(tmp_path_factory) -> None:
 def test_the_package_exports_record_lazily() -> None:
     import importlib
 
-    importlib.import_module("mhsa.engine.stream.record")
-    assert callable(stream.record)
+    importlib.import_module("mhsa.engine.stream.recorder")
+    assert stream.record is importlib.import_module("mhsa.engine.stream.recorder").record
     from mhsa.engine.stream import StreamCache as exported
 
     assert exported is StreamCache

@@ -12,14 +12,12 @@ there gives each one's counterpart), the same in every family. Every attention b
 observation points (``OBSERVATION_POINTS``) and its output projection's input and output, the
 others inputs and outputs of the model's own modules (``mhsa.engine.stream.hooks``).
 
-Why it is this module that ``mhsa.engine.stream.record(...)`` calls: importing it binds the
-package's ``record`` to the module (Python's import system does so), so the module is callable
-as the function (``_CallableModule``).
+The module is ``recorder``, not ``record``, so that ``mhsa.engine.stream.record`` stays the
+function (a submodule of that name would be set as the package's attribute once imported).
 """
 
 from __future__ import annotations
 
-import sys
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -542,16 +540,3 @@ def _grad_mode(grad: bool) -> Iterator[None]:
 
 def _discard(_weights: torch.Tensor) -> None:
     """A layer's weights, not kept: its observer has kept what was asked of them."""
-
-
-class _CallableModule(types.ModuleType):
-    """This module, callable as ``record``: once ``mhsa.engine.stream.record`` is imported,
-    Python's import system makes the package's attribute ``record`` this module, shadowing the
-    package's lazy export of the function, and ``mhsa.engine.stream.record(text)`` must work
-    either way."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> StreamCache:
-        return record(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
