@@ -74,16 +74,22 @@ def test_default_model_shows_exact_and_attribution_beside_each_other(minilm) -> 
     size = exact["effect"].abs()
     top = [h for h in size.sort_values(ascending=False).index if size[h] >= 0.1 * size.max()][:5]
     theirs = set(attribution["effect"].abs().sort_values(ascending=False).index[: len(top)])
-    found = sum(h in theirs for h in top)
-    lead = f"attribution ranks {found} among its own top {len(top)}: {top[0]} "
+    same = {h for h in top if exact.at[h, "effect"] * attribution.at[h, "effect"] > 0}
+    found = sum(h in theirs and h in same for h in top)
+    opposite = [h for h in top if exact.at[h, "effect"] * attribution.at[h, "effect"] < 0]
+    lead = f"attribution ranks {found} among its own top {len(top)} with the same sign: {top[0]} "
     assert any(lead in rendered(c.value)[0] for c in at.caption)
     title = next(t for t in charts(at) if t.startswith("Exact against attribution"))
     if len(top) == 1:  # MiniLM: only L5H11's effect is 10% of the largest or more
         first = "ranks first by both" if found else "is not attribution's first"
-        assert title == f"Exact against attribution: the head that matters, {top[0]}, {first}"
+        signs = f"; opposite signs: {', '.join(opposite)}" if opposite else ""
+        assert title == (
+            f"Exact against attribution: the head that matters, {top[0]}, {first}{signs}"
+        )
     else:
-        ranked = f"{found} of the top {len(top)} heads ranked alike"
-        assert title == f"Exact against attribution: {ranked}"
+        ranked = f"{found} of the top {len(top)} heads ranked alike, with the same sign"
+        signs = f"; opposite signs: {', '.join(opposite)}" if opposite else ""
+        assert title == f"Exact against attribution: {ranked}{signs}"
     # the per-position view opens on the layer of the largest exact effect (MiniLM: not 0)
     strongest = int(exact["layer"][exact["effect"].abs().idxmax()])
     assert strongest != 0 and at.number_input(key="patch_layer").value == strongest
