@@ -197,7 +197,9 @@ with page.run("Circuits", PARAMS) as sidebar:
         st.caption(f"The drawing shows the top {MAX_DRAWN} of the {n} edges.")
     output = "logits" if causal else "last hidden state"  # what m reads, in both places
     page.figure(
-        plots.circuit_figure(drawn, graph.layers, graph.heads, output=output),
+        plots.circuit_figure(
+            drawn, graph.layers, graph.heads, output=output, metric=attrs["metric"]
+        ),
         "circuit",
         key="circuit-graph",
         on_select=_clicked,
