@@ -261,3 +261,26 @@ def test_masked_lm_loss_masks_a_fixed_fifteen_percent(tiny_bert_mlm_path) -> Non
 def test_bad_requests_say_what_to_do(call, message, minilm) -> None:
     with pytest.raises(mhsa.InputError, match=message):
         call(minilm)
+
+
+def test_a_toy_repeat_models_automatic_target_is_the_loss_on_the_repeat() -> None:
+    """toy:induction scores the repeated half only (its random first half no head can
+    predict): the automatic target is the loss there, as the lessons choose. With the loss
+    over every token, 7 of 8 heads came out harmful and the pruning curve ended below the
+    intact model; on the repeat no head is harmful and every head off loses the repeat."""
+    from mhsa.causal import head_importance, pruning_curve
+    from mhsa.causal.metrics import default_target
+    from mhsa.examples import model_examples
+
+    toy = mhsa.load_model("toy:induction", device="cpu")
+    assert default_target(toy) == "repeat-loss"
+    assert default_target(mhsa.load_model("default", device="cpu")) == "embedding"
+    text = model_examples("toy:induction")[0].text
+    auto = head_importance([text], model=toy)
+    repeat = head_importance([text], model=toy, target="repeat-loss")
+    np.testing.assert_allclose(auto["importance"], repeat["importance"])
+    assert (auto["importance"] > -1e-3).all()
+    curve = pruning_curve([text], model=toy)
+    intact = curve[curve["heads_pruned"] == 0]["metric"].iloc[0]
+    every = curve[curve["heads_pruned"] == len(auto)]["metric"]
+    assert (every > intact + 1.0).all()
