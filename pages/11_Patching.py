@@ -109,12 +109,11 @@ with page.run("Patching", PARAMS) as sidebar:
         "Which heads carry the difference between two texts? Patch one head at a time from the "
         "clean run into the corrupted run and see how much of the clean behaviour comes back."
     )
-    for column, (name, values) in zip(st.columns(len(EXAMPLES)), EXAMPLES.items(), strict=True):
-        column.button(name, on_click=_example, args=(values,))
-    page.patch_texts("Clean text (its activations are patched in)", answers=False)
+    page.example_buttons(EXAMPLES, _example, sidebar.model, PARAMS)
     state = st.session_state
     # the page's own two texts, with the sidebar's model and device (no generated tokens)
     query = sidebar._replace(text=state["clean"], generate=0)
+    page.patch_texts("Clean text (its activations are patched in)", query, answers=False)
     causal = core.can_generate(query.model, query.device)
     if causal:
         page.answer_inputs()

@@ -109,10 +109,7 @@ with page.run("Circuits", PARAMS) as sidebar:
         "Which edges between heads carry the answer? Score every edge at once, keep the "
         "strongest, and see how much of the clean behaviour that small circuit keeps."
     )
-    for column, (name, values) in zip(
-        st.columns(len(CIRCUIT_EXAMPLES)), CIRCUIT_EXAMPLES.items(), strict=True
-    ):
-        column.button(name, on_click=_example, args=(values,))
+    page.example_buttons(CIRCUIT_EXAMPLES, _example, sidebar.model, PARAMS)
     state = st.session_state
     query = sidebar._replace(text=state["clean"], generate=0)
     if "_circuit_open" in state:
@@ -124,7 +121,7 @@ with page.run("Circuits", PARAMS) as sidebar:
         st.info(md_escape(problem + " Try one of the examples above."), icon=":material/explore:")
         page.stop()
     causal = core.can_generate(query.model, query.device)
-    page.patch_texts("Clean text (the run)", answers=causal)
+    page.patch_texts("Clean text (the run)", query, answers=causal)
     if not causal:
         page.encoder_target_inputs("circuit_target")
     left, right = st.columns(2)

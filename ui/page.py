@@ -209,13 +209,30 @@ def heavy_or_stop(
     return value
 
 
-def patch_texts(clean_label: str, *, answers: bool) -> None:
+def example_buttons(
+    buttons: dict[str, dict[str, Any]],
+    on_click: Callable[[dict[str, Any]], None],
+    model: str,
+    params: Mapping[str, Any],
+) -> None:
+    """A patching page's one-click examples (``buttons``) in a row; first, a model with an
+    example of its own there opens on it rather than on the page's English defaults
+    (``examples.own_pair_first``)."""
+    defaults = {key: params[key].default for key in ("clean", "corrupted")}
+    examples.own_pair_first(model, buttons, defaults)
+    for column, (name, values) in zip(st.columns(len(buttons)), buttons.items(), strict=True):
+        column.button(name, on_click=on_click, args=(values,))
+
+
+def patch_texts(clean_label: str, query: Any, *, answers: bool) -> None:
     """The clean and corrupted text areas of a patching page (session keys ``clean`` and
-    ``corrupted``) and, with ``answers``, the answer and wrong-answer boxes (``answer``,
-    ``wrong``) under them."""
+    ``corrupted``), each with its count of tokens unknown to the model, and, with ``answers``,
+    the answer and wrong-answer boxes (``answer``, ``wrong``) under them."""
     left, right = st.columns(2)
     left.text_area(clean_label, key="clean", height=90)
     right.text_area("Corrupted text (as many tokens as the clean one)", key="corrupted", height=90)
+    for key, what in (("clean", "The clean text"), ("corrupted", "The corrupted text")):
+        examples.unknown_line(query.model, query.device, st.session_state[key], what)
     if answers:
         answer_inputs()
 

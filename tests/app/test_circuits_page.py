@@ -202,3 +202,15 @@ def test_hostile_texts_on_both_sides_are_refused_or_shown_literally(
     at = toy(clean=text, corrupted=text)
     assert_same_texts_refused(at, expected, ("same metric", "tokens long"))
     assert not charts(at)
+
+
+def test_a_toy_model_opens_on_its_own_pair() -> None:
+    """On toy:induction the page's English defaults were [UNK]s: it opens on the toy's own
+    example pair, every token known."""
+    from mhsa.examples import unknown_tokens
+
+    at = run(model="toy:induction")
+    assert not at.exception
+    for key in ("clean", "corrupted"):
+        text = at.text_area(key=key).value
+        assert unknown_tokens(text, model="toy:induction").unknown == 0, text

@@ -205,3 +205,27 @@ def test_hostile_texts_on_both_sides_are_refused_or_shown_literally(
     the same metric on both sides (nothing to restore), said literally."""
     at = run(clean=text, corrupted=text)
     assert_same_texts_refused(at, expected, ("same metric",))
+
+
+def test_a_toy_model_opens_on_its_own_pair_and_unknown_tokens_are_counted() -> None:
+    """toy:induction read the page's English default pair as [UNK]s, silently: it now opens on
+    its own example pair (a repeat, and the repeat broken), and a text it cannot read is
+    counted under its box."""
+    from mhsa.examples import unknown_tokens
+
+    at = run(model="toy:induction")
+    assert not at.exception
+    for key in ("clean", "corrupted"):
+        text = at.text_area(key=key).value
+        assert unknown_tokens(text, model="toy:induction").unknown == 0, text
+    assert at.text_area(key="clean").value != at.text_area(key="corrupted").value
+    assert not any("unknown" in rendered(i.value)[0] for i in [*at.info, *at.warning])
+    english = run(model="toy:induction", clean="A dog ran home.")
+    said = [rendered(w.value)[0] for w in [*english.warning, *english.info]]
+    unknown = unknown_tokens("A dog ran home.", model="toy:induction")
+    assert unknown.unknown > 0
+    assert any(
+        s.startswith(f"The clean text: {unknown.unknown} of its {unknown.total} tokens are unknown")
+        for s in said
+    ), said
+    assert english.text_area(key="clean").value == "A dog ran home."  # the user's text kept

@@ -15,6 +15,7 @@ from streamlit.testing.v1 import AppTest
 import mhsa
 from mhsa.analysis.classroom import walkthrough
 from tests.app.test_pages import PAGES, ROOT, run, specs
+from tests.hostile import rendered
 from ui import navigation
 
 NUMERIC_MODULES = {"numpy", "torch", "scipy", "sklearn"}
@@ -73,11 +74,11 @@ def test_line_view_draws_the_lines_of_every_head() -> None:
             np.sum(~np.isnan(x)) // 2
         )
         colours.setdefault(trace["legendgroup"], set()).add(
-            tuple(trace["line"]["color"].split(",")[:3])
+            (*trace["line"]["color"].split(",")[:3], trace["line"].get("dash", "solid"))
         )
     assert drawn == {f"H{h}": int(np.count_nonzero(a[h] >= 0.01)) for h in range(12)}
-    assert all(len(c) == 1 for c in colours.values())  # one colour per head...
-    assert len(set().union(*colours.values())) == 12  # ...and a different one for each
+    assert all(len(c) == 1 for c in colours.values())  # one colour and dash per head...
+    assert len(set().union(*colours.values())) == 12  # ...and a different pair for each
 
 
 def test_line_view_of_one_token_and_chosen_heads() -> None:
@@ -283,3 +284,17 @@ def test_the_service_imports_scikit_learn_in_the_background() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert out.stdout.split() == ["1", "True"], out.stderr[-2000:]
+
+
+def test_compare_counts_the_second_sentences_unknown_tokens() -> None:
+    """Compare's second sentence on toy:induction was seven [UNK]s, silently: now counted."""
+    from mhsa.examples import unknown_tokens
+
+    at = run("pages/6_Compare.py", model="toy:induction")
+    assert not at.exception
+    second = at.text_area(key="text2").value
+    unknown = unknown_tokens(second, model="toy:induction")
+    assert unknown.unknown > 0
+    said = [rendered(w.value)[0] for w in [*at.warning, *at.info]]
+    head = f"The second sentence: {unknown.unknown} of its {unknown.total} tokens are unknown"
+    assert any(s.startswith(head) for s in said), said
