@@ -108,6 +108,7 @@ PRESENTATION_CSS = """<style>
 button p, button div { white-space: normal !important; overflow: visible !important;
   text-overflow: clip !important; overflow-wrap: anywhere; }
 button { height: auto !important; }
+[data-testid="stTable"] th, [data-testid="stTable"] td { font-size: 1.3rem !important; }
 </style>"""
 
 
@@ -439,14 +440,22 @@ def _find(result: mhsa.AttentionResult) -> None:
 def table(
     frame: pd.DataFrame, name: str, *, label: str, height: int = 400, shown: int | None = None
 ) -> None:
-    """A sortable table with its CSV download. ``shown``: the browser gets only the first
-    ``shown`` rows (a caption says so); the CSV has every row, written when it is downloaded
-    (Streamlit's deferred ``data``), not on every rerun."""
+    """A sortable table with its CSV download (in presentation mode an HTML table in a
+    scrolling box, whose text is enlarged with the page's). ``shown``: the browser gets only
+    the first ``shown`` rows (a caption says so); the CSV has every row, written when it is
+    downloaded (Streamlit's deferred ``data``), not on every rerun."""
     if shown is not None and len(frame) > shown:
         st.caption(f"The first {shown:,} of {len(frame):,} rows; the CSV has them all.")
-        st.dataframe(frame.head(shown), width="stretch", height=height)
+        frame_shown = frame.head(shown)
     else:
-        st.dataframe(frame, width="stretch", height=height)
+        frame_shown = frame
+    if st.session_state.get("presentation"):
+        # the data grid draws on a canvas that page styles cannot enlarge: in presentation
+        # mode the rows are an HTML table, whose cells PRESENTATION_CSS sizes like the text
+        with st.container(height=height + 200):
+            st.table(frame_shown)
+    else:
+        st.dataframe(frame_shown, width="stretch", height=height)
     st.download_button(
         label,
         lambda: frame.to_csv(index_label="name"),
