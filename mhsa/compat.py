@@ -2,8 +2,8 @@
 ``DeprecationWarning`` naming its new name, then does what the new name does.
 
 - ``MultiHeadSelfAttention.from_bert`` / ``from_distilbert`` / ``from_gpt2`` / ``from_llama``
-  (removed when the family registry arrived): ``mhsa.engine.families.registry.load_bert`` ...
-  ``load_llama``.
+  (removed when the family registry arrived): ``mhsa.engine.families.bert.load_bert`` ...
+  ``mhsa.engine.families.llama.load_llama``, each in its family's module.
 - ``attn_mask=`` / ``attention_mask=`` of ``MultiHeadSelfAttention.forward``,
   ``attention_weights`` and ``combine_masks`` (renamed ``mask=`` / ``padding_mask=``): at their
   definitions, ``mhsa.deprecation.renamed_kwargs``.
@@ -15,11 +15,9 @@
   exports the old module's names.
 
 The constructors are set on the class here, not in ``mhsa.engine.attention.module``: they call the
-family
-loaders of ``mhsa.engine.families.registry``, which imports ``mhsa.engine.attention.module`` (no
-import cycle).
-``import mhsa``
-imports this module, as does any ``mhsa.<module>`` import (the package is imported first).
+family loaders of ``mhsa.engine.families``, which import ``mhsa.engine.attention.module`` (no
+import cycle). ``import mhsa`` imports this module, as does any ``mhsa.<module>`` import (the
+package is imported first).
 """
 
 from __future__ import annotations
@@ -35,7 +33,10 @@ from typing import Any
 
 from mhsa.deprecation import REMOVED_IN, deprecated_alias
 from mhsa.engine.attention.module import MultiHeadSelfAttention
-from mhsa.engine.families.registry import load_bert, load_distilbert, load_gpt2, load_llama
+from mhsa.engine.families.bert import load_bert
+from mhsa.engine.families.distilbert import load_distilbert
+from mhsa.engine.families.gpt2 import load_gpt2
+from mhsa.engine.families.llama import load_llama
 
 __all__ = [
     "DEPRECATED_CONSTRUCTORS",
@@ -58,7 +59,7 @@ def _constructor(old: str, load: Callable[..., MultiHeadSelfAttention]) -> class
     alias = deprecated_alias(
         load,
         f"MultiHeadSelfAttention.{old}",
-        f"mhsa.engine.families.registry.{load.__name__}",
+        f"{load.__module__}.{load.__name__}",
         stacklevel=3,
     )
 

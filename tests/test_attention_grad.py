@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from mhsa import MultiHeadSelfAttention, RotaryEmbedding
-from mhsa.engine.families.registry import load_llama
+from mhsa.engine.families.llama import load_llama
 
 B, T, D, H = 2, 6, 16, 4
 
