@@ -335,6 +335,11 @@ def test_circuits_and_attribution_read_the_same_norms(name: str) -> None:
             with pytest.raises(ValueError, match="norms after attention"):
                 layer_norms(layer, parallel, ValueError)
             continue
+        if layout.mlp_input_of(layer) is not layout.mlp_of(layer):  # OPT: norms found, refused
+            assert layout.mlp_norm_of(layer) is not None
+            with pytest.raises(ValueError, match="no module of its own"):
+                layer_norms(layer, parallel, ValueError)
+            continue
         norms = layer_norms(layer, parallel, ValueError)
         assert norms[0] is attribution
         assert norms[1] is (layout.mlp_norm_of(layer) or attribution)

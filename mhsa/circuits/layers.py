@@ -20,7 +20,13 @@ import torch
 from torch import nn
 
 from mhsa.engine.attention.module import MultiHeadSelfAttention
-from mhsa.engine.families.layout import attention_norm_of, mlp_norm_of, mlp_of, post_norms_of
+from mhsa.engine.families.layout import (
+    attention_norm_of,
+    mlp_input_of,
+    mlp_norm_of,
+    mlp_of,
+    post_norms_of,
+)
 from mhsa.engine.runs.swap import OurBlock
 from mhsa.errors import UnsupportedModelError
 
@@ -39,8 +45,8 @@ def layer_norms(
     module's docstring).
 
     Raises:
-        the exception ``unsupported(why)`` makes: norms after attention or the MLP, or a layer
-        without those norms and an ``mlp``.
+        the exception ``unsupported(why)`` makes: norms after attention or the MLP, a layer
+        without those norms and an MLP, or an MLP that is no module of its own (OPT).
     """
     if post_norms_of(layer):
         raise unsupported("norms after attention or the MLP")
@@ -49,6 +55,10 @@ def layer_norms(
         mlp = attention
     if attention is None or mlp is None or mlp_of(layer) is None:
         raise unsupported("a layer without a norm before its attention and before its MLP")
+    if mlp_input_of(layer) is not mlp_of(layer):
+        # OPT: fc1, the activation and fc2 are the layer's own, run on the tokens flattened
+        # to [B T, D]; the MLP node's hooks read and write one module on [B, T, D]
+        raise unsupported("an MLP that is no module of its own (OPT's fc1 and fc2 inline)")
     return attention, mlp
 
 
