@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from mhsa.engine.attention import module as new
+from mhsa.engine.attention.module import module as new
 
 
 def _load(path: str):

@@ -41,7 +41,7 @@ WORDS = [
 ]
 
 
-def text_of(model: mhsa.LoadedModel, n_tokens: int) -> str:
+def text_of(model: mhsa.engine.LoadedModel, n_tokens: int) -> str:
     """A sentence that tokenizes to exactly n_tokens (with [CLS] and [SEP])."""
     words = (WORDS * (n_tokens // len(WORDS) + 2))[: n_tokens - 2]
     text = " ".join(words)

@@ -58,7 +58,9 @@ TOY = (
 )
 
 
-def _plain(lm: mhsa.LoadedModel, text: str, answer: str, wrong: str, backward: bool) -> float:
+def _plain(
+    lm: mhsa.engine.LoadedModel, text: str, answer: str, wrong: str, backward: bool
+) -> float:
     """One forward (and backward) of the plain model: the metric at the last position."""
     tok = lm.tokenizer
     inputs = tok(text, return_tensors="pt").to(lm.device)
@@ -73,7 +75,7 @@ def _plain(lm: mhsa.LoadedModel, text: str, answer: str, wrong: str, backward: b
     return float(value.detach())
 
 
-def _gpt2_small_shape(folder: str, device: str, positions: int = 128) -> mhsa.LoadedModel:
+def _gpt2_small_shape(folder: str, device: str, positions: int = 128) -> mhsa.engine.LoadedModel:
     """A random GPT-2 of GPT-2 small's shape, saved with the embedded model's tokenizer."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -94,7 +96,7 @@ TINYLLAMA_SHAPE = {
 _WORDPIECE = {"vocab_size": 30522, "bos_token_id": 101, "eos_token_id": 102}
 
 
-def _llama_1b_shape(folder: str, device: str, positions: int = 2048) -> mhsa.LoadedModel:
+def _llama_1b_shape(folder: str, device: str, positions: int = 2048) -> mhsa.engine.LoadedModel:
     """A random Llama of TinyLlama-1.1B's shape (22 layers of 32 query heads sharing 4
     key/value heads, width 2048, MLP 5632), float32, built on ``device``, saved with the
     embedded model's tokenizer (30,522 words instead of 32,000)."""
@@ -130,11 +132,11 @@ def _big(device: str, clock, tokens: int = 64, shape: str = "gpt2") -> None:
         kw = {"model": lm, "answer": "cat", "wrong": "dog"}
         fns = {
             "forward+backward": lambda: _plain(lm, clean, "cat", "dog", True),
-            "eap": lambda: mhsa.edge_attribution(clean, corrupted, **kw),
+            "eap": lambda: mhsa.circuits.edge_attribution(clean, corrupted, **kw),
             "eap, copies": _switched_off(
                 circuits,
                 "TAPPED_GRADIENTS",
-                lambda: mhsa.edge_attribution(clean, corrupted, **kw),
+                lambda: mhsa.circuits.edge_attribution(clean, corrupted, **kw),
             ),
         }
         peaks = {}
@@ -145,7 +147,7 @@ def _big(device: str, clock, tokens: int = 64, shape: str = "gpt2") -> None:
             fn()
             if cuda:
                 peaks[name] = torch.cuda.max_memory_allocated() / 2**20
-        edges = len(mhsa.edge_attribution(clean, corrupted, **kw))
+        edges = len(mhsa.circuits.edge_attribution(clean, corrupted, **kw))
         tokens = len(lm.tokenizer(clean)["input_ids"])
         times = median_times(fns, repeat=7, warmup=1, budget_s=90, clock=clock)
     one = times["forward+backward"]
@@ -167,7 +169,7 @@ def _big(device: str, clock, tokens: int = 64, shape: str = "gpt2") -> None:
 SENTENCES = ("The cat sat on the mat.", "The dog sat on the mat.", "A cat was sitting on the rug.")
 
 
-def _plain_encoder(lm: mhsa.LoadedModel, text: str, reference: torch.Tensor) -> float:
+def _plain_encoder(lm: mhsa.engine.LoadedModel, text: str, reference: torch.Tensor) -> float:
     """One forward and backward of the plain encoder: cos(sentence embedding, reference)."""
     inputs = lm.tokenizer(text, return_tensors="pt").to(lm.device)
     embeddings = lm.model.get_input_embeddings()(inputs["input_ids"]).detach()
@@ -201,7 +203,7 @@ def _minilm(device: str, clock) -> None:
         inputs = lm.tokenizer(pair, return_tensors="pt").to(lm.device)
         reference = lm.model(**inputs).last_hidden_state.mean(1)[0]
     similarity = {"model": lm, "target": "similarity", "text_pair": pair}
-    scores = mhsa.edge_attribution(clean, corrupted, method="eap", **similarity)
+    scores = mhsa.circuits.edge_attribution(clean, corrupted, method="eap", **similarity)
     edges = len(scores)
 
     def forwards() -> None:
@@ -214,20 +216,20 @@ def _minilm(device: str, clock) -> None:
     times = median_times(
         {
             "forward+backward": lambda: _plain_encoder(lm, clean, reference),
-            "eap (similarity)": lambda: mhsa.edge_attribution(
+            "eap (similarity)": lambda: mhsa.circuits.edge_attribution(
                 clean, corrupted, method="eap", **similarity
             ),
-            "eap-ig (embedding, 5 steps)": lambda: mhsa.edge_attribution(
+            "eap-ig (embedding, 5 steps)": lambda: mhsa.circuits.edge_attribution(
                 clean, corrupted, model=lm, method="eap-ig"
             ),
             "10 forwards": forwards,
-            "curve (10 sizes)": lambda: mhsa.faithfulness_curve(
+            "curve (10 sizes)": lambda: mhsa.circuits.faithfulness_curve(
                 clean, corrupted, scores, **similarity
             ),
             "curve, every copy": _switched_off(
                 circuit_postnorm,
                 "COPIES_ONLY_WHERE_MIXED",
-                lambda: mhsa.faithfulness_curve(clean, corrupted, scores, **similarity),
+                lambda: mhsa.circuits.faithfulness_curve(clean, corrupted, scores, **similarity),
             ),
         },
         repeat=11,
@@ -283,18 +285,20 @@ def main() -> None:
     lm = mhsa.load_model(args.model, device=args.device)
     clean, corrupted, answer, wrong = TOY
     kw = {"model": lm, "answer": answer, "wrong": wrong}
-    scores = mhsa.edge_attribution(clean, corrupted, **kw)
+    scores = mhsa.circuits.edge_attribution(clean, corrupted, **kw)
     edges = len(scores)
     times = median_times(
         {
             "forward+backward": lambda: _plain(lm, clean, answer, wrong, True),
             "10 forwards": lambda: [_plain(lm, clean, answer, wrong, False) for _ in range(10)],
-            "eap": lambda: mhsa.edge_attribution(clean, corrupted, **kw),
-            "eap-ig (5 steps)": lambda: mhsa.edge_attribution(
+            "eap": lambda: mhsa.circuits.edge_attribution(clean, corrupted, **kw),
+            "eap-ig (5 steps)": lambda: mhsa.circuits.edge_attribution(
                 clean, corrupted, method="eap-ig", **kw
             ),
-            "exact": lambda: mhsa.edge_attribution(clean, corrupted, method="exact", **kw),
-            "curve (10 sizes)": lambda: mhsa.faithfulness_curve(clean, corrupted, scores, **kw),
+            "exact": lambda: mhsa.circuits.edge_attribution(clean, corrupted, method="exact", **kw),
+            "curve (10 sizes)": lambda: mhsa.circuits.faithfulness_curve(
+                clean, corrupted, scores, **kw
+            ),
         },
         repeat=11,
         budget_s=60,

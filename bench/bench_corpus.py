@@ -33,7 +33,7 @@ from mhsa.engine.runs.batches import Corpus, Entry
 SENTENCES = Path(__file__).resolve().parents[1] / "data" / "sentences.txt"
 
 
-def build_corpus(lm: mhsa.LoadedModel, count: int, seed: int = 0) -> list[str]:
+def build_corpus(lm: mhsa.engine.LoadedModel, count: int, seed: int = 0) -> list[str]:
     lines = SENTENCES.read_text(encoding="utf-8").splitlines()
     rng = random.Random(seed)
     out: list[str] = []
@@ -50,7 +50,7 @@ def timed(fn):
     return time.perf_counter() - start, value
 
 
-def statistics_rows(lm: mhsa.LoadedModel, entries: list[Entry], rounds: int) -> list[dict]:
+def statistics_rows(lm: mhsa.engine.LoadedModel, entries: list[Entry], rounds: int) -> list[dict]:
     """Statistics, then statistics + JS similarity: one by one against batched."""
     rows = []
     for what, sim, n_rounds in (
@@ -82,10 +82,10 @@ def statistics_rows(lm: mhsa.LoadedModel, entries: list[Entry], rounds: int) -> 
     return rows
 
 
-def importance_row(lm: mhsa.LoadedModel, few: list[Entry]) -> dict:
+def importance_row(lm: mhsa.engine.LoadedModel, few: list[Entry]) -> dict:
     """Leave-one-out importance: ``head_importance`` against the batched corpus path."""
     items = [e.text for e in few]
-    one_s, table = timed(lambda: mhsa.head_importance(items, model=lm))
+    one_s, table = timed(lambda: mhsa.causal.head_importance(items, model=lm))
     bat_s, acc = timed(lambda: corpus_importance(few, model=lm))
     diff = (acc.frame()["importance"] - table["importance"]).abs().max()
     return {
@@ -97,7 +97,7 @@ def importance_row(lm: mhsa.LoadedModel, few: list[Entry]) -> dict:
     }
 
 
-def print_ray_rows(lm: mhsa.LoadedModel, texts: list[str]) -> None:
+def print_ray_rows(lm: mhsa.engine.LoadedModel, texts: list[str]) -> None:
     """Ray on a local instance (2 workers) against the batched local path; prints its table."""
     import ray
 

@@ -88,7 +88,7 @@ def _models() -> dict[str, object]:
     }
 
 
-def _saved(build, folder: str) -> mhsa.LoadedModel:
+def _saved(build, folder: str) -> mhsa.engine.LoadedModel:
     from transformers import AutoTokenizer
 
     torch.manual_seed(0)

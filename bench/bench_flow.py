@@ -27,7 +27,7 @@ from mhsa.causal.flow import flow_contributions, flow_graph
 from tests.tiny import save_tiny
 
 
-def _random_gpt2(folder: str, **sizes: int) -> mhsa.LoadedModel:
+def _random_gpt2(folder: str, **sizes: int) -> mhsa.engine.LoadedModel:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
@@ -35,7 +35,7 @@ def _random_gpt2(folder: str, **sizes: int) -> mhsa.LoadedModel:
     return mhsa.load_model(path, device="cpu")
 
 
-def _rows(name: str, lm: mhsa.LoadedModel, text: str, answer: str, wrong: str) -> list[dict]:
+def _rows(name: str, lm: mhsa.engine.LoadedModel, text: str, answer: str, wrong: str) -> list[dict]:
     tokens = len(lm.tokenizer(text)["input_ids"])
     flow = flow_contributions(text, model=lm)
 

@@ -92,10 +92,12 @@ def _candidates(lm, text: str) -> dict[str, Callable[[], object]]:
     pair = {k: v.to(lm.device) for k, v in lm.tokenizer(PAIR, return_tensors="pt").items()}
     probe = torch.randn(384, generator=torch.Generator().manual_seed(0)).to(lm.device)
     return {
-        "leave-one-out (ours)": lambda: mhsa.head_importance([text], model=lm, method="ablation"),
+        "leave-one-out (ours)": lambda: mhsa.causal.head_importance(
+            [text], model=lm, method="ablation"
+        ),
         "72 hooked forwards": lambda: _hooked_forwards(lm, inputs),
         "72 gated forwards": lambda: _gated_forwards(lm, inputs),
-        "gradient (ours, pair)": lambda: mhsa.head_importance(
+        "gradient (ours, pair)": lambda: mhsa.causal.head_importance(
             [(text, PAIR)], model=lm, method="gradient"
         ),
         "gradient pass, one sentence": lambda: _gradient_pass(lm, inputs, probe),

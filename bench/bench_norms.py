@@ -35,7 +35,7 @@ SENTENCES = (
 )
 
 
-def timings(model: mhsa.LoadedModel) -> list[dict]:
+def timings(model: mhsa.engine.LoadedModel) -> list[dict]:
     """Median ms of ``attend`` without and with norms, per engine and length, interleaved."""
     rows = []
     for n in (128, 512):
@@ -64,14 +64,14 @@ def timings(model: mhsa.LoadedModel) -> list[dict]:
     return rows
 
 
-def special_shares(model: mhsa.LoadedModel) -> list[dict]:
+def special_shares(model: mhsa.engine.LoadedModel) -> list[dict]:
     """Per layer, the share of each query's attention on [CLS] and [SEP], mean over queries,
     heads and ``SENTENCES``: by weights, and by weights times value norms (rows scaled to 1)."""
     by_weight, by_norm, uniform, carried = [], [], [], []
     for sentence in SENTENCES:
         result = mhsa.attend(sentence, model=model, norms=True)
         special = np.array(result.special)
-        rows = mhsa.norms_as_attention(result, rows_sum_to_one=True).attention
+        rows = mhsa.engine.norms_as_attention(result, rows_sum_to_one=True).attention
         by_weight.append(result.attention[..., special].sum(-1).mean(-1))  # (L, H)
         by_norm.append(rows[..., special].sum(-1).mean(-1))
         uniform.append(special.mean())

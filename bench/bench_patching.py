@@ -3,7 +3,7 @@ one forward pass per head with a hook on the plain model, interleaved in one run
 
     python -m bench.bench_patching [--device cpu|cuda] [--tokens 32] [--threads N]
 
-Target (issue 31): all heads patched (``mhsa.patch_heads``) in at most 0.5x the time of one
+Target (issue 31): all heads patched (``mhsa.causal.patch_heads``) in at most 0.5x the time of one
 hooked forward per head, on the embedded MiniLM (a sentence of ``--tokens`` tokens, one word
 swapped; metric: cosine to the clean embedding) and on ``toy:induction`` (a repeat and the
 repeat broken; metric: a logit difference).
@@ -32,7 +32,7 @@ from bench.bench_attend import text_of
 from bench.common import median_times, print_table
 
 
-def _output_projection(lm: mhsa.LoadedModel, layer: int) -> torch.nn.Module:
+def _output_projection(lm: mhsa.engine.LoadedModel, layer: int) -> torch.nn.Module:
     """The module whose input is ``layer``'s concatenated heads (BERT, GPT-2, Llama)."""
     model = lm.model
     if hasattr(model, "layers"):
@@ -42,7 +42,7 @@ def _output_projection(lm: mhsa.LoadedModel, layer: int) -> torch.nn.Module:
     return model.encoder.layer[layer].attention.output.dense
 
 
-def _metric(lm: mhsa.LoadedModel, answer: str | None, wrong: str | None) -> Callable:
+def _metric(lm: mhsa.engine.LoadedModel, answer: str | None, wrong: str | None) -> Callable:
     """The metric ``patch_heads`` uses, on the plain model's outputs."""
     if answer is None or wrong is None:
 
@@ -63,7 +63,7 @@ def _metric(lm: mhsa.LoadedModel, answer: str | None, wrong: str | None) -> Call
 
 
 def hooked_forwards(
-    lm: mhsa.LoadedModel, clean: str, corrupted: str, answer: str | None, wrong: str | None
+    lm: mhsa.engine.LoadedModel, clean: str, corrupted: str, answer: str | None, wrong: str | None
 ) -> np.ndarray:
     """Every head patched by hand, one hooked forward per head (the baseline)."""
     tok = lm.tokenizer
@@ -108,7 +108,7 @@ def hooked_forwards(
     return out
 
 
-def _toy_texts(lm: mhsa.LoadedModel) -> tuple[str, str, str, str]:
+def _toy_texts(lm: mhsa.engine.LoadedModel) -> tuple[str, str, str, str]:
     """A repeat of 12 symbols up to its 8th, and the same with the symbol before the answer's
     first occurrence replaced; the answer and a wrong one."""
     symbols = sorted(w for w in lm.tokenizer.get_vocab() if not w.startswith("["))
@@ -118,7 +118,7 @@ def _toy_texts(lm: mhsa.LoadedModel) -> tuple[str, str, str, str]:
     return " ".join(half + half[:8]), " ".join(broken + half[:8]), half[8], unused[1]
 
 
-def _minilm_texts(lm: mhsa.LoadedModel, tokens: int) -> tuple[str, str, None, None]:
+def _minilm_texts(lm: mhsa.engine.LoadedModel, tokens: int) -> tuple[str, str, None, None]:
     clean = text_of(lm, tokens)
     words = clean.split()
     corrupted = " ".join([*words[:2], "dog", *words[3:]])
@@ -126,20 +126,20 @@ def _minilm_texts(lm: mhsa.LoadedModel, tokens: int) -> tuple[str, str, None, No
     return clean, corrupted, None, None
 
 
-def _case(lm: mhsa.LoadedModel, texts: tuple) -> dict[str, Callable[[], object]]:
+def _case(lm: mhsa.engine.LoadedModel, texts: tuple) -> dict[str, Callable[[], object]]:
     clean, corrupted, answer, wrong = texts
     kwargs = {"model": lm, "answer": answer, "wrong": wrong}
     return {
-        "batched": lambda: mhsa.patch_heads(clean, corrupted, **kwargs),
+        "batched": lambda: mhsa.causal.patch_heads(clean, corrupted, **kwargs),
         "hooked": lambda: hooked_forwards(lm, clean, corrupted, answer, wrong),
-        "attribution": lambda: mhsa.attribution_patching(clean, corrupted, **kwargs),
+        "attribution": lambda: mhsa.causal.attribution_patching(clean, corrupted, **kwargs),
     }
 
 
-def _check(lm: mhsa.LoadedModel, texts: tuple) -> float:
+def _check(lm: mhsa.engine.LoadedModel, texts: tuple) -> float:
     """Largest difference between the two ways' patched metrics (they must agree)."""
     clean, corrupted, answer, wrong = texts
-    ours = mhsa.patch_heads(clean, corrupted, model=lm, answer=answer, wrong=wrong)
+    ours = mhsa.causal.patch_heads(clean, corrupted, model=lm, answer=answer, wrong=wrong)
     hand = hooked_forwards(lm, clean, corrupted, answer, wrong)
     return float(np.abs(ours["patched"].to_numpy() - hand.reshape(-1)).max())
 

@@ -36,8 +36,8 @@ def main() -> None:
                 texts, "induction", model=model, engine="mhsa"
             ),
             "random tokens (10 x 100)": lambda: mhsa.detect_heads(None, model=model),
-            "sinks (1 sentence)": lambda: mhsa.attention_sinks(result),
-            "K composition": lambda: mhsa.head_composition(model, "K"),
+            "sinks (1 sentence)": lambda: mhsa.analysis.attention_sinks(result),
+            "K composition": lambda: mhsa.analysis.head_composition(model, "K"),
         },
         repeat=11,
     )

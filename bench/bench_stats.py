@@ -42,9 +42,9 @@ def js_before(a: np.ndarray, chunk_elems: int = 2**24) -> np.ndarray:
 def analyse(result: mhsa.AttentionResult) -> None:
     mhsa.head_stats(result)
     sim = mhsa.head_similarity(result, metric="js")
-    mhsa.head_map(sim)
-    mhsa.head_clusters(sim, 6)
-    mhsa.attention_rollout(result)
+    mhsa.analysis.head_map(sim)
+    mhsa.analysis.head_clusters(sim, 6)
+    mhsa.analysis.attention_rollout(result)
 
 
 def main() -> None:
@@ -59,9 +59,9 @@ def main() -> None:
                 "stats": lambda r=r: mhsa.head_stats(r),
                 "js": lambda r=r: mhsa.head_similarity(r, metric="js"),
                 "cosine": lambda r=r: mhsa.head_similarity(r, metric="cosine"),
-                "map": lambda s=sim: mhsa.head_map(s),
-                "clusters": lambda s=sim: mhsa.head_clusters(s, 6),
-                "rollout": lambda r=r: mhsa.attention_rollout(r),
+                "map": lambda s=sim: mhsa.analysis.head_map(s),
+                "clusters": lambda s=sim: mhsa.analysis.head_clusters(s, 6),
+                "rollout": lambda r=r: mhsa.analysis.attention_rollout(r),
             },
             repeat=11,
         )

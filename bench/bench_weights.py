@@ -39,7 +39,7 @@ PANEL_RUNS = 10
 MINILM_COLUMNS = ["what", "tokens", "CPU p50 ms", "CPU p95 ms", "wall p50 ms", "wall p95 ms"]
 
 
-def _rows(name: str, lm: mhsa.LoadedModel, text: str) -> list[dict]:
+def _rows(name: str, lm: mhsa.engine.LoadedModel, text: str) -> list[dict]:
     ids = lm.tokenizer(text, return_tensors="pt")
     tokens = int(ids["input_ids"].shape[1])
     head = f"L{lm.config.num_hidden_layers - 1}H1"
@@ -49,16 +49,16 @@ def _rows(name: str, lm: mhsa.LoadedModel, text: str) -> list[dict]:
             lm.head_model(**ids)
 
     def panel() -> None:
-        terms = mhsa.qk_attribution(text, head, model=lm)
+        terms = mhsa.analysis.qk_attribution.qk_attribution(text, head, model=lm)
         summarised(terms, len(terms.attrs["tokens"]) - 1)
 
     start = time.process_time()
-    mhsa.ov_copying_scores(lm)  # the first call also builds our module's blocks
+    mhsa.analysis.ov_copying_scores(lm)  # the first call also builds our module's blocks
     cold = time.process_time() - start
     times = median_times(
         {
             "forward": forward,
-            "copying scores (every head)": lambda: mhsa.ov_copying_scores(lm),
+            "copying scores (every head)": lambda: mhsa.analysis.ov_copying_scores(lm),
             f"Why here? panel ({head}, last query)": panel,
         },
         repeat=5,
@@ -96,17 +96,21 @@ def _minilm_panel(text: str) -> list[dict]:
     lm = mhsa.load_model("default", device="cpu")
     tokens = int(lm.tokenizer(text, return_tensors="pt")["input_ids"].shape[1])
     layer = lm.config.num_hidden_layers - 1
-    sources = mhsa.layer_sources(text, layer, model=lm)
+    sources = mhsa.analysis.layer_sources(text, layer, model=lm)
     cells = iter(range(10**6))
 
     def first_click() -> None:
-        fresh = mhsa.layer_sources(text, layer, model=lm)
-        terms = mhsa.qk_attribution(fresh, (layer, 1), model=lm, query=tokens - 1)
+        fresh = mhsa.analysis.layer_sources(text, layer, model=lm)
+        terms = mhsa.analysis.qk_attribution.qk_attribution(
+            fresh, (layer, 1), model=lm, query=tokens - 1
+        )
         summarised(terms, 0)
 
     def another_cell() -> None:
         n = next(cells)
-        terms = mhsa.qk_attribution(sources, (layer, n % 12), model=lm, query=n % tokens)
+        terms = mhsa.analysis.qk_attribution.qk_attribution(
+            sources, (layer, n % 12), model=lm, query=n % tokens
+        )
         summarised(terms, (7 * n) % tokens)
 
     def forward() -> None:

@@ -36,7 +36,7 @@ def prunable(curve, order: str) -> tuple[int, float]:
 def main() -> None:
     lm = mhsa.load_model("default", device="cpu")
     texts = [ln.strip() for ln in CORPUS.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    table = mhsa.head_importance(texts, model=lm, method="ablation", target="embedding")
+    table = mhsa.causal.head_importance(texts, model=lm, method="ablation", target="embedding")
     stats = mhsa.head_stats([mhsa.attend(t, model=lm) for t in texts])
     ranked = table.sort_values("importance", ascending=False)
     print(f"{len(texts)} sentences from data/corpus.txt, target embedding (1 - cosine), ablation\n")
@@ -55,7 +55,7 @@ def main() -> None:
     rho = rank_correlation(table, stats, "confidence")
     print(f"Spearman(importance, confidence) = {rho:.2f}")
     for seed in (0, 1, 2):
-        curve = mhsa.pruning_curve(
+        curve = mhsa.causal.pruning_curve(
             texts, model=lm, target="embedding", importance=table, steps=72, seed=seed
         )
         if seed == 0:

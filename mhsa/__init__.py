@@ -1,101 +1,46 @@
 """MHSA Explorer's engine: multi-head self-attention, attention extraction, head analysis.
 
 Never imports streamlit; only ``mhsa.plots`` imports plotly.
+
+The top level holds what a first notebook needs (``__all__``); everything else lives in its
+subpackage (``mhsa.causal.patch_heads``, ``mhsa.engine.attend_layers``). The names this package
+exported in 0.1 still resolve here until 0.3.0, each with a ``DeprecationWarning`` naming its
+home (``mhsa.compat.MOVED_NAMES``), as do the module paths of before the package was grouped
+by concern (``mhsa.patching``: ``mhsa.compat.MOVED_MODULES``).
 """
 
-import mhsa.compat  # noqa: F401  (old names kept for a release: mhsa.deprecation)
-from mhsa.analysis.qk_attribution import LayerSources, layer_sources, qk_attribution
-from mhsa.analysis.roles import (
-    AttentionSinks,
-    attention_sinks,
-    detect_heads,
-    head_composition,
-    induction_scores,
-    sink_value_norms,
-    strongest_inputs,
+import importlib
+import sys
+import warnings
+from typing import Any
+
+from mhsa import (
+    analysis,
+    atlas,
+    causal,
+    circuits,
+    compat,  # old names and module paths kept for a release (mhsa.deprecation)
+    engine,
+    training,
 )
-from mhsa.analysis.similarity import HeadClusters, head_clusters, head_map, head_similarity
-from mhsa.analysis.stats import attention_rollout, head_stats, top_attended
-from mhsa.analysis.stream import streamed_head_similarity, streamed_head_stats
-from mhsa.analysis.weights import (
-    PositionalQK,
-    ov_copying_scores,
-    ov_top_tokens,
-    qk_positional_scores,
-)
-from mhsa.atlas import Atlas, AtlasParts, build_atlas, open_atlas
-from mhsa.causal.attribution import HeadAttribution, LogitLens, head_attribution, logit_lens
-from mhsa.causal.flow import FlowGraph, information_flow
-from mhsa.causal.importance import Ablation, ablate, head_importance
-from mhsa.causal.patching import (
-    PATCH_POINTS,
-    PATCH_TARGETS,
-    attribution_patching,
-    patch_heads,
-    patch_positions,
-    patching_correlation,
-)
-from mhsa.causal.pruning import pruning_curve
-from mhsa.circuits import (
-    EDGE_METHODS,
-    MIB_PERCENTAGES,
-    CircuitGraph,
-    FaithfulnessCurve,
-    PathPatch,
-    circuit_faithfulness,
-    circuit_graph,
-    edge_attribution,
-    faithfulness_curve,
-    path_patch,
-    top_edges,
-)
-from mhsa.engine.attention.module import (
-    MultiHeadSelfAttention,
-    RotaryEmbedding,
-    TraceStep,
-    attention_core,
-    scaled_dot_product_attention,
-)
-from mhsa.engine.extract import (
-    ENGINE_DESCRIPTIONS,
-    ENGINE_LABELS,
-    ENGINE_SPECS,
-    ENGINES,
-    MAX_NEW_TOKENS,
-    EngineSpec,
-    Generation,
-    attend,
-    attend_generated,
-    attend_layers,
-    generate,
-    generate_ids,
-)
-from mhsa.engine.families.registry import SUPPORTED_FOR_MHSA
+from mhsa.analysis.roles import detect_heads
+from mhsa.analysis.similarity import head_similarity
+from mhsa.analysis.stats import head_stats
+from mhsa.causal.importance import ablate
+from mhsa.deprecation import deprecation_message
+from mhsa.engine.attention.module import MultiHeadSelfAttention
+from mhsa.engine.extract import attend
 from mhsa.engine.interop import from_attention
-from mhsa.engine.models.loading import (
-    DEFAULT_MODEL,
-    DEVICES,
-    LoadedModel,
-    cpu_threads,
-    get_model,
-    load_model,
-    pick_device,
-)
-from mhsa.engine.result import ATTENTION_KINDS, AttentionResult, NotebookView, set_html_view
-from mhsa.engine.runs.norms import norms_as_attention
-from mhsa.engine.runs.selection import ATTENTION_DTYPES, Selection
-from mhsa.engine.tokens import find_tokens
+from mhsa.engine.models.loading import load_model
+from mhsa.engine.result import AttentionResult, NotebookView, set_html_view
 from mhsa.errors import InputError, MHSAError, ModelLoadError, UnsupportedModelError
 from mhsa.heads import head_label, parse_head_label
-from mhsa.training import (
-    TASKS,
-    TrainConfig,
-    TrainResult,
-    TrainSnapshot,
-    save_model,
-    toy_model_path,
-    train,
-)
+
+__version__ = "0.2.0"
+
+#: subpackages imported when first asked for: ``mhsa.plots`` imports plotly, ``mhsa.corpus``
+#: the corpus jobs
+_LAZY_SUBPACKAGES = ("corpus", "plots")
 
 
 def _notebook_html(result: AttentionResult, view: str = "heads", **options: object) -> str:
@@ -138,106 +83,60 @@ for _kind, _name in {
     "faithfulness curve": "faithfulness_html",
 }.items():
     set_html_view(_result_html(_name), _kind)
+del _kind, _name
 
 __all__ = [
-    "ATTENTION_DTYPES",
-    "ATTENTION_KINDS",
-    "DEFAULT_MODEL",
-    "DEVICES",
-    "EDGE_METHODS",
-    "ENGINES",
-    "ENGINE_DESCRIPTIONS",
-    "ENGINE_LABELS",
-    "ENGINE_SPECS",
-    "MAX_NEW_TOKENS",
-    "MIB_PERCENTAGES",
-    "PATCH_POINTS",
-    "PATCH_TARGETS",
-    "SUPPORTED_FOR_MHSA",
-    "TASKS",
-    "Ablation",
-    "Atlas",
-    "AtlasParts",
     "AttentionResult",
-    "AttentionSinks",
-    "CircuitGraph",
-    "EngineSpec",
-    "FaithfulnessCurve",
-    "FlowGraph",
-    "Generation",
-    "HeadAttribution",
-    "HeadClusters",
     "InputError",
-    "LayerSources",
-    "LoadedModel",
-    "LogitLens",
     "MHSAError",
     "ModelLoadError",
     "MultiHeadSelfAttention",
-    "PathPatch",
-    "PositionalQK",
-    "RotaryEmbedding",
-    "Selection",
-    "TraceStep",
-    "TrainConfig",
-    "TrainResult",
-    "TrainSnapshot",
     "UnsupportedModelError",
     "ablate",
+    "analysis",
+    "atlas",
     "attend",
-    "attend_generated",
-    "attend_layers",
-    "attention_core",
-    "attention_rollout",
-    "attention_sinks",
-    "attribution_patching",
-    "build_atlas",
-    "circuit_faithfulness",
-    "circuit_graph",
-    "cpu_threads",
+    "causal",
+    "circuits",
+    "corpus",
     "detect_heads",
-    "edge_attribution",
-    "faithfulness_curve",
-    "find_tokens",
+    "engine",
     "from_attention",
-    "generate",
-    "generate_ids",
-    "get_model",
-    "head_attribution",
-    "head_clusters",
-    "head_composition",
-    "head_importance",
     "head_label",
-    "head_map",
     "head_similarity",
     "head_stats",
-    "induction_scores",
-    "information_flow",
-    "layer_sources",
     "load_model",
-    "logit_lens",
-    "norms_as_attention",
-    "open_atlas",
-    "ov_copying_scores",
-    "ov_top_tokens",
     "parse_head_label",
-    "patch_heads",
-    "patch_positions",
-    "patching_correlation",
-    "path_patch",
-    "pick_device",
-    "pruning_curve",
-    "qk_attribution",
-    "qk_positional_scores",
-    "save_model",
-    "scaled_dot_product_attention",
+    "plots",
     "show",
-    "sink_value_norms",
-    "streamed_head_similarity",
-    "streamed_head_stats",
-    "strongest_inputs",
-    "top_attended",
-    "top_edges",
-    "toy_model_path",
-    "train",
+    "training",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A lazy subpackage (``mhsa.plots``), or an old name: a name of 0.1's ``__all__`` that
+    moved to a subpackage (``compat.MOVED_NAMES``) or an old module path read as an attribute
+    (``mhsa.patching``: ``compat.moved_to``), each with a ``DeprecationWarning`` naming its
+    home."""
+    if name in _LAZY_SUBPACKAGES:
+        return importlib.import_module(f"{__name__}.{name}")
+    old = f"{__name__}.{name}"
+    if (home := compat.MOVED_NAMES.get(name)) is not None:
+        module, _, attribute = home.rpartition(".")
+        value = getattr(importlib.import_module(module), attribute)
+        message = deprecation_message(old, home)
+    elif (moved := compat.moved_to(old)) is not None:
+        value, message = importlib.import_module(moved), compat.moved_module_message(old, moved)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # ``from mhsa import x`` asks twice, first from importlib's check of the names it lists:
+    # the second ask, from the importing line itself, warns
+    if sys._getframe(1).f_globals.get("__name__") != "importlib._bootstrap":
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+    return value
+
+
+def __dir__() -> list[str]:
+    """The public names (``__all__``) and the module's dunders: the deprecated names, the
+    helpers and the submodules imported along the way are left out."""
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__"))})

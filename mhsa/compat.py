@@ -1,18 +1,27 @@
-"""Old public names kept working for a release (``mhsa.deprecation``): each warns with a
-``DeprecationWarning`` naming its new name, then does what the new name does.
+"""Old public names kept working until mhsa ``REMOVED_IN`` (``mhsa.deprecation``): each warns
+with a ``DeprecationWarning`` naming its new name, then does what the new name does. All go in
+0.3.0.
 
+- Deprecated in 0.2.0, the names ``mhsa`` exported that now live in its subpackages
+  (``mhsa.patch_heads`` is ``mhsa.causal.patch_heads``): ``MOVED_NAMES``, answered by
+  ``mhsa.__getattr__``, which also answers an old module path as an attribute
+  (``mhsa.patching``, without an import statement: ``MOVED_MODULES``).
 - ``MultiHeadSelfAttention.from_bert`` / ``from_distilbert`` / ``from_gpt2`` / ``from_llama``
   (removed when the family registry arrived): ``mhsa.engine.families.bert.load_bert`` ...
   ``mhsa.engine.families.llama.load_llama``, each in its family's module.
 - ``attn_mask=`` / ``attention_mask=`` of ``MultiHeadSelfAttention.forward``,
   ``attention_weights`` and ``combine_masks`` (renamed ``mask=`` / ``padding_mask=``): at their
   definitions, ``mhsa.deprecation.renamed_kwargs``.
-- Every module path of ``mhsa`` before issue 45 grouped the package by concern
+- Every module path of ``mhsa`` from before the package was grouped by concern
   (``mhsa.circuit_runs``, ``mhsa.models``, ``mhsa.families.neox``...): importing one gives the
   moved module itself (``MOVED_MODULES``, ``MOVED_PACKAGES``) and a ``DeprecationWarning``
   naming its new path, through one import hook (``MovedModuleFinder``, on ``sys.meta_path``).
   ``mhsa.analysis``, ``mhsa.circuits`` and ``mhsa.corpus`` are packages now, and each still
   exports the old module's names.
+- Deprecated in 0.2.0, the engine's module paths from before its sub-folders
+  (``mhsa.engine.swap`` is ``mhsa.engine.runs.swap``, ``mhsa.engine.adapters``
+  ``mhsa.engine.families.registry``...): the same finder and table. ``mhsa.engine.attention``
+  and ``mhsa.engine.models`` are packages now that export the old modules' names.
 
 The constructors are set on the class here, not in ``mhsa.engine.attention.module``: they call the
 family loaders of ``mhsa.engine.families``, which import ``mhsa.engine.attention.module`` (no
@@ -31,7 +40,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from mhsa.deprecation import REMOVED_IN, deprecated_alias
+from mhsa.deprecation import deprecated_alias, deprecation_message
 from mhsa.engine.attention.module import MultiHeadSelfAttention
 from mhsa.engine.families.bert import load_bert
 from mhsa.engine.families.distilbert import load_distilbert
@@ -41,8 +50,10 @@ from mhsa.engine.families.llama import load_llama
 __all__ = [
     "DEPRECATED_CONSTRUCTORS",
     "MOVED_MODULES",
+    "MOVED_NAMES",
     "MOVED_PACKAGES",
     "MovedModuleFinder",
+    "moved_module_message",
     "moved_to",
 ]
 
@@ -75,7 +86,7 @@ for _old, _load in DEPRECATED_CONSTRUCTORS.items():
     setattr(MultiHeadSelfAttention, _old, _constructor(_old, _load))
 
 
-#: old module path -> its home since the package was grouped by concern (issue 45)
+#: old module path -> its home since the package was grouped by concern
 MOVED_MODULES: dict[str, str] = {
     "mhsa.adapters": "mhsa.engine.families.registry",
     "mhsa.attention": "mhsa.engine.attention.module",
@@ -159,6 +170,96 @@ MOVED_MODULES: dict[str, str] = {
 MOVED_PACKAGES: dict[str, str] = {"mhsa.families": "mhsa.engine.families"}
 
 
+#: a name ``mhsa`` exported in 0.1 -> its home (``mhsa.__getattr__`` answers the old one).
+#: ``qk_attribution`` is also the name of its module, which ``mhsa.analysis`` keeps visible.
+MOVED_NAMES: dict[str, str] = {
+    "AttentionSinks": "mhsa.analysis.AttentionSinks",
+    "HeadClusters": "mhsa.analysis.HeadClusters",
+    "LayerSources": "mhsa.analysis.LayerSources",
+    "PositionalQK": "mhsa.analysis.PositionalQK",
+    "attention_rollout": "mhsa.analysis.attention_rollout",
+    "attention_sinks": "mhsa.analysis.attention_sinks",
+    "head_clusters": "mhsa.analysis.head_clusters",
+    "head_composition": "mhsa.analysis.head_composition",
+    "head_map": "mhsa.analysis.head_map",
+    "induction_scores": "mhsa.analysis.induction_scores",
+    "layer_sources": "mhsa.analysis.layer_sources",
+    "ov_copying_scores": "mhsa.analysis.ov_copying_scores",
+    "ov_top_tokens": "mhsa.analysis.ov_top_tokens",
+    "qk_attribution": "mhsa.analysis.qk_attribution.qk_attribution",
+    "qk_positional_scores": "mhsa.analysis.qk_positional_scores",
+    "sink_value_norms": "mhsa.analysis.sink_value_norms",
+    "streamed_head_similarity": "mhsa.analysis.streamed_head_similarity",
+    "streamed_head_stats": "mhsa.analysis.streamed_head_stats",
+    "strongest_inputs": "mhsa.analysis.strongest_inputs",
+    "top_attended": "mhsa.analysis.top_attended",
+    "Atlas": "mhsa.atlas.Atlas",
+    "AtlasParts": "mhsa.atlas.AtlasParts",
+    "build_atlas": "mhsa.atlas.build_atlas",
+    "open_atlas": "mhsa.atlas.open_atlas",
+    "PATCH_POINTS": "mhsa.causal.PATCH_POINTS",
+    "PATCH_TARGETS": "mhsa.causal.PATCH_TARGETS",
+    "Ablation": "mhsa.causal.Ablation",
+    "FlowGraph": "mhsa.causal.FlowGraph",
+    "HeadAttribution": "mhsa.causal.HeadAttribution",
+    "LogitLens": "mhsa.causal.LogitLens",
+    "attribution_patching": "mhsa.causal.attribution_patching",
+    "head_attribution": "mhsa.causal.head_attribution",
+    "head_importance": "mhsa.causal.head_importance",
+    "information_flow": "mhsa.causal.information_flow",
+    "logit_lens": "mhsa.causal.logit_lens",
+    "patch_heads": "mhsa.causal.patch_heads",
+    "patch_positions": "mhsa.causal.patch_positions",
+    "patching_correlation": "mhsa.causal.patching_correlation",
+    "pruning_curve": "mhsa.causal.pruning_curve",
+    "EDGE_METHODS": "mhsa.circuits.EDGE_METHODS",
+    "MIB_PERCENTAGES": "mhsa.circuits.MIB_PERCENTAGES",
+    "CircuitGraph": "mhsa.circuits.CircuitGraph",
+    "FaithfulnessCurve": "mhsa.circuits.FaithfulnessCurve",
+    "PathPatch": "mhsa.circuits.PathPatch",
+    "circuit_faithfulness": "mhsa.circuits.circuit_faithfulness",
+    "circuit_graph": "mhsa.circuits.circuit_graph",
+    "edge_attribution": "mhsa.circuits.edge_attribution",
+    "faithfulness_curve": "mhsa.circuits.faithfulness_curve",
+    "path_patch": "mhsa.circuits.path_patch",
+    "top_edges": "mhsa.circuits.top_edges",
+    "ATTENTION_DTYPES": "mhsa.engine.ATTENTION_DTYPES",
+    "ATTENTION_KINDS": "mhsa.engine.ATTENTION_KINDS",
+    "DEFAULT_MODEL": "mhsa.engine.DEFAULT_MODEL",
+    "DEVICES": "mhsa.engine.DEVICES",
+    "ENGINES": "mhsa.engine.ENGINES",
+    "ENGINE_DESCRIPTIONS": "mhsa.engine.ENGINE_DESCRIPTIONS",
+    "ENGINE_LABELS": "mhsa.engine.ENGINE_LABELS",
+    "ENGINE_SPECS": "mhsa.engine.ENGINE_SPECS",
+    "MAX_NEW_TOKENS": "mhsa.engine.MAX_NEW_TOKENS",
+    "SUPPORTED_FOR_MHSA": "mhsa.engine.SUPPORTED_FOR_MHSA",
+    "EngineSpec": "mhsa.engine.EngineSpec",
+    "Generation": "mhsa.engine.Generation",
+    "LoadedModel": "mhsa.engine.LoadedModel",
+    "RotaryEmbedding": "mhsa.engine.RotaryEmbedding",
+    "Selection": "mhsa.engine.Selection",
+    "TraceStep": "mhsa.engine.TraceStep",
+    "attend_generated": "mhsa.engine.attend_generated",
+    "attend_layers": "mhsa.engine.attend_layers",
+    "attention_core": "mhsa.engine.attention_core",
+    "cpu_threads": "mhsa.engine.cpu_threads",
+    "find_tokens": "mhsa.engine.find_tokens",
+    "generate": "mhsa.engine.generate",
+    "generate_ids": "mhsa.engine.generate_ids",
+    "get_model": "mhsa.engine.get_model",
+    "norms_as_attention": "mhsa.engine.norms_as_attention",
+    "pick_device": "mhsa.engine.pick_device",
+    "scaled_dot_product_attention": "mhsa.engine.scaled_dot_product_attention",
+    "TASKS": "mhsa.training.TASKS",
+    "TrainConfig": "mhsa.training.TrainConfig",
+    "TrainResult": "mhsa.training.TrainResult",
+    "TrainSnapshot": "mhsa.training.TrainSnapshot",
+    "save_model": "mhsa.training.save_model",
+    "toy_model_path": "mhsa.training.toy_model_path",
+    "train": "mhsa.training.train",
+}
+
+
 def moved_to(old: str) -> str | None:
     """The module path that ``old`` moved to, or None when it did not move."""
     if old in MOVED_MODULES:
@@ -167,6 +268,11 @@ def moved_to(old: str) -> str | None:
         if old == package or old.startswith(package + "."):
             return new + old[len(package) :]
     return None
+
+
+def moved_module_message(old: str, new: str) -> str:
+    """The warning of an old module path ``old``, imported or read as an attribute."""
+    return deprecation_message(f"The module {old}", new)
 
 
 class _MovedModuleLoader(importlib.abc.Loader):
@@ -178,8 +284,7 @@ class _MovedModuleLoader(importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         warnings.warn(
-            f"The module {spec.name} is deprecated and will be removed in mhsa {REMOVED_IN}: "
-            f"use {self.new} instead.",
+            moved_module_message(spec.name, self.new),
             DeprecationWarning,
             stacklevel=2,  # importlib's own frames are skipped: the importing line
         )
@@ -208,11 +313,13 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder):
 
 class _PublicNamesKept(ModuleType):
     """``mhsa``'s own class: importing a submodule sets it as an attribute of its package, and
-    ``import mhsa.circuit_graph`` (an old path, now ``mhsa.circuits.graph``) would put the module
-    where the public function ``mhsa.circuit_graph`` is. A module never replaces a name that is
-    not a module."""
+    ``import mhsa.circuit_graph`` (an old module path, now ``mhsa.circuits.graph``) would put the
+    module where the old public function ``mhsa.circuit_graph`` is answered. A module never
+    replaces a name that is not a module, nor an old public name (``MOVED_NAMES``)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, ModuleType) and name in MOVED_NAMES:
+            return
         current = self.__dict__.get(name)
         if (
             isinstance(value, ModuleType)

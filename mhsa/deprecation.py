@@ -1,5 +1,6 @@
-"""Renamed public names keep working for a release, with a ``DeprecationWarning`` naming the new
-one, as transformers deprecates arguments (``transformers.utils.deprecation.deprecate_kwarg``).
+"""Renamed public names keep working until the release ``REMOVED_IN``, with a
+``DeprecationWarning`` naming the new one, as transformers deprecates arguments
+(``transformers.utils.deprecation.deprecate_kwarg``). Which names: ``mhsa.compat``.
 
 Written here rather than taken from transformers: its helper warns with ``FutureWarning`` (for
 end users of an application; these names are a library's, for programmers, which is what
@@ -15,16 +16,21 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["REMOVED_IN", "deprecated_alias", "renamed_kwargs"]
+__all__ = ["REMOVED_IN", "deprecated_alias", "deprecation_message", "renamed_kwargs"]
 
-#: the release that drops the old names (this one, 0.1, still takes them)
-REMOVED_IN = "0.2"
+#: the release that drops the old names (0.2.0, the release before it, still takes them)
+REMOVED_IN = "0.3.0"
 
 Fn = TypeVar("Fn", bound=Callable[..., Any])
 
 #: frames a warning skips to reach the caller: this module's and torch's module-call machinery
 #: (``model(x)`` reaches ``forward`` through ``nn.Module.__call__``)
 _SKIPPED = (os.path.dirname(__file__) + os.sep + "deprecation.py", f"torch{os.sep}nn{os.sep}")
+
+
+def deprecation_message(old: str, new: str) -> str:
+    """The one wording of every deprecation here: ``old`` goes in ``REMOVED_IN``, use ``new``."""
+    return f"{old} is deprecated and will be removed in mhsa {REMOVED_IN}: use {new} instead."
 
 
 def _caller_stacklevel() -> int:
@@ -57,9 +63,9 @@ def renamed_kwargs(**renames: str) -> Callable[[Fn], Fn]:
                             f"{fn.__qualname__}() got both {old!r} and its new name {new!r}: "
                             f"give only {new!r}."
                         )
+                    argument = f"{fn.__qualname__}(): the argument {old!r}"
                     warnings.warn(
-                        f"{fn.__qualname__}(): the argument {old!r} is deprecated and will be "
-                        f"removed in mhsa {REMOVED_IN}: use {new!r} instead.",
+                        deprecation_message(argument, repr(new)),
                         DeprecationWarning,
                         stacklevel=_caller_stacklevel(),
                     )
@@ -81,10 +87,7 @@ def deprecated_alias(
     @functools.wraps(new)
     def alias(*args: Any, **kwargs: Any) -> Any:
         warnings.warn(
-            f"{old_name} is deprecated and will be removed in mhsa {REMOVED_IN}: use {new_name} "
-            "instead.",
-            DeprecationWarning,
-            stacklevel=stacklevel,
+            deprecation_message(old_name, new_name), DeprecationWarning, stacklevel=stacklevel
         )
         return new(*args, **kwargs)
 

@@ -114,7 +114,7 @@ with page.run("MHSA Explorer") as query:
         f"{result.timings['forward'] * 1e3:.1f} ms",
         help="One forward pass of the whole model with this engine.",
     )
-    if mhsa.ENGINE_SPECS[result.engine].seeded:
+    if mhsa.engine.ENGINE_SPECS[result.engine].seeded:
         timing[2].metric("attention blocks", f"untrained, seed {result.seed}")
     if result.max_abs_diff is not None:
         timing[2].metric(

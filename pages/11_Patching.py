@@ -43,10 +43,10 @@ PARAMS = {
     "corrupted": Param(DEFAULT_CORRUPTED, text_param),
     "answer": Param("", word_param),
     "wrong": Param("", word_param),
-    "patch_target": Param("embedding", choice(*mhsa.PATCH_TARGETS)),
+    "patch_target": Param("embedding", choice(*mhsa.causal.PATCH_TARGETS)),
     "pair": Param("A cat was sitting on the rug.", text_param),
     "patch_mode": Param("both", choice(*PATCH_MODES)),
-    "patch_what": Param("z", choice(*mhsa.PATCH_POINTS)),
+    "patch_what": Param("z", choice(*mhsa.causal.PATCH_POINTS)),
     "patch_layer": Param(0, index_param),
 }
 #: the examples' settings: the embedded encoder (a word swapped), and the toy induction model
@@ -109,12 +109,11 @@ with page.run("Patching", PARAMS) as sidebar:
         "Which heads carry the difference between two texts? Patch one head at a time from the "
         "clean run into the corrupted run and see how much of the clean behaviour comes back."
     )
-    for column, (name, values) in zip(st.columns(len(EXAMPLES)), EXAMPLES.items(), strict=True):
-        column.button(name, on_click=_example, args=(values,))
-    page.patch_texts("Clean text (its activations are patched in)", answers=False)
+    page.example_buttons(EXAMPLES, _example, sidebar.model, PARAMS)
     state = st.session_state
     # the page's own two texts, with the sidebar's model and device (no generated tokens)
     query = sidebar._replace(text=state["clean"], generate=0)
+    page.patch_texts("Clean text (its activations are patched in)", query, answers=False)
     causal = core.can_generate(query.model, query.device)
     if causal:
         page.answer_inputs()
@@ -124,9 +123,9 @@ with page.run("Patching", PARAMS) as sidebar:
     left.radio("Mode", list(PATCH_MODES), key="patch_mode", format_func=PATCH_MODES.get)
     right.radio(
         "Activation patched",
-        list(mhsa.PATCH_POINTS),
+        list(mhsa.causal.PATCH_POINTS),
         key="patch_what",
-        format_func=lambda n: f"{n}: {mhsa.PATCH_POINTS[n].label}",
+        format_func=lambda n: f"{n}: {mhsa.causal.PATCH_POINTS[n].label}",
     )
     with st.expander("What these numbers mean, and the references"):
         st.markdown(EXPLANATION)
@@ -171,10 +170,11 @@ with page.run("Patching", PARAMS) as sidebar:
         help="It opens on the layer of the head with the largest effect.",
     )
     attrs = view.shown.attrs
+    point = mhsa.causal.PATCH_POINTS[attrs["what"]]
     st.caption(
         md_escape(
             f"Metric: {attrs['metric']} · clean run {attrs['clean']:.4g} · corrupted run "
-            f"{attrs['corrupted']:.4g} · activation: {mhsa.PATCH_POINTS[attrs['what']].label}"
+            f"{attrs['corrupted']:.4g} · activation: {point.label}"
         )
     )
     if attrs["kv_heads"]:

@@ -29,10 +29,10 @@ PARAMS = {
     "corrupted": Param("The dog sat on the mat.", text_param),
     "answer": Param("", word_param),
     "wrong": Param("", word_param),
-    "circuit_method": Param("eap-ig", choice(*mhsa.EDGE_METHODS)),
+    "circuit_method": Param("eap-ig", choice(*mhsa.circuits.EDGE_METHODS)),
     "circuit_steps": Param(5, bounded_int(1, 50)),
     "circuit_n": Param(20, bounded_int(1, MAX_N)),
-    "circuit_target": Param("embedding", choice(*mhsa.PATCH_TARGETS)),
+    "circuit_target": Param("embedding", choice(*mhsa.causal.PATCH_TARGETS)),
     "pair": Param("A cat was sitting on the rug.", text_param),
 }
 EXPLANATION = """\
@@ -109,10 +109,7 @@ with page.run("Circuits", PARAMS) as sidebar:
         "Which edges between heads carry the answer? Score every edge at once, keep the "
         "strongest, and see how much of the clean behaviour that small circuit keeps."
     )
-    for column, (name, values) in zip(
-        st.columns(len(CIRCUIT_EXAMPLES)), CIRCUIT_EXAMPLES.items(), strict=True
-    ):
-        column.button(name, on_click=_example, args=(values,))
+    page.example_buttons(CIRCUIT_EXAMPLES, _example, sidebar.model, PARAMS)
     state = st.session_state
     query = sidebar._replace(text=state["clean"], generate=0)
     if "_circuit_open" in state:
@@ -124,11 +121,11 @@ with page.run("Circuits", PARAMS) as sidebar:
         st.info(md_escape(problem + " Try one of the examples above."), icon=":material/explore:")
         page.stop()
     causal = core.can_generate(query.model, query.device)
-    page.patch_texts("Clean text (the run)", answers=causal)
+    page.patch_texts("Clean text (the run)", query, answers=causal)
     if not causal:
         page.encoder_target_inputs("circuit_target")
     left, right = st.columns(2)
-    page.described_choice("Edge scores", mhsa.EDGE_METHODS, "circuit_method", where=left)
+    page.described_choice("Edge scores", mhsa.circuits.EDGE_METHODS, "circuit_method", where=left)
     if state["circuit_method"] == "eap-ig":
         right.number_input("Integrated-gradient steps", 1, 50, key="circuit_steps")
     page.matched_tokens(
@@ -197,7 +194,9 @@ with page.run("Circuits", PARAMS) as sidebar:
         st.caption(f"The drawing shows the top {MAX_DRAWN} of the {n} edges.")
     output = "logits" if causal else "last hidden state"  # what m reads, in both places
     page.figure(
-        plots.circuit_figure(drawn, graph.layers, graph.heads, output=output),
+        plots.circuit_figure(
+            drawn, graph.layers, graph.heads, output=output, metric=attrs["metric"]
+        ),
         "circuit",
         key="circuit-graph",
         on_select=_clicked,

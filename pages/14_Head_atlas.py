@@ -44,7 +44,7 @@ def _notice(message: str) -> None:
     st.warning(md_escape(message), icon=":material/warning:")
 
 
-def _choose_atlas(model: str) -> mhsa.Atlas | None:
+def _choose_atlas(model: str) -> mhsa.atlas.Atlas | None:
     """The atlas picker (the sidebar model's atlas first); None when the server holds none."""
     names = views.atlas_names()
     state = st.session_state
@@ -90,7 +90,7 @@ def _build_offer(model: str) -> None:
         st.rerun()
 
 
-def _pick_head(atlas: mhsa.Atlas) -> str:
+def _pick_head(atlas: mhsa.atlas.Atlas) -> str:
     state = st.session_state
     if state["atlas_head"] not in atlas.labels:
         if state["atlas_head"]:
@@ -100,7 +100,7 @@ def _pick_head(atlas: mhsa.Atlas) -> str:
     return state["atlas_head"]
 
 
-def _examples(atlas: mhsa.Atlas, name: str, head: str) -> None:
+def _examples(atlas: mhsa.atlas.Atlas, name: str, head: str) -> None:
     """The head's top pairs (by norm or weight), one example's neighbourhood, open in Heads."""
     st.subheader("Top examples")
     st.radio(
@@ -146,7 +146,7 @@ def _examples(atlas: mhsa.Atlas, name: str, head: str) -> None:
     _similar(atlas, head, int(row.text_id), int(row["query"]) if chosen < 0 else chosen)
 
 
-def _similar(atlas: mhsa.Atlas, head: str, text_id: int, position: int) -> None:
+def _similar(atlas: mhsa.atlas.Atlas, head: str, text_id: int, position: int) -> None:
     token = atlas.text_tokens(text_id, head)[position]
     st.caption(
         md_escape(
@@ -159,7 +159,7 @@ def _similar(atlas: mhsa.Atlas, head: str, text_id: int, position: int) -> None:
         page.table(near, f"atlas-similar-{head}", label="Download the contexts (.csv)", height=240)
 
 
-def _samples(atlas: mhsa.Atlas, head: str) -> None:
+def _samples(atlas: mhsa.atlas.Atlas, head: str) -> None:
     st.subheader("Samples")
     left, right = st.columns(2)
     with left:
@@ -178,7 +178,7 @@ def _samples(atlas: mhsa.Atlas, head: str) -> None:
         )
 
 
-def _histograms(atlas: mhsa.Atlas, head: str) -> None:
+def _histograms(atlas: mhsa.atlas.Atlas, head: str) -> None:
     st.subheader("Over the corpus")
     summary = atlas.summary(head)
     st.dataframe(views.scores_table(atlas, head), hide_index=True)
@@ -196,7 +196,7 @@ def _histograms(atlas: mhsa.Atlas, head: str) -> None:
             )
 
 
-def _search(atlas: mhsa.Atlas, head: str) -> None:
+def _search(atlas: mhsa.atlas.Atlas, head: str) -> None:
     st.subheader("Search")
     st.caption(
         "Tokens whose strongest key under this head matches: the query token, the key "

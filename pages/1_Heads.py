@@ -92,7 +92,7 @@ def _heads_switched_off(labels: dict[str, list[str]], kind: str, selected: str) 
     return st.session_state["off"]
 
 
-def _output_change(ablation: mhsa.Ablation, *, encoder_decoder: bool) -> None:
+def _output_change(ablation: mhsa.causal.Ablation, *, encoder_decoder: bool) -> None:
     """How far the knock-out moved the target, and what the target is."""
     target = TARGET_SPECS[ablation.target]
     cols = st.columns(3)
@@ -186,7 +186,7 @@ with page.run("Heads", PARAMS, kinds=True) as query:
     ):
         st.number_input("Top", 1, 20, key="topk")
         page.table(
-            mhsa.top_attended(result, layer, head, st.session_state["topk"]),
+            mhsa.analysis.top_attended(result, layer, head, st.session_state["topk"]),
             f"{page.file_stem()}-{name}-top",
             label="Download the list (.csv)",
         )

@@ -9,6 +9,7 @@ from mhsa.analysis.stats import stats_difference
 from ui import page
 from ui.state import Param, index_param, text_param
 from ui.views import long_inputs
+from ui.views.examples import unknown_line
 from ui.views.statistics import head_stats
 
 PARAMS = {
@@ -19,6 +20,7 @@ PARAMS = {
 
 with page.run("Compare two sentences", PARAMS, kinds=True) as query:
     st.text_area("Second sentence", key="text2", height=70)
+    unknown_line(query.model, query.device, st.session_state["text2"], "The second sentence")
     other = query._replace(text=st.session_state["text2"])
     first = page.load(query)
     second = page.load(other, primary=False)

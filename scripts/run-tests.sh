@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # Set up (first time) and run lint + the whole test suite, browser tests included.
 # Needs Debian's chromium and nginx for the browser tests: installed here when missing (as root).
+# --fast (first argument): the inner loop, everything but the browser and load tests
+# (tests/browser), without installing the browser; further arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if { [ ! -x /usr/lib/chromium/chromium ] || [ ! -x /usr/sbin/nginx ]; } \
+fast=0
+if [ "${1:-}" = "--fast" ]; then
+  fast=1
+  shift
+  set -- --ignore=tests/browser -m "not browser and not load" "$@"
+fi
+if [ "$fast" = 0 ] && { [ ! -x /usr/lib/chromium/chromium ] || [ ! -x /usr/sbin/nginx ]; } \
   && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \

@@ -197,8 +197,8 @@ def card(facts: dict, scores: dict[int, tuple[str, float]], n_params: int, args)
             "## Results",
             "",
             "- best induction score (TransformerLens's random-token test, "
-            f"`mhsa.induction_scores`: random symbols, each sequence repeated; a head's mean "
-            f"attention from each repeated token to the token after its earlier copy): "
+            f"`mhsa.analysis.induction_scores`: random symbols, each sequence repeated; a head's "
+            f"mean attention from each repeated token to the token after its earlier copy): "
             f"{measured}",
             "",
             "## Vocabulary and limits",

@@ -76,7 +76,7 @@ def _falcon_rows(attention: nn.Module, heads: int, d: int) -> Rows:
     return lambda part, h: _block(d, 3 * h + "qkv".index(part))
 
 
-def model_parts(lm: mhsa.LoadedModel) -> Parts:
+def model_parts(lm: mhsa.engine.LoadedModel) -> Parts:
     """Where ``lm``'s family keeps what the hand run touches."""
     cfg, base = lm.config, lm.model
     kind = cfg.model_type
@@ -161,7 +161,7 @@ def model_parts(lm: mhsa.LoadedModel) -> Parts:
 
 
 def hand_run(
-    lm: mhsa.LoadedModel,
+    lm: mhsa.engine.LoadedModel,
     text: str,
     added: Mapping[tuple, torch.Tensor],
     embeddings: torch.Tensor | None = None,

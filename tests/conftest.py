@@ -33,7 +33,7 @@ def app_atlas() -> str:
 
 
 @pytest.fixture(scope="session")
-def minilm() -> mhsa.LoadedModel:
+def minilm() -> mhsa.engine.LoadedModel:
     return mhsa.load_model("default", device="cpu")
 
 
@@ -81,7 +81,7 @@ def tiny_bert_sharp_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
-def tiny_bert_model(tiny_bert_path: str) -> mhsa.LoadedModel:
+def tiny_bert_model(tiny_bert_path: str) -> mhsa.engine.LoadedModel:
     """``tiny_bert_path`` loaded once: the library's side of a page test on the tiny BERT."""
     return mhsa.load_model(tiny_bert_path, device="cpu")
 

@@ -67,3 +67,14 @@ def markup_tags(body: str) -> list[str]:
     if re.search(r"https?://|www\.|[\w.+-]@[\w-]+\.\w", text, re.IGNORECASE):
         tags.append("a")
     return tags
+
+
+def notice_lines(at) -> list[str]:
+    """Every notice a page ran shows, one a line: the lines of its warnings (notices share one
+    box, ``ui.state.show_notices``) and of the markdown in its expanders (where more than three
+    are listed)."""
+    lines = [line.strip() for w in at.warning for line in rendered(w.value)[0].splitlines()]
+    for expander in at.expander:
+        for block in expander.markdown:
+            lines += [line.strip() for line in rendered(block.value)[0].splitlines()]
+    return [line for line in lines if line]

@@ -32,9 +32,9 @@ TEXTS = [
 ][:14]
 
 
-def _brute(texts: list[str], model: str | mhsa.LoadedModel) -> list[dict]:
+def _brute(texts: list[str], model: str | mhsa.engine.LoadedModel) -> list[dict]:
     """Per text: attention ``[L, H, n, n]``, norms, token strings and ids, causal flag."""
-    lm = model if isinstance(model, mhsa.LoadedModel) else mhsa.get_model(model)
+    lm = model if isinstance(model, mhsa.engine.LoadedModel) else mhsa.engine.get_model(model)
     out = []
     for text in texts:
         r = mhsa.attend(text, model=lm, engine="transformers", norms=True, max_tokens=512)
@@ -182,7 +182,7 @@ def test_minilm_corpus_scores_equal_transformerlens_definitions(minilm_atlas) ->
 def _hooked_z(texts: list[str], model) -> np.ndarray:
     """Every token's z (all heads) from a forward hook on BERT's self-attention (its context
     layer, before the output dense): ``[tokens, layers * D]``."""
-    lm = mhsa.get_model(model)
+    lm = mhsa.engine.get_model(model)
     rows = []
     for text in texts:
         got = []
@@ -277,7 +277,7 @@ def _seq2seq_brute(texts: list[str], model: str) -> dict[str, list[dict]]:
     """Per part ("encoder", "decoder") and text: the model's own eager attention from
     ``mhsa.attend(engine="transformers")`` and the value norms ``||v_j^h W_O^h||`` of its own
     ``v_proj`` outputs (forward hooks on BART's modules) and ``out_proj`` weights."""
-    lm = mhsa.get_model(model)
+    lm = mhsa.engine.get_model(model)
     stacks = {"encoder": lm.model.encoder.layers, "decoder": lm.model.decoder.layers}
     out: dict[str, list[dict]] = {"encoder": [], "decoder": []}
     for text in texts:
@@ -322,7 +322,7 @@ def test_an_encoder_decoder_atlas_covers_its_encoder_and_decoder(tmp_path, tiny_
     atlas = build_atlas(
         texts, tmp_path / "bart", model=tiny_bart_path, top_k=5, progress=False, shard_texts=3
     )
-    assert isinstance(atlas, mhsa.AtlasParts)
+    assert isinstance(atlas, mhsa.atlas.AtlasParts)
     assert atlas.labels[:1] == ["E0H0"] and "D1H3" in atlas.labels and len(atlas.labels) == 16
     brute = _seq2seq_brute(texts, tiny_bart_path)
     for part, label in (("encoder", "E1H2"), ("decoder", "D0H1"), ("decoder", "D1H3")):

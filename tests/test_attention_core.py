@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mhsa import MultiHeadSelfAttention, RotaryEmbedding
+from mhsa import MultiHeadSelfAttention
+from mhsa.engine import RotaryEmbedding
 from mhsa.engine.attention.module import Recorder, attention_backend, attention_core, combine_masks
 
 # (batch, query heads, key/value heads, query length, key length, d_head)

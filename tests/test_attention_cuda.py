@@ -55,7 +55,7 @@ def test_cuda_half_precision_and_empty_rows(dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_gqa_and_rope_match_cpu(dtype: torch.dtype) -> None:
-    from mhsa import RotaryEmbedding
+    from mhsa.engine import RotaryEmbedding
 
     torch.manual_seed(0)
     ours = MultiHeadSelfAttention(

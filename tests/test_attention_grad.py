@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from mhsa import MultiHeadSelfAttention, RotaryEmbedding
+from mhsa import MultiHeadSelfAttention
+from mhsa.engine import RotaryEmbedding
 from mhsa.engine.families.llama import load_llama
 
 B, T, D, H = 2, 6, 16, 4

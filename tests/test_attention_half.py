@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mhsa import MultiHeadSelfAttention, RotaryEmbedding
+from mhsa import MultiHeadSelfAttention
+from mhsa.engine import RotaryEmbedding
 
 HALF = [torch.bfloat16, torch.float16]
 

@@ -16,7 +16,7 @@ TEXT = "the cat sat on the mat and the cat"
 TOY_TEXT = "ba ke mo di lu ba ke mo"
 
 
-def _loud(lm: mhsa.LoadedModel) -> mhsa.LoadedModel:
+def _loud(lm: mhsa.engine.LoadedModel) -> mhsa.engine.LoadedModel:
     """Embeddings and unembedding 30x their initial scale (std 0.6, about a trained model's):
     logit differences of order 1 to 10, so that a sum check to 1e-4 means something."""
     with torch.no_grad():
@@ -29,13 +29,13 @@ def _loud(lm: mhsa.LoadedModel) -> mhsa.LoadedModel:
 
 
 @pytest.fixture(scope="module")
-def gpt2(tiny_gpt2_path: str) -> mhsa.LoadedModel:
+def gpt2(tiny_gpt2_path: str) -> mhsa.engine.LoadedModel:
     """GPT-2: LayerNorm, biases everywhere, tied embeddings."""
     return _loud(perturbed_biases(mhsa.load_model(tiny_gpt2_path, device="cpu")))
 
 
 @pytest.fixture(scope="module")
-def llama_bias(tmp_path_factory: pytest.TempPathFactory) -> mhsa.LoadedModel:
+def llama_bias(tmp_path_factory: pytest.TempPathFactory) -> mhsa.engine.LoadedModel:
     """Llama with biases on every attention projection and the MLP, grouped-query attention."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -46,7 +46,7 @@ def llama_bias(tmp_path_factory: pytest.TempPathFactory) -> mhsa.LoadedModel:
 
 
 @pytest.fixture(scope="module")
-def toy() -> mhsa.LoadedModel:
+def toy() -> mhsa.engine.LoadedModel:
     return mhsa.load_model("toy:induction", device="cpu")
 
 
@@ -72,7 +72,7 @@ def test_components_sum_to_the_logit_difference(name: str, request: pytest.Fixtu
         assert abs(a.final_norm_bias) > 1e-6
 
 
-def _inputs(lm: mhsa.LoadedModel, text: str) -> dict[str, torch.Tensor]:
+def _inputs(lm: mhsa.engine.LoadedModel, text: str) -> dict[str, torch.Tensor]:
     """The tokenizer's inputs as the model takes them (GPT-2 adds the token-type embeddings of
     the tiny models' BERT tokenizer; Llama takes no token types)."""
     inputs = dict(lm.tokenizer(text, return_tensors="pt"))
@@ -81,7 +81,7 @@ def _inputs(lm: mhsa.LoadedModel, text: str) -> dict[str, torch.Tensor]:
     return inputs
 
 
-def _hooked_head_attribution(lm: mhsa.LoadedModel, text: str, answer: int, wrong: int):
+def _hooked_head_attribution(lm: mhsa.engine.LoadedModel, text: str, answer: int, wrong: int):
     """Each head's direct logit attribution at the last token, from hooks on the plain model:
     the input of each layer's output projection (the heads' concatenated contexts) and of the
     final norm (the whole residual)."""
@@ -133,7 +133,7 @@ def test_heads_match_a_hand_computation_on_the_plain_model(
     assert torch.allclose(torch.from_numpy(a.heads).float(), expected, atol=1e-5)
 
 
-def test_logit_lens_last_stage_is_the_models_logits(gpt2: mhsa.LoadedModel):
+def test_logit_lens_last_stage_is_the_models_logits(gpt2: mhsa.engine.LoadedModel):
     lens = logit_lens(TEXT, model=gpt2, answer="sat", wrong="mat", top_k=4)
     inputs = _inputs(gpt2, TEXT)
     ids = inputs["input_ids"]
@@ -160,7 +160,7 @@ def test_logit_lens_last_stage_is_the_models_logits(gpt2: mhsa.LoadedModel):
     )
 
 
-def test_toy_lens_predicts_the_repeat_only_after_the_induction_layer(toy: mhsa.LoadedModel):
+def test_toy_lens_predicts_the_repeat_only_after_the_induction_layer(toy: mhsa.engine.LoadedModel):
     lens = logit_lens(TOY_TEXT, model=toy, answer="di", wrong="lu")
     assert lens.top_tokens[-1, -1, 0] == "di"  # the token after the earlier "mo"
     assert lens.logit_diff[-1, -1] > 5 > lens.logit_diff[1, -1]
@@ -174,7 +174,7 @@ def test_post_norm_models_are_refused(tiny_bert_mlm_path: str):
         logit_lens("the cat sat", model=bert)
 
 
-def test_answer_words_must_be_one_token_each(gpt2: mhsa.LoadedModel):
+def test_answer_words_must_be_one_token_each(gpt2: mhsa.engine.LoadedModel):
     pieces = gpt2.tokenizer(" xylophonequartz", add_special_tokens=False)["input_ids"]
     assert len(pieces) > 1
     names = gpt2.tokenizer.convert_ids_to_tokens(pieces)
@@ -191,7 +191,7 @@ def test_answer_words_must_be_one_token_each(gpt2: mhsa.LoadedModel):
     assert answer_tokens(gpt2, "cat", "dog")[0] == cat[0]
 
 
-def test_residual_pass_parts_add_up(gpt2: mhsa.LoadedModel):
+def test_residual_pass_parts_add_up(gpt2: mhsa.engine.LoadedModel):
     """The recorded parts are the model's residual stream: per layer, the residual after it is
     the one before plus attention plus MLP; attention is its heads plus the output bias."""
     run = residual_pass(TEXT, model=gpt2)
@@ -202,10 +202,10 @@ def test_residual_pass_parts_add_up(gpt2: mhsa.LoadedModel):
         assert torch.allclose(heads, run.attn_out[layer][-1], atol=1e-5)
 
 
-def test_a_generation_runs_over_the_ids_the_model_chose(toy: mhsa.LoadedModel):
+def test_a_generation_runs_over_the_ids_the_model_chose(toy: mhsa.engine.LoadedModel):
     """Decoded and tokenized again, "ba ke" + "mo di lu" would be "ba kemo di lu": the lens and
     the attribution read the ids themselves."""
-    generation = mhsa.generate_ids("ba ke mo di lu ba ke", model=toy, max_new_tokens=3)
+    generation = mhsa.engine.generate_ids("ba ke mo di lu ba ke", model=toy, max_new_tokens=3)
     lens = logit_lens(generation, model=toy)
     assert list(lens.tokens) == toy.tokenizer.convert_ids_to_tokens(list(generation.ids))
     assert lens.tokens[-3:] == ("mo", "di", "lu")  # the repeat, continued

@@ -37,6 +37,22 @@ def test_an_edge_that_carries_the_answer_is_drawn_blue_and_said_so() -> None:
     blue, red = signed_color(8.0, 8.0), signed_color(-8.0, 8.0)
     assert int(blue[4:].split(",")[0]) < int(red[4:].split(",")[0])  # blue end: less red
     assert "blue: carries the clean answer" in fig.layout.title.text.replace(" <br>", " ")
+    # a colour bar keyed to the support: its ends are the drawn colours' bound
+    bar = next(t for t in fig.data if t.name == "support")
+    assert (bar.marker.cmin, bar.marker.cmax) == (-8.0, 8.0)
+    assert bar.marker.showscale and "support" in bar.marker.colorbar.title.text
+
+
+def test_the_legend_names_the_metric_and_the_sign_it_explains() -> None:
+    """Every edge drawn may have a negative score: the legend says, for this metric, that blue
+    is a support (-score) above 0, corrupting the edge lowering the metric; a metric with the
+    user's tokens is escaped."""
+    metric = "logit(' <b>Mary') − logit(' John') at the last position"
+    fig = plots.circuit_figure(EDGES, 2, 4, metric=metric)
+    title = fig.layout.title.text.replace("<br>", " ").replace("  ", " ")
+    assert "support = -score" in title
+    assert "blue: corrupting the edge lowers logit(' &lt;b&gt;Mary')" in title
+    assert "<b>Mary" not in fig.layout.title.text
 
 
 def test_the_edge_table_shows_the_support_and_the_graphs_name_for_the_output() -> None:

@@ -28,14 +28,16 @@ TOY_CORRUPTED = "ba ke mo di ra lo ni pa su te ba ke mo di fu"
 TOY_ANSWER, TOY_WRONG = "lo", "ba"
 
 
-def _tiny(tmp_path_factory: pytest.TempPathFactory, name: str, model: Any) -> mhsa.LoadedModel:
+def _tiny(
+    tmp_path_factory: pytest.TempPathFactory, name: str, model: Any
+) -> mhsa.engine.LoadedModel:
     """A tiny random model with random biases and norm weights, saved and loaded."""
     folder = save_tiny(tmp_path_factory.mktemp(name), model)
     return perturbed_biases(mhsa.load_model(folder, device="cpu"))
 
 
 @pytest.fixture(scope="module")
-def gpt2(tmp_path_factory: pytest.TempPathFactory) -> mhsa.LoadedModel:
+def gpt2(tmp_path_factory: pytest.TempPathFactory) -> mhsa.engine.LoadedModel:
     """GPT-2 (2 layers of 4 heads) with weights of std 0.4: its last position feels the
     corrupted tokens (logit differences moving by about 0.2, not 1e-3 as at std 0.02)."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -48,7 +50,7 @@ def gpt2(tmp_path_factory: pytest.TempPathFactory) -> mhsa.LoadedModel:
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> mhsa.LoadedModel:
+def llama(tmp_path_factory: pytest.TempPathFactory) -> mhsa.engine.LoadedModel:
     """Llama with grouped-query attention (4 query heads, 2 key/value heads), rotary positions
     and biases on the attention projections."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -61,7 +63,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> mhsa.LoadedModel:
 
 
 @pytest.fixture(scope="module")
-def toy() -> mhsa.LoadedModel:
+def toy() -> mhsa.engine.LoadedModel:
     return mhsa.load_model("toy:induction", device="cpu")
 
 
@@ -69,7 +71,7 @@ def toy() -> mhsa.LoadedModel:
 
 
 def _hand_run(
-    lm: mhsa.LoadedModel,
+    lm: mhsa.engine.LoadedModel,
     text: str,
     added: Mapping[tuple, torch.Tensor],
     rows: int = 1,
@@ -84,7 +86,9 @@ def _hand_run(
     return hand_run(lm, text, added, embeddings)
 
 
-def _metric(lm: mhsa.LoadedModel, logits: torch.Tensor, answer: str, wrong: str) -> torch.Tensor:
+def _metric(
+    lm: mhsa.engine.LoadedModel, logits: torch.Tensor, answer: str, wrong: str
+) -> torch.Tensor:
     a, w = (
         lm.tokenizer(" " + word, add_special_tokens=False)["input_ids"][0]
         for word in (answer, wrong)
@@ -100,7 +104,7 @@ def _source(name: str) -> Any:
     return mhsa.parse_head_label(name)
 
 
-def _target(lm: mhsa.LoadedModel, name: str, part: str) -> tuple:
+def _target(lm: mhsa.engine.LoadedModel, name: str, part: str) -> tuple:
     """The hand run's key of a target; key/value inputs of grouped-query attention are per
     key/value head (the sum over the query heads sharing it)."""
     if name == "logits":
@@ -187,20 +191,20 @@ def test_eap_equals_autograd_by_hand(name: str, one_pass: bool, request, monkeyp
     lm = request.getfixturevalue(name)
     if not one_pass:
         monkeypatch.setattr(mhsa.circuits.pairs, "EAP_ONE_PASS_MAX", 0)
-    frame = mhsa.edge_attribution(CLEAN, CORRUPTED, model=lm, answer=ANSWER, wrong=WRONG)
+    frame = mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, model=lm, answer=ANSWER, wrong=WRONG)
     assert list(frame.columns) == ["source", "target", "input", "score"]
     assert len(frame) == circuits.circuit_graph(lm).n_edges == 110
     _compare(lm, frame, _hand_scores(lm, CLEAN, CORRUPTED, ANSWER, WRONG), 1e-4)
 
 
-def test_eap_ig_averages_gradients_along_the_embeddings_by_hand(gpt2: mhsa.LoadedModel):
-    frame = mhsa.edge_attribution(
+def test_eap_ig_averages_gradients_along_the_embeddings_by_hand(gpt2: mhsa.engine.LoadedModel):
+    frame = mhsa.circuits.edge_attribution(
         CLEAN, CORRUPTED, model=gpt2, answer=ANSWER, wrong=WRONG, method="eap-ig", steps=3
     )
     assert frame.attrs["steps"] == 3
     _compare(gpt2, frame, _hand_scores(gpt2, CLEAN, CORRUPTED, ANSWER, WRONG, steps=3), 1e-4)
     # batched in passes of 2 steps: the same scores
-    again = mhsa.edge_attribution(
+    again = mhsa.circuits.edge_attribution(
         CLEAN,
         CORRUPTED,
         model=gpt2,
@@ -222,16 +226,16 @@ def test_taps_give_the_probes_scores_also_inside_inference_mode(llama, method, m
     monkeypatch.setattr(mhsa.circuits.pairs, "EAP_ONE_PASS_MAX", 0)  # both from their own pass
     kw = {"model": llama, "answer": ANSWER, "wrong": WRONG, "method": method, "steps": 3}
     with torch.inference_mode():
-        tapped = mhsa.edge_attribution(CLEAN, CORRUPTED, **kw)
+        tapped = mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, **kw)
     monkeypatch.setattr(circuits, "TAPPED_GRADIENTS", False)
-    copies = mhsa.edge_attribution(CLEAN, CORRUPTED, **kw)
+    copies = mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, **kw)
     scale = np.abs(copies["score"]).max()
     assert scale > 1e-3
     np.testing.assert_allclose(tapped["score"], copies["score"], rtol=0, atol=1e-5 * scale)
 
 
-def test_exact_scores_equal_path_patching_by_hand(gpt2: mhsa.LoadedModel):
-    frame = mhsa.edge_attribution(
+def test_exact_scores_equal_path_patching_by_hand(gpt2: mhsa.engine.LoadedModel):
+    frame = mhsa.circuits.edge_attribution(
         CLEAN, CORRUPTED, model=gpt2, answer=ANSWER, wrong=WRONG, method="exact", batch_size=40
     )
     with torch.no_grad():
@@ -244,7 +248,7 @@ def test_exact_scores_equal_path_patching_by_hand(gpt2: mhsa.LoadedModel):
             patched = float(_metric(gpt2, _hand_run(gpt2, CLEAN, patch)[0], ANSWER, WRONG)[0])
             assert row.score == pytest.approx(patched - m_clean, abs=1e-4), row
     one = frame[(frame.source == "L0H2") & (frame.target == "L1H1") & (frame.input == "k")]
-    patched = mhsa.path_patch(
+    patched = mhsa.circuits.path_patch(
         CLEAN, CORRUPTED, "L0H2", "L1H1", "k", model=gpt2, answer=ANSWER, wrong=WRONG
     )
     assert patched.score == pytest.approx(float(one["score"].iloc[0]), abs=1e-5)
@@ -259,14 +263,18 @@ def test_every_edge_is_faithful_and_no_edge_is_the_corrupted_run(name, request):
     lm = request.getfixturevalue(name)
     kw = {"model": lm, "answer": ANSWER, "wrong": WRONG}
     every = circuits.circuit_graph(lm).edges()
-    assert mhsa.circuit_faithfulness(CLEAN, CORRUPTED, every, **kw) == pytest.approx(1, abs=1e-4)
-    assert mhsa.circuit_faithfulness(CLEAN, CORRUPTED, [], **kw) == pytest.approx(0, abs=1e-4)
+    assert mhsa.circuits.circuit_faithfulness(CLEAN, CORRUPTED, every, **kw) == pytest.approx(
+        1, abs=1e-4
+    )
+    assert mhsa.circuits.circuit_faithfulness(CLEAN, CORRUPTED, [], **kw) == pytest.approx(
+        0, abs=1e-4
+    )
 
 
-def test_faithfulness_curve_is_mibs(gpt2: mhsa.LoadedModel):
+def test_faithfulness_curve_is_mibs(gpt2: mhsa.engine.LoadedModel):
     kw = {"model": gpt2, "answer": ANSWER, "wrong": WRONG}
-    scores = mhsa.edge_attribution(CLEAN, CORRUPTED, **kw)
-    curve = mhsa.faithfulness_curve(CLEAN, CORRUPTED, scores, extra=(7, 999), **kw)
+    scores = mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, **kw)
+    curve = mhsa.circuits.faithfulness_curve(CLEAN, CORRUPTED, scores, extra=(7, 999), **kw)
     points = curve.points
     assert list(points["edges"]) == [0, 0, 0, 1, 2, 5, 11, 22, 55, 110, 7, 110]
     mib = points[points["mib"]]
@@ -274,15 +282,17 @@ def test_faithfulness_curve_is_mibs(gpt2: mhsa.LoadedModel):
     assert curve.cpr == pytest.approx(np.trapezoid(f, x))
     assert curve.cmd == pytest.approx(np.trapezoid(np.abs(1 - f), x))
     assert f[-1] == pytest.approx(1, abs=1e-4) and f[0] == pytest.approx(0, abs=1e-4)
-    seven = mhsa.circuit_faithfulness(CLEAN, CORRUPTED, circuits.top_edges(scores, 7), **kw)
+    seven = mhsa.circuits.circuit_faithfulness(
+        CLEAN, CORRUPTED, circuits.top_edges(scores, 7), **kw
+    )
     assert points["faithfulness"].iloc[10] == pytest.approx(seven, abs=1e-5)
 
 
-def test_top_masks_of_a_reordered_table_are_top_edges_row_by_row(gpt2: mhsa.LoadedModel):
+def test_top_masks_of_a_reordered_table_are_top_edges_row_by_row(gpt2: mhsa.engine.LoadedModel):
     """The curve's circuits: a table in another order (with ties) is looked up column-wise and
     each n's mask is the ``selection`` of ``top_edges`` of that table."""
     kw = {"model": gpt2, "answer": ANSWER, "wrong": WRONG}
-    scores = mhsa.edge_attribution(CLEAN, CORRUPTED, **kw)
+    scores = mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, **kw)
     shuffled = scores.sample(frac=1.0, random_state=3).reset_index(drop=True)
     shuffled.loc[:9, "score"] = shuffled["score"].abs().max()  # ten ties at the top
     graph = circuits.circuit_graph(gpt2)
@@ -303,50 +313,52 @@ def test_top_masks_of_a_reordered_table_are_top_edges_row_by_row(gpt2: mhsa.Load
 # --- toy:induction: the K-composition edge ------------------------------------------------------
 
 
-def test_induction_circuit_has_the_previous_token_heads_k_edge(toy: mhsa.LoadedModel):
+def test_induction_circuit_has_the_previous_token_heads_k_edge(toy: mhsa.engine.LoadedModel):
     previous = mhsa.detect_heads(TOY_CLEAN, "previous token", model=toy)["score"].idxmax()
     induction = mhsa.detect_heads(None, "induction", model=toy)["score"].idxmax()
     assert mhsa.parse_head_label(previous)[0] < mhsa.parse_head_label(induction)[0]
     kw = {"model": toy, "answer": TOY_ANSWER, "wrong": TOY_WRONG}
-    scores = mhsa.edge_attribution(TOY_CLEAN, TOY_CORRUPTED, method="eap-ig", **kw)
+    scores = mhsa.circuits.edge_attribution(TOY_CLEAN, TOY_CORRUPTED, method="eap-ig", **kw)
     top = circuits.top_edges(scores, 20)
     assert (previous, induction, "k") in set(
         top[["source", "target", "input"]].itertuples(index=False, name=None)
     )
-    assert mhsa.circuit_faithfulness(TOY_CLEAN, TOY_CORRUPTED, top, **kw) >= 0.8
+    assert mhsa.circuits.circuit_faithfulness(TOY_CLEAN, TOY_CORRUPTED, top, **kw) >= 0.8
 
 
 # --- bad input ----------------------------------------------------------------------------------
 
 
-def test_texts_of_different_lengths_name_both_token_lists(gpt2: mhsa.LoadedModel):
+def test_texts_of_different_lengths_name_both_token_lists(gpt2: mhsa.engine.LoadedModel):
     with pytest.raises(
         mhsa.InputError, match=r"clean: \['\[CLS\]', 'the', 'cat'.*corrupted: .*'big'"
     ):
-        mhsa.edge_attribution(
+        mhsa.circuits.edge_attribution(
             "the cat sat", "the big dog sat", model=gpt2, answer=ANSWER, wrong=WRONG
         )
 
 
-def test_answer_and_wrong_are_checked_as_for_patching(gpt2: mhsa.LoadedModel):
+def test_answer_and_wrong_are_checked_as_for_patching(gpt2: mhsa.engine.LoadedModel):
     with pytest.raises(mhsa.InputError, match="give both answer= and wrong="):
-        mhsa.edge_attribution(CLEAN, CORRUPTED, model=gpt2, answer=ANSWER)
+        mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, model=gpt2, answer=ANSWER)
     with pytest.raises(mhsa.InputError, match="exactly one token"):
-        mhsa.edge_attribution(CLEAN, CORRUPTED, model=gpt2, answer="unbelievably", wrong=WRONG)
+        mhsa.circuits.edge_attribution(
+            CLEAN, CORRUPTED, model=gpt2, answer="unbelievably", wrong=WRONG
+        )
     with pytest.raises(mhsa.InputError, match="same token"):
-        mhsa.edge_attribution(CLEAN, CORRUPTED, model=gpt2, answer=ANSWER, wrong=ANSWER)
+        mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, model=gpt2, answer=ANSWER, wrong=ANSWER)
 
 
-def test_unknown_method_steps_and_edges_are_refused(gpt2: mhsa.LoadedModel):
+def test_unknown_method_steps_and_edges_are_refused(gpt2: mhsa.engine.LoadedModel):
     kw = {"model": gpt2, "answer": ANSWER, "wrong": WRONG}
     with pytest.raises(mhsa.InputError, match="eap, eap-ig, exact"):
-        mhsa.edge_attribution(CLEAN, CORRUPTED, method="acdc", **kw)
+        mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, method="acdc", **kw)
     with pytest.raises(mhsa.InputError, match="steps"):
-        mhsa.edge_attribution(CLEAN, CORRUPTED, method="eap-ig", steps=0, **kw)
+        mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, method="eap-ig", steps=0, **kw)
     with pytest.raises(mhsa.InputError, match="no edge L1H0 -> L0H1"):
-        mhsa.path_patch(CLEAN, CORRUPTED, "L1H0", "L0H1", "q", **kw)
+        mhsa.circuits.path_patch(CLEAN, CORRUPTED, "L1H0", "L0H1", "q", **kw)
     with pytest.raises(mhsa.InputError, match="No source node"):
-        mhsa.circuit_faithfulness(CLEAN, CORRUPTED, [("L9H0", "logits", "")], **kw)
+        mhsa.circuits.circuit_faithfulness(CLEAN, CORRUPTED, [("L9H0", "logits", "")], **kw)
 
 
 # --- figures ------------------------------------------------------------------------------------
@@ -410,11 +422,11 @@ def plotly_rgb(color: str) -> tuple[float, ...]:
 # --- during training: ids, and blocks already in place -----------------------------------------
 
 
-def test_scores_on_ids_inside_a_running_swap_equal_the_texts_scores(toy: mhsa.LoadedModel):
+def test_scores_on_ids_inside_a_running_swap_equal_the_texts_scores(toy: mhsa.engine.LoadedModel):
     from mhsa.engine.runs.swap import OurPass, through_our_module, trainable_our_blocks
 
     kw = {"model": toy, "answer": TOY_ANSWER, "wrong": TOY_WRONG}
-    expected = mhsa.edge_attribution(TOY_CLEAN, TOY_CORRUPTED, **kw)
+    expected = mhsa.circuits.edge_attribution(TOY_CLEAN, TOY_CORRUPTED, **kw)
     ids = [toy.tokenizer(t, return_tensors="pt")["input_ids"] for t in (TOY_CLEAN, TOY_CORRUPTED)]
     a, w = (
         toy.tokenizer(" " + x, add_special_tokens=False)["input_ids"][0]
@@ -447,13 +459,13 @@ def test_a_model_our_module_cannot_run_or_with_norms_after_its_blocks_is_refused
         BloomForCausalLM(BloomConfig(vocab_size=30522, hidden_size=32, n_layer=2, n_head=4)),
     )
     with pytest.raises(mhsa.UnsupportedModelError, match="Circuits run through our module") as e:
-        mhsa.edge_attribution(CLEAN, CORRUPTED, model=bloom, answer=ANSWER, wrong=WRONG)
+        mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, model=bloom, answer=ANSWER, wrong=WRONG)
     assert "GPT-2 family" in str(e.value)  # the families our module runs
     # parallel blocks run (tests/test_circuits_families.py); OLMo 2's norms after attention
     # and the MLP make the residual no sum of the nodes' outputs
     olmo2 = loaded_tiny("OLMo 2", tmp_path_factory.mktemp)
     with pytest.raises(mhsa.UnsupportedModelError, match="norms after attention") as e:
-        mhsa.circuit_graph(olmo2)
+        mhsa.circuits.circuit_graph(olmo2)
     assert "Patching" in str(e.value) and "GPT-J" in str(e.value)
 
 
@@ -484,7 +496,9 @@ def test_k_edge_scores_during_training_are_the_libraries_and_the_series_follows_
         running = OurPass(need_weights=False)
     with through_our_module(toy, blocks, running):
         k = k_edge_scores(toy.head_model, (blocks, running), EdgeProbe(*ids, a, w), toy.device)
-    scores = mhsa.edge_attribution(TOY_CLEAN, TOY_CORRUPTED, model=toy, answer="lo", wrong="ba")
+    scores = mhsa.circuits.edge_attribution(
+        TOY_CLEAN, TOY_CORRUPTED, model=toy, answer="lo", wrong="ba"
+    )
     row = scores[(scores.source == "L0H3") & (scores.target == "L1H3") & (scores.input == "k")]
     assert k[0, 3, 1, 3] == pytest.approx(float(row["score"].iloc[0]), rel=1e-4, abs=1e-6)
     assert np.isnan(k[1, 0, 0, 0]) and np.isnan(k[0, 0, 0, 1])  # no edge downwards or across
@@ -503,13 +517,17 @@ def test_k_edge_scores_during_training_are_the_libraries_and_the_series_follows_
 
 
 def test_an_induction_training_run_records_k_edges_and_another_task_none():
-    run = mhsa.train(mhsa.TrainConfig(task="induction", steps=4, seed=0), snapshot_every=2)
+    run = mhsa.training.train(
+        mhsa.training.TrainConfig(task="induction", steps=4, seed=0), snapshot_every=2
+    )
     scores = [s.k_edge_scores for s in run.snapshots]
     assert [s.shape for s in scores] == [(2, 4, 2, 4)] * 3
     assert np.isnan(scores[-1][1, :, 0, :]).all() and np.isfinite(scores[-1][0, :, 1, :]).all()
     series = circuits_series(run.snapshots)
     assert series is not None and len(series[2]) == 3
-    other = mhsa.train(mhsa.TrainConfig(task="copy", steps=2, seed=0), snapshot_every=2)
+    other = mhsa.training.train(
+        mhsa.training.TrainConfig(task="copy", steps=2, seed=0), snapshot_every=2
+    )
     assert all(s.k_edge_scores is None for s in other.snapshots)
 
 

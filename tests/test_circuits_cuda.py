@@ -41,7 +41,9 @@ def _no_tf32():
     torch.backends.cuda.matmul.allow_tf32 = before
 
 
-def _pair(folder: str, perturb: bool = True) -> tuple[mhsa.LoadedModel, mhsa.LoadedModel]:
+def _pair(
+    folder: str, perturb: bool = True
+) -> tuple[mhsa.engine.LoadedModel, mhsa.engine.LoadedModel]:
     """The model at ``folder`` on the CPU and on the GPU, with the same weights."""
     cpu = mhsa.load_model(folder, device="cpu")
     if perturb:
@@ -103,19 +105,19 @@ def _close(got, want) -> None:
 def test_toy_induction_scores_on_the_gpu_equal_the_cpus(method: str) -> None:
     cpu = mhsa.load_model("toy:induction", device="cpu")
     gpu = mhsa.load_model("toy:induction", device="cuda")
-    want = mhsa.edge_attribution(*TOY, model=cpu, method=method, **TOY_WORDS)
-    got = mhsa.edge_attribution(*TOY, model=gpu, method=method, **TOY_WORDS)
+    want = mhsa.circuits.edge_attribution(*TOY, model=cpu, method=method, **TOY_WORDS)
+    got = mhsa.circuits.edge_attribution(*TOY, model=gpu, method=method, **TOY_WORDS)
     _close(got, want)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_causal_lm_eap_and_curve_on_the_gpu_equal_the_cpus(name: str, request) -> None:
     cpu, gpu = request.getfixturevalue(name)
-    want = mhsa.edge_attribution(*LM, model=cpu, method="eap-ig", **LM_WORDS)
-    got = mhsa.edge_attribution(*LM, model=gpu, method="eap-ig", **LM_WORDS)
+    want = mhsa.circuits.edge_attribution(*LM, model=cpu, method="eap-ig", **LM_WORDS)
+    got = mhsa.circuits.edge_attribution(*LM, model=gpu, method="eap-ig", **LM_WORDS)
     _close(got, want)
-    curve_cpu = mhsa.faithfulness_curve(*LM, want, model=cpu, **LM_WORDS)
-    curve_gpu = mhsa.faithfulness_curve(*LM, want, model=gpu, **LM_WORDS)
+    curve_cpu = mhsa.circuits.faithfulness_curve(*LM, want, model=cpu, **LM_WORDS)
+    curve_gpu = mhsa.circuits.faithfulness_curve(*LM, want, model=gpu, **LM_WORDS)
     f_gpu = curve_gpu.points["faithfulness"].to_numpy()
     np.testing.assert_allclose(f_gpu, curve_cpu.points["faithfulness"], atol=1e-4)
     assert f_gpu[-1] == pytest.approx(1.0, abs=1e-4)  # every edge: the clean run
@@ -123,8 +125,8 @@ def test_causal_lm_eap_and_curve_on_the_gpu_equal_the_cpus(name: str, request) -
     # the largest edge patched alone on the GPU: the CPU's path patch of it
     top = circuits.top_edges(want, 1).iloc[0]
     edge = (top["source"], top["target"], top["input"])
-    on_gpu = mhsa.path_patch(*LM, *edge, model=gpu, **LM_WORDS).score
-    on_cpu = mhsa.path_patch(*LM, *edge, model=cpu, **LM_WORDS).score
+    on_gpu = mhsa.circuits.path_patch(*LM, *edge, model=gpu, **LM_WORDS).score
+    on_cpu = mhsa.circuits.path_patch(*LM, *edge, model=cpu, **LM_WORDS).score
     assert abs(on_cpu) > 1e-3
     assert on_gpu == pytest.approx(on_cpu, abs=1e-4 * abs(on_cpu))
 
@@ -133,13 +135,13 @@ def test_encoder_targets_on_the_gpu_equal_the_cpus(bert) -> None:
     cpu, gpu = bert
     pair = {"target": "similarity", "text_pair": "a bird flew over the house"}
     _close(
-        mhsa.edge_attribution(*ENC, model=gpu, method="eap", **pair),
-        mhsa.edge_attribution(*ENC, model=cpu, method="eap", **pair),
+        mhsa.circuits.edge_attribution(*ENC, model=gpu, method="eap", **pair),
+        mhsa.circuits.edge_attribution(*ENC, model=cpu, method="eap", **pair),
     )
-    want = mhsa.edge_attribution(*ENC, model=cpu, method="eap-ig", target="embedding")
-    got = mhsa.edge_attribution(*ENC, model=gpu, method="eap-ig", target="embedding")
+    want = mhsa.circuits.edge_attribution(*ENC, model=cpu, method="eap-ig", target="embedding")
+    got = mhsa.circuits.edge_attribution(*ENC, model=gpu, method="eap-ig", target="embedding")
     _close(got, want)
     top = circuits.top_edges(want, 20)
-    f_cpu = mhsa.circuit_faithfulness(*ENC, top, model=cpu, target="embedding")
-    f_gpu = mhsa.circuit_faithfulness(*ENC, top, model=gpu, target="embedding")
+    f_cpu = mhsa.circuits.circuit_faithfulness(*ENC, top, model=cpu, target="embedding")
+    f_gpu = mhsa.circuits.circuit_faithfulness(*ENC, top, model=gpu, target="embedding")
     assert f_gpu == pytest.approx(f_cpu, abs=1e-4)

@@ -25,7 +25,7 @@ HEADS, WIDTH = 4, 32
 
 
 @pytest.fixture(scope="module")
-def bert(tmp_path_factory: pytest.TempPathFactory) -> mhsa.LoadedModel:
+def bert(tmp_path_factory: pytest.TempPathFactory) -> mhsa.engine.LoadedModel:
     """BERT (3 layers of 4 heads, with its masked-LM head) with weights of std 0.4 and random
     biases and norm weights: the corrupted words move the sentence embedding visibly."""
     torch.manual_seed(0)
@@ -37,7 +37,7 @@ def bert(tmp_path_factory: pytest.TempPathFactory) -> mhsa.LoadedModel:
 # --- the plain model, wired by hand -------------------------------------------------------------
 
 
-def _layers(lm: mhsa.LoadedModel) -> Any:
+def _layers(lm: mhsa.engine.LoadedModel) -> Any:
     return lm.model.encoder.layer
 
 
@@ -59,7 +59,7 @@ def _copy(lm, acts: Mapping, layer: int, deltas: Mapping, mlp: bool = False) -> 
 
 
 def _hand_run(
-    lm: mhsa.LoadedModel,
+    lm: mhsa.engine.LoadedModel,
     text: str,
     deltas: Mapping[tuple, Mapping],
     rows: int = 1,
@@ -132,7 +132,7 @@ def _hand_run(
     return hidden, acts
 
 
-def _embedding(lm: mhsa.LoadedModel, text: str) -> torch.Tensor:
+def _embedding(lm: mhsa.engine.LoadedModel, text: str) -> torch.Tensor:
     with torch.no_grad():
         inputs = lm.tokenizer(text, return_tensors="pt")
         return lm.model(**inputs).last_hidden_state.mean(1)[0]
@@ -180,7 +180,9 @@ def _compare(frame, hand: dict, tol: float) -> None:
 
 
 def test_eap_on_the_similarity_target_equals_autograd_through_copies_by_hand(bert):
-    frame = mhsa.edge_attribution(CLEAN, CORRUPTED, model=bert, target="similarity", text_pair=PAIR)
+    frame = mhsa.circuits.edge_attribution(
+        CLEAN, CORRUPTED, model=bert, target="similarity", text_pair=PAIR
+    )
     # per layer l: 3H head inputs and the MLP read input and the 5 nodes of each layer below
     # (the MLP also its own layer's 4 heads); the logits all 16 sources
     assert len(frame) == 12 * 1 + 5 + 12 * 6 + 10 + 12 * 11 + 15 + 16 == 262
@@ -189,7 +191,7 @@ def test_eap_on_the_similarity_target_equals_autograd_through_copies_by_hand(ber
 
 
 def test_eap_ig_on_the_embedding_target_equals_autograd_by_hand(bert):
-    frame = mhsa.edge_attribution(CLEAN, CORRUPTED, model=bert, method="eap-ig", steps=3)
+    frame = mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, model=bert, method="eap-ig", steps=3)
     _compare(frame, _hand_scores(bert, _embedding(bert, CLEAN), steps=3), 1e-4)
     assert frame.attrs["clean"] == pytest.approx(1, abs=1e-6)
     expected = float(_metric(_embedding(bert, CORRUPTED)[None, None], _embedding(bert, CLEAN)))
@@ -198,7 +200,9 @@ def test_eap_ig_on_the_embedding_target_equals_autograd_by_hand(bert):
 
 
 def test_exact_scores_equal_patching_one_copy_by_hand(bert):
-    frame = mhsa.edge_attribution(CLEAN, CORRUPTED, model=bert, method="exact", batch_size=64)
+    frame = mhsa.circuits.edge_attribution(
+        CLEAN, CORRUPTED, model=bert, method="exact", batch_size=64
+    )
     reference = _embedding(bert, CLEAN)
     with torch.no_grad():
         _, clean = _hand_run(bert, CLEAN, {})
@@ -219,24 +223,26 @@ def test_exact_scores_equal_patching_one_copy_by_hand(bert):
             patched = float(_metric(_hand_run(bert, CLEAN, patch)[0], reference)[0])
             assert scores[(source, target, part)] == pytest.approx(patched - 1, abs=1e-5)
     assert scores[("M2", "logits", "")] < -1e-3  # not all of them near 0
-    one = mhsa.path_patch(CLEAN, CORRUPTED, "L0H1", "L2H3", "k", model=bert)
+    one = mhsa.circuits.path_patch(CLEAN, CORRUPTED, "L0H1", "L2H3", "k", model=bert)
     assert one.score == pytest.approx(scores[("L0H1", "L2H3", "k")], abs=1e-6)
 
 
 def test_every_edge_is_faithful_and_no_edge_is_the_corrupted_run(bert):
     every = circuits.circuit_graph(bert).edges()
     for kw in ({}, {"target": "similarity", "text_pair": PAIR}):
-        f_all = mhsa.circuit_faithfulness(CLEAN, CORRUPTED, every, model=bert, **kw)
-        f_none = mhsa.circuit_faithfulness(CLEAN, CORRUPTED, [], model=bert, **kw)
+        f_all = mhsa.circuits.circuit_faithfulness(CLEAN, CORRUPTED, every, model=bert, **kw)
+        f_none = mhsa.circuits.circuit_faithfulness(CLEAN, CORRUPTED, [], model=bert, **kw)
         assert f_all == pytest.approx(1, abs=1e-4) and f_none == pytest.approx(0, abs=1e-4)
 
 
 def test_faithfulness_curve_runs_on_the_encoder(bert):
-    scores = mhsa.edge_attribution(CLEAN, CORRUPTED, model=bert, method="eap-ig", steps=2)
-    curve = mhsa.faithfulness_curve(CLEAN, CORRUPTED, scores, model=bert, extra=(9,))
+    scores = mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, model=bert, method="eap-ig", steps=2)
+    curve = mhsa.circuits.faithfulness_curve(CLEAN, CORRUPTED, scores, model=bert, extra=(9,))
     f = curve.points["faithfulness"].to_numpy()
     assert f[0] == pytest.approx(0, abs=1e-4) and f[9] == pytest.approx(1, abs=1e-4)
-    nine = mhsa.circuit_faithfulness(CLEAN, CORRUPTED, circuits.top_edges(scores, 9), model=bert)
+    nine = mhsa.circuits.circuit_faithfulness(
+        CLEAN, CORRUPTED, circuits.top_edges(scores, 9), model=bert
+    )
     assert f[10] == pytest.approx(nine, abs=1e-5)
     assert curve.clean == pytest.approx(1, abs=1e-6)
 
@@ -246,18 +252,22 @@ def test_faithfulness_curve_runs_on_the_encoder(bert):
 
 def test_encoder_targets_are_checked_as_for_patching(bert):
     with pytest.raises(mhsa.InputError, match=r"zero gradient at the clean run.*eap-ig"):
-        mhsa.edge_attribution(CLEAN, CORRUPTED, model=bert)
+        mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, model=bert)
     with pytest.raises(mhsa.InputError, match="answer= and wrong= are for causal"):
-        mhsa.edge_attribution(CLEAN, CORRUPTED, model=bert, answer="a", wrong="b", method="exact")
+        mhsa.circuits.edge_attribution(
+            CLEAN, CORRUPTED, model=bert, answer="a", wrong="b", method="exact"
+        )
     with pytest.raises(mhsa.InputError, match="needs text_pair="):
-        mhsa.path_patch(CLEAN, CORRUPTED, "L0H0", "logits", model=bert, target="similarity")
+        mhsa.circuits.path_patch(
+            CLEAN, CORRUPTED, "L0H0", "logits", model=bert, target="similarity"
+        )
     with pytest.raises(mhsa.InputError, match="patching target"):
-        mhsa.circuit_faithfulness(CLEAN, CORRUPTED, [], model=bert, target="lm-loss")
+        mhsa.circuits.circuit_faithfulness(CLEAN, CORRUPTED, [], model=bert, target="lm-loss")
 
 
 def test_causal_lms_refuse_the_encoder_targets():
     with pytest.raises(mhsa.InputError, match="target= and text_pair= are for encoders"):
-        mhsa.edge_attribution(
+        mhsa.circuits.edge_attribution(
             "ba ke", "ba ko", model="toy:induction", answer="lo", wrong="ba", target="embedding"
         )
 
@@ -271,15 +281,15 @@ def test_an_encoder_outside_the_bert_family_is_refused_naming_the_tools(
     modernbert = save_tiny(tmp_path / "modernbert", tiny_family("modernbert"))  # pre-norm
     for folder in (tiny_distilbert_path, modernbert):
         with pytest.raises(mhsa.UnsupportedModelError, match="BERT family's post-norm") as e:
-            mhsa.circuit_graph(folder)
+            mhsa.circuits.circuit_graph(folder)
         assert "Circuits" in str(e.value) and "Patching" in str(e.value)
 
 
 def test_minilm_runs_end_to_end_with_the_embedding_target(minilm):
-    graph = mhsa.circuit_graph("default")
+    graph = mhsa.circuits.circuit_graph("default")
     per_layer = [36 * (1 + 13 * layer) + (13 + 13 * layer) for layer in range(6)]
     assert (graph.layers, graph.heads, graph.n_edges) == (6, 12, sum(per_layer) + 79)
-    scores = mhsa.edge_attribution(
+    scores = mhsa.circuits.edge_attribution(
         "the film was great", "the film was awful", model=minilm, method="eap-ig", steps=2
     )
     assert len(scores) == graph.n_edges
@@ -309,7 +319,7 @@ def test_the_wired_run_is_the_models_own_forward_in_the_bert_family(family, tmp_
         model = tf.ElectraModel(tf.ElectraConfig(**sizes, embedding_size=16))
     lm = mhsa.load_model(save_tiny(tmp_path / family, model), device="cpu")
     kw = {"model": lm, "target": "similarity", "text_pair": PAIR}
-    one = mhsa.path_patch(CLEAN, CORRUPTED, "L0H2", "L1H1", "v", **kw)
+    one = mhsa.circuits.path_patch(CLEAN, CORRUPTED, "L0H2", "L1H1", "v", **kw)
     reference = _embedding(lm, PAIR)
     with torch.no_grad():
         clean = _metric(
@@ -331,15 +341,15 @@ def test_the_wired_run_is_the_models_own_forward_in_the_bert_family(family, tmp_
 def test_rows_beyond_the_copies_memory_budget_run_in_chunks_with_the_same_values(bert, monkeypatch):
     from mhsa.circuits import postnorm as circuit_postnorm
 
-    scores = mhsa.edge_attribution(CLEAN, CORRUPTED, model=bert, method="eap-ig", steps=3)
-    curve = mhsa.faithfulness_curve(CLEAN, CORRUPTED, scores, model=bert)
+    scores = mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, model=bert, method="eap-ig", steps=3)
+    curve = mhsa.circuits.faithfulness_curve(CLEAN, CORRUPTED, scores, model=bert)
     wired = mhsa.circuits.runs.circuit_model(bert)
     assert circuit_postnorm.rows_per_pass(wired, 8, probe=False) > 11  # one pass above
     monkeypatch.setattr(circuit_postnorm, "COPY_BUDGET_BYTES", 1)
     assert circuit_postnorm.rows_per_pass(wired, 8, probe=True) == 1
-    chunked = mhsa.edge_attribution(CLEAN, CORRUPTED, model=bert, method="eap-ig", steps=3)
+    chunked = mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, model=bert, method="eap-ig", steps=3)
     np.testing.assert_allclose(chunked["score"], scores["score"], rtol=1e-5, atol=1e-7)
-    again = mhsa.faithfulness_curve(CLEAN, CORRUPTED, scores, model=bert)
+    again = mhsa.circuits.faithfulness_curve(CLEAN, CORRUPTED, scores, model=bert)
     np.testing.assert_allclose(
         again.points["faithfulness"], curve.points["faithfulness"], rtol=1e-5, atol=1e-6
     )
@@ -348,7 +358,7 @@ def test_rows_beyond_the_copies_memory_budget_run_in_chunks_with_the_same_values
 # --- copies only where a target's edges are mixed ----------------------------------------------
 
 
-def _wired_run(lm: mhsa.LoadedModel, corrupt: np.ndarray) -> tuple[torch.Tensor, list, Any]:
+def _wired_run(lm: mhsa.engine.LoadedModel, corrupt: np.ndarray) -> tuple[torch.Tensor, list, Any]:
     """The clean text run with ``corrupt [rows, sources, targets]``: the last hidden state the
     logits read, every source's output ``[rows, T, D]`` and the pair."""
     from mhsa.circuits.pairs import circuit_pair

@@ -33,18 +33,18 @@ FAMILIES = PARALLEL + SEQUENTIAL
 
 
 @pytest.fixture(params=FAMILIES)
-def family(request, tmp_path_factory) -> tuple[str, mhsa.LoadedModel]:
+def family(request, tmp_path_factory) -> tuple[str, mhsa.engine.LoadedModel]:
     return request.param, loaded_tiny(request.param, tmp_path_factory.mktemp)
 
 
-def _metric(lm: mhsa.LoadedModel, logits: torch.Tensor) -> torch.Tensor:
+def _metric(lm: mhsa.engine.LoadedModel, logits: torch.Tensor) -> torch.Tensor:
     a, w = (
         lm.tokenizer(" " + t, add_special_tokens=False)["input_ids"][0] for t in (ANSWER, WRONG)
     )
     return logits[:, -1, a] - logits[:, -1, w]
 
 
-def _key(lm: mhsa.LoadedModel, source: str, target: str, part: str) -> tuple[Any, tuple]:
+def _key(lm: mhsa.engine.LoadedModel, source: str, target: str, part: str) -> tuple[Any, tuple]:
     """The hand run's names of an edge: its source, and its target with key/value inputs per
     key/value head (grouped-query attention: the sum over the query heads sharing it)."""
     u: Any = source
@@ -61,7 +61,7 @@ def _key(lm: mhsa.LoadedModel, source: str, target: str, part: str) -> tuple[Any
     return u, (part, layer, head // (p.heads // p.kv_heads) if part in "kv" else head)
 
 
-def _eap_by_hand(lm: mhsa.LoadedModel, steps: int | None = None) -> dict[tuple, float]:
+def _eap_by_hand(lm: mhsa.engine.LoadedModel, steps: int | None = None) -> dict[tuple, float]:
     """``{(source, target key): (a_u(corrupted) - a_u(clean)) . dm/d(target's copy)}`` at the
     clean run (``steps``: the gradient averaged over the clean text's runs with embeddings
     ``corrupted + (k / steps) (clean - corrupted)``, k = 0 .. steps - 1: EAP-IG), by autograd
@@ -87,7 +87,7 @@ def _eap_by_hand(lm: mhsa.LoadedModel, steps: int | None = None) -> dict[tuple, 
     }
 
 
-def _compare(lm: mhsa.LoadedModel, frame, hand: dict[tuple, float]) -> None:
+def _compare(lm: mhsa.engine.LoadedModel, frame, hand: dict[tuple, float]) -> None:
     """Our scores equal the hand's to 1e-4 of the largest (grouped k/v: our per query head
     scores summed over the query heads sharing a key/value head)."""
     ours: dict[tuple, float] = {}
@@ -136,8 +136,12 @@ def test_every_edge_is_faithful_and_no_edge_is_the_corrupted_run(family):
     every = circuits.circuit_graph(lm).edges()
     # no edge: every receiver reads the corrupted sources, which is the corrupted run only if
     # the graph's wiring is the model's
-    assert mhsa.circuit_faithfulness(CLEAN, CORRUPTED, [], **kw) == pytest.approx(0, abs=1e-4)
-    assert mhsa.circuit_faithfulness(CLEAN, CORRUPTED, every, **kw) == pytest.approx(1, abs=1e-4)
+    assert mhsa.circuits.circuit_faithfulness(CLEAN, CORRUPTED, [], **kw) == pytest.approx(
+        0, abs=1e-4
+    )
+    assert mhsa.circuits.circuit_faithfulness(CLEAN, CORRUPTED, every, **kw) == pytest.approx(
+        1, abs=1e-4
+    )
 
 
 # --- scores against the hand computation --------------------------------------------------------
@@ -150,7 +154,7 @@ def test_eap_equals_autograd_by_hand(family, one_pass, monkeypatch):
     _, lm = family
     if not one_pass:
         monkeypatch.setattr(mhsa.circuits.pairs, "EAP_ONE_PASS_MAX", 0)
-    frame = mhsa.edge_attribution(CLEAN, CORRUPTED, model=lm, answer=ANSWER, wrong=WRONG)
+    frame = mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, model=lm, answer=ANSWER, wrong=WRONG)
     with torch.no_grad():
         logits, _ = hand_run(lm, CLEAN, {})
         corrupted_logits, _ = hand_run(lm, CORRUPTED, {})
@@ -165,7 +169,7 @@ def test_eap_equals_autograd_by_hand(family, one_pass, monkeypatch):
 def test_eap_ig_averages_the_gradients_along_the_embeddings_by_hand(name, tmp_path_factory):
     lm = loaded_tiny(name, tmp_path_factory.mktemp)
     kw = {"model": lm, "answer": ANSWER, "wrong": WRONG, "method": "eap-ig", "steps": 3}
-    frame = mhsa.edge_attribution(CLEAN, CORRUPTED, **kw)
+    frame = mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, **kw)
     _compare(lm, frame, _eap_by_hand(lm, steps=3))
 
 
@@ -181,7 +185,7 @@ def test_exact_scores_equal_path_patching_by_hand(family):
     kw = {"model": lm, "answer": ANSWER, "wrong": WRONG}
     graph, p = circuits.circuit_graph(lm), model_parts(lm)
     every = list(graph.edges().itertuples(index=False, name=None))
-    exact = mhsa.edge_attribution(CLEAN, CORRUPTED, method="exact", batch_size=128, **kw)
+    exact = mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, method="exact", batch_size=128, **kw)
     with torch.no_grad():
         logits, clean = hand_run(lm, CLEAN, {})
         corrupted_logits, corrupted = hand_run(lm, CORRUPTED, {})
@@ -195,7 +199,7 @@ def test_exact_scores_equal_path_patching_by_hand(family):
         group = [e for e in every if e[0] == sender and e[2] == part and _key(lm, *e)[1] == target]
         assert len(group) == (p.heads // p.kv_heads if part == "k" else 1)
         if len(group) == 1:  # one edge alone: path patching and the exact score
-            one = mhsa.path_patch(CLEAN, CORRUPTED, sender, receiver, part, **kw)
+            one = mhsa.circuits.path_patch(CLEAN, CORRUPTED, sender, receiver, part, **kw)
             assert one.patched == pytest.approx(m_patched, abs=1e-5)
             row = exact[
                 (exact.source == sender) & (exact.target == receiver) & (exact.input == part)
@@ -203,12 +207,12 @@ def test_exact_scores_equal_path_patching_by_hand(family):
             assert float(row["score"].iloc[0]) == pytest.approx(m_patched - m_clean, abs=1e-5)
         else:
             rest = [e for e in every if e not in group]
-            f = mhsa.circuit_faithfulness(CLEAN, CORRUPTED, rest, **kw)
+            f = mhsa.circuits.circuit_faithfulness(CLEAN, CORRUPTED, rest, **kw)
             assert m_corrupted + f * (m_clean - m_corrupted) == pytest.approx(m_patched, abs=1e-4)
     own = ("L1H0", "M1")  # a head into its own layer's MLP: only where the MLP reads it
     if name in PARALLEL:
         with pytest.raises(mhsa.InputError, match="no edge L1H0 -> M1"):
-            mhsa.path_patch(CLEAN, CORRUPTED, *own, **kw)
+            mhsa.circuits.path_patch(CLEAN, CORRUPTED, *own, **kw)
     else:
         assert graph.mask[graph.edge(*own)]
 

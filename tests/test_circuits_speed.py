@@ -18,9 +18,9 @@ CORRUPTED = "ba ke mo di ra lo ni pa su te ba ke mo di fu"
 def test_eap_from_a_separate_backward_equals_the_one_pass(monkeypatch: pytest.MonkeyPatch):
     toy = mhsa.load_model("toy:induction", device="cpu")
     kw = {"model": toy, "answer": "lo", "wrong": "ba"}
-    one_pass = mhsa.edge_attribution(CLEAN, CORRUPTED, **kw)
+    one_pass = mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, **kw)
     monkeypatch.setattr(circuits, "EAP_ONE_PASS_MAX", 0)
-    separate = mhsa.edge_attribution(CLEAN, CORRUPTED, **kw)
+    separate = mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, **kw)
     assert list(separate["target"]) == list(one_pass["target"])
     a, b = one_pass["score"].to_numpy(), separate["score"].to_numpy()
     assert np.abs(a).max() > 1e-3  # scores that could differ

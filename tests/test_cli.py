@@ -172,7 +172,7 @@ def test_importance_matches_the_library_and_writes_the_pruning_curve(
     assert "2 texts, 72 heads, ablation, embedding" in printed.out
     assert "importance" in printed.err  # the progress bar
     table = pd.read_csv(out, index_col="name")
-    expected = mhsa.head_importance(
+    expected = mhsa.causal.head_importance(
         ["The cat sat on the mat.", "Dogs bark at night."], model=minilm
     )
     assert list(table.index) == list(expected.index)

@@ -20,7 +20,7 @@ TOY = ["--model", "toy:induction", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
-def toy() -> mhsa.LoadedModel:
+def toy() -> mhsa.engine.LoadedModel:
     return mhsa.load_model("toy:induction", device="cpu")
 
 
@@ -45,7 +45,7 @@ def test_roles_writes_detection_sinks_and_composition(tmp_path, toy) -> None:
     assert table["previous token"].idxmax().startswith("L0")
     written = pd.read_csv(sinks, keep_default_na=False)
     for number, text in enumerate(texts):
-        want = mhsa.attention_sinks(mhsa.attend(text, model=toy)).table
+        want = mhsa.analysis.attention_sinks(mhsa.attend(text, model=toy)).table
         mine = written[written["text"] == number].reset_index(drop=True)
         assert list(mine["head"]) == list(want["head"]) and list(mine["token"]) == list(
             want["token"]
@@ -54,7 +54,7 @@ def test_roles_writes_detection_sinks_and_composition(tmp_path, toy) -> None:
         _close(mine["received"].replace("", "nan"), want["received"])
         assert list(mine["sink"]) == list(want["sink"])
     composition = pd.read_csv(comp)
-    want = mhsa.head_composition(toy, "K")
+    want = mhsa.analysis.head_composition(toy, "K")
     assert set(composition["kind"]) == {"K"} and len(composition) == want.size
     for row in composition.itertuples():
         assert row.score == pytest.approx(want.loc[row.writer, row.reader], abs=1e-7)
@@ -77,18 +77,18 @@ def test_patch_writes_heads_positions_and_attribution(tmp_path, toy, capsys) -> 
     files = ["--out", str(heads), "--attribution", str(attribution)]
     assert main([*argv, *files, "--layer", "1", "--positions", str(positions)]) == 0
     options = {"model": toy, "answer": "fu", "wrong": "lo"}
-    want = mhsa.patch_heads(CLEAN, CORRUPTED, **options)
+    want = mhsa.causal.patch_heads(CLEAN, CORRUPTED, **options)
     summary = f"clean {want.attrs['clean']:.4g}, corrupted {want.attrs['corrupted']:.4g}"
     assert summary in capsys.readouterr().out  # the metric's values
     got = pd.read_csv(heads, index_col="name")
     assert list(got.index) == list(want.index)
     _close(got["effect"], want["effect"])
     _close(got["patched"], want["patched"])
-    want = mhsa.patch_positions(CLEAN, CORRUPTED, 1, **options)
+    want = mhsa.causal.patch_positions(CLEAN, CORRUPTED, 1, **options)
     got = pd.read_csv(positions)
     assert list(got["token"]) == list(want["token"]) and set(got["layer"]) == {1}
     _close(got["effect"], want["effect"])
-    want = mhsa.attribution_patching(CLEAN, CORRUPTED, **options)
+    want = mhsa.causal.attribution_patching(CLEAN, CORRUPTED, **options)
     _close(pd.read_csv(attribution, index_col="name")["attribution"], want["attribution"])
 
 
@@ -97,9 +97,9 @@ def test_patch_of_one_kind_of_activation(tmp_path, toy) -> None:
     out = tmp_path / "v.csv"
     argv = ["patch", CLEAN, CORRUPTED, *TOY, "--answer", "fu", "--wrong", "lo", "--what", "v"]
     assert main([*argv, "--out", str(out), "--batch-size", "3"]) == 0
-    want = mhsa.patch_heads(CLEAN, CORRUPTED, model=toy, answer="fu", wrong="lo", what="v")
+    want = mhsa.causal.patch_heads(CLEAN, CORRUPTED, model=toy, answer="fu", wrong="lo", what="v")
     _close(pd.read_csv(out, index_col="name")["effect"], want["effect"])
-    z = mhsa.patch_heads(CLEAN, CORRUPTED, model=toy, answer="fu", wrong="lo")
+    z = mhsa.causal.patch_heads(CLEAN, CORRUPTED, model=toy, answer="fu", wrong="lo")
     assert not np.allclose(want["effect"], z["effect"])  # --what reached the library
 
 
@@ -108,12 +108,12 @@ def test_flow_writes_attribution_csv_and_routes_json(tmp_path, toy) -> None:
     dla, routes = tmp_path / "dla.csv", tmp_path / "routes.json"
     argv = ["flow", FLOW_TEXT, *TOY, "--answer", "di", "--wrong", "lu", "--out", str(dla)]
     assert main([*argv, "--routes", str(routes), "--threshold", "0.1"]) == 0
-    want = mhsa.head_attribution(FLOW_TEXT, model=toy, answer="di", wrong="lu")
+    want = mhsa.causal.head_attribution(FLOW_TEXT, model=toy, answer="di", wrong="lu")
     got = pd.read_csv(dla)
     assert list(got["component"]) == list(want.frame()["component"])
     _close(got["contribution"], want.frame()["contribution"])
     assert got["contribution"].sum() == pytest.approx(want.logit_diff, abs=1e-3)
-    graph = mhsa.information_flow(FLOW_TEXT, model=toy, threshold=0.1)
+    graph = mhsa.causal.information_flow(FLOW_TEXT, model=toy, threshold=0.1)
     written = json.loads(routes.read_text())
     assert written["tokens"] == list(graph.tokens) and written["threshold"] == 0.1
     assert [n["name"] for n in written["nodes"]] == [n.name for n in graph.nodes]

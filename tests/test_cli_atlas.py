@@ -16,14 +16,14 @@ from mhsa.atlas.corpora import task_corpus
 from tests.test_cli_analyses import exits_2_with_one_line
 
 
-def _build(tmp_path, task: str, count: int, *options: str) -> tuple[Path, mhsa.Atlas]:
+def _build(tmp_path, task: str, count: int, *options: str) -> tuple[Path, mhsa.atlas.Atlas]:
     """``python -m mhsa atlas build`` over ``count`` texts of ``toy:<task>``'s task."""
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(task_corpus(task, count=count, seed=2)) + "\n")
     out = tmp_path / "atlas"
     argv = ["atlas", "build", str(corpus), "--out", str(out), "--model", f"toy:{task}"]
     assert main([*argv, *options]) == 0
-    return out, mhsa.open_atlas(out)
+    return out, mhsa.atlas.open_atlas(out)
 
 
 def test_build_then_read_a_toy_atlas_from_the_command_line(tmp_path, capsys) -> None:
@@ -53,7 +53,7 @@ def test_build_then_read_a_toy_atlas_from_the_command_line(tmp_path, capsys) -> 
 
 def test_an_encoder_decoders_decoder_alone(tmp_path, capsys) -> None:
     out, atlas = _build(tmp_path, "reverse-seq2seq", 12, "--part", "decoder")
-    assert not isinstance(atlas, mhsa.AtlasParts)
+    assert not isinstance(atlas, mhsa.atlas.AtlasParts)
     assert atlas.labels[0] == "D0H0" and all(h.startswith("D") for h in atlas.labels)
     capsys.readouterr()
     assert main(["atlas", "top", str(out), "D1H1", "-k", "3"]) == 0

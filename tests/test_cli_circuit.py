@@ -21,13 +21,15 @@ def test_circuit_writes_the_libraries_edges_and_the_top_circuits_faithfulness(tm
     assert main([*argv, "--device", "cpu"]) == 0
     printed = capsys.readouterr().out
     table = pd.read_csv(out, keep_default_na=False)
-    scores = mhsa.edge_attribution(CLEAN, CORRUPTED, method="eap", **KW)
-    expected = mhsa.top_edges(scores, len(scores))
+    scores = mhsa.circuits.edge_attribution(CLEAN, CORRUPTED, method="eap", **KW)
+    expected = mhsa.circuits.top_edges(scores, len(scores))
     assert list(table.columns) == ["source", "target", "input", "score"]
     assert list(table["source"]) == list(expected["source"])
     assert list(table["input"]) == list(expected["input"])
     assert table["score"].to_numpy() == pytest.approx(expected["score"].to_numpy(), abs=1e-6)
-    f = mhsa.circuit_faithfulness(CLEAN, CORRUPTED, mhsa.top_edges(scores, 12), **KW)
+    f = mhsa.circuits.circuit_faithfulness(
+        CLEAN, CORRUPTED, mhsa.circuits.top_edges(scores, 12), **KW
+    )
     assert f"faithfulness of the top 12 edges: {f:.4f}" in printed
     points = pd.read_csv(curve)
     assert list(points["edges"]) == [0, 0, 0, 1, 2, 5, 11, 22, 55, 110]
@@ -75,10 +77,10 @@ def test_circuit_on_an_encoder_takes_the_target_and_the_text_pair(bert_folder, t
     pair = "a bird flew over the house"
     assert main([*argv, "--target", "similarity", "--text-pair", pair, "--out", str(out)]) == 0
     table = pd.read_csv(out, keep_default_na=False)
-    scores = mhsa.edge_attribution(
+    scores = mhsa.circuits.edge_attribution(
         *texts, model=bert_folder, method="eap", target="similarity", text_pair=pair
     )
-    expected = mhsa.top_edges(scores, len(scores))
+    expected = mhsa.circuits.top_edges(scores, len(scores))
     assert list(table["source"]) == list(expected["source"])
     assert list(table["target"]) == list(expected["target"])
     assert table["score"].to_numpy() == pytest.approx(expected["score"].to_numpy(), abs=1e-7)

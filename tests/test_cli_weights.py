@@ -16,14 +16,14 @@ TEXT = "ro te mi bu gu ka be pa ku ro te mi bu gu ka"
 
 
 @pytest.fixture(scope="module")
-def toy() -> mhsa.LoadedModel:
+def toy() -> mhsa.engine.LoadedModel:
     return mhsa.load_model("toy:induction", device="cpu")
 
 
 def test_weights_copying_writes_every_heads_score(tmp_path, toy, capsys) -> None:
     assert main(["weights", "--copying", *TOY]) == 0
     printed = pd.read_csv(pd.io.common.StringIO(capsys.readouterr().out), index_col="head")
-    want = mhsa.ov_copying_scores(toy)
+    want = mhsa.analysis.ov_copying_scores(toy)
     assert list(printed.index) == list(want.index)
     np.testing.assert_allclose(printed["copying score"], want.to_numpy(), rtol=1e-12)
     out = tmp_path / "top.csv"
@@ -46,7 +46,7 @@ def test_weights_copying_writes_every_heads_score(tmp_path, toy, capsys) -> None
         == 0
     )
     top = pd.read_csv(out)
-    want = mhsa.ov_top_tokens("L1H0", toy, tokens=["ba", "ko"], k=3)
+    want = mhsa.analysis.ov_top_tokens("L1H0", toy, tokens=["ba", "ko"], k=3)
     assert list(top["output"]) == list(want["output"]) and len(top) == 6
     assert "wrote" in capsys.readouterr().out
 
@@ -55,7 +55,7 @@ def test_qk_writes_terms_that_sum_to_each_keys_score(tmp_path, toy) -> None:
     out = tmp_path / "qk.csv"
     assert main(["qk", TEXT, "--head", "L1H3", "--query", "12", *TOY, "--out", str(out)]) == 0
     written = pd.read_csv(out)
-    want = mhsa.qk_attribution(TEXT, "L1H3", model=toy, query=12)
+    want = mhsa.analysis.qk_attribution.qk_attribution(TEXT, "L1H3", model=toy, query=12)
     assert list(written.columns) == ["query_source", "key_source", "key", "score", "key_token"]
     np.testing.assert_allclose(written["score"], want["score"], rtol=1e-12)
     assert sorted(written["key"].unique()) == list(range(13))
@@ -69,7 +69,9 @@ def test_qk_on_the_default_model_splits_every_key(minilm, capsys) -> None:
     text = "the cat sat on the mat"
     assert main(["qk", text, "--head", "L3H2", "--query", "2", "--top", "5"]) == 0
     written = pd.read_csv(pd.io.common.StringIO(capsys.readouterr().out))
-    want = mhsa.qk_attribution(text, "L3H2", model=minilm, query=2).nlargest(5, "score")
+    want = mhsa.analysis.qk_attribution.qk_attribution(
+        text, "L3H2", model=minilm, query=2
+    ).nlargest(5, "score")
     np.testing.assert_allclose(written["score"], want["score"], rtol=1e-12)
     assert list(written["key_source"]) == list(want["key_source"].astype(str))
 
@@ -84,7 +86,9 @@ def test_qk_on_an_encoder_decoders_decoder_head(tmp_path) -> None:
     argv = ["qk", text, "--head", "D1H2", "--target", target, *SEQ2SEQ, "--out", str(out)]
     assert main(argv) == 0
     written = pd.read_csv(out)
-    want = mhsa.qk_attribution(text, "D1H2", model="toy:reverse-seq2seq", text_pair=target)
+    want = mhsa.analysis.qk_attribution.qk_attribution(
+        text, "D1H2", model="toy:reverse-seq2seq", text_pair=target
+    )
     np.testing.assert_allclose(written["score"], want["score"], rtol=1e-12)
     assert list(written["key_token"]) == [want.attrs["tokens"][k] for k in want["key"]]
     assert "C0H1" in set(written["key_source"])  # the cross heads write the decoder's stream

@@ -193,7 +193,7 @@ def test_batched_importance_equals_one_by_one(model_name, method, target, pairs,
         lm = mhsa.load_model(request.getfixturevalue(f"tiny_{model_name}_path"), device="cpu")
     texts = MIXED[:6]
     items = list(zip(texts, texts[::-1], strict=True)) if pairs else texts
-    expected = mhsa.head_importance(items, model=lm, method=method, target=target)
+    expected = mhsa.causal.head_importance(items, model=lm, method=method, target=target)
     acc = corpus_importance(
         Corpus.of(items).entries, model=lm, method=method, target=target, batch_tokens=300
     )
@@ -375,5 +375,5 @@ def test_batched_on_the_gpu_equals_one_by_one_on_the_cpu(minilm) -> None:
         np.testing.assert_allclose(a[numeric], b[numeric], rtol=0, atol=1e-5)  # GPU kernels
         np.testing.assert_allclose(got.similarity.frame(), want.similarity.frame(), atol=1e-4)
     acc = corpus_importance(entries[:4], model=gpu)
-    want = mhsa.head_importance(MIXED[:4], model=minilm)
+    want = mhsa.causal.head_importance(MIXED[:4], model=minilm)
     np.testing.assert_allclose(acc.frame()["importance"], want["importance"], atol=1e-5)

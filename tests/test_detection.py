@@ -119,7 +119,7 @@ def test_detection_table_scores_every_head_as_the_loop() -> None:
 
 
 @pytest.fixture(scope="module")
-def toy() -> mhsa.LoadedModel:
+def toy() -> mhsa.engine.LoadedModel:
     return mhsa.load_model(str(TOY), device="cpu")
 
 

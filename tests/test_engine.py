@@ -23,23 +23,23 @@ MODELS = list(ENGINE_MODELS)
 
 
 @pytest.fixture(params=MODELS)
-def model(request) -> mhsa.LoadedModel:
+def model(request) -> mhsa.engine.LoadedModel:
     value = request.getfixturevalue(request.param)
-    if isinstance(value, mhsa.LoadedModel):
+    if isinstance(value, mhsa.engine.LoadedModel):
         return value
     return _loaded(value)
 
 
-_LOADED: dict[str, mhsa.LoadedModel] = {}
+_LOADED: dict[str, mhsa.engine.LoadedModel] = {}
 
 
-def _loaded(path: str) -> mhsa.LoadedModel:
+def _loaded(path: str) -> mhsa.engine.LoadedModel:
     if path not in _LOADED:
         _LOADED[path] = mhsa.load_model(path, device="cpu")
     return _LOADED[path]
 
 
-def _attention_classes(lm: mhsa.LoadedModel) -> set[type]:
+def _attention_classes(lm: mhsa.engine.LoadedModel) -> set[type]:
     """The classes of the model's own attention blocks and of what they call inside."""
     classes = set()
     with lm.lock:
@@ -55,7 +55,7 @@ def _attention_classes(lm: mhsa.LoadedModel) -> set[type]:
 def count_eager_attention_calls(monkeypatch):
     """Patch the forward of the model's attention classes to count their calls."""
 
-    def patch(lm: mhsa.LoadedModel) -> dict[str, int]:
+    def patch(lm: mhsa.engine.LoadedModel) -> dict[str, int]:
         calls: dict[str, int] = {}
         for cls in _attention_classes(lm):
             original = cls.forward
@@ -71,7 +71,7 @@ def count_eager_attention_calls(monkeypatch):
     return patch
 
 
-def _inputs(lm: mhsa.LoadedModel, texts: list[str]) -> dict[str, torch.Tensor]:
+def _inputs(lm: mhsa.engine.LoadedModel, texts: list[str]) -> dict[str, torch.Tensor]:
     tok = lm.tokenizer
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token or tok.unk_token
@@ -80,7 +80,7 @@ def _inputs(lm: mhsa.LoadedModel, texts: list[str]) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_engine_runs_through_our_module_and_equals_the_model(
-    model: mhsa.LoadedModel, count_eager_attention_calls
+    model: mhsa.engine.LoadedModel, count_eager_attention_calls
 ) -> None:
     calls = count_eager_attention_calls(model)
     ours = mhsa.attend(TEXT, model=model, engine="mhsa")
@@ -173,7 +173,7 @@ def test_random_engine_runs_fresh_modules_through_the_whole_model(minilm) -> Non
         w_on_fresh = fresh[1].ours.attention_weights(seen[0])[0].numpy()
     np.testing.assert_allclose(w_on_fresh, a.attention[1], atol=1e-6)
     assert np.abs(w_on_own - a.attention[1]).max() > 1e-3
-    assert "fresh" in mhsa.ENGINE_DESCRIPTIONS["mhsa-random"]
+    assert "fresh" in mhsa.engine.ENGINE_DESCRIPTIONS["mhsa-random"]
 
 
 def test_verify_is_for_the_mhsa_engine_only(minilm) -> None:
@@ -230,7 +230,7 @@ def test_classroom_reads_the_layer_input_of_the_run_and_shows_gqa_and_rope(
 
 
 def test_each_family_writes_our_weights_back_into_a_block_of_its_layout(
-    model: mhsa.LoadedModel,
+    model: mhsa.engine.LoadedModel,
 ) -> None:
     """Round trip: the block's weights -> our module -> written into a copy of the block whose
     projections were changed -> every projection equals the block's again, bit for bit."""

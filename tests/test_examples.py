@@ -58,7 +58,7 @@ def test_the_default_models_examples_are_known_words() -> None:
     assert DEFAULT_EXAMPLES[0].text == "The cat sat on the mat."
     for example in DEFAULT_EXAMPLES:
         assert unknown_tokens(example.text).unknown == 0
-    lm = mhsa.get_model("default", "cpu")
+    lm = mhsa.engine.get_model("default", "cpu")
     unk = lm.tokenizer.unk_token_id
     odd = "the ⟁ sat"  # a symbol outside MiniLM's WordPiece vocabulary
     ids = lm.tokenizer(odd, add_special_tokens=False)["input_ids"]

@@ -197,13 +197,13 @@ def test_auto_device_prefers_cuda_then_mps_then_cpu(monkeypatch, cuda, mps, want
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
-    assert mhsa.pick_device("auto").type == want
+    assert mhsa.engine.pick_device("auto").type == want
     if not cuda:
         with pytest.raises(ModelLoadError, match="no CUDA GPU"):
-            mhsa.pick_device("cuda")
+            mhsa.engine.pick_device("cuda")
 
 
 def test_device_choice() -> None:
-    assert mhsa.pick_device("cpu").type == "cpu"
+    assert mhsa.engine.pick_device("cpu").type == "cpu"
     with pytest.raises(ModelLoadError, match="Unknown device"):
-        mhsa.pick_device("tpu9")
+        mhsa.engine.pick_device("tpu9")

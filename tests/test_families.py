@@ -45,7 +45,7 @@ FAMILIES = [
 
 
 @pytest.fixture(params=FAMILIES)
-def family_model(request, tmp_path_factory) -> mhsa.LoadedModel:
+def family_model(request, tmp_path_factory) -> mhsa.engine.LoadedModel:
     return loaded_tiny(request.param, tmp_path_factory.mktemp)
 
 
@@ -104,10 +104,10 @@ def test_interleaved_partial_rotary_is_gptjs() -> None:
     x_bthd = x.transpose(1, 2)  # GPT-J rotates [B, T, H, Dh]
     rotated = apply_rotary_pos_emb(x_bthd[..., :rot], sin, cos)
     want = torch.cat([rotated, x_bthd[..., rot:]], dim=-1).transpose(1, 2)
-    ours = mhsa.RotaryEmbedding.default(d_head, rot_dim=rot, interleaved=True)
+    ours = mhsa.engine.RotaryEmbedding.default(d_head, rot_dim=rot, interleaved=True)
     c, s = ours.cos_sin(torch.arange(t), x.dtype)
     torch.testing.assert_close(ours.rotate(x, c, s), want, rtol=0, atol=1e-6)
-    plain = mhsa.RotaryEmbedding.default(d_head, rot_dim=rot)  # rotate_half: another result
+    plain = mhsa.engine.RotaryEmbedding.default(d_head, rot_dim=rot)  # rotate_half: another result
     assert (plain.rotate(x, c, s) - want).abs().max() > 1e-2
     assert torch.equal(ours.rotate(x, c, s)[..., rot:], x[..., rot:])  # the rest unrotated
 
@@ -126,7 +126,7 @@ def test_partial_rotary_is_gpt_neoxs() -> None:
     positions = torch.arange(9)[None]
     cos, sin = theirs(q, positions)
     want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin)
-    ours = mhsa.RotaryEmbedding(theirs.inv_freq)
+    ours = mhsa.engine.RotaryEmbedding(theirs.inv_freq)
     assert ours.rot_dim == 4
     c, s = ours.cos_sin(positions, q.dtype)
     torch.testing.assert_close(ours.rotate(q, c, s), want_q, rtol=0, atol=1e-6)
@@ -163,7 +163,7 @@ def test_fused_layouts_split_as_falcon_does(flags, layout, kv_heads) -> None:
     torch.testing.assert_close(rejoined.movedim(0, -1), fused, rtol=0, atol=0)
 
 
-def _tiny(tmp_path, model) -> mhsa.LoadedModel:
+def _tiny(tmp_path, model) -> mhsa.engine.LoadedModel:
     return mhsa.load_model(save_tiny(tmp_path, model), device="cpu")
 
 
@@ -206,7 +206,7 @@ def test_opts_the_decomposition_does_not_cover_are_refused_by_name(
     lm = _tiny(tmp_path, tf.OPTForCausalLM(config))
     assert mhsa.attend(TEXT, model=lm, engine="mhsa", verify=True).max_abs_diff <= TOL
     with pytest.raises(mhsa.UnsupportedModelError, match=refusal):
-        mhsa.head_attribution(TEXT, model=lm, answer="cat", wrong="dog")
+        mhsa.causal.head_attribution(TEXT, model=lm, answer="cat", wrong="dog")
 
 
 def test_verify_catches_a_module_that_is_silently_wrong(tmp_path_factory) -> None:

@@ -35,7 +35,7 @@ PARALLEL = {"GPT-NeoX", "GPT-J", "Phi", "Falcon"}
 
 
 @pytest.fixture(params=NAMES)
-def family(request, tmp_path_factory) -> tuple[str, mhsa.LoadedModel]:
+def family(request, tmp_path_factory) -> tuple[str, mhsa.engine.LoadedModel]:
     return request.param, loaded_tiny(request.param, tmp_path_factory.mktemp)
 
 
@@ -52,15 +52,15 @@ def _refused(tool: str, name: str, run) -> bool:
     return True
 
 
-def _label(lm: mhsa.LoadedModel, layer: int, head: int) -> str:
+def _label(lm: mhsa.engine.LoadedModel, layer: int, head: int) -> str:
     return f"{'E' if lm.is_encoder_decoder else 'L'}{layer}H{head}"
 
 
-def _answers(lm: mhsa.LoadedModel) -> dict[str, str]:
+def _answers(lm: mhsa.engine.LoadedModel) -> dict[str, str]:
     return {"answer": "cat", "wrong": "dog"} if lm.lm_head == "causal" else {}
 
 
-def _own_logit_diff(lm: mhsa.LoadedModel, text: str, *, before_cap: bool = False) -> float:
+def _own_logit_diff(lm: mhsa.engine.LoadedModel, text: str, *, before_cap: bool = False) -> float:
     """logit(cat) - logit(dog) after ``text``, from the model's own forward (``before_cap``:
     the unembedding's output, before a final soft-cap of the logits such as Gemma 2's)."""
     ids = lm.tokenizer(text, return_tensors="pt")
@@ -143,10 +143,10 @@ def test_importance(family) -> None:
     change, and pruning starts from the intact value."""
     _name, lm = family
     label = _label(lm, 1, 2)
-    importance = mhsa.head_importance(TEXT, model=lm)
+    importance = mhsa.causal.head_importance(TEXT, model=lm)
     ab = mhsa.ablate(TEXT, [label], model=lm)
     assert importance.loc[label, "importance"] == pytest.approx(ab.change, abs=1e-4)
-    curve = mhsa.pruning_curve(TEXT, model=lm, steps=1, importance=importance)
+    curve = mhsa.causal.pruning_curve(TEXT, model=lm, steps=1, importance=importance)
     start = curve[(curve["heads_pruned"] == 0) & (curve["order"] == "importance")]
     assert float(start["metric"].iloc[0]) == pytest.approx(ab.intact_value, abs=1e-4)
 
@@ -168,9 +168,9 @@ def test_value_norms(family) -> None:
 def test_composition(family) -> None:
     """K-composition of L0H0 into L1H1 from the formula (Elhage et al. 2021) on the weights."""
     name, lm = family
-    if _refused("composition", name, lambda: mhsa.head_composition(model=lm, kind="K")):
+    if _refused("composition", name, lambda: mhsa.analysis.head_composition(model=lm, kind="K")):
         return
-    scores = mhsa.head_composition(model=lm, kind="K")
+    scores = mhsa.analysis.head_composition(model=lm, kind="K")
     with lm.lock:
         blocks = our_blocks(lm)
     (_, _, w_v0, w_o0), _ = blocks[0].ours.projections()
@@ -192,7 +192,7 @@ def test_patching(family) -> None:
     name, lm = family
 
     def run(what: str):
-        return mhsa.patch_heads(TEXT, CORRUPTED, model=lm, what=what, **_answers(lm))
+        return mhsa.causal.patch_heads(TEXT, CORRUPTED, model=lm, what=what, **_answers(lm))
 
     if _refused("patching", name, lambda: run("z")):
         return
@@ -213,7 +213,7 @@ def test_patching(family) -> None:
 @pytest.mark.slow
 def test_attribution_patching(family) -> None:
     _name, lm = family
-    frame = mhsa.attribution_patching(TEXT, CORRUPTED, model=lm, **_answers(lm))
+    frame = mhsa.causal.attribution_patching(TEXT, CORRUPTED, model=lm, **_answers(lm))
     assert np.isfinite(frame.select_dtypes("number").to_numpy()).all()
     assert frame.attrs["clean"] != frame.attrs["corrupted"]
     if lm.lm_head == "causal":
@@ -234,7 +234,7 @@ def test_dla(family) -> None:
     name, lm = family
 
     def run():
-        return mhsa.head_attribution(TEXT, model=lm, answer="cat", wrong="dog")
+        return mhsa.causal.head_attribution(TEXT, model=lm, answer="cat", wrong="dog")
 
     if _refused("dla", name, run):
         return
@@ -249,9 +249,9 @@ def test_dla(family) -> None:
 def test_logit_lens(family) -> None:
     """The last stage is the model's own prediction at every position."""
     name, lm = family
-    if _refused("logit-lens", name, lambda: mhsa.logit_lens(TEXT, model=lm)):
+    if _refused("logit-lens", name, lambda: mhsa.causal.logit_lens(TEXT, model=lm)):
         return
-    lens = mhsa.logit_lens(TEXT, model=lm, top_k=1)
+    lens = mhsa.causal.logit_lens(TEXT, model=lm, top_k=1)
     ids = lm.tokenizer(TEXT, return_tensors="pt")
     with torch.inference_mode(), lm.lock:
         top = lm.head_model(**ids).logits[0].argmax(-1)
@@ -266,7 +266,7 @@ def test_flow(family) -> None:
     from mhsa.causal.flow import block_contributions
 
     name, lm = family
-    if _refused("flow", name, lambda: mhsa.information_flow(TEXT, model=lm)):
+    if _refused("flow", name, lambda: mhsa.causal.information_flow(TEXT, model=lm)):
         return
     run = residual_pass(TEXT, model=lm)
     ids = lm.tokenizer(TEXT, return_tensors="pt")
@@ -281,7 +281,7 @@ def test_flow(family) -> None:
     np.testing.assert_allclose(flow.mlp + flow.mlp_residual, 1.0, atol=1e-5)
     # a parallel layer's MLP reads the layer's input: its edge comes from there
     assert run.parallel == (name in PARALLEL,) * run.layers
-    graph = mhsa.information_flow(TEXT, model=lm, threshold=0.0)
+    graph = mhsa.causal.information_flow(TEXT, model=lm, threshold=0.0)
     into_mlp = [e for e in graph.edges if e.target.kind == "M"]
     assert into_mlp
     for edge in into_mlp:
@@ -297,9 +297,13 @@ def test_qk_attribution(family) -> None:
     blocks = our_blocks(lm)
     layer = max(b.index for b in blocks)
     head = f"{'D' if lm.is_encoder_decoder else 'L'}{layer}H1"
-    if _refused("qk-attribution", name, lambda: mhsa.qk_attribution(TEXT, head, model=lm)):
+    if _refused(
+        "qk-attribution",
+        name,
+        lambda: mhsa.analysis.qk_attribution.qk_attribution(TEXT, head, model=lm),
+    ):
         return
-    terms = mhsa.qk_attribution(TEXT, head, model=lm)
+    terms = mhsa.analysis.qk_attribution.qk_attribution(TEXT, head, model=lm)
     scores = torch.tensor(terms.groupby("key", observed=True)["score"].sum().to_numpy())
     cap = getattr(lm.config, "attn_logit_softcapping", None)
     if cap is not None:
@@ -308,7 +312,7 @@ def test_qk_attribution(family) -> None:
     if lm.is_encoder_decoder:
         result = result.of_kind("decoder")
         with pytest.raises(mhsa.UnsupportedModelError, match="cross-attention head"):
-            mhsa.qk_attribution(TEXT, f"C{layer}H1", model=lm)
+            mhsa.analysis.qk_attribution.qk_attribution(TEXT, f"C{layer}H1", model=lm)
     own = result.attention[layer, 1, -1]
     allowed = torch.tensor(own[: len(scores)] > 0)
     windowed = {"Qwen3", "Gemma 2", "Gemma 3 (text)", "Phi-3", "ModernBERT"}

@@ -147,11 +147,11 @@ def test_the_key_head_terms_are_the_attention_blocks_output(
 
 
 @pytest.fixture(scope="module")
-def toy() -> mhsa.LoadedModel:
+def toy() -> mhsa.engine.LoadedModel:
     return mhsa.load_model("toy:induction", device="cpu")
 
 
-def test_threshold_drops_edges(toy: mhsa.LoadedModel):
+def test_threshold_drops_edges(toy: mhsa.engine.LoadedModel):
     flow = flow_contributions(TOY_TEXT, model=toy)
     low = flow_graph(flow, threshold=0.01, renormalize=False)
     high = flow_graph(flow, threshold=0.3, renormalize=False)
@@ -167,7 +167,7 @@ def test_threshold_drops_edges(toy: mhsa.LoadedModel):
     assert all(abs(total - 1) < 1e-5 for total in by_target.values())
 
 
-def test_the_toy_models_induction_route(toy: mhsa.LoadedModel):
+def test_the_toy_models_induction_route(toy: mhsa.engine.LoadedModel):
     """[BOS] ba ke mo di lu ba ke mo: the last "mo" (8) reads, in layer 1, the token after the
     earlier "mo", "di" (4); "di" read the token before it, "mo" (3), in layer 0."""
     graph = information_flow(TOY_TEXT, model=toy)
@@ -184,7 +184,7 @@ def test_flow_refuses_post_norm_models(tiny_bert_mlm_path: str):
         information_flow("the cat sat", model=bert)
 
 
-def test_flow_graph_rejects_bad_arguments(toy: mhsa.LoadedModel):
+def test_flow_graph_rejects_bad_arguments(toy: mhsa.engine.LoadedModel):
     flow = flow_contributions("ba ke", model=toy)
     with pytest.raises(mhsa.InputError, match="threshold"):
         flow_graph(flow, threshold=1.5)

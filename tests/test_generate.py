@@ -44,7 +44,7 @@ def tiny_gpt2_bpe_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(folder)
 
 
-def _direct_ids(lm: mhsa.LoadedModel, prompt: str, steps: int, *, types: bool) -> list[int]:
+def _direct_ids(lm: mhsa.engine.LoadedModel, prompt: str, steps: int, *, types: bool) -> list[int]:
     """transformers' own greedy ``generate`` on the tokenizer's encoding of the prompt
     (``types``: with the tokenizer's token_type_ids, which the model's forward takes)."""
     tok = lm.tokenizer
@@ -60,17 +60,17 @@ def _direct_ids(lm: mhsa.LoadedModel, prompt: str, steps: int, *, types: bool) -
     return out[0].tolist()
 
 
-def _check_generation(lm: mhsa.LoadedModel, prompt: str, steps: int, *, types: bool) -> None:
+def _check_generation(lm: mhsa.engine.LoadedModel, prompt: str, steps: int, *, types: bool) -> None:
     """The result's tokens are exactly transformers' generated ids, flagged from the prompt's
     end, with spans that cover the continuation in order."""
     expected = _direct_ids(lm, prompt, steps, types=types)
-    g = mhsa.generate_ids(prompt, model=lm, max_new_tokens=steps)
+    g = mhsa.engine.generate_ids(prompt, model=lm, max_new_tokens=steps)
     assert list(g.ids) == expected
     n_prompt = len(lm.tokenizer(prompt)["input_ids"])
     assert g.prompt_tokens == n_prompt
-    assert g.text == mhsa.generate(prompt, model=lm, max_new_tokens=steps)
+    assert g.text == mhsa.engine.generate(prompt, model=lm, max_new_tokens=steps)
     for engine in ("transformers", "mhsa"):
-        r = mhsa.attend_generated(g, model=lm, engine=engine)
+        r = mhsa.engine.attend_generated(g, model=lm, engine=engine)
         assert r.tokens == lm.tokenizer.convert_ids_to_tokens(expected)
         assert r.num_tokens == len(expected)
         assert r.text == g.text
@@ -98,8 +98,8 @@ def test_gpt2_bpe_attends_over_the_ids_generate_chose(tiny_gpt2_bpe_path) -> Non
 @pytest.mark.slow
 def test_gpt2_bpe_attention_is_the_models_own_over_those_ids(tiny_gpt2_bpe_path) -> None:
     lm = mhsa.load_model(tiny_gpt2_bpe_path, device="cpu")
-    g = mhsa.generate_ids(PROMPT, model=lm, max_new_tokens=6)
-    r = mhsa.attend_generated(g, model=lm)
+    g = mhsa.engine.generate_ids(PROMPT, model=lm, max_new_tokens=6)
+    r = mhsa.engine.attend_generated(g, model=lm)
     with torch.no_grad():
         out = lm.head_model(torch.tensor([g.ids]), output_attentions=True)
     theirs = torch.stack([a[0] for a in out.attentions]).numpy()
@@ -111,8 +111,8 @@ def test_wordpiece_gpt2_keeps_prompt_plus_generated_tokens(tiny_gpt2_path) -> No
     prompt's last word; the ids path keeps prompt + 8 tokens."""
     lm = mhsa.load_model(tiny_gpt2_path, device="cpu")
     _check_generation(lm, PROMPT, 8, types=True)
-    g = mhsa.generate_ids(PROMPT, model=lm, max_new_tokens=8)
-    r = mhsa.attend_generated(g, model=lm)
+    g = mhsa.engine.generate_ids(PROMPT, model=lm, max_new_tokens=8)
+    r = mhsa.engine.attend_generated(g, model=lm)
     assert r.num_tokens == g.prompt_tokens + 8
     # the first generated word is a word of its own, however the text glues it on
     first = next(i for i in range(g.prompt_tokens, r.num_tokens) if not r.special[i])
@@ -132,16 +132,16 @@ def test_word_level_toy_llama_attends_over_the_ids_generate_chose() -> None:
 
 
 def test_attend_generated_refuses_another_tokenizers_ids(tiny_gpt2_path) -> None:
-    lm = mhsa.get_model(tiny_gpt2_path, "cpu")
-    wrong = mhsa.Generation(PROMPT, (1, 2, 3, 4), 2, PROMPT + " x")
+    lm = mhsa.engine.get_model(tiny_gpt2_path, "cpu")
+    wrong = mhsa.engine.Generation(PROMPT, (1, 2, 3, 4), 2, PROMPT + " x")
     with pytest.raises(mhsa.InputError, match="another tokenizer"):
-        mhsa.attend_generated(wrong, model=lm)
+        mhsa.engine.attend_generated(wrong, model=lm)
 
 
 def test_a_cut_generation_keeps_the_first_tokens_and_counts_the_rest(tiny_gpt2_path) -> None:
-    lm = mhsa.get_model(tiny_gpt2_path, "cpu")
-    g = mhsa.generate_ids(PROMPT, model=lm, max_new_tokens=8)
-    r = mhsa.attend_generated(g, model=lm, max_tokens=g.prompt_tokens + 3)
+    lm = mhsa.engine.get_model(tiny_gpt2_path, "cpu")
+    g = mhsa.engine.generate_ids(PROMPT, model=lm, max_new_tokens=8)
+    r = mhsa.engine.attend_generated(g, model=lm, max_tokens=g.prompt_tokens + 3)
     assert r.tokens == lm.tokenizer.convert_ids_to_tokens(list(g.ids[: g.prompt_tokens + 3]))
     assert r.truncated_tokens == len(g.ids) - g.prompt_tokens - 3
     assert r.generated.count(True) == 3
@@ -150,8 +150,8 @@ def test_a_cut_generation_keeps_the_first_tokens_and_counts_the_rest(tiny_gpt2_p
 def test_the_walkthrough_runs_over_the_generated_ids(tiny_gpt2_path) -> None:
     from mhsa.analysis.classroom import walkthrough
 
-    lm = mhsa.get_model(tiny_gpt2_path, "cpu")
-    g = mhsa.generate_ids(PROMPT, model=lm, max_new_tokens=8)
+    lm = mhsa.engine.get_model(tiny_gpt2_path, "cpu")
+    g = mhsa.engine.generate_ids(PROMPT, model=lm, max_new_tokens=8)
     walk = walkthrough(g, model=lm, layer=0)
     assert walk.tokens == lm.tokenizer.convert_ids_to_tokens(list(g.ids))
 
@@ -160,8 +160,8 @@ def test_knock_outs_run_over_the_generated_ids(tiny_gpt2_path) -> None:
     """``ablate`` on a Generation scores the ids the model chose: its intact next-token loss is
     the plain model's loss over exactly those ids (the decoded text tokenized again is another
     sequence here: 17 tokens instead of 13)."""
-    lm = mhsa.get_model(tiny_gpt2_path, "cpu")
-    g = mhsa.generate_ids(PROMPT, model=lm, max_new_tokens=8)
+    lm = mhsa.engine.get_model(tiny_gpt2_path, "cpu")
+    g = mhsa.engine.generate_ids(PROMPT, model=lm, max_new_tokens=8)
     assert len(lm.tokenizer(g.text)["input_ids"]) != len(g.ids)  # the bug's setting
     a = mhsa.ablate(g, ["L1H2"], model=lm, target="lm-loss")
     ids = torch.tensor([g.ids])
@@ -175,13 +175,13 @@ def test_knock_outs_run_over_the_generated_ids(tiny_gpt2_path) -> None:
 
 def test_head_importance_runs_over_the_generated_ids(tiny_gpt2_path) -> None:
     """Leave-one-out importance on a Generation is each head's knock-out on those ids."""
-    lm = mhsa.get_model(tiny_gpt2_path, "cpu")
-    g = mhsa.generate_ids(PROMPT, model=lm, max_new_tokens=8)
-    table = mhsa.head_importance([g], model=lm, target="lm-loss")
+    lm = mhsa.engine.get_model(tiny_gpt2_path, "cpu")
+    g = mhsa.engine.generate_ids(PROMPT, model=lm, max_new_tokens=8)
+    table = mhsa.causal.head_importance([g], model=lm, target="lm-loss")
     for label in ("L0H1", "L1H3"):
         one = mhsa.ablate(g, [label], model=lm, target="lm-loss")
         assert table.loc[label, "importance"] == pytest.approx(one.change, abs=1e-5)
-    retokenized = mhsa.head_importance([g.text], model=lm, target="lm-loss")
+    retokenized = mhsa.causal.head_importance([g.text], model=lm, target="lm-loss")
     assert not np.allclose(table["importance"], retokenized["importance"], atol=1e-4)
 
 
@@ -199,7 +199,7 @@ def _sentencepiece_tokenizer():
 
 
 @pytest.fixture(scope="module")
-def tiny_sentencepiece_llama(tmp_path_factory: pytest.TempPathFactory) -> mhsa.LoadedModel:
+def tiny_sentencepiece_llama(tmp_path_factory: pytest.TempPathFactory) -> mhsa.engine.LoadedModel:
     """A tiny random Llama with that tokenizer whose greedy continuation of ``the cat.`` starts
     with a word (a ``▁`` token): the seed is the first one that does."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -234,13 +234,13 @@ def test_sentencepiece_generation_keeps_the_space_before_the_continuation(
     )
     expected = lm.tokenizer.decode(out[0], skip_special_tokens=True)
     assert expected.startswith(prompt)  # the prompt decodes back to itself
-    g = mhsa.generate_ids(prompt, model=lm, max_new_tokens=4)
+    g = mhsa.engine.generate_ids(prompt, model=lm, max_new_tokens=4)
     assert list(g.ids) == out[0].tolist()
     alone = lm.tokenizer.decode(list(g.new_ids), skip_special_tokens=True)
     assert expected != prompt + alone  # the slip this test holds: alone, the space is lost
     assert expected[len(prompt)] == " "
     assert g.text == expected
-    assert mhsa.generate(prompt, model=lm, max_new_tokens=4) == expected
-    r = mhsa.attend_generated(g, model=lm)
+    assert mhsa.engine.generate(prompt, model=lm, max_new_tokens=4) == expected
+    r = mhsa.engine.attend_generated(g, model=lm)
     spans = [g.text[a:b] for (a, b), gen in zip(r.offsets, r.generated, strict=True) if gen]
     assert "".join(spans) == "".join(g.text[len(prompt) :].split())

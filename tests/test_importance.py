@@ -20,7 +20,7 @@ TEXT = "The quick brown fox jumps over the lazy dog near the bank."
 PAIR = "A fast fox leaps over a sleepy dog by the river."
 
 
-def _out_projections(lm: mhsa.LoadedModel) -> list[torch.nn.Module]:
+def _out_projections(lm: mhsa.engine.LoadedModel) -> list[torch.nn.Module]:
     """The model's own output projection of every layer (their input is the heads' context,
     head h in features h * d_head .. (h + 1) * d_head)."""
     base = lm.model
@@ -41,7 +41,7 @@ def _zeroing(heads: list[int], d_head: int):
     return hook
 
 
-def _by_hand(lm: mhsa.LoadedModel, text: str, off: list[tuple[int, int]]):
+def _by_hand(lm: mhsa.engine.LoadedModel, text: str, off: list[tuple[int, int]]):
     """The model's own eager forward with heads zeroed before its output projection: its
     attentions, its pooled embedding and (with an LM head) its own loss."""
     facts = lm.facts()
@@ -117,7 +117,7 @@ def test_leave_one_out_equals_the_brute_force_loop(tiny_bert_sharp_path) -> None
     lm = mhsa.load_model(tiny_bert_sharp_path, device="cpu")
     texts = [TEXT, "Dogs bark at night."]
     # batch_size 3: the four heads of a layer run in uneven chunks
-    table = mhsa.head_importance(texts, model=lm, batch_size=3)
+    table = mhsa.causal.head_importance(texts, model=lm, batch_size=3)
     assert list(table.columns) == ["layer", "head", "importance", "std"]
     assert table.loc["L1H2", ["layer", "head"]].tolist() == [1, 2]
     brute = np.array(
@@ -133,7 +133,7 @@ def test_leave_one_out_equals_the_brute_force_loop(tiny_bert_sharp_path) -> None
 @pytest.mark.slow
 def test_leave_one_out_on_a_decoder_loss_equals_the_brute_force_loop(tiny_gpt2_path) -> None:
     lm = mhsa.load_model(tiny_gpt2_path, device="cpu")
-    table = mhsa.head_importance([TEXT], model=lm)
+    table = mhsa.causal.head_importance([TEXT], model=lm)
     assert table.attrs["target"] == "lm-loss"
     brute = [mhsa.ablate(TEXT, [(li, h)], model=lm).change for li in range(2) for h in range(4)]
     np.testing.assert_allclose(table["importance"], brute, atol=1e-5)
@@ -152,14 +152,14 @@ def _finite_difference(text, layer, head, heads, **kw) -> float:
 def test_gradient_importance_matches_finite_differences(tiny_gpt2_path, minilm) -> None:
     lm = mhsa.load_model(tiny_gpt2_path, device="cpu")
     lm.head_model.double()  # float64: the differences of a loss near 10 stay exact enough
-    table = mhsa.head_importance([TEXT], model=lm, method="gradient")
+    table = mhsa.causal.head_importance([TEXT], model=lm, method="gradient")
     for name in ("L0H1", "L1H0", "L1H3"):
         layer, head = int(name[1]), int(name[3])
         fd = _finite_difference(TEXT, layer, head, 4, model=lm)
         assert table.loc[name, "gradient"] == pytest.approx(fd, rel=2e-2, abs=1e-5)
         assert table.loc[name, "importance"] == pytest.approx(abs(fd), rel=2e-2, abs=1e-5)
     # the similarity of a sentence pair through the embedded model
-    sim = mhsa.head_importance([(TEXT, PAIR)], model=minilm, method="gradient")
+    sim = mhsa.causal.head_importance([(TEXT, PAIR)], model=minilm, method="gradient")
     assert sim.attrs["target"] == "similarity"
     for name in ("L0H3", "L3H8", "L5H11"):
         layer, head = int(name[1]), int(name[3:])
@@ -169,7 +169,9 @@ def test_gradient_importance_matches_finite_differences(tiny_gpt2_path, minilm) 
 
 
 def test_michel_normalisation_gives_unit_norm_per_layer(minilm) -> None:
-    table = mhsa.head_importance([(TEXT, PAIR)], model=minilm, method="gradient", normalize=True)
+    table = mhsa.causal.head_importance(
+        [(TEXT, PAIR)], model=minilm, method="gradient", normalize=True
+    )
     norms = table.groupby("layer")["importance"].apply(lambda v: float(np.linalg.norm(v)))
     np.testing.assert_allclose(norms, 1.0, rtol=1e-9)
     raw = table["importance_raw"].to_numpy().reshape(6, 12)
@@ -182,7 +184,7 @@ def test_michel_normalisation_gives_unit_norm_per_layer(minilm) -> None:
 @pytest.mark.slow
 def test_pruning_curve_ends_at_the_intact_and_the_empty_model(tiny_gpt2_path, minilm) -> None:
     lm = mhsa.load_model(tiny_gpt2_path, device="cpu")
-    curve = mhsa.pruning_curve([TEXT], model=lm, steps=4)
+    curve = mhsa.causal.pruning_curve([TEXT], model=lm, steps=4)
     everything = {0: [0.0] * 4, 1: [0.0] * 4}
     for name in ("importance", "random"):
         rows = curve[curve["order"] == name].set_index("heads_pruned")
@@ -195,10 +197,10 @@ def test_pruning_curve_ends_at_the_intact_and_the_empty_model(tiny_gpt2_path, mi
     imp = curve[curve["order"] == "importance"]["pruned"].tolist()
     steps = [set(filter(None, p.split(","))) for p in imp]
     assert all(a < b for a, b in itertools.pairwise(steps))
-    table = mhsa.head_importance([TEXT], model=lm)
+    table = mhsa.causal.head_importance([TEXT], model=lm)
     assert imp[1].split(",") == list(table["importance"].sort_values(kind="stable").index[:2])
     # a sentence pair through the embedded model: the similarity at 0% is the intact one
-    sim = mhsa.pruning_curve([(TEXT, PAIR)], model=minilm, steps=2)
+    sim = mhsa.causal.pruning_curve([(TEXT, PAIR)], model=minilm, steps=2)
     first = sim[(sim["order"] == "random") & (sim["heads_pruned"] == 0)]["metric"].item()
     assert first == pytest.approx(target_value(TEXT, model=minilm, text_pair=PAIR), abs=1e-5)
 
@@ -206,11 +208,11 @@ def test_pruning_curve_ends_at_the_intact_and_the_empty_model(tiny_gpt2_path, mi
 @pytest.mark.slow
 def test_random_baseline_is_reproducible_from_its_seed(tiny_bert_sharp_path) -> None:
     lm = mhsa.load_model(tiny_bert_sharp_path, device="cpu")
-    importance = mhsa.head_importance([TEXT], model=lm)
+    importance = mhsa.causal.head_importance([TEXT], model=lm)
     kw = {"model": lm, "importance": importance, "steps": 3}
 
     def random_rows(seed):
-        curve = mhsa.pruning_curve([TEXT], seed=seed, **kw)
+        curve = mhsa.causal.pruning_curve([TEXT], seed=seed, **kw)
         return curve[curve["order"] == "random"].reset_index(drop=True)
 
     a, b, c = random_rows(3), random_rows(3), random_rows(4)
@@ -247,12 +249,38 @@ def test_masked_lm_loss_masks_a_fixed_fifteen_percent(tiny_bert_mlm_path) -> Non
         (lambda m: mhsa.ablate(TEXT, ["L6H0"], model=m), "There is no head L6H0"),
         (lambda m: mhsa.ablate(TEXT, ["head 3"], model=m), "is not a head"),
         (lambda m: mhsa.ablate(TEXT, [], model=m, target="similarity"), "second sentence"),
-        (lambda m: mhsa.head_importance([TEXT], model=m, method="gradient"), "method='ablation'"),
-        (lambda m: mhsa.head_importance([TEXT], model=m, method="taylor"), "Unknown method"),
-        (lambda m: mhsa.head_importance([], model=m), "No sentences"),
-        (lambda m: mhsa.pruning_curve([TEXT], model=m, order="sideways"), "Unknown order"),
+        (
+            lambda m: mhsa.causal.head_importance([TEXT], model=m, method="gradient"),
+            "method='ablation'",
+        ),
+        (lambda m: mhsa.causal.head_importance([TEXT], model=m, method="taylor"), "Unknown method"),
+        (lambda m: mhsa.causal.head_importance([], model=m), "No sentences"),
+        (lambda m: mhsa.causal.pruning_curve([TEXT], model=m, order="sideways"), "Unknown order"),
     ],
 )
 def test_bad_requests_say_what_to_do(call, message, minilm) -> None:
     with pytest.raises(mhsa.InputError, match=message):
         call(minilm)
+
+
+def test_a_toy_repeat_models_automatic_target_is_the_loss_on_the_repeat() -> None:
+    """toy:induction scores the repeated half only (its random first half no head can
+    predict): the automatic target is the loss there, as the lessons choose. With the loss
+    over every token, 7 of 8 heads came out harmful and the pruning curve ended below the
+    intact model; on the repeat no head is harmful and every head off loses the repeat."""
+    from mhsa.causal import head_importance, pruning_curve
+    from mhsa.causal.metrics import default_target
+    from mhsa.examples import model_examples
+
+    toy = mhsa.load_model("toy:induction", device="cpu")
+    assert default_target(toy) == "repeat-loss"
+    assert default_target(mhsa.load_model("default", device="cpu")) == "embedding"
+    text = model_examples("toy:induction")[0].text
+    auto = head_importance([text], model=toy)
+    repeat = head_importance([text], model=toy, target="repeat-loss")
+    np.testing.assert_allclose(auto["importance"], repeat["importance"])
+    assert (auto["importance"] > -1e-3).all()
+    curve = pruning_curve([text], model=toy)
+    intact = curve[curve["heads_pruned"] == 0]["metric"].iloc[0]
+    every = curve[curve["heads_pruned"] == len(auto)]["metric"]
+    assert (every > intact + 1.0).all()

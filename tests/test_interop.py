@@ -45,7 +45,7 @@ def minilm_outputs() -> tuple[tuple[torch.Tensor, ...], list]:
 
 @pytest.fixture(scope="module")
 def toy_outputs() -> tuple[tuple[torch.Tensor, ...], list]:
-    return _by_hand(AutoModelForCausalLM, str(mhsa.toy_model_path("induction")), TOY_TEXT)
+    return _by_hand(AutoModelForCausalLM, str(mhsa.training.toy_model_path("induction")), TOY_TEXT)
 
 
 class StandInCache:
@@ -126,11 +126,13 @@ def test_encoder_analyses_equal_attend(minilm, minilm_outputs) -> None:
             atol=1e-5,
         )
     np.testing.assert_allclose(
-        mhsa.attention_rollout(theirs), mhsa.attention_rollout(ours), atol=1e-5
+        mhsa.analysis.attention_rollout(theirs), mhsa.analysis.attention_rollout(ours), atol=1e-5
     )
     np.testing.assert_allclose(theirs.to_words().attention, ours.to_words().attention, atol=1e-6)
     pd.testing.assert_frame_equal(
-        mhsa.attention_sinks(theirs).table, mhsa.attention_sinks(ours).table, atol=1e-5
+        mhsa.analysis.attention_sinks(theirs).table,
+        mhsa.analysis.attention_sinks(ours).table,
+        atol=1e-5,
     )
 
 
@@ -225,7 +227,7 @@ def test_transformer_lens_cache() -> None:
     from transformer_lens.head_detector import detect_head
     from transformer_lens.model_bridge import TransformerBridge
 
-    path = str(mhsa.toy_model_path("induction"))
+    path = str(mhsa.training.toy_model_path("induction"))
     bridge = TransformerBridge.boot_transformers(path, device="cpu")
     ids = torch.tensor([bridge.tokenizer(TOY_TEXT)["input_ids"]])
     _, cache = bridge.run_with_cache(ids, remove_batch_dim=True)  # as detect_head reads it

@@ -15,12 +15,12 @@ TARGET = "le chat"  # 4: a transpose of the cross array cannot pass for it
 
 
 @pytest.fixture(scope="module")
-def bart(tiny_bart_path: str) -> mhsa.LoadedModel:
+def bart(tiny_bart_path: str) -> mhsa.engine.LoadedModel:
     return mhsa.load_model(tiny_bart_path, device="cpu")
 
 
 @pytest.fixture(scope="module")
-def result(bart: mhsa.LoadedModel) -> mhsa.AttentionResult:
+def result(bart: mhsa.engine.LoadedModel) -> mhsa.AttentionResult:
     return mhsa.attend(SOURCE, text_pair=TARGET, model=bart)
 
 
@@ -136,7 +136,7 @@ def test_cross_figures_put_decoder_queries_down_and_encoder_keys_across(result) 
     assert "'chat'" in focus.layout.title.text  # decoder token 3: [PAD] [CLS] le chat
     grid = plots.head_grid(cross)
     assert np.isfinite(np.asarray(grid.data[0].z, dtype=float)).sum() == 2 * 4 * 4 * 8
-    top = mhsa.top_attended(cross, 0, 0, 2)
+    top = mhsa.analysis.top_attended(cross, 0, 0, 2)
     assert list(top.index) == [f"#{i} {t}" for i, t in enumerate(dec)]
 
 
@@ -154,14 +154,14 @@ def test_cross_line_view_decoder_left_encoder_right(result) -> None:
 
 
 def test_generated_target_keeps_the_decoders_own_ids(bart) -> None:
-    g = mhsa.generate_ids(SOURCE, model=bart, max_new_tokens=3)
+    g = mhsa.engine.generate_ids(SOURCE, model=bart, max_new_tokens=3)
     assert g.decoder_ids[0] == bart.config.decoder_start_token_id
     assert 2 <= len(g.decoder_ids) <= 4
-    r = mhsa.attend_generated(g, model=bart)
+    r = mhsa.engine.attend_generated(g, model=bart)
     assert r.decoder_tokens == bart.tokenizer.convert_ids_to_tokens(list(g.decoder_ids))
     assert r.tokens == bart.tokenizer.convert_ids_to_tokens(list(g.ids))
     assert r.cross_attention.shape == (2, 4, len(g.decoder_ids), 8)
-    assert r.text_pair == g.target == mhsa.generate(SOURCE, model=bart, max_new_tokens=3)
+    assert r.text_pair == g.target == mhsa.engine.generate(SOURCE, model=bart, max_new_tokens=3)
 
 
 def test_cross_walkthrough_takes_queries_from_the_decoder_and_keys_from_the_encoder(

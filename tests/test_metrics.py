@@ -15,7 +15,7 @@ def test_the_analyses_read_the_one_definition() -> None:
     assert targets.TARGET_SPECS is metrics.TARGET_SPECS
     assert targets.resolve_target is metrics.resolve_target
     assert targets.sentence_embedding is metrics.sentence_embedding
-    assert patching.PATCH_TARGETS is metrics.PATCH_TARGETS is mhsa.PATCH_TARGETS
+    assert patching.PATCH_TARGETS is metrics.PATCH_TARGETS is mhsa.causal.PATCH_TARGETS
     assert attribution.answer_tokens is metrics.answer_tokens
 
 

@@ -24,7 +24,7 @@ CLEAN, CORRUPTED = "the cat sat on the mat and the cat", "the cat sat on the mat
 DECODERS = [f for f in FAMILY_MODELS if f != "modernbert"]
 TOL = 1e-4
 
-_LOADED: dict[str, mhsa.LoadedModel] = {}
+_LOADED: dict[str, mhsa.engine.LoadedModel] = {}
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory):
     return tmp_path_factory.mktemp("families")
 
 
-def _model(name: str, folder) -> mhsa.LoadedModel:
+def _model(name: str, folder) -> mhsa.engine.LoadedModel:
     if name not in _LOADED:
         path = save_tiny(folder / name, tiny_family(name))
         _LOADED[name] = mhsa.load_model(path, device="cpu")
@@ -40,12 +40,12 @@ def _model(name: str, folder) -> mhsa.LoadedModel:
 
 
 @pytest.fixture(params=FAMILY_MODELS)
-def lm(request, folder) -> mhsa.LoadedModel:
+def lm(request, folder) -> mhsa.engine.LoadedModel:
     return _model(request.param, folder)
 
 
 @pytest.fixture(params=DECODERS)
-def decoder(request, folder) -> mhsa.LoadedModel:
+def decoder(request, folder) -> mhsa.engine.LoadedModel:
     return _model(request.param, folder)
 
 
@@ -53,11 +53,11 @@ def _out_proj(block: torch.nn.Module) -> torch.nn.Module:
     return getattr(block, "o_proj", None) or block.Wo
 
 
-def _inputs(lm: mhsa.LoadedModel, texts: list[str]) -> dict[str, torch.Tensor]:
+def _inputs(lm: mhsa.engine.LoadedModel, texts: list[str]) -> dict[str, torch.Tensor]:
     return dict(lm.tokenizer(texts, return_tensors="pt", padding=True))
 
 
-def _own_blocks(lm: mhsa.LoadedModel) -> list[torch.nn.Module]:
+def _own_blocks(lm: mhsa.engine.LoadedModel) -> list[torch.nn.Module]:
     with lm.lock:
         return [b.original for b in our_blocks(lm)]
 
@@ -279,9 +279,9 @@ def test_importance_and_pruning_equal_the_gates_by_hand(lm) -> None:
     (autograd through hooks); the pruning curve starts at the intact model and, with every head
     pruned, ends at the model with every head zeroed before its output projection."""
     layers, heads = lm.config.num_hidden_layers, lm.config.num_attention_heads
-    importance = mhsa.head_importance([TEXT], model=lm, method="gradient")
+    importance = mhsa.causal.head_importance([TEXT], model=lm, method="gradient")
     assert len(importance) == layers * heads and importance["importance"].max() > 1e-4
-    curve = mhsa.pruning_curve([TEXT], model=lm, steps=1, importance=importance)
+    curve = mhsa.causal.pruning_curve([TEXT], model=lm, steps=1, importance=importance)
     rows = curve[curve["order"] == "importance"].set_index("heads_pruned")
     intact = mhsa.ablate(TEXT, [], model=lm)
     assert rows.loc[0, "metric"] == pytest.approx(intact.intact_value, abs=1e-5)
@@ -307,7 +307,7 @@ def test_value_norms_of_both_engines_agree(lm) -> None:
 def test_value_composition_equals_the_weights_by_hand(lm) -> None:
     """V composition (Elhage et al.) from the model's own W_V (its value projection fed the
     identity, through the family's ``values``) and W_O."""
-    table = mhsa.head_composition(model=lm, kind="V")
+    table = mhsa.analysis.head_composition(model=lm, kind="V")
     with lm.lock:
         blocks = our_blocks(lm)
     ovs = []
@@ -334,7 +334,9 @@ def test_value_composition_equals_the_weights_by_hand(lm) -> None:
 def test_patching_keys_and_patterns_measures_each_head(decoder, what) -> None:
     """Keys (per key/value head) and patterns (z, q, v: by hand below): the runs are the
     model's own, and the heads' patches differ."""
-    table = mhsa.patch_heads(CLEAN, CORRUPTED, model=decoder, answer="mat", wrong="sat", what=what)
+    table = mhsa.causal.patch_heads(
+        CLEAN, CORRUPTED, model=decoder, answer="mat", wrong="sat", what=what
+    )
     assert table.attrs["what"] == what
     clean, corrupted = table.attrs["clean"], table.attrs["corrupted"]
     assert abs(clean - corrupted) > 1e-4
@@ -369,7 +371,9 @@ def test_patching_equals_hand_patching_on_the_models_own_modules(
     """One head's ``what`` (z: before the output projection; q, v: the projections' outputs,
     before q/k norms and rotary positions; v per key/value head) taken from the clean run into
     the corrupted one, by hand with hooks on the plain model."""
-    table = mhsa.patch_heads(CLEAN, CORRUPTED, model=decoder, answer="mat", wrong="sat", what=what)
+    table = mhsa.causal.patch_heads(
+        CLEAN, CORRUPTED, model=decoder, answer="mat", wrong="sat", what=what
+    )
     block = _own_blocks(decoder)[layer]
     module, is_input, offset = _site(block, what)
     cols = slice(offset + head * block.head_dim, offset + (head + 1) * block.head_dim)
@@ -419,7 +423,9 @@ def test_verify_catches_a_feature_left_out(folder) -> None:
 
 @pytest.mark.slow
 def test_attribution_patching_equals_hand_autograd(decoder) -> None:
-    table = mhsa.attribution_patching(CLEAN, CORRUPTED, model=decoder, answer="mat", wrong="sat")
+    table = mhsa.causal.attribution_patching(
+        CLEAN, CORRUPTED, model=decoder, answer="mat", wrong="sat"
+    )
     own = _own_blocks(decoder)
     tok = decoder.tokenizer
     a, w = (tok(" " + t, add_special_tokens=False)["input_ids"][0] for t in ("mat", "sat"))
@@ -469,7 +475,7 @@ def test_head_roles_agree_across_engines(lm) -> None:
 
 
 def test_direct_logit_attribution_sums_to_the_pre_cap_logit_difference(decoder) -> None:
-    a = mhsa.head_attribution(TEXT, model=decoder, answer="cat", wrong="dog")
+    a = mhsa.causal.head_attribution(TEXT, model=decoder, answer="cat", wrong="dog")
     tok = decoder.tokenizer
     ids = tok(TEXT, return_tensors="pt")
     seen: list[torch.Tensor] = []
@@ -490,7 +496,7 @@ def test_direct_logit_attribution_sums_to_the_pre_cap_logit_difference(decoder) 
 
 
 def test_logit_lens_last_stage_is_the_models_logits(decoder) -> None:
-    lens = mhsa.logit_lens(TEXT, model=decoder, top_k=3)
+    lens = mhsa.causal.logit_lens(TEXT, model=decoder, top_k=3)
     tok = decoder.tokenizer
     with torch.inference_mode(), decoder.lock:
         logits = decoder.head_model(**tok(TEXT, return_tensors="pt")).logits[0]

@@ -46,7 +46,7 @@ def _softmax(scores: np.ndarray, causal: bool) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
-def _hooked(lm: mhsa.LoadedModel, text: str, layer: int, q_mod, k_mod, rotary=None):
+def _hooked(lm: mhsa.engine.LoadedModel, text: str, layer: int, q_mod, k_mod, rotary=None):
     """The model's own q and k of ``layer`` ``[H, T, Dh]`` from forward hooks (rotated with
     transformers' ``apply_rotary_pos_emb`` where the model has rotary positions)."""
     seen: dict[str, torch.Tensor] = {}

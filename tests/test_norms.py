@@ -66,7 +66,7 @@ def _llama_parts(model, layer: int):
 PARTS = {"bert": _bert_parts, "gpt2": _gpt2_parts, "llama": _llama_parts}
 
 
-def _captured(lm: mhsa.LoadedModel, parts, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _captured(lm: mhsa.engine.LoadedModel, parts, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The hidden states the model's own attention block receives, and the output of its own
     output projection (before residual and norm), from one forward of the model."""
     block, out_proj, _, _ = parts
@@ -163,13 +163,13 @@ def test_norms_only_when_asked_and_kept_everywhere_a_result_goes(minilm, tmp_pat
 
 def test_norms_as_attention_puts_the_norms_in_place_of_the_weights(minilm) -> None:
     result = mhsa.attend(TEXT, model=minilm, norms=True)
-    shown = mhsa.norms_as_attention(result)
+    shown = mhsa.engine.norms_as_attention(result)
     assert shown.attention is result.norms and shown.norms is None
-    rows = mhsa.norms_as_attention(result, rows_sum_to_one=True).attention
+    rows = mhsa.engine.norms_as_attention(result, rows_sum_to_one=True).attention
     np.testing.assert_allclose(rows.sum(-1), 1, atol=1e-5)
     np.testing.assert_allclose(rows * result.norms.sum(-1, keepdims=True), result.norms, atol=1e-6)
     with pytest.raises(ValueError, match="norms=True"):
-        mhsa.norms_as_attention(mhsa.attend(TEXT, model=minilm))
+        mhsa.engine.norms_as_attention(mhsa.attend(TEXT, model=minilm))
 
 
 def test_norms_of_a_model_our_module_cannot_load_say_so(tiny_t5_path) -> None:

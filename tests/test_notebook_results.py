@@ -75,7 +75,7 @@ def test_patching_heatmap_holds_each_heads_effect_in_its_signed_colour() -> None
 
 
 def test_a_real_patching_table_shows_itself() -> None:
-    frame = mhsa.patch_heads(
+    frame = mhsa.causal.patch_heads(
         "ba ke mo di fu lo ba ke mo di",
         "ba ke mo ra fu lo ba ke mo di",
         model="toy:induction",
@@ -138,7 +138,7 @@ def test_circuit_edges_drawn_by_score(n: int) -> None:
 def test_a_circuit_graph_draws_each_of_its_edges() -> None:
     small = graph_of(2, 4)
     assert len(_all(_svg(small._repr_html_()), "line", "mhsa-edge")) == small.n_edges == 110
-    large = mhsa.circuit_graph("default")
+    large = mhsa.circuits.circuit_graph("default")
     html = large._repr_html_()
     assert "<svg" not in html and f"{large.n_edges} edges are too many" in html
 
@@ -168,7 +168,7 @@ def test_path_patch_bars_are_its_metrics() -> None:
 
 
 def test_atlas_maps_its_induction_score(app_atlas) -> None:
-    atlas = mhsa.open_atlas(app_atlas)
+    atlas = mhsa.atlas.open_atlas(app_atlas)
     html = atlas._repr_html_()
     cells = _all(_svg(html), "rect", "mhsa-cell")
     scores = atlas.heads()["induction score"]
@@ -190,8 +190,8 @@ def test_show_takes_any_result() -> None:
 
 def test_an_encoder_decoder_atlas_maps_each_part(tmp_path, tiny_bart_path) -> None:
     texts = ["The cat sat on the mat.", "Dogs bark at <b>night</b>.", "A b a b a b."]
-    atlas = mhsa.build_atlas(texts, tmp_path / "bart", model=tiny_bart_path, progress=False)
-    assert isinstance(atlas, mhsa.AtlasParts)
+    atlas = mhsa.atlas.build_atlas(texts, tmp_path / "bart", model=tiny_bart_path, progress=False)
+    assert isinstance(atlas, mhsa.atlas.AtlasParts)
     html = mhsa.show(atlas).html
     svgs = [ET.fromstring(m) for m in re.findall(r"<svg.*?</svg>", html, re.S)]
     assert len(svgs) == len(atlas.parts) == 2
@@ -218,8 +218,8 @@ def _guide_y(svg: ET.Element, value: float) -> float:
 def test_faithfulness_curve_places_each_circuit() -> None:
     clean, corrupted = "ba ke mo di fu lo ba ke mo di", "ba ke mo ra fu lo ba ke mo di"
     kw = {"model": "toy:induction", "answer": "fu", "wrong": "lo"}
-    scores = mhsa.edge_attribution(clean, corrupted, **kw)
-    curve = mhsa.faithfulness_curve(clean, corrupted, scores, extra=(7,), **kw)
+    scores = mhsa.circuits.edge_attribution(clean, corrupted, **kw)
+    curve = mhsa.circuits.faithfulness_curve(clean, corrupted, scores, extra=(7,), **kw)
     html = curve._repr_html_()
     svg = _svg(html)
     points, extra = _all(svg, "circle", "mhsa-point"), _all(svg, "circle", "mhsa-extra")

@@ -53,7 +53,9 @@ def test_quickstart_runs() -> None:
     neuron = _outputs(nb, "mhsa.attend(")[0]["data"]["text/html"]  # q and k embedded
     assert '"kv": "' in neuron and '"scale": 0.17677' in neuron
     assert 'class="mhsa-cell"' in _outputs(nb, "mhsa.show(patched)")[0]["data"]["text/html"]
-    assert 'class="mhsa-edge"' in _outputs(nb, "mhsa.show(mhsa.top")[0]["data"]["text/html"]
+    assert (
+        'class="mhsa-edge"' in _outputs(nb, "mhsa.show(mhsa.circuits.top")[0]["data"]["text/html"]
+    )
     atlas = _outputs(nb, "import tempfile")[0]["data"]["text/html"]  # the atlas shows itself
     assert "Atlas of toy:induction: 8 heads" in atlas and "induction score" in atlas
     assert atlas.count('class="mhsa-cell"') == 8  # its map

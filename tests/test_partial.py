@@ -21,13 +21,13 @@ from tests.tiny import ENGINE_MODELS, hand_result
 TEXT = "The quick brown fox jumps over the lazy dog, then sleeps."
 TOL = 1e-5
 MODELS = list(ENGINE_MODELS)
-_LOADED: dict[str, mhsa.LoadedModel] = {}
+_LOADED: dict[str, mhsa.engine.LoadedModel] = {}
 
 
 @pytest.fixture(params=MODELS)
-def model(request) -> mhsa.LoadedModel:
+def model(request) -> mhsa.engine.LoadedModel:
     value = request.getfixturevalue(request.param)
-    if isinstance(value, mhsa.LoadedModel):
+    if isinstance(value, mhsa.engine.LoadedModel):
         return value
     if value not in _LOADED:
         _LOADED[value] = mhsa.load_model(value, device="cpu")
@@ -35,7 +35,7 @@ def model(request) -> mhsa.LoadedModel:
 
 
 @pytest.fixture
-def llama(tiny_llama_path: str) -> mhsa.LoadedModel:
+def llama(tiny_llama_path: str) -> mhsa.engine.LoadedModel:
     if tiny_llama_path not in _LOADED:
         _LOADED[tiny_llama_path] = mhsa.load_model(tiny_llama_path, device="cpu")
     return _LOADED[tiny_llama_path]
@@ -133,7 +133,7 @@ def test_partial_results_feed_statistics_similarity_sinks_and_files(llama, tmp_p
     np.testing.assert_allclose(
         sim.to_numpy(), whole_sim.loc[["L1H1", "L1H2"], ["L1H1", "L1H2"]].to_numpy(), atol=1e-4
     )
-    sinks = mhsa.attention_sinks(part).table
+    sinks = mhsa.analysis.attention_sinks(part).table
     assert set(sinks["head"]) == {"L1H1", "L1H2"} and set(sinks["layer"]) == {1}
     path = part.save(tmp_path / "part.npz")
     back = mhsa.AttentionResult.load(path)
@@ -156,12 +156,14 @@ def test_rollout_needs_consecutive_layers_from_zero(llama):
     full = mhsa.attend(TEXT, model=llama)
     first = mhsa.attend(TEXT, model=llama, layers=0)
     np.testing.assert_allclose(
-        mhsa.attention_rollout(first)[0], mhsa.attention_rollout(full)[0], atol=1e-5
+        mhsa.analysis.attention_rollout(first)[0],
+        mhsa.analysis.attention_rollout(full)[0],
+        atol=1e-5,
     )
     for selected in ({"layers": 1}, {"heads": "0-1"}):
         part = mhsa.attend(TEXT, model=llama, **selected)
         with pytest.raises(mhsa.InputError, match="consecutive layers from 0 with every head"):
-            mhsa.attention_rollout(part)
+            mhsa.analysis.attention_rollout(part)
 
 
 def test_value_norms_and_verify_on_selected_layers(llama):
@@ -226,7 +228,7 @@ def test_encoder_decoders_are_refused_with_a_message(tiny_bart_path):
 def test_attend_layers_streams_each_selected_layer(llama):
     full = mhsa.attend(TEXT, model=llama)
     got: list[mhsa.AttentionResult] = []
-    header = mhsa.attend_layers(TEXT, got.append, model=llama, heads="2-3")
+    header = mhsa.engine.attend_layers(TEXT, got.append, model=llama, heads="2-3")
     assert [r.layer_ids for r in got] == [[0], [1]]
     for layer, r in enumerate(got):
         np.testing.assert_allclose(r.attention[0], full.attention[layer, 2:4], atol=TOL)
@@ -236,7 +238,7 @@ def test_attend_layers_streams_each_selected_layer(llama):
 
 def test_streamed_statistics_equal_the_whole_results(llama):
     texts = [TEXT, "A second, shorter sentence."]
-    streamed = mhsa.streamed_head_stats(texts, model=llama, heads="1-3")
+    streamed = mhsa.analysis.streamed_head_stats(texts, model=llama, heads="1-3")
     whole = mhsa.head_stats([mhsa.attend(t, model=llama) for t in texts])
     labels = [f"L{layer}H{h}" for layer in (0, 1) for h in (1, 2, 3)]
     assert list(streamed.index) == labels
@@ -244,7 +246,7 @@ def test_streamed_statistics_equal_the_whole_results(llama):
     np.testing.assert_allclose(
         streamed[columns].to_numpy(), whole.loc[labels, columns].to_numpy(), atol=1e-5
     )
-    sims = mhsa.streamed_head_similarity(texts, model=llama, layers=1)
+    sims = mhsa.analysis.streamed_head_similarity(texts, model=llama, layers=1)
     whole_sim = mhsa.head_similarity([mhsa.attend(t, model=llama) for t in texts])
     layer1 = [f"L1H{h}" for h in range(4)]
     assert list(sims) == [1]

@@ -24,17 +24,17 @@ TOY_TEXTS = ("ba ke mo di fu lo ba ke mo di", "ba ke mo ra fu lo ba ke mo di")
 
 
 @pytest.fixture(scope="module")
-def gpt2(tiny_gpt2_path: str) -> mhsa.LoadedModel:
+def gpt2(tiny_gpt2_path: str) -> mhsa.engine.LoadedModel:
     return mhsa.load_model(tiny_gpt2_path, device="cpu")
 
 
 @pytest.fixture(scope="module")
-def llama(tiny_llama_path: str) -> mhsa.LoadedModel:
+def llama(tiny_llama_path: str) -> mhsa.engine.LoadedModel:
     return mhsa.load_model(tiny_llama_path, device="cpu")  # grouped-query: 4 heads, 2 kv heads
 
 
 @pytest.fixture(scope="module")
-def toy() -> mhsa.LoadedModel:
+def toy() -> mhsa.engine.LoadedModel:
     if not TOY.is_dir():
         pytest.skip("the toy induction model is not in data/toy")
     return mhsa.load_model(str(TOY), device="cpu")
@@ -43,7 +43,7 @@ def toy() -> mhsa.LoadedModel:
 # --- patching by hand: forward hooks on the model's own modules --------------------------------
 
 
-def _attention(lm: mhsa.LoadedModel, layer: int) -> torch.nn.Module:
+def _attention(lm: mhsa.engine.LoadedModel, layer: int) -> torch.nn.Module:
     """The model's own attention block of ``layer`` (GPT-2, Llama, BERT)."""
     model = lm.model
     if hasattr(model, "h"):
@@ -53,7 +53,7 @@ def _attention(lm: mhsa.LoadedModel, layer: int) -> torch.nn.Module:
     return model.encoder.layer[layer].attention
 
 
-def _site(lm: mhsa.LoadedModel, layer: int, what: str) -> tuple[torch.nn.Module, bool, int]:
+def _site(lm: mhsa.engine.LoadedModel, layer: int, what: str) -> tuple[torch.nn.Module, bool, int]:
     """Where ``what`` of ``layer`` is in the model's own modules: ``(module, its input (True)
     or its output, offset of the activation's features in that tensor)``."""
     attn = _attention(lm, layer)
@@ -67,7 +67,7 @@ def _site(lm: mhsa.LoadedModel, layer: int, what: str) -> tuple[torch.nn.Module,
 
 
 def _hooked(
-    lm: mhsa.LoadedModel,
+    lm: mhsa.engine.LoadedModel,
     layer: int,
     what: str,
     change: Callable[[torch.Tensor], torch.Tensor],
@@ -87,7 +87,7 @@ def _hooked(
     return module.register_forward_hook(lambda _m, _a, out: apply(out))
 
 
-def _metric(lm: mhsa.LoadedModel, ids: dict, answer: str = "", wrong: str = "", ref=None):
+def _metric(lm: mhsa.engine.LoadedModel, ids: dict, answer: str = "", wrong: str = "", ref=None):
     """The metric on the plain model: logit difference at the last position, or the cosine of
     the mean-pooled embedding with ``ref``; and the embedding."""
     if lm.lm_head == "causal":
@@ -101,7 +101,9 @@ def _metric(lm: mhsa.LoadedModel, ids: dict, answer: str = "", wrong: str = "", 
     return (F.cosine_similarity(pooled, ref, dim=0) if ref is not None else None), pooled
 
 
-def _capture(lm: mhsa.LoadedModel, ids: dict, layer: int, what: str, width: int) -> torch.Tensor:
+def _capture(
+    lm: mhsa.engine.LoadedModel, ids: dict, layer: int, what: str, width: int
+) -> torch.Tensor:
     """``what``'s features of ``layer`` in a plain forward pass, ``[T, width]``."""
     seen: list[torch.Tensor] = []
 
@@ -118,7 +120,7 @@ def _capture(lm: mhsa.LoadedModel, ids: dict, layer: int, what: str, width: int)
     return seen[0]
 
 
-def _sizes(lm: mhsa.LoadedModel, what: str) -> tuple[int, int]:
+def _sizes(lm: mhsa.engine.LoadedModel, what: str) -> tuple[int, int]:
     """``(heads patched per layer, d_head)``."""
     heads = lm.config.num_attention_heads
     d_head = lm.config.hidden_size // heads
@@ -127,7 +129,7 @@ def _sizes(lm: mhsa.LoadedModel, what: str) -> tuple[int, int]:
 
 
 def _by_hand(
-    lm: mhsa.LoadedModel,
+    lm: mhsa.engine.LoadedModel,
     what: str,
     *,
     answer: str = "",
@@ -178,7 +180,7 @@ def _assert_matches(table: pd.DataFrame, hand: dict[tuple[int, int], float]) -> 
 # --- (a) exact patching of the head outputs ----------------------------------------------------
 
 
-def test_patch_heads_equals_hand_patching_on_gpt2(gpt2: mhsa.LoadedModel) -> None:
+def test_patch_heads_equals_hand_patching_on_gpt2(gpt2: mhsa.engine.LoadedModel) -> None:
     table = patching.patch_heads(
         CLEAN, CORRUPTED, model=gpt2, answer="mat", wrong="sat", batch_size=3
     )
@@ -196,14 +198,14 @@ def test_patch_heads_equals_hand_patching_on_gpt2(gpt2: mhsa.LoadedModel) -> Non
     assert np.ptp(table["patched"]) > 1e-3  # the heads differ: a real comparison
 
 
-def test_patch_heads_equals_hand_patching_on_the_toy_llama(toy: mhsa.LoadedModel) -> None:
+def test_patch_heads_equals_hand_patching_on_the_toy_llama(toy: mhsa.engine.LoadedModel) -> None:
     table = patching.patch_heads(*TOY_TEXTS, model=toy, answer="fu", wrong="lo")
     _assert_matches(table, _by_hand(toy, "z", answer="fu", wrong="lo", texts=TOY_TEXTS))
 
 
 @pytest.mark.slow
 def test_patch_heads_on_an_encoder_measures_cosine_to_the_clean_embedding(
-    minilm: mhsa.LoadedModel,
+    minilm: mhsa.engine.LoadedModel,
 ) -> None:
     table = patching.patch_heads(CLEAN, CORRUPTED, model=minilm)
     assert table.attrs["clean"] == pytest.approx(1.0, abs=1e-5)
@@ -216,7 +218,7 @@ def test_patch_heads_on_an_encoder_measures_cosine_to_the_clean_embedding(
 
 
 def test_patching_queries_and_keys_equals_hand_patching_before_rotary(
-    toy: mhsa.LoadedModel,
+    toy: mhsa.engine.LoadedModel,
 ) -> None:
     for what in ("q", "k"):
         table = patching.patch_heads(*TOY_TEXTS, model=toy, answer="fu", wrong="lo", what=what)
@@ -225,7 +227,7 @@ def test_patching_queries_and_keys_equals_hand_patching_before_rotary(
 
 
 def test_values_of_gpt2_and_keys_per_kv_head_of_grouped_query_llama(
-    gpt2: mhsa.LoadedModel, llama: mhsa.LoadedModel
+    gpt2: mhsa.engine.LoadedModel, llama: mhsa.engine.LoadedModel
 ) -> None:
     table = patching.patch_heads(CLEAN, CORRUPTED, model=gpt2, answer="mat", wrong="sat", what="v")
     _assert_matches(table, _by_hand(gpt2, "v", answer="mat", wrong="sat"))
@@ -235,7 +237,7 @@ def test_values_of_gpt2_and_keys_per_kv_head_of_grouped_query_llama(
     _assert_matches(keys, _by_hand(llama, "k", answer="mat", wrong="sat"))
 
 
-def test_patch_positions_equals_hand_patching_per_position(gpt2: mhsa.LoadedModel) -> None:
+def test_patch_positions_equals_hand_patching_per_position(gpt2: mhsa.engine.LoadedModel) -> None:
     table = patching.patch_positions(
         CLEAN, CORRUPTED, 1, model=gpt2, answer="mat", wrong="sat", batch_size=5
     )
@@ -252,7 +254,9 @@ def test_patch_positions_equals_hand_patching_per_position(gpt2: mhsa.LoadedMode
     np.testing.assert_allclose(first["effect"], 0.0, atol=1e-5)
 
 
-def test_patching_the_pattern_of_every_head_and_position_adds_up(toy: mhsa.LoadedModel) -> None:
+def test_patching_the_pattern_of_every_head_and_position_adds_up(
+    toy: mhsa.engine.LoadedModel,
+) -> None:
     """Patching one head's pattern at every query row at once (all positions) is the same
     intervention as patch_heads(what="pattern"); per row it is a finer one."""
     whole = patching.patch_heads(*TOY_TEXTS, model=toy, answer="fu", wrong="lo", what="pattern")
@@ -270,7 +274,7 @@ def test_patching_the_pattern_of_every_head_and_position_adds_up(toy: mhsa.Loade
 # --- (c) attribution patching --------------------------------------------------------------------
 
 
-def _attribution_by_hand(lm: mhsa.LoadedModel, answer: str, wrong: str) -> np.ndarray:
+def _attribution_by_hand(lm: mhsa.engine.LoadedModel, answer: str, wrong: str) -> np.ndarray:
     """grad(metric at corrupted) . (clean - corrupted) per head, with autograd on the plain
     model: a zero added to every layer's concatenated heads, one backward pass."""
     tok = lm.tokenizer
@@ -309,7 +313,7 @@ def _attribution_by_hand(lm: mhsa.LoadedModel, answer: str, wrong: str) -> np.nd
 
 
 @pytest.mark.slow
-def test_attribution_patching_equals_hand_autograd(gpt2: mhsa.LoadedModel) -> None:
+def test_attribution_patching_equals_hand_autograd(gpt2: mhsa.engine.LoadedModel) -> None:
     table = patching.attribution_patching(CLEAN, CORRUPTED, model=gpt2, answer="mat", wrong="sat")
     hand = _attribution_by_hand(gpt2, "mat", "sat")
     np.testing.assert_allclose(table["attribution"].to_numpy().reshape(2, 4), hand, atol=1e-4)
@@ -318,7 +322,7 @@ def test_attribution_patching_equals_hand_autograd(gpt2: mhsa.LoadedModel) -> No
     np.testing.assert_allclose(table["effect"], table["attribution"] / diff, rtol=1e-9)
 
 
-def test_attribution_approximates_exact_patching_on_the_toy(toy: mhsa.LoadedModel) -> None:
+def test_attribution_approximates_exact_patching_on_the_toy(toy: mhsa.engine.LoadedModel) -> None:
     exact = patching.patch_heads(*TOY_TEXTS, model=toy, answer="fu", wrong="lo")
     approx = patching.attribution_patching(*TOY_TEXTS, model=toy, answer="fu", wrong="lo")
     r = patching.patching_correlation(exact, approx)
@@ -332,7 +336,7 @@ def test_attribution_approximates_exact_patching_on_the_toy(toy: mhsa.LoadedMode
 
 @pytest.mark.slow
 def test_patching_a_broken_repeat_singles_out_the_previous_token_and_induction_heads(
-    toy: mhsa.LoadedModel,
+    toy: mhsa.engine.LoadedModel,
 ) -> None:
     """Clean: symbols, then the same symbols again up to a point (the next one is the answer).
     Corrupted: the symbol before the answer's first occurrence replaced, so no earlier token
@@ -372,7 +376,9 @@ def test_patching_a_broken_repeat_singles_out_the_previous_token_and_induction_h
 # --- (e) errors ---------------------------------------------------------------------------------
 
 
-def test_errors_say_what_to_do(gpt2: mhsa.LoadedModel, minilm: mhsa.LoadedModel) -> None:
+def test_errors_say_what_to_do(
+    gpt2: mhsa.engine.LoadedModel, minilm: mhsa.engine.LoadedModel
+) -> None:
     with pytest.raises(
         mhsa.InputError, match=r"clean text has 11 tokens and the corrupted text 12"
     ):
@@ -398,7 +404,7 @@ def test_errors_say_what_to_do(gpt2: mhsa.LoadedModel, minilm: mhsa.LoadedModel)
 
 
 def test_similarity_target_measures_cosine_to_the_second_sentence(
-    minilm: mhsa.LoadedModel,
+    minilm: mhsa.engine.LoadedModel,
 ) -> None:
     pair = "a kitten rested on the rug"
     table = patching.patch_heads(
@@ -412,7 +418,7 @@ def test_similarity_target_measures_cosine_to_the_second_sentence(
 
 
 @pytest.mark.slow
-def test_one_driver_with_thin_entry_points(toy: mhsa.LoadedModel) -> None:
+def test_one_driver_with_thin_entry_points(toy: mhsa.engine.LoadedModel) -> None:
     """``patch_heads`` and ``patch_positions`` are partials of ``generic_activation_patch``
     (issue 37.4, as TransformerLens's ``get_act_patch_*``); one layer's heads alone give that
     layer's rows of the whole table, each head patched by hand as above."""

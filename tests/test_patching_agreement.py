@@ -33,6 +33,7 @@ def test_the_heads_that_matter_are_ranked_and_sized_one_by_one() -> None:
     assert a.found == 3
     text = a.summary()
     assert text.startswith("Of the 4 heads with the largest exact effect, attribution ranks 3 ")
+    assert "among its own top 4 with the same sign" in text and "Opposite" not in text
     assert "L5H11 0.80 exact, 1.40 estimated; L4H2 0.30 exact, 0.01 estimated" in text
 
 
@@ -54,3 +55,19 @@ def test_the_scatters_title_counts_the_heads_that_matter() -> None:
         _table({"L5H11": 0.8, "L0H0": 0.0}), _table({"L5H11": 0.1, "L0H0": 0.5})
     )
     assert agreement_title(missed) == "the head that matters, L5H11, is not attribution's first"
+
+
+def test_a_head_estimated_with_the_opposite_sign_is_not_ranked_alike() -> None:
+    """The toy example's L0H3: +0.32 exact, -0.27 by attribution. Among attribution's largest
+    by size, but saying the head hurts where it helps: not counted, and named."""
+    from mhsa.plots.patching import agreement_title
+
+    exact = {"L1H0": 0.9, "L0H3": 0.32, "L1H2": 0.2, "L0H1": 0.01}
+    estimate = {"L1H0": 0.8, "L0H3": -0.27, "L1H2": 0.15, "L0H1": 0.0}
+    a = patching_agreement(_table(exact), _table(estimate))
+    assert a.heads == ("L1H0", "L0H3", "L1H2")
+    assert a.found == 2 and a.opposite == ("L0H3",)
+    assert agreement_title(a) == (
+        "2 of the top 3 heads ranked alike, with the same sign; opposite signs: L0H3"
+    )
+    assert a.summary().endswith("Opposite signs: L0H3.")

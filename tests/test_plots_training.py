@@ -72,3 +72,40 @@ def test_head_scores_are_one_line_per_head_and_score() -> None:
     assert list(prev.y) == [s.previous_token_scores[1, 1] for s in snaps]
     assert list(ind.y) == [s.induction_scores[1, 1] for s in snaps]
     assert prev.showlegend and not ind.showlegend
+
+
+def test_the_phase_change_marks_the_start_of_the_accuracys_steepest_rise() -> None:
+    """A default induction run's snapshots (accuracy and best induction score, every 25 steps,
+    as measured): the score on the probe passes 0.5 only at step 475, when the accuracy is
+    already 0.93, the end of its jump. The phase change is where the accuracy rises fastest,
+    found here by hand: 375 -> 400 (0.485 -> 0.633)."""
+    from mhsa.training.results import TrainSnapshot, phase_change, phase_change_step
+
+    accuracy = [0.015, 0.06, 0.14, 0.21, 0.348, 0.485, 0.633, 0.751, 0.869, 0.931, 0.967, 1.0]
+    score = [0.06, 0.14, 0.2, 0.22, 0.19, 0.25, 0.26, 0.38, 0.49, 0.585, 0.65, 0.93]
+    steps = [0, 100, 200, 300, 350, 375, 400, 425, 450, 475, 500, 1000]
+    snaps = [
+        TrainSnapshot(
+            step=step,
+            loss=1.0,
+            accuracy=acc,
+            elapsed=step / 100,
+            probe_tokens=["[BOS]"],
+            probe_attention=np.zeros((2, 1, 1, 1), dtype=np.float32),
+            previous_token_scores=np.array([[0.9], [0.1]], dtype=np.float32),
+            induction_scores=np.array([[0.0], [s]], dtype=np.float32),
+        )
+        for step, acc, s in zip(steps, accuracy, score, strict=True)
+    ]
+    slopes = [
+        (b - a) / (t - s)
+        for a, b, s, t in zip(accuracy, accuracy[1:], steps, steps[1:], strict=False)
+    ]
+    steepest = int(np.argmax(slopes))
+    change = phase_change(snaps)
+    assert change is not None
+    assert (change.step, change.end) == (steps[steepest], steps[steepest + 1]) == (375, 400)
+    assert (change.before, change.after) == (0.485, 0.633)
+    assert phase_change_step(snaps) == 375 < 475  # not where the score first passes 0.5
+    # before any head reached the score, no phase change is called
+    assert phase_change(snaps[:9]) is None

@@ -30,7 +30,7 @@ OTHERS = ["BART family", "T5 family", "ModernBERT"]
 DECODERS = [name for name in TINY_FAMILIES if name not in OTHERS and name not in ENCODERS]
 
 
-def _own_softmax_inputs(lm: mhsa.LoadedModel, text: str, monkeypatch) -> list[torch.Tensor]:
+def _own_softmax_inputs(lm: mhsa.engine.LoadedModel, text: str, monkeypatch) -> list[torch.Tensor]:
     """Per attention layer, what the model's own eager attention gives softmax ``[H, T, T]``."""
     seen: list[torch.Tensor] = []
     softmax = torch.nn.functional.softmax
@@ -138,7 +138,7 @@ def test_post_norm_terms_sum_to_the_models_own_score(name: str, tmp_path_factory
     assert len(sources) == 1 + last * (lm.config.num_attention_heads + 1) + 1
 
 
-def _hooked_scores(lm: mhsa.LoadedModel, text: str, layer: int) -> torch.Tensor:
+def _hooked_scores(lm: mhsa.engine.LoadedModel, text: str, layer: int) -> torch.Tensor:
     """``q k^T / sqrt(d_head)`` per head ``[H, T, T]`` from the query and key projections of
     the plain BERT's layer ``layer`` (``BertSelfAttention.query`` / ``.key``), hooked."""
     seen: dict[str, torch.Tensor] = {}
@@ -177,7 +177,7 @@ def test_minilm_terms_sum_to_its_own_hooked_scores(minilm):
         qk_attribution(sources, "L3H0", model=minilm)
 
 
-def _bert_term_by_hand(lm: mhsa.LoadedModel, text: str, query: int) -> torch.Tensor:
+def _bert_term_by_hand(lm: mhsa.engine.LoadedModel, text: str, query: int) -> torch.Tensor:
     """Term (input, L0H2) of L1H1 of a plain BERT at ``query`` over every key, from hooks:
     layer 0's head 2 output ``A_2 V_2 W_O^2`` (its probabilities from the model), each
     LayerNorm (layer 0's after the attention and after the MLP) frozen at the input the model

@@ -35,7 +35,7 @@ def _close(ours: torch.Tensor, theirs: torch.Tensor) -> None:
 # --- ModernBERT: a pre-norm encoder ------------------------------------------------------------
 
 
-def _modernbert_hooked(lm: mhsa.LoadedModel, text: str, monkeypatch) -> dict[str, list]:
+def _modernbert_hooked(lm: mhsa.engine.LoadedModel, text: str, monkeypatch) -> dict[str, list]:
     """Per layer, from the plain ModernBERT: its rotated queries and keys ``[H, T, Dh]`` (the
     model's own ``apply_rotary_pos_emb``, observed), each layer's input stream, its
     ``(cos, sin)`` and its attention probabilities."""
@@ -128,7 +128,7 @@ def test_a_head_on_the_key_side_by_hand_on_modernbert(tmp_path_factory, monkeypa
 # --- encoder-decoders ----------------------------------------------------------------------------
 
 
-def _seq2seq_inputs(lm: mhsa.LoadedModel) -> dict[str, torch.Tensor]:
+def _seq2seq_inputs(lm: mhsa.engine.LoadedModel) -> dict[str, torch.Tensor]:
     """The text for the encoder, the target shifted right for the decoder (the model's own
     ``prepare_decoder_input_ids_from_labels``: teacher forcing)."""
     inputs = dict(lm.tokenizer(TEXT, return_tensors="pt"))
@@ -137,7 +137,7 @@ def _seq2seq_inputs(lm: mhsa.LoadedModel) -> dict[str, torch.Tensor]:
     return {k: v for k, v in inputs.items() if k != "token_type_ids"}
 
 
-def _own_softmax_inputs(lm: mhsa.LoadedModel, monkeypatch) -> dict[str, torch.Tensor]:
+def _own_softmax_inputs(lm: mhsa.engine.LoadedModel, monkeypatch) -> dict[str, torch.Tensor]:
     """Per attention (``E0``, ``E1``, ``D0``, ``C0``, ``D1``, ``C1``: the order the plain
     model calls them), what its eager attention gives softmax ``[H, T, S]``: the score, T5's
     position bias, the mask."""

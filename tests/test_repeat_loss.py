@@ -63,7 +63,7 @@ def test_the_repeat_loss_is_the_models_own_loss_on_the_repeated_tokens() -> None
     lm = mhsa.load_model("toy:induction", device="cpu")
     text = model_examples("toy:induction")[0].text
     plain = AutoModelForCausalLM.from_pretrained(
-        mhsa.toy_model_path("induction"), attn_implementation="eager"
+        mhsa.training.toy_model_path("induction"), attn_implementation="eager"
     ).eval()
     ids = lm.tokenizer(text)["input_ids"]
     layer1 = [(1, h) for h in range(4)]

@@ -240,7 +240,7 @@ def test_forward_pattern_on_minilm_scores_attention_to_the_next_token(minilm):
 
 
 @pytest.fixture(scope="module")
-def bare_gpt2(tmp_path_factory) -> mhsa.LoadedModel:
+def bare_gpt2(tmp_path_factory) -> mhsa.engine.LoadedModel:
     """A tiny GPT-2 whose word-level tokenizer adds nothing, so that "hello" is one token."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
@@ -425,7 +425,7 @@ def test_sink_value_norms_are_the_norms_over_the_attention(minilm):
 # --- head composition -----------------------------------------------------------------------------
 
 
-def _full_matrices(lm: mhsa.LoadedModel) -> tuple[list, list]:
+def _full_matrices(lm: mhsa.engine.LoadedModel) -> tuple[list, list]:
     """Per layer, [H] OV and QK ``[D, D]`` matrices from the Llama model's own weights (row
     vectors, as TransformerLens writes them)."""
     ovs, qks = [], []

@@ -29,7 +29,7 @@ KINDS = list(SEQ2SEQ_FAMILIES)
 
 
 @pytest.fixture(scope="module")
-def loaded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, mhsa.LoadedModel]:
+def loaded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, mhsa.engine.LoadedModel]:
     models = {}
     for kind in KINDS:
         folder = save_tiny(tmp_path_factory.mktemp(kind), tiny_seq2seq(kind))
@@ -37,7 +37,7 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, mhsa.LoadedMod
     return models
 
 
-def _attention_class(lm: mhsa.LoadedModel) -> type:
+def _attention_class(lm: mhsa.engine.LoadedModel) -> type:
     """The class of the model's own attention blocks."""
     return type(our_blocks(lm)[0].original)
 
@@ -172,7 +172,7 @@ def test_one_step_through_our_module_has_bart_s_own_gradients(loaded) -> None:
     enc = loaded["bart"].tokenizer(SOURCE, return_tensors="pt")
     labels = loaded["bart"].tokenizer(TARGET, return_tensors="pt")["input_ids"]
     theirs(**enc, labels=labels).loss.backward()
-    lm = mhsa.LoadedModel(
+    lm = mhsa.engine.LoadedModel(
         name="bart",
         display_name="bart",
         model=ours.model,
@@ -214,7 +214,7 @@ def test_one_step_through_our_module_has_bart_s_own_gradients(loaded) -> None:
 # --- head gates: knock-outs and importance ----------------------------------------------------
 
 
-def _cross_output_projection(lm: mhsa.LoadedModel, layer: int) -> torch.nn.Module:
+def _cross_output_projection(lm: mhsa.engine.LoadedModel, layer: int) -> torch.nn.Module:
     """The plain model's W_O of a cross-attention block: its input is the heads' contexts."""
     model = lm.head_model
     if hasattr(model, "model"):  # BART family
@@ -223,7 +223,7 @@ def _cross_output_projection(lm: mhsa.LoadedModel, layer: int) -> torch.nn.Modul
 
 
 def _loss_with_cross_head_scaled(
-    lm: mhsa.LoadedModel, layer: int, head: int, gate: torch.Tensor
+    lm: mhsa.engine.LoadedModel, layer: int, head: int, gate: torch.Tensor
 ) -> torch.Tensor:
     """The decoder's LM loss of TARGET given SOURCE on the plain model (its own attention),
     with one cross-attention head's context multiplied by ``gate`` (a hook on W_O's input)."""
@@ -274,17 +274,17 @@ def test_knocking_out_a_cross_head_moves_the_loss_as_a_hook_on_the_plain_model(
 def test_importance_labels_say_which_attention_and_match_a_hand_gradient(loaded, kind) -> None:
     lm = loaded[kind]
     pair = [(SOURCE, TARGET)]
-    imp = mhsa.head_importance(pair, model=lm)
+    imp = mhsa.causal.head_importance(pair, model=lm)
     labels = [f"{k}{li}H{h}" for k in "EDC" for li in range(2) for h in range(4)]
     assert list(imp.index) == labels
     assert list(imp["kind"].unique()) == ["encoder", "decoder", "cross"]
     a = mhsa.ablate(SOURCE, ["D1H2"], model=lm, text_pair=TARGET)
     assert imp.loc["D1H2", "importance"] == pytest.approx(a.change, abs=1e-6)
-    grad = mhsa.head_importance(pair, model=lm, method="gradient")
+    grad = mhsa.causal.head_importance(pair, model=lm, method="gradient")
     gate = torch.ones((), requires_grad=True)
     (want,) = torch.autograd.grad(_loss_with_cross_head_scaled(lm, 1, 3, gate), [gate])
     assert grad.loc["C1H3", "gradient"] == pytest.approx(float(want), rel=1e-3, abs=1e-7)
-    curve = mhsa.pruning_curve(pair, model=lm, steps=2, importance=imp)
+    curve = mhsa.causal.pruning_curve(pair, model=lm, steps=2, importance=imp)
     assert set(curve["pruned"].iloc[-1].split(",")) == set(labels)
 
 
@@ -308,7 +308,7 @@ def test_the_walk_through_shows_an_encoder_layer_and_composition_is_refused(load
     with pytest.raises(mhsa.InputError, match="choose 0 to 1"):  # the encoder's layers only
         walkthrough(SOURCE, model=lm, layer=2)
     with pytest.raises(mhsa.UnsupportedModelError, match="encoder-decoder"):
-        mhsa.head_composition(lm, kind="K")
+        mhsa.analysis.head_composition(lm, kind="K")
 
 
 def test_cli_attend_verify_reports_every_attention(loaded, capsys) -> None:
@@ -325,7 +325,7 @@ def test_cli_attend_verify_reports_every_attention(loaded, capsys) -> None:
 
 def test_knock_outs_of_a_generated_target_score_the_ids_the_model_chose(loaded) -> None:
     lm = loaded["bart"]
-    g = mhsa.generate_ids(SOURCE, model=lm, max_new_tokens=3)
+    g = mhsa.engine.generate_ids(SOURCE, model=lm, max_new_tokens=3)
     ids = torch.tensor([g.decoder_ids])  # its start token first
     with torch.no_grad():  # teacher forcing on what it wrote: inputs before, labels after
         enc = lm.tokenizer(SOURCE, return_tensors="pt")

@@ -106,7 +106,7 @@ def test_identical_heads_have_js_zero_cosine_one_and_share_a_cluster() -> None:
     assert np.allclose(js.to_numpy(), js.to_numpy().T)
     assert cos.loc["L0H0", "L0H1"] == pytest.approx(1.0)
     assert cos.loc["L0H0", "L0H2"] < 1.0
-    clusters = mhsa.head_clusters(js, 2)
+    clusters = mhsa.analysis.head_clusters(js, 2)
     assert clusters.labels["L0H0"] == clusters.labels["L0H1"] != clusters.labels["L0H2"]
     assert sorted(clusters.order) == ["L0H0", "L0H1", "L0H2"]
     assert abs(clusters.order.index("L0H0") - clusters.order.index("L0H1")) == 1
@@ -158,15 +158,15 @@ def test_head_map_separates_three_groups_and_is_deterministic() -> None:
             heads.append(noisy / noisy.sum(-1, keepdims=True))
     r = _result(np.stack(heads).reshape(3, 4, n, n))
     sim = mhsa.head_similarity(r)
-    xy = mhsa.head_map(sim, seed=0)
+    xy = mhsa.analysis.head_map(sim, seed=0)
     assert list(xy.columns[:2]) == ["x", "y"] and len(xy) == 12
     pts = xy[["x", "y"]].to_numpy().reshape(3, 4, 2)
     centres = pts.mean(1)
     spread = max(np.linalg.norm(pts[g] - centres[g], axis=1).max() for g in range(3))
     gaps = min(np.linalg.norm(centres[i] - centres[j]) for i in range(3) for j in range(i + 1, 3))
     assert gaps > 5 * spread
-    np.testing.assert_allclose(mhsa.head_map(sim, seed=0)[["x", "y"]], xy[["x", "y"]])
-    labels = mhsa.head_clusters(sim, 3).labels.to_numpy().reshape(3, 4)
+    np.testing.assert_allclose(mhsa.analysis.head_map(sim, seed=0)[["x", "y"]], xy[["x", "y"]])
+    labels = mhsa.analysis.head_clusters(sim, 3).labels.to_numpy().reshape(3, 4)
     assert all(len(set(row)) == 1 for row in labels) and len(set(labels[:, 0])) == 3
 
 
@@ -175,7 +175,7 @@ def test_rollout_multiplies_later_layers_on_the_left() -> None:
     one head with rows summing to one)."""
     first = np.array([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])  # rows 0, 1 -> token 0
     second = np.array([[0.0, 1.0, 0.0], [0.0, 1.0, 0.0], [0.0, 1.0, 0.0]])  # all -> token 1
-    roll = mhsa.attention_rollout(_result(np.stack([first, second])[:, None]))
+    roll = mhsa.analysis.attention_rollout(_result(np.stack([first, second])[:, None]))
     a0, a1 = (first + np.eye(3)) / 2, (second + np.eye(3)) / 2
     np.testing.assert_allclose(roll[0], a0, atol=1e-6)
     np.testing.assert_allclose(roll[1], a1 @ a0, atol=1e-6)
@@ -187,10 +187,10 @@ def test_rollout_of_identity_is_identity_and_rows_sum_to_one() -> None:
     n = 5
     eye = np.broadcast_to(np.eye(n), (3, 2, n, n)).copy()
     np.testing.assert_allclose(
-        mhsa.attention_rollout(_result(eye)), np.broadcast_to(np.eye(n), (3, n, n))
+        mhsa.analysis.attention_rollout(_result(eye)), np.broadcast_to(np.eye(n), (3, n, n))
     )
     uniform = np.full((2, 2, n, n), 1 / n)
-    roll = mhsa.attention_rollout(_result(uniform))
+    roll = mhsa.analysis.attention_rollout(_result(uniform))
     np.testing.assert_allclose(roll.sum(-1), 1.0, atol=1e-6)
     # one layer: (U + I) / 2
     np.testing.assert_allclose(roll[0], (np.full((n, n), 1 / n) + np.eye(n)) / 2, atol=1e-6)
@@ -230,7 +230,7 @@ def test_real_model_statistics_are_finite_in_range_and_reproducible(minilm) -> N
     assert sim.shape == (72, 72) and np.allclose(np.diag(sim), 0, atol=1e-6)
     words = mhsa.head_stats(results, word_level=True)
     assert len(words) == 72 and np.isfinite(words["entropy"]).all()
-    roll = mhsa.attention_rollout(results[0])
+    roll = mhsa.analysis.attention_rollout(results[0])
     assert roll.shape == (6, 9, 9)
     np.testing.assert_allclose(roll.sum(-1), 1.0, atol=1e-5)
 
@@ -285,41 +285,94 @@ def test_single_token_sentences_leave_undefined_statistics_out_in_any_order() ->
 def test_voita_confidence_and_positional_heads() -> None:
     """Voita et al. 2019: confidence is the mean over tokens of the largest weight; a head is
     positional when its largest weight sits at one relative offset for at least 90% of tokens."""
-    n = 12
+    n = 20
     prev = _prev_head(n)  # row 0 has no previous token: every row that has one attends to it
     two_back = np.zeros((n, n))
     two_back[np.arange(2, n), np.arange(n - 2)] = 0.7
     two_back[np.arange(2, n), np.arange(2, n)] = 0.3
     two_back[:2, 0] = 1.0
-    # offset +1 for 9 of its 11 rows (82%): below the 0.9 threshold
+    # offset +1 for 16 of its 19 rows (84%): below the 0.9 threshold
     mostly_next = _next_head(n)
-    mostly_next[[3, 7]] = 0
-    mostly_next[[3, 7], [3, 7]] = 1
+    mostly_next[[3, 7, 11]] = 0
+    mostly_next[[3, 7, 11], [3, 7, 11]] = 1
     rng = np.random.default_rng(0)
     soft = rng.dirichlet(np.ones(n), size=n)
     heads = np.stack([prev, two_back, mostly_next, soft])[None]
     stats = mhsa.head_stats(_result(heads))
     p, two, mostly, s = (stats.iloc[i] for i in range(4))
     assert (p["positional_offset"], p["positional_share"], p["positional"]) == (-1, 1.0, True)
+    assert (p["positional_hits"], p["positional_queries"]) == (n - 1, n - 1)
     assert (two["positional_offset"], two["positional"]) == (-2, True)
+    assert (two["positional_hits"], two["positional_queries"]) == (n - 2, n - 2)
     assert two["confidence"] == pytest.approx((2 * 1.0 + (n - 2) * 0.7) / n)
     assert mostly["positional_offset"] == 1
-    assert mostly["positional_share"] == pytest.approx(9 / 11)
+    assert mostly["positional_share"] == pytest.approx(16 / 19)
     assert not mostly["positional"]
     assert s["confidence"] == pytest.approx(soft.max(-1).mean(), rel=1e-6)
     assert not s["positional"]
 
 
-def test_positional_share_is_a_mean_over_sentences() -> None:
-    n = 6
-    first = np.zeros((n, n))
-    first[:, 0] = 1  # offsets 0, -1, ..., -5: the share of offset -1 is 1/5
+def test_no_offset_is_called_on_fewer_than_90_percent_of_the_tokens() -> None:
+    """In a 9-token sentence offset -8 is one query's (the last, to the first token) and -1
+    eight queries' (89%): neither may be called; every query's own position (offset 0) may.
+    At 12 tokens -2 is ten queries' (83%): not called even where all ten take it."""
+    n = 9
+    last_to_first = np.full((n, n), 1 / n)
+    last_to_first[n - 1] = 0
+    last_to_first[n - 1, 0] = 1  # offset -8: one query, share 1
+    heads = np.stack([_prev_head(n), last_to_first])[None]
+    stats = mhsa.head_stats(_result(heads))
+    assert not stats["positional"].any()
+    assert set(stats["positional_offset"]) == {0}  # the only offset 90% of 9 tokens can take
+    assert (stats["positional_queries"] == n).all()
+    n = 12
+    two_back = np.zeros((n, n))
+    two_back[np.arange(2, n), np.arange(n - 2)] = 1
+    two_back[:2, 0] = 1
+    row = mhsa.head_stats(_result(two_back[None, None])).iloc[0]
+    assert row["positional_offset"] != -2 and not row["positional"]
+
+
+def test_default_model_calls_no_head_positional_on_a_9_token_sentence() -> None:
+    """The sentence where 54 of 72 heads were called positional at -8, -7 or +8: no offset but
+    0 can be taken by 90% of its tokens, so every head's offset is 0 and its share is the share
+    of queries whose largest weight is on themselves, counted here by hand."""
+    r = mhsa.attend("The cat sat on the mat.")
+    n = len(r.tokens)
+    stats = mhsa.head_stats(r)
+    by_hand = (r.attention.argmax(-1) == np.arange(n)).sum(-1).reshape(-1)  # (L * H,)
+    assert (stats["positional_offset"] == 0).all()
+    assert list(stats["positional_hits"]) == list(by_hand)
+    assert (stats["positional_queries"] == n).all()
+    assert list(stats["positional"]) == list(by_hand >= 0.9 * n)
+
+
+def test_a_role_rests_on_at_least_three_queries() -> None:
+    """A previous-token head over 3 tokens has 2 queries with a previous token: too few to
+    call; over 4 tokens, 3: called, with its support."""
+    three = mhsa.head_stats(_result(_prev_head(3)[None, None])).iloc[0]
+    assert (three["role"], three["role_queries"]) == ("too few tokens", 2)
+    four = mhsa.head_stats(_result(_prev_head(4)[None, None])).iloc[0]
+    assert (four["role"], four["role_queries"]) == ("previous token", 3)
+    first = np.zeros((4, 4))
+    first[:, 0] = 1
+    cls = mhsa.head_stats(_result(first[None, None])).iloc[0]
+    assert (cls["role"], cls["role_queries"]) == ("first token", 4)
+
+
+def test_positional_hits_and_rows_are_pooled_over_sentences() -> None:
+    """Over a corpus an offset's share is its hits over its rows, summed over the sentences
+    where it counts: a previous-token head on 10 tokens (9 of 9) and a first-token head on 20
+    (offset -1 only for query 1: 1 of 19) make 10 of 28."""
+    first = np.zeros((20, 20))
+    first[:, 0] = 1
     acc = HeadStatsAccumulator()
-    acc.add(_result(_prev_head(n)[None, None]))
+    acc.add(_result(_prev_head(10)[None, None]))
     acc.add(_result(first[None, None]))
     row = acc.frame().iloc[0]
     assert row["positional_offset"] == -1
-    assert row["positional_share"] == pytest.approx((1.0 + 1 / 5) / 2)
+    assert (row["positional_hits"], row["positional_queries"]) == (10, 28)
+    assert row["positional_share"] == pytest.approx(10 / 28)
 
 
 def test_stats_difference_is_second_minus_first_with_labels_side_by_side() -> None:
@@ -334,7 +387,7 @@ def test_stats_difference_is_second_minus_first_with_labels_side_by_side() -> No
     assert diff["Δ to_prev"] == pytest.approx(b["to_prev"].iloc[0] - 1.0)
     assert diff["Δ to_first"] == pytest.approx(1.0 - a["to_first"].iloc[0])
     assert (diff["role 1"], diff["role 2"]) == ("previous token", "first token")
-    assert (diff["positional 1"], diff["positional 2"]) == ("-1", "no")
+    assert (diff["positional 1"], diff["positional 2"]) == ("-1 (11 of 11 queries)", "no")
 
 
 @pytest.mark.parametrize("n", [7, 512])

@@ -23,7 +23,7 @@ SENTENCE = "The cat sat on the mat."
 
 @pytest.fixture(scope="module")
 def cat() -> mhsa.AttentionResult:
-    return mhsa.attend(SENTENCE, model=mhsa.get_model("default", "cpu"))
+    return mhsa.attend(SENTENCE, model=mhsa.engine.get_model("default", "cpu"))
 
 
 def _line_traces(fig) -> list:
@@ -81,7 +81,7 @@ def test_line_view_of_one_token_and_top_k(cat) -> None:
 @pytest.mark.slow
 def test_line_view_beyond_the_dense_limit_keeps_the_top_lines_and_says_so() -> None:
     text = " ".join(["word"] * 60)
-    r = mhsa.attend(text, model=mhsa.get_model("default", "cpu"))
+    r = mhsa.attend(text, model=mhsa.engine.get_model("default", "cpu"))
     fig = plots.line_view(r, 0, heads=[0])
     assert r.num_tokens > plots.LINE_DENSE
     assert f"top {plots.LINE_TOP_K} per token" in fig.layout.title.text
@@ -90,7 +90,7 @@ def test_line_view_beyond_the_dense_limit_keeps_the_top_lines_and_says_so() -> N
 
 @pytest.mark.slow
 def test_neuron_view_equals_the_models_own_query_and_key(cat) -> None:
-    lm = mhsa.get_model("default", "cpu")
+    lm = mhsa.engine.get_model("default", "cpu")
     layer, head, token = 2, 5, 3
     walk = walkthrough(SENTENCE, model=lm, layer=layer)
     neuron = walk.neuron(head, token)
@@ -113,7 +113,7 @@ def test_neuron_view_equals_the_models_own_query_and_key(cat) -> None:
 
 
 def test_neuron_view_rejects_a_head_or_token_out_of_range(cat) -> None:
-    walk = walkthrough(SENTENCE, model=mhsa.get_model("default", "cpu"), layer=0)
+    walk = walkthrough(SENTENCE, model=mhsa.engine.get_model("default", "cpu"), layer=0)
     with pytest.raises(mhsa.InputError, match="Head 12 does not exist"):
         walk.neuron(12, 0)
     with pytest.raises(mhsa.InputError, match="Token 9 does not exist"):
@@ -122,13 +122,13 @@ def test_neuron_view_rejects_a_head_or_token_out_of_range(cat) -> None:
 
 def test_find_tokens_matches_exact_first_ignoring_case_and_piece_marks() -> None:
     tokens = ["[CLS]", "The", "##cat", "concat", "Ġcat", "dog", "[SEP]"]
-    assert mhsa.find_tokens(tokens, "CAT") == [2, 4, 3]
-    assert mhsa.find_tokens(tokens, "  ") == []
-    assert mhsa.find_tokens(tokens, "zebra") == []
+    assert mhsa.engine.find_tokens(tokens, "CAT") == [2, 4, 3]
+    assert mhsa.engine.find_tokens(tokens, "  ") == []
+    assert mhsa.engine.find_tokens(tokens, "zebra") == []
 
 
 def test_top_attended_names_the_strongest_keys_in_order(cat) -> None:
-    table = mhsa.top_attended(cat, 3, 4, k=3)
+    table = mhsa.analysis.top_attended(cat, 3, 4, k=3)
     a = cat.attention[3, 4]
     assert list(table.columns) == ["1", "2", "3"] and len(table) == cat.num_tokens
     for i in (0, 2, 7):
@@ -139,7 +139,7 @@ def test_top_attended_names_the_strongest_keys_in_order(cat) -> None:
 
 
 def test_facts_travel_in_the_result(cat) -> None:
-    lm = mhsa.get_model("default", "cpu")
+    lm = mhsa.engine.get_model("default", "cpu")
     assert cat.facts["layers"] == lm.config.num_hidden_layers == 6
     assert cat.facts["d_head"] == lm.config.hidden_size // lm.config.num_attention_heads
     assert cat.to_words().facts == cat.facts
@@ -221,7 +221,7 @@ def test_in_mhsa_only_the_plots_package_imports_plotly_and_nothing_imports_strea
 
 
 # --- generated text -------------------------------------------------------------------------------
-def _greedy_by_hand(lm: mhsa.LoadedModel, text: str, steps: int) -> list[int]:
+def _greedy_by_hand(lm: mhsa.engine.LoadedModel, text: str, steps: int) -> list[int]:
     enc = lm.tokenizer(text, return_tensors="pt")
     ids = enc["input_ids"]
     with torch.no_grad():
@@ -236,7 +236,7 @@ def _greedy_by_hand(lm: mhsa.LoadedModel, text: str, steps: int) -> list[int]:
 def test_generate_greedy_equals_argmax_step_by_step(tiny_gpt2_path) -> None:
     lm = mhsa.load_model(tiny_gpt2_path, device="cpu")
     prompt = "The cat sat"
-    full = mhsa.generate(prompt, model=lm, max_new_tokens=4)
+    full = mhsa.engine.generate(prompt, model=lm, max_new_tokens=4)
     assert full.startswith(prompt)
     expected = _greedy_by_hand(lm, prompt, 4)
     n_prompt = len(lm.tokenizer(prompt)["input_ids"])
@@ -252,16 +252,17 @@ def test_generate_greedy_equals_argmax_step_by_step(tiny_gpt2_path) -> None:
 def test_sampling_is_reproducible_from_its_seed(tiny_gpt2_path) -> None:
     lm = mhsa.load_model(tiny_gpt2_path, device="cpu")
     runs = {
-        s: mhsa.generate("A", model=lm, max_new_tokens=6, sample=True, seed=s) for s in range(4)
+        s: mhsa.engine.generate("A", model=lm, max_new_tokens=6, sample=True, seed=s)
+        for s in range(4)
     }
-    assert runs[1] == mhsa.generate("A", model=lm, max_new_tokens=6, sample=True, seed=1)
+    assert runs[1] == mhsa.engine.generate("A", model=lm, max_new_tokens=6, sample=True, seed=1)
     assert len(set(runs.values())) > 1  # a random 30k vocabulary: seeds differ
 
 
 def test_generated_tokens_are_marked_in_the_result(tiny_gpt2_path) -> None:
     lm = mhsa.load_model(tiny_gpt2_path, device="cpu")
     prompt = "The cat sat"
-    full = mhsa.generate(prompt, model=lm, max_new_tokens=5)
+    full = mhsa.engine.generate(prompt, model=lm, max_new_tokens=5)
     r = mhsa.attend(full, model=lm)
     r = dataclasses.replace(r, prompt_chars=len(prompt))
     first = r.generated_from
@@ -274,7 +275,9 @@ def test_generated_tokens_are_marked_in_the_result(tiny_gpt2_path) -> None:
 
 def test_generate_needs_a_causal_lm_head() -> None:
     with pytest.raises(mhsa.InputError, match="no next-token"):
-        mhsa.generate("Hello", model=mhsa.get_model("default", "cpu"), max_new_tokens=3)
+        mhsa.engine.generate(
+            "Hello", model=mhsa.engine.get_model("default", "cpu"), max_new_tokens=3
+        )
 
 
 def test_file_stem_names_sentence_model_and_engine() -> None:
@@ -290,7 +293,7 @@ def test_file_stem_names_sentence_model_and_engine() -> None:
 def test_line_view_at_512_tokens_stays_within_its_line_budget() -> None:
     words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog"]
     text = " ".join(words[i % len(words)] for i in range(600))
-    r = mhsa.attend(text, model=mhsa.get_model("default", "cpu"), max_tokens=512)
+    r = mhsa.attend(text, model=mhsa.engine.get_model("default", "cpu"), max_tokens=512)
     fig = plots.line_view(r, 5)
     k = max(1, plots.LINE_BUDGET // (12 * 512))
     assert f"top {k} per token" in fig.layout.title.text

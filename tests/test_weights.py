@@ -27,10 +27,10 @@ from tests.tiny_families import small_vocabulary_model
 #: per-head rows (GPT-NeoX), parallel blocks (GPT-J), grouped fused rows (Falcon), Gemma's
 #: ``1 + w`` norms, Phi-3's fused projection
 FAMILIES = ["GPT-2 family", "Llama-style", "GPT-NeoX", "GPT-J", "Falcon grouped", "Gemma", "Phi-3"]
-_LOADED: dict[str, mhsa.LoadedModel] = {}
+_LOADED: dict[str, mhsa.engine.LoadedModel] = {}
 
 
-def _small(name: str, factory) -> mhsa.LoadedModel:
+def _small(name: str, factory) -> mhsa.engine.LoadedModel:
     if name not in _LOADED:
         folder = factory(name.replace(" ", "-"))
         _LOADED[name] = mhsa.load_model(
@@ -51,7 +51,7 @@ def _norm_weight(norm: nn.Module) -> torch.Tensor:
     return w + 1.0 if type(norm).__name__.startswith("Gemma") else w
 
 
-def _hand_circuits(lm: mhsa.LoadedModel) -> dict[str, tuple[torch.Tensor, ...]]:
+def _hand_circuits(lm: mhsa.engine.LoadedModel) -> dict[str, tuple[torch.Tensor, ...]]:
     """Per head ``L{l}H{h}``: the processed ``(W_E [V, D], W_V [D, Dh], W_O [Dh, D], W_U [D, V],
     W_Q [D, Dh], W_K [D, Dh])``."""
     p = model_parts(lm)

@@ -135,7 +135,7 @@ def tiny_seq2seq(family: str):
     raise ValueError(f"No tiny {family!r}: one of {', '.join(SEQ2SEQ_FAMILIES)}.")
 
 
-def perturbed_biases(lm: mhsa.LoadedModel) -> mhsa.LoadedModel:
+def perturbed_biases(lm: mhsa.engine.LoadedModel) -> mhsa.engine.LoadedModel:
     """``lm`` with random non-zero biases and norm weights, in place (fresh models start them
     at 0 and 1, where a bias left out or a missing centring would go unnoticed). Call it before
     anything builds our modules from the weights."""

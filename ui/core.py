@@ -68,7 +68,7 @@ class Query(NamedTuple):
     sample: bool = False  # sampled from ``seed`` instead of greedy
     norms: bool = False  # also the weights weighted by value norm (``attend(norms=True)``)
     target: str = ""  # an encoder-decoder's decoder text ("": the text itself)
-    kind: str = "encoder"  # which attention of an encoder-decoder (``mhsa.ATTENTION_KINDS``)
+    kind: str = "encoder"  # which attention of an encoder-decoder (``mhsa.engine.ATTENTION_KINDS``)
     layers: str = ""  # long inputs: only these layers ("2", "0-3"; "": all)
     heads: str = ""  # and these heads of each ("0-7"; "": all)
 
@@ -78,7 +78,7 @@ VALUES = {"weights": "attention weights", "norm": "weighted by value norm"}
 
 
 @st.cache_resource(max_entries=LIMITS.model_cache, show_spinner="Loading the model…")
-def loaded_model(name: str, device: str) -> mhsa.LoadedModel:
+def loaded_model(name: str, device: str) -> mhsa.engine.LoadedModel:
     """One model object per (name, device), shared by every session of the process."""
     Limits.from_env().check_model(name)  # read at call time: the operator's current policy
     model = mhsa.load_model(name, device=device, max_parameters=LIMITS.max_parameters)
@@ -115,16 +115,16 @@ def is_encoder_decoder(model: str, device: str) -> bool:
         return False
 
 
-def generation(query: Query) -> mhsa.Generation:
+def generation(query: Query) -> mhsa.engine.Generation:
     """What the model writes after the query's text (an encoder-decoder: its target), as the
     ids it chose; one generation whichever attention is shown."""
     return _generated(query._replace(kind="encoder", target=""))
 
 
 @st.cache_data(max_entries=LIMITS.result_cache, show_spinner="Generating…")
-def _generated(query: Query) -> mhsa.Generation:
+def _generated(query: Query) -> mhsa.engine.Generation:
     """``generation``, computed."""
-    return mhsa.generate_ids(
+    return mhsa.engine.generate_ids(
         query.text,
         model=loaded_model(query.model, query.device),
         max_new_tokens=query.generate,
@@ -133,7 +133,7 @@ def _generated(query: Query) -> mhsa.Generation:
     )
 
 
-def model_input(query: Query) -> str | mhsa.Generation:
+def model_input(query: Query) -> str | mhsa.engine.Generation:
     """What the library runs for ``query``: its sentence, or when it asks for generated tokens
     the ids the model chose (never its text tokenized again)."""
     return generation(query) if query.generate else query.text
@@ -152,11 +152,11 @@ def computed_attention(query: Query) -> mhsa.AttentionResult:
         "engine": query.engine,
         "max_tokens": LIMITS.max_tokens,
         "seed": query.seed,
-        "verify": mhsa.ENGINE_SPECS[query.engine].verifiable,
+        "verify": mhsa.engine.ENGINE_SPECS[query.engine].verifiable,
         "norms": query.norms,
     }
     if query.generate:  # over the ids the model chose, not its text tokenized again
-        result = mhsa.attend_generated(generation(query), **how)
+        result = mhsa.engine.attend_generated(generation(query), **how)
     elif query.layers or query.heads:  # long inputs: the selection, up to the model's limit
         how["max_tokens"] = lm.max_positions
         result = mhsa.attend(
@@ -196,7 +196,7 @@ def attention(query: Query) -> mhsa.AttentionResult:
 def shown(result: mhsa.AttentionResult) -> mhsa.AttentionResult:
     """What a page draws of ``result``: its weights, or, for a result with value norms
     (``Query.norms``), the weights weighted by value norm in their place (no copy)."""
-    return result if result.norms is None else mhsa.norms_as_attention(result)
+    return result if result.norms is None else mhsa.engine.norms_as_attention(result)
 
 
 def as_distributions(result: mhsa.AttentionResult) -> mhsa.AttentionResult:
@@ -204,7 +204,7 @@ def as_distributions(result: mhsa.AttentionResult) -> mhsa.AttentionResult:
     by value norm with each query's row scaled to sum 1."""
     if result.norms is None:
         return result
-    return mhsa.norms_as_attention(result, rows_sum_to_one=True)
+    return mhsa.engine.norms_as_attention(result, rows_sum_to_one=True)
 
 
 def shown_rows(query: Query) -> mhsa.AttentionResult:

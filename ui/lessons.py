@@ -153,8 +153,9 @@ LESSONS: tuple[Lesson, ...] = (
                 (Claim("step", equals="probabilities"),),
             ),
             Step(
-                "The same steps in untrained weights: no head has learnt to focus yet, so no "
-                "head puts even half its weight on one token.",
+                "The same steps in untrained weights: no head has learnt to focus yet, so in "
+                "every head a query's strongest key gets, on average over the queries, less "
+                "than half of its weight.",
                 "Inside_MHSA",
                 {**_DEFAULT, "source": "fresh", "step": "10"},
                 (Claim("step", equals="probabilities"), Claim("largest weight", at_most=0.5)),

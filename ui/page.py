@@ -108,6 +108,7 @@ PRESENTATION_CSS = """<style>
 button p, button div { white-space: normal !important; overflow: visible !important;
   text-overflow: clip !important; overflow-wrap: anywhere; }
 button { height: auto !important; }
+[data-testid="stTable"] th, [data-testid="stTable"] td { font-size: 1.3rem !important; }
 </style>"""
 
 
@@ -209,13 +210,30 @@ def heavy_or_stop(
     return value
 
 
-def patch_texts(clean_label: str, *, answers: bool) -> None:
+def example_buttons(
+    buttons: dict[str, dict[str, Any]],
+    on_click: Callable[[dict[str, Any]], None],
+    model: str,
+    params: Mapping[str, Any],
+) -> None:
+    """A patching page's one-click examples (``buttons``) in a row; first, a model with an
+    example of its own there opens on it rather than on the page's English defaults
+    (``examples.own_pair_first``)."""
+    defaults = {key: params[key].default for key in ("clean", "corrupted")}
+    examples.own_pair_first(model, buttons, defaults)
+    for column, (name, values) in zip(st.columns(len(buttons)), buttons.items(), strict=True):
+        column.button(name, on_click=on_click, args=(values,))
+
+
+def patch_texts(clean_label: str, query: Any, *, answers: bool) -> None:
     """The clean and corrupted text areas of a patching page (session keys ``clean`` and
-    ``corrupted``) and, with ``answers``, the answer and wrong-answer boxes (``answer``,
-    ``wrong``) under them."""
+    ``corrupted``), each with its count of tokens unknown to the model, and, with ``answers``,
+    the answer and wrong-answer boxes (``answer``, ``wrong``) under them."""
     left, right = st.columns(2)
     left.text_area(clean_label, key="clean", height=90)
     right.text_area("Corrupted text (as many tokens as the clean one)", key="corrupted", height=90)
+    for key, what in (("clean", "The clean text"), ("corrupted", "The corrupted text")):
+        examples.unknown_line(query.model, query.device, st.session_state[key], what)
     if answers:
         answer_inputs()
 
@@ -240,9 +258,9 @@ def answer_inputs() -> None:
 
 
 def encoder_target_inputs(key: str) -> str:
-    """An encoder's metric picker (``mhsa.PATCH_TARGETS``, session key ``key``) and, for
+    """An encoder's metric picker (``mhsa.causal.PATCH_TARGETS``, session key ``key``) and, for
     "similarity", the second sentence's box (``pair``); returns the target chosen."""
-    described_choice("Metric", mhsa.PATCH_TARGETS, key)
+    described_choice("Metric", mhsa.causal.PATCH_TARGETS, key)
     if st.session_state[key] == "similarity":
         st.text_input("Second sentence (compared with each run)", key="pair")
     return st.session_state[key]
@@ -399,7 +417,7 @@ def _find(result: mhsa.AttentionResult) -> None:
     choice), selected on the pages that select a token, boxed in every figure of tokens."""
     state = st.session_state
     found = None
-    matches = mhsa.find_tokens(result.tokens, state["find"])
+    matches = mhsa.engine.find_tokens(result.tokens, state["find"])
     with st.sidebar:
         if state["find"].strip() and not matches:
             st.caption("No token matches the search.")
@@ -422,14 +440,22 @@ def _find(result: mhsa.AttentionResult) -> None:
 def table(
     frame: pd.DataFrame, name: str, *, label: str, height: int = 400, shown: int | None = None
 ) -> None:
-    """A sortable table with its CSV download. ``shown``: the browser gets only the first
-    ``shown`` rows (a caption says so); the CSV has every row, written when it is downloaded
-    (Streamlit's deferred ``data``), not on every rerun."""
+    """A sortable table with its CSV download (in presentation mode an HTML table in a
+    scrolling box, whose text is enlarged with the page's). ``shown``: the browser gets only
+    the first ``shown`` rows (a caption says so); the CSV has every row, written when it is
+    downloaded (Streamlit's deferred ``data``), not on every rerun."""
     if shown is not None and len(frame) > shown:
         st.caption(f"The first {shown:,} of {len(frame):,} rows; the CSV has them all.")
-        st.dataframe(frame.head(shown), width="stretch", height=height)
+        frame_shown = frame.head(shown)
     else:
-        st.dataframe(frame, width="stretch", height=height)
+        frame_shown = frame
+    if st.session_state.get("presentation"):
+        # the data grid draws on a canvas that page styles cannot enlarge: in presentation
+        # mode the rows are an HTML table, whose cells PRESENTATION_CSS sizes like the text
+        with st.container(height=height + 200):
+            st.table(frame_shown)
+    else:
+        st.dataframe(frame_shown, width="stretch", height=height)
     st.download_button(
         label,
         lambda: frame.to_csv(index_label="name"),

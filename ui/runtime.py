@@ -33,13 +33,13 @@ def page_work():
     waits at every barrier, which costs more than the thread brings (BENCHMARKS.md). OpenMP's
     limit is per thread: other sessions and long computations (head importance) keep every
     thread."""
-    threads = max(1, min(mhsa.cpu_threads(), _CPUS - 1))
+    threads = max(1, min(mhsa.engine.cpu_threads(), _CPUS - 1))
     return _THREADS.limit(limits=threads, user_api="openmp")
 
 
 def _warm_imports() -> None:
     """Import scikit-learn's MDS, slow to import, once per process in the background, so that
-    the first visit to Head similarity does not wait for it (``mhsa.head_map`` imports it
+    the first visit to Head similarity does not wait for it (``mhsa.analysis.head_map`` imports it
     lazily, which keeps the CLI and ``import mhsa`` light)."""
     import sklearn.manifold  # noqa: F401
 

@@ -62,16 +62,16 @@ def _what_to_compute() -> None:
     examples.example_picker(_sidebar_model())
     st.radio(
         "Engine",
-        mhsa.ENGINES,
+        mhsa.engine.ENGINES,
         key="engine",
-        format_func=lambda name: mhsa.ENGINE_SPECS[name].label,
+        format_func=lambda name: mhsa.engine.ENGINE_SPECS[name].label,
         help="  \n".join(
-            f"**{spec.label}**: {spec.description}." for spec in mhsa.ENGINE_SPECS.values()
+            f"**{spec.label}**: {spec.description}." for spec in mhsa.engine.ENGINE_SPECS.values()
         ),
     )
-    if mhsa.ENGINE_SPECS[st.session_state["engine"]].seeded:
+    if mhsa.engine.ENGINE_SPECS[st.session_state["engine"]].seeded:
         st.number_input("Seed of the untrained weights", min_value=0, step=1, key="seed")
-    st.selectbox("Device", mhsa.DEVICES, key="device")
+    st.selectbox("Device", mhsa.engine.DEVICES, key="device")
     st.toggle("Whole words (merge sub-word tokens)", key="words")
 
 
@@ -94,7 +94,7 @@ def _generation() -> None:
             "sampled from the seed), and every page shows attention over the sentence and "
             "what it wrote, the generated part behind a dashed green line."
         )
-    st.number_input(label, 0, mhsa.MAX_NEW_TOKENS, key="generate", help=what)
+    st.number_input(label, 0, mhsa.engine.MAX_NEW_TOKENS, key="generate", help=what)
     if st.session_state["generate"]:
         st.toggle("Sample (seeded) instead of greedy", key="sample")
 

@@ -366,6 +366,24 @@ def add_notice(message: str) -> None:
     st.session_state.setdefault(_NOTICES, []).append(message)
 
 
+#: more notices than this are listed in a collapsed box under one line that counts them
+NOTICES_SHOWN = 3
+
+
 def show_notices() -> None:
-    for message in st.session_state.pop(_NOTICES, []):
-        st.warning(md_escape(message), icon=":material/warning:")
+    """Every notice of this run in one box (a hostile link can refuse a dozen values: one box
+    each stacked them over the figure), one line each; more than ``NOTICES_SHOWN`` are counted
+    in the box and listed in a collapsed expander under it."""
+    messages = st.session_state.pop(_NOTICES, [])
+    if not messages:
+        return
+    lines = "  \n".join(md_escape(m) for m in messages)  # a hard line break between notices
+    if len(messages) <= NOTICES_SHOWN:
+        st.warning(lines, icon=":material/warning:")
+        return
+    st.warning(
+        f"{len(messages)} values of the link or the settings fell back (listed below).",
+        icon=":material/warning:",
+    )
+    with st.expander(f"The {len(messages)} values that fell back"):
+        st.markdown(lines)

@@ -46,7 +46,7 @@ from mhsa.training import (
     train,
 )
 from mhsa.training.circuit_probe import strongest_k_edges
-from mhsa.training.results import phase_change_step
+from mhsa.training.results import phase_change, phase_change_step
 from mhsa.training.tasks import BOS, VOCAB
 from ui import core, runtime
 
@@ -411,13 +411,15 @@ def progress_text(run: TrainingRun) -> str:
 
 def phase_change_text(run: TrainingRun) -> str | None:
     """The phase change among the snapshots so far, in words (None: not seen yet)."""
-    step = run.phase_change_step
-    if step is None:
+    change = phase_change(run.snapshots)
+    if change is None:
         return None
-    elapsed = next(s.elapsed for s in run.snapshots if s.step == step)
+    elapsed = next(s.elapsed for s in run.snapshots if s.step == change.step)
     return (
-        f"Phase change at step {step}, {elapsed:.1f} s into training: a head above layer 0 "
-        f"reached an induction score of {PHASE_CHANGE_SCORE:g} on the probe."
+        f"Phase change from step {change.step}, {elapsed:.1f} s into training: the accuracy "
+        f"rose fastest between steps {change.step} and {change.end} ({change.before:.2f} to "
+        f"{change.after:.2f}) as an induction head formed (a head above layer 0 reached an "
+        f"induction score of {PHASE_CHANGE_SCORE:g} on the probe; Olsson et al. 2022)."
     )
 
 

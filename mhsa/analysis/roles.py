@@ -295,7 +295,7 @@ def detect_heads(
             ``[n, n]`` array for one text of n tokens (lower triangular for a causal model; any
             square pattern for a bidirectional one, see ``detection_scores``).
         model: a model name or folder, or a loaded model.
-        engine: ``"transformers"``, ``"mhsa"`` or ``"mhsa-random"`` (``mhsa.ENGINE_SPECS``).
+        engine: ``"transformers"``, ``"mhsa"`` or ``"mhsa-random"`` (``mhsa.engine.ENGINE_SPECS``).
         exclude_bos: leave out the attention to the first token.
         exclude_current_token: leave out each token's attention to itself.
         error_measure: ``"mul"`` (share of attention on the pattern) or ``"abs"`` (1 minus the

@@ -32,9 +32,12 @@ from mhsa.heads import head_label
 
 __all__ = [
     "CLARK_DIFFERENCES",
+    "MIN_QUERIES",
+    "POSITIONAL_SHARE",
     "ROLE_THRESHOLDS",
     "STAT_COLUMNS",
     "STAT_SPECS",
+    "TOO_FEW",
     "HeadClusters",
     "HeadSimilarityAccumulator",
     "HeadStatsAccumulator",
@@ -146,9 +149,14 @@ ROLE_THRESHOLDS: dict[str, tuple[str, float]] = {
 BROAD_ENTROPY_RATIO = 0.8
 #: Voita et al. 2019: a head is positional when its largest weight sits at one fixed relative
 #: offset for at least 90% of the tokens. Offsets from -POSITIONAL_WINDOW to +POSITIONAL_WINDOW
-#: are counted.
+#: are counted; in a sentence, an offset counts only where at least POSITIONAL_SHARE of its
+#: tokens and at least MIN_QUERIES of them can take it (a query i with a key at i + d): in a
+#: 9-token sentence offset -8 is one query's, and that one query says nothing of a head.
 POSITIONAL_SHARE = 0.9
 POSITIONAL_WINDOW = 8
+#: the fewest query rows a role or a positional offset is called on (below: no call, and the
+#: table says so)
+MIN_QUERIES = 3
 _OFFSETS = np.arange(-POSITIONAL_WINDOW, POSITIONAL_WINDOW + 1)
 
 #: Where our definitions differ from Clark et al.'s code (markdown, shown on the statistics page).
@@ -211,15 +219,17 @@ def _stats_many(
         "confidence": a.amax(-1).mean(-1, dtype=f64),  # Voita et al.: mean of each row's largest
         **_shares_by_key(a, special, punctuation, positional=positional),
     }
-    offsets = (
-        _offset_shares(a.argmax(-1).numpy())
-        if positional
-        else [np.full(a.shape[:3], np.nan)] * len(_OFFSETS)
-    )
+    if positional:
+        hits, rows = _offset_hits(a.argmax(-1).numpy())
+    else:
+        hits = rows = [np.full(a.shape[:3], np.nan)] * len(_OFFSETS)
     columns = [
         *(stats[name] for name in STAT_SPECS),
         torch.full(a.shape[:3], float(np.log(n)), dtype=f64),
-        *offsets,
+        torch.full(a.shape[:3], float(m), dtype=f64),  # query rows
+        torch.full(a.shape[:3], float(m - 1) if positional and m > 1 else np.nan, dtype=f64),
+        *hits,
+        *rows,
     ]
     return np.stack([np.asarray(c).reshape(k, -1) for c in columns], axis=2)
 
@@ -287,21 +297,32 @@ def _shares_by_key(
     }
 
 
-def _offset_shares(argmax: np.ndarray) -> list[np.ndarray]:
-    """Per offset d in the window, ``[..., L, H]``: the share of the query rows i that have a token
-    at i + d whose largest weight is at i + d (NaN where no row has one). ``argmax`` holds each
-    query row's key of largest weight, ``[..., n]``."""
+def _offset_hits(argmax: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per offset d in the window, ``[..., L, H]``: how many query rows i whose key i + d exists
+    have their largest weight there, and how many rows have that key; both NaN where the offset
+    does not count in this sentence (fewer than ``POSITIONAL_SHARE`` of its n tokens, or fewer
+    than ``MIN_QUERIES``, can take it). ``argmax`` holds each query row's key of largest
+    weight, ``[..., n]``."""
     n = argmax.shape[-1]
     argmax_offset = argmax - np.arange(n)  # (..., n)
-    shares = []
+    hits, counts = [], []
+    nan = np.full(argmax.shape[:-1], np.nan)
     for d in _OFFSETS:
         rows = n - abs(int(d))
-        if rows <= 0:
-            shares.append(np.full(argmax.shape[:-1], np.nan))
+        if rows < MIN_QUERIES or rows < POSITIONAL_SHARE * n:
+            hits.append(nan)
+            counts.append(nan)
             continue
         valid = slice(max(0, -d), n - max(0, d))  # rows i with 0 <= i + d < n
-        shares.append((argmax_offset[..., valid] == d).sum(-1) / rows)
-    return shares
+        hits.append((argmax_offset[..., valid] == d).sum(-1).astype(float))
+        counts.append(np.full(argmax.shape[:-1], float(rows)))
+    return hits, counts
+
+
+#: the roles whose share is over the query rows that have a neighbour (n - 1 a sentence)
+_ADJACENT_ROLES = {ROLE_THRESHOLDS["to_prev"][0], ROLE_THRESHOLDS["to_next"][0]}
+#: the role of a head whose sentences hold fewer than ``MIN_QUERIES`` query rows in all
+TOO_FEW = "too few tokens"
 
 
 def _roles(frame: pd.DataFrame, log_n: np.ndarray) -> list[str]:
@@ -421,12 +442,25 @@ class HeadStatsAccumulator:
         frame = pd.DataFrame(mean[:, :k], columns=list(STAT_COLUMNS))
         frame.insert(0, "head", np.tile(np.asarray(head_ids, dtype=int), layers))
         frame.insert(0, "layer", np.repeat(np.asarray(layer_ids, dtype=int), heads))
-        frame["role"] = _roles(frame, mean[:, k])
-        shares = mean[:, k + 1 :]  # (L * H, offsets)
+        summed = np.where(self._defined > 0, self._sum, np.nan)  # sums over sentences
+        rows, adjacent = np.nan_to_num(summed[:, k + 1]), np.nan_to_num(summed[:, k + 2])
+        roles = _roles(frame, mean[:, k])
+        support = np.array(
+            [adjacent[i] if role in _ADJACENT_ROLES else rows[i] for i, role in enumerate(roles)]
+        )
+        frame["role"] = np.where(support >= MIN_QUERIES, roles, TOO_FEW)
+        frame["role_queries"] = support.astype(int)
+        w = len(_OFFSETS)
+        hits, counts = summed[:, k + 3 : k + 3 + w], summed[:, k + 3 + w :]  # (L * H, offsets)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            shares = hits / counts  # pooled over the sentences where the offset counts
         defined = ~np.isnan(shares).all(1)
         best = np.nanargmax(np.where(np.isnan(shares), -1.0, shares), axis=1)
+        at = np.arange(len(best))
         frame["positional_offset"] = np.where(defined, _OFFSETS[best], 0)
-        frame["positional_share"] = np.where(defined, shares[np.arange(len(best)), best], np.nan)
+        frame["positional_share"] = np.where(defined, shares[at, best], np.nan)
+        frame["positional_queries"] = np.where(defined, counts[at, best], 0).astype(int)
+        frame["positional_hits"] = np.where(defined, hits[at, best], 0).astype(int)
         frame["positional"] = frame["positional_share"] >= POSITIONAL_SHARE
         frame.index = [
             head_label(li, h) for li, h in zip(frame["layer"], frame["head"], strict=False)
@@ -457,13 +491,20 @@ def head_stats(
 
     ``role`` is the behaviour whose share passes its threshold in ``ROLE_THRESHOLDS`` (0.5 for
     previous/next/self, 0.6 for first/separator/punctuation; the largest wins), else "broad" when
-    the entropy is at least 80% of log n, else "mixed".
+    the entropy is at least 80% of log n, else "mixed"; ``role_queries`` is its support, the
+    query rows its share is a mean over (all sentences'). Below ``MIN_QUERIES`` (3) rows no
+    role is called: ``role`` is "too few tokens".
 
-    Voita et al. 2019's positional heads: ``positional_offset`` is the relative offset d (-8..8)
-    at which the head's largest weight sits most often, ``positional_share`` the share of query
-    rows (those with a token at i + d) whose largest weight is there, and ``positional`` says
-    whether that share is at least 0.9 (their threshold; they found offsets -1 and +1). Over a
-    corpus the shares are averaged over sentences, like every other statistic.
+    Voita et al. 2019's positional heads ("the head points to a specific relative position at
+    least 90% of the time"): ``positional_offset`` is the relative offset d (-8..8) at which the
+    head's largest weight sits most often, ``positional_share`` the share of query rows whose
+    largest weight is there among the rows that have a token at i + d, ``positional_hits`` of
+    ``positional_queries`` (the support), and ``positional`` says whether that share is at least
+    0.9 (their threshold; they found offsets -1 and +1). An offset counts only in sentences
+    where at least 90% of the n tokens, and at least ``MIN_QUERIES``, can take it (n - |d|
+    >= 0.9 n: a 9-token sentence has none but 0, a 10-token one also -1 and +1); over a corpus
+    hits and rows are pooled over those sentences. No offset counting: share NaN, support 0,
+    not positional.
 
     Cross-attention (``AttentionResult.of_kind("cross")``: decoder queries over encoder keys)
     is measured per query row over the keys the same way; the statistics of positions
@@ -482,10 +523,20 @@ def head_stats(
 
 def stats_difference(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
     """Two ``head_stats`` tables compared head by head: ``Δ column`` (second minus first) for
-    every numeric statistic; roles and positional offsets (``-1``, or ``no``) side by side."""
+    every numeric statistic; roles and positional offsets with their support (``-1 (8 of 8
+    queries)``, or ``no``) side by side."""
 
     def positional(stats: pd.DataFrame) -> pd.Series:
-        return stats["positional_offset"].astype(str).where(stats["positional"], "no")
+        called = [
+            f"{offset:+d} ({hits} of {queries} queries)"
+            for offset, hits, queries in zip(
+                stats["positional_offset"],
+                stats["positional_hits"],
+                stats["positional_queries"],
+                strict=True,
+            )
+        ]
+        return pd.Series(called, stats.index).where(stats["positional"], "no")
 
     numeric = [c for c in STAT_COLUMNS if c in first.columns] + ["positional_share"]
     diff = (second[numeric] - first[numeric]).add_prefix("Δ ")

@@ -134,7 +134,7 @@ class AtlasPlan:
 
     def json(self) -> dict[str, Any]:
         out = {**self.__dict__, "layers": list(self.layers), "heads": list(self.heads)}
-        if self.part == "self":  # as atlases written before encoder-decoders were covered
+        if self.part == "self":  # a self-attention atlas's plan has no part key
             del out["part"]
         return out
 

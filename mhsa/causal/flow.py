@@ -253,7 +253,7 @@ def threshold_and_renormalize(
     """Contributions not above ``threshold`` set to 0 and the rest renormalised to sum 1 per
     whole (``apply_threshold_and_renormalize``); a whole left with nothing gets zeros (there:
     a division by zero). Per whole also when ``blocks`` has one block per whole (an MLP): the
-    tool's code divides those by the sum over all tokens (``sum(dim=())``, pytorch issue 29137;
+    tool's code divides those by the sum over all tokens (``sum(dim=())``, pytorch/pytorch#29137;
     module docstring), its docstring by each token's own, as here.
 
     Args:

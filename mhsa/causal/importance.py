@@ -150,8 +150,8 @@ def ablate(
     model.
 
     Args:
-        text: the sentence, or a ``Generation`` (``mhsa.generate_ids``): then the ids the model
-            chose, as ``attend_generated`` shows them, not its text tokenized again.
+        text: the sentence, or a ``Generation`` (``mhsa.engine.generate_ids``): then the ids the
+            model chose, as ``attend_generated`` shows them, not its text tokenized again.
         heads: ``(layer, head)`` pairs or labels ``"L{layer}H{head}"``; encoder-decoders:
             ``"E{layer}H{head}"``, ``"D{layer}H{head}"``, ``"C{layer}H{head}"`` (encoder,
             decoder and cross-attention; pairs then number the blocks in that order).

@@ -30,17 +30,20 @@ import torch.nn.functional as F
 
 from mhsa.engine.encoding import answer_ids
 from mhsa.engine.models.loading import LoadedModel
+from mhsa.engine.models.names import toy_task
 from mhsa.engine.runs.swap import OurBlock, OurPass, run_with_our_blocks, tile_rows
 from mhsa.errors import InputError
 from mhsa.registry import lookup
 
 __all__ = [
     "PATCH_TARGETS",
+    "REPEAT_TASKS",
     "TARGET_SPECS",
     "PatchMetric",
     "TargetSpec",
     "answer_direction",
     "answer_tokens",
+    "default_target",
     "embedding_of",
     "induction_scored",
     "lm_loss",
@@ -293,15 +296,30 @@ def target_spec(name: str) -> TargetSpec:
     return lookup(TARGET_SPECS, name, "target")
 
 
+#: the shipped toy tasks whose scored positions are a repeat's (``TaskSpec.scored``: "the
+#: repeated half"): their models' automatic target is the loss on the repeat
+REPEAT_TASKS = frozenset({"induction", "induction-long"})
+
+
+def default_target(lm: LoadedModel, pair: bool = False) -> str:
+    """The target ``resolve_target`` takes when none is asked (see there)."""
+    if toy_task(lm.name) in REPEAT_TASKS and lm.lm_head == "causal" and not pair:
+        return "repeat-loss"
+    return "lm-loss" if lm.lm_head else "similarity" if pair else "embedding"
+
+
 def resolve_target(lm: LoadedModel, target: str | None, pair: bool) -> TargetSpec:
-    """The target asked for, or by default: the language-model loss when the checkpoint has a
-    head for it, the similarity with a second sentence, else the embedding.
+    """The target asked for, or by default: for a toy model trained on a repeat
+    (``toy:induction``, ``toy:induction-long``) the loss on the repeat, the positions its task
+    scores (the random first half cannot be predicted by any head: a loss over it makes every
+    head look harmful); else the language-model loss when the checkpoint has a head for it, the
+    similarity with a second sentence, else the embedding.
 
     Raises:
         InputError: an unknown target, or one the model or the input cannot measure.
     """
     if target is None:
-        target = "lm-loss" if lm.lm_head else "similarity" if pair else "embedding"
+        target = default_target(lm, pair)
     spec = target_spec(target)
     if spec.needs_lm_head and not lm.lm_head:
         archs = ", ".join(getattr(lm.config, "architectures", None) or ["none listed"])

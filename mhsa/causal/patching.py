@@ -449,13 +449,18 @@ class PatchingAgreement:
     Pearson's r is near 1 whatever the estimate says of the heads between. Instead: the heads
     whose exact effect is largest (``AGREEMENT_SHARE`` of the largest |effect| or more, at
     most ``AGREEMENT_TOP``), how many of them attribution ranks among its own as many largest
-    (top-k overlap of |effect|), and each one's two values side by side.
+    (top-k overlap of |effect|) with the same sign as its exact effect (a head attribution
+    puts among the largest with the opposite sign is not ranked alike: it says the head helps
+    where it hurts), and each one's two values side by side.
 
     Attributes:
         heads: the heads that matter by exact patching, largest |effect| first.
         exact: their exact effects.
         estimated: attribution patching's estimates of them.
-        found: how many of ``heads`` are among attribution's ``len(heads)`` largest |effect|.
+        found: how many of ``heads`` are among attribution's ``len(heads)`` largest |effect|
+            with the sign of their exact effect.
+        opposite: the heads of ``heads`` whose estimate has the opposite sign of their exact
+            effect.
         pearson: Pearson's r over every head (``patching_correlation``), for reference.
     """
 
@@ -464,6 +469,7 @@ class PatchingAgreement:
     estimated: tuple[float, ...]
     found: int
     pearson: float
+    opposite: tuple[str, ...] = ()
 
     def summary(self) -> str:
         """The agreement in one sentence: the ranking, then the sizes head by head."""
@@ -475,9 +481,10 @@ class PatchingAgreement:
             for h, e, a in zip(self.heads, self.exact, self.estimated, strict=True)
         )
         which = "head" if k == 1 else f"{k} heads"
+        opposite = f" Opposite signs: {', '.join(self.opposite)}." if self.opposite else ""
         return (
             f"Of the {which} with the largest exact effect, attribution ranks {self.found} "
-            f"among its own top {k}: {sizes}."
+            f"among its own top {k} with the same sign: {sizes}.{opposite}"
         )
 
     def _repr_html_(self) -> str:
@@ -496,10 +503,16 @@ def patching_agreement(exact: pd.DataFrame, attribution: pd.DataFrame) -> Patchi
     heads = heads[:AGREEMENT_TOP]
     estimate = joined["effect_attribution"].abs().sort_values(ascending=False, kind="stable")
     theirs = set(estimate.index[: len(heads)])
+    exact_of = [float(joined.at[h, "effect"]) for h in heads]
+    estimated_of = [float(joined.at[h, "effect_attribution"]) for h in heads]
+    same_sign = [e * a > 0 for e, a in zip(exact_of, estimated_of, strict=True)]
     return PatchingAgreement(
         heads=tuple(str(h) for h in heads),
-        exact=tuple(float(joined.at[h, "effect"]) for h in heads),
-        estimated=tuple(float(joined.at[h, "effect_attribution"]) for h in heads),
-        found=sum(h in theirs for h in heads),
+        exact=tuple(exact_of),
+        estimated=tuple(estimated_of),
+        found=sum(h in theirs and same for h, same in zip(heads, same_sign, strict=True)),
         pearson=patching_correlation(exact, attribution),
+        opposite=tuple(
+            str(h) for h, e, a in zip(heads, exact_of, estimated_of, strict=True) if e * a < 0
+        ),
     )

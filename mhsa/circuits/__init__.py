@@ -6,9 +6,9 @@ through post-norm encoders (``postnorm``) and with gradient taps (``taps``).
 May import: ``mhsa.engine``, ``mhsa.analysis``, ``mhsa.causal`` and the shared top-level
 modules (``tests/test_layers.py``).
 
-``mhsa.circuits`` was a module before issue 45: its public names (``mhsa.circuits.discovery``'s)
-still import from here. Settings read at run time (``EAP_ONE_PASS_MAX``, ``TAPPED_GRADIENTS``)
-are set on ``mhsa.circuits.discovery``.
+Its public names (``mhsa.circuits.discovery``'s and the others') import from here. Settings
+read at run time (``EAP_ONE_PASS_MAX``, ``TAPPED_GRADIENTS``) are set on
+``mhsa.circuits.discovery``.
 """
 
 from mhsa.circuits.discovery import (

@@ -3,7 +3,7 @@
 One module per command, named as the command, its parser beside its handler: ``HELP`` (and
 ``DESCRIPTION``), ``EXAMPLES`` (``--help`` ends with them), ``add_arguments(parser)`` and
 ``run(args)``; ``common.add_command`` makes the subcommand of each. A new command is a module
-here and one entry in ``COMMANDS`` (issue 40's ``circuit``: ``mhsa/cli/circuit.py``). Bad
+here and one entry in ``COMMANDS`` (for example ``circuit``: ``mhsa/cli/circuit.py``). Bad
 arguments and every ``MHSAError`` end in one line on stderr and exit code 2.
 """
 

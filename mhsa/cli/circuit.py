@@ -55,8 +55,8 @@ def run(args: argparse.Namespace) -> None:
     lm = mhsa.load_model(args.model, device=args.device)
     options = {"model": lm, **metric_kwargs(args)}
     pair = (args.clean, args.corrupted)
-    scores = mhsa.edge_attribution(*pair, method=args.method, steps=args.steps, **options)
-    table = mhsa.top_edges(scores, len(scores))
+    scores = mhsa.circuits.edge_attribution(*pair, method=args.method, steps=args.steps, **options)
+    table = mhsa.circuits.top_edges(scores, len(scores))
     table.to_csv(args.out, index=False)
     attrs = scores.attrs
     wrote(
@@ -66,9 +66,11 @@ def run(args: argparse.Namespace) -> None:
     )
     if args.top is not None:
         top = min(args.top, len(scores))
-        f = mhsa.circuit_faithfulness(*pair, mhsa.top_edges(scores, top), **options)
+        f = mhsa.circuits.circuit_faithfulness(
+            *pair, mhsa.circuits.top_edges(scores, top), **options
+        )
         print(f"faithfulness of the top {top} edges: {f:.4f}")
     if args.curve is not None:
-        curve = mhsa.faithfulness_curve(*pair, scores, **options)
+        curve = mhsa.circuits.faithfulness_curve(*pair, scores, **options)
         curve.points.to_csv(args.curve, index=False)
         wrote(args.curve, f"MIB's sizes; CPR {curve.cpr:.4f}, CMD {curve.cmd:.4f}")

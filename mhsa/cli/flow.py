@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> None:
         raise MHSAError("--out attributes logit(answer) - logit(wrong): give --answer and --wrong.")
     lm = mhsa.load_model(args.model, device=args.device)
     if args.out is not None:
-        dla = mhsa.head_attribution(
+        dla = mhsa.causal.head_attribution(
             args.text, model=lm, answer=args.answer, wrong=args.wrong, max_tokens=args.max_tokens
         )
         dla.frame().to_csv(args.out, index=False)
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> None:
             args.out, f"{dla.norm}, components sum {dla.total:.4g}, logit diff {dla.logit_diff:.4g}"
         )
     if args.routes is not None:
-        graph = mhsa.information_flow(
+        graph = mhsa.causal.information_flow(
             args.text,
             model=lm,
             threshold=args.threshold,
@@ -80,8 +80,8 @@ def run(args: argparse.Namespace) -> None:
 
 
 def routes_json(graph: Any) -> dict[str, Any]:
-    """A ``mhsa.FlowGraph`` as JSON values: nodes by their LLM Transparency Tool names (``X0_3``,
-    ``A1_2``, ``M1_2``, ``I1_2``), edges between those names."""
+    """A ``mhsa.causal.FlowGraph`` as JSON values: nodes by their LLM Transparency Tool names
+    (``X0_3``, ``A1_2``, ``M1_2``, ``I1_2``), edges between those names."""
     return {
         "tokens": list(graph.tokens),
         "layers": graph.layers,

@@ -1,5 +1,5 @@
-"""``importance``: how much each head matters over a corpus (``mhsa.head_importance``,
-``corpus_importance``), with the pruning curve (``mhsa.pruning_curve``)."""
+"""``importance``: how much each head matters over a corpus (``mhsa.causal.head_importance``,
+``corpus_importance``), with the pruning curve (``mhsa.causal.pruning_curve``)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def _importance_here(args: argparse.Namespace, corpus, options: dict) -> tuple:
     with bar:
         if args.one_by_one:  # the reference: head_importance, one text at a time
             options.pop("batch_tokens", None)
-            table = mhsa.head_importance(
+            table = mhsa.causal.head_importance(
                 used_entries(corpus, problems), model=model, normalize=args.normalize, **options
             )
         else:
@@ -95,7 +95,7 @@ def _importance_here(args: argparse.Namespace, corpus, options: dict) -> tuple:
         if args.pruning and table is not None:
             bar.reset()
             bar.set_description("pruning")
-            curve = mhsa.pruning_curve(
+            curve = mhsa.causal.pruning_curve(
                 used_entries(corpus, problems),
                 model=model,
                 target=table.attrs["target"],

@@ -57,15 +57,17 @@ def run(args: argparse.Namespace) -> None:
     options = {"model": lm, **metric_kwargs(args), "what": args.what}
     pair = (args.clean, args.corrupted)
     if args.out is not None:
-        table = mhsa.patch_heads(*pair, batch_size=args.batch_size, **options)
+        table = mhsa.causal.patch_heads(*pair, batch_size=args.batch_size, **options)
         table.to_csv(args.out, index_label="name")
         _summary(args.out, table, f"{len(table)} heads")
     if args.positions is not None:
-        table = mhsa.patch_positions(*pair, args.layer, batch_size=args.batch_size, **options)
+        table = mhsa.causal.patch_positions(
+            *pair, args.layer, batch_size=args.batch_size, **options
+        )
         table.to_csv(args.positions, index=False)
         _summary(args.positions, table, f"layer {args.layer}, {len(table)} heads x positions")
     if args.attribution is not None:
-        table = mhsa.attribution_patching(*pair, **options)
+        table = mhsa.causal.attribution_patching(*pair, **options)
         table.to_csv(args.attribution, index_label="name")
         _summary(args.attribution, table, f"{len(table)} heads")
 

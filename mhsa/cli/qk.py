@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> None:
     if args.top is not None and args.top < 1:
         raise mhsa.InputError(f"--top must be at least 1, got {args.top}.")
     lm = mhsa.load_model(args.model, device=args.device)
-    terms = mhsa.qk_attribution(
+    terms = mhsa.analysis.qk_attribution.qk_attribution(
         args.text, args.head, model=lm, query=args.query, text_pair=args.target
     )
     tokens = terms.attrs["tokens"]

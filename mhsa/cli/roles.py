@@ -90,7 +90,7 @@ def _write_sinks(args: argparse.Namespace, lm, texts: list[str]) -> None:
     parts = []
     for number, text in enumerate(texts):
         result = mhsa.attend(text, model=lm, engine=args.engine, seed=args.seed)
-        sinks = mhsa.attention_sinks(result, args.sink_threshold)
+        sinks = mhsa.analysis.attention_sinks(result, args.sink_threshold)
         parts.append(sinks.table.assign(text=number))
     table = pd.concat(parts, ignore_index=True)
     table.to_csv(args.sinks, index=False)
@@ -104,7 +104,7 @@ def _write_composition(args: argparse.Namespace, lm) -> None:
 
     parts = []
     for kind in args.kind:
-        scores = mhsa.head_composition(lm, kind)  # (writer A, reader B)
+        scores = mhsa.analysis.head_composition(lm, kind)  # (writer A, reader B)
         tidy = scores.stack().rename("score").rename_axis(["writer", "reader"]).reset_index()
         parts.append(tidy.assign(kind=kind))
     table = pd.concat(parts, ignore_index=True)[["kind", "writer", "reader", "score"]]

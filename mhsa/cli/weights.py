@@ -49,13 +49,13 @@ def run(args: argparse.Namespace) -> None:
 
     lm = mhsa.load_model(args.model, device=args.device)
     if args.copying:
-        scores = mhsa.ov_copying_scores(lm)
+        scores = mhsa.analysis.ov_copying_scores(lm)
         table, what = scores.to_frame(), f"{len(scores)} heads, {scores.attrs['circuit']}"
     elif args.top_tokens is not None:
-        table = mhsa.ov_top_tokens(args.top_tokens, lm, tokens=args.tokens, k=args.k)
+        table = mhsa.analysis.ov_top_tokens(args.top_tokens, lm, tokens=args.tokens, k=args.k)
         what = f"{args.top_tokens}, {table['input'].nunique()} input tokens"
     else:
-        positional = mhsa.qk_positional_scores(lm, positions=args.n_positions)
+        positional = mhsa.analysis.qk_positional_scores(lm, positions=args.n_positions)
         table = positional.previous_token.to_frame()
         what = f"{len(table)} heads, {positional.pattern.shape[-1]} positions"
     index = table.index.name is not None

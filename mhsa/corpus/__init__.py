@@ -4,9 +4,8 @@ cluster (``distributed``) and the queue of heavy jobs a server runs (``jobs``).
 May import: ``mhsa.engine``, ``mhsa.analysis``, ``mhsa.causal`` and the shared top-level
 modules (``tests/test_layers.py``).
 
-``mhsa.corpus`` was a module before issue 45; its names still import from here: reading corpora
-and running them in padded batches moved down to ``mhsa.engine.runs.batches`` (the analyses use
-them), the statistics to ``mhsa.corpus.stats``.
+Its names import from here: reading corpora and running them in padded batches live in
+``mhsa.engine.runs.batches`` (the analyses use them), the statistics in ``mhsa.corpus.stats``.
 """
 
 from mhsa.corpus.stats import CorpusStats, corpus_stats

@@ -104,7 +104,7 @@ class AttentionResult:
             hidden state (``layer_max_abs_diff`` is the encoder's; ``max_abs_diff`` covers all).
         facts: the model's layers, heads, d_model, d_head, parameters, type, max positions and
             device (``LoadedModel.facts``), so that views need not go back to the model.
-        prompt_chars: for text a model generated (``mhsa.attend_generated``), where the
+        prompt_chars: for text a model generated (``mhsa.engine.attend_generated``), where the
             generated characters begin; tokens whose span starts there or later are
             ``generated`` (special tokens the model wrote included: their span is zero-width
             where they were written).

@@ -54,7 +54,6 @@ from mhsa.plots.importance import (
     pruning_figure,
 )
 from mhsa.plots.line_view import (
-    HEAD_COLORS,
     LINE_BINS,
     LINE_BUDGET,
     LINE_DENSE,
@@ -64,6 +63,7 @@ from mhsa.plots.line_view import (
     line_view,
 )
 from mhsa.plots.marks import decorate
+from mhsa.plots.palette import HEAD_COLORS, LAYER_COLORSCALE, head_style
 from mhsa.plots.patching import patching_maps, patching_positions_figure, patching_scatter
 from mhsa.plots.roles import composition_figure, detection_pattern_figure, role_maps, sink_map
 from mhsa.plots.rollout import rollout_figure
@@ -89,6 +89,7 @@ __all__ = [
     "COLORWAY",
     "GRID_THUMB",
     "HEAD_COLORS",
+    "LAYER_COLORSCALE",
     "LINE_BINS",
     "LINE_BUDGET",
     "LINE_DENSE",
@@ -120,6 +121,7 @@ __all__ = [
     "head_heatmap",
     "head_map_figure",
     "head_scores_figure",
+    "head_style",
     "head_value_grid",
     "head_zoom",
     "importance_scatter",

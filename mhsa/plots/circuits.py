@@ -14,6 +14,7 @@ from mhsa.circuits import FaithfulnessCurve
 from mhsa.heads import parse_head_label
 from mhsa.plots.common import (
     PAGE_PX,
+    SIGNED_COLORSCALE,
     apply_layout,
     boxes_overlap,
     label,
@@ -57,7 +58,7 @@ _PLOT_PX = PAGE_PX - 160
 def node_label_positions(nodes: Sequence[str], heads: int) -> list[str]:
     """Each node's ``textposition``: above it, or, where a row of head names in the largest
     font a figure gets (``PRESENTATION_FONT``) would be wider than the room between two heads,
-    every other head's name below it (L5H10 and L5H11 were drawn over each other)."""
+    every other head's name below it (else neighbours such as L5H10 and L5H11 overlap)."""
     room = _PLOT_PX / (heads + 1.2)  # the x axis spans heads + 1.2 units
     widest = max((len(n) for n in nodes if n[:1] == "L"), default=0)
     left, _, right, _ = text_box(0.0, 0.0, "x" * widest, PRESENTATION_FONT)
@@ -110,6 +111,18 @@ def _letter_at(
 SUPPORT_LEGEND = "blue: carries the clean answer, red: works against it"
 
 
+def support_legend(metric: str | None = None) -> str:
+    """What an edge's colour says, for the metric its scores are of: blue where corrupting the
+    edge lowers ``metric`` (support = -score > 0), red where it raises it. The metric names
+    the user's tokens: the figure's title escapes it for plotly."""
+    if not metric:
+        return f"colour: support = -score; {SUPPORT_LEGEND}"
+    return (
+        f"colour: support = -score; blue: corrupting the edge lowers {metric} (it "
+        "carries the clean answer), red: raises it (it works against it)"
+    )
+
+
 def _color(support: float, bound: float) -> str:
     """Blue above 0, red below (the app's signed scale), paler near 0."""
     return signed_color(support, bound)
@@ -122,6 +135,7 @@ def circuit_figure(
     *,
     title: str | None = None,
     output: str = "logits",
+    metric: str | None = None,
 ) -> go.Figure:
     """The edges (``source``, ``target``, ``input``, ``score``: the circuit's) drawn between the
     model's nodes: each a line coloured by how much it carries the clean answer, its
@@ -129,7 +143,9 @@ def circuit_figure(
     midpoint labelled q/k/v. A score (EAP, EAP-IG, exact: the metric with the edge corrupted
     minus the clean run's) is below 0 for an edge whose corruption lowers the metric, one that
     carries the clean answer: drawn blue, red for one that works against it
-    (``SUPPORT_LEGEND``). Clickable markers carry
+    (``support_legend(metric)``, in the title, and a colour bar of the support beside the
+    graph, so that the sign read off the figure is the one its legend explains). Clickable
+    markers carry
     ``customdata``: nodes ``["node", name]``, edge midpoints ``["edge", source, target,
     input]``. ``output``: what the graph's ``logits`` node is called on the figure (an
     encoder's is the last hidden state the sentence embedding pools); its customdata keeps the
@@ -209,6 +225,24 @@ def circuit_figure(
             showlegend=False,
         )
     )
+    fig.add_trace(  # the colour bar: the support each colour stands for
+        go.Scatter(
+            x=[None],
+            y=[None],
+            mode="markers",
+            marker={
+                "color": [0.0],
+                "colorscale": SIGNED_COLORSCALE,
+                "cmin": -bound,
+                "cmax": bound,
+                "showscale": True,
+                "colorbar": {"title": {"text": "support<br>(-score)"}},
+            },
+            hoverinfo="skip",
+            showlegend=False,
+            name="support",
+        )
+    )
     levels = [0, *range(1, 2 * layers + 2)]
     names = ["input", *(f"L{i // 2} {'heads' if i % 2 == 0 else 'MLP'}" for i in range(2 * layers))]
     fig.update_layout(
@@ -221,7 +255,7 @@ def circuit_figure(
             "zeroline": False,
         },
     )
-    shown = title or f"Circuit: the top {len(edges)} edges ({SUPPORT_LEGEND})"
+    shown = title or f"Circuit: the top {len(edges)} edges ({support_legend(metric)})"
     return apply_layout(fig, shown, height=_height(layers))
 
 

@@ -85,7 +85,7 @@ COLORSCALE = "Blues"  # every attention weight, on every page, 0 (white) to 1 (d
 SIGNED_COLORSCALE = "RdBu"  # signed values (vectors, scores): blue above 0, red below
 MAX_TICKS = 64  # beyond this, tick labels are thinned (hover still names every cell)
 TICK_PX = 16  # the least room a token tick label gets (px): closer ones are thinned
-MIN_HEIGHT = 360  # the least height of a figure given one (px): 2-layer maps were 60 px tall
+MIN_HEIGHT = 360  # the least height of a figure given one (px): a 2-layer map needs room
 TITLE_WIDTH = 56  # characters of a title's line: longer titles wrap (plotly cuts, not wraps)
 COLUMN_TITLE_WIDTH = 18  # the same for a figure drawn in a third or a quarter of the page
 PAGE_PX = 880  # the width a figure spanning the page's main column is drawn at (px), about
@@ -182,7 +182,7 @@ def apply_layout(
 _GLYPH = 0.62
 #: plotly draws a title of several lines anchored at its top about this many font sizes
 #: higher than one of a single line (measured in Chromium: 0.7 em above, plus the line's
-#: cap height): without room for it the first line was cut at the figure's top edge
+#: cap height): without room for it the first line is cut at the figure's top edge
 _MULTILINE_TITLE_RISE = 1.0
 
 

@@ -36,7 +36,7 @@ GRID_THUMB = 24  # largest side of a head's thumbnail in the grid, in cells
 
 
 #: what the views of a result draw, and its top of scale: the weights (0 to 1) or, for
-#: ``mhsa.norms_as_attention``'s results, weights times value norms (scaled to their maximum)
+#: ``mhsa.engine.norms_as_attention``'s results, weights times value norms (scaled to their maximum)
 WEIGHTS, WEIGHTED_BY_NORM = ("weight", 1.0), ("weight × value norm", None)
 
 

@@ -10,9 +10,9 @@ import plotly.graph_objects as go
 
 from mhsa.engine.result import AttentionResult
 from mhsa.plots.common import apply_layout, label
+from mhsa.plots.palette import head_style
 
 __all__ = [
-    "HEAD_COLORS",
     "LINE_BINS",
     "LINE_BUDGET",
     "LINE_DENSE",
@@ -22,12 +22,6 @@ __all__ = [
     "line_view",
 ]
 
-#: distinct colours for heads (line view), cycled beyond 24 heads
-HEAD_COLORS = (
-    "#1f77b4 #ff7f0e #2ca02c #d62728 #9467bd #8c564b #e377c2 #7f7f7f #bcbd22 #17becf "
-    "#393b79 #e6550d #31a354 #843c39 #756bb1 #637939 #d6616b #3182bd #8c6d31 #ce6dbd "
-    "#636363 #9c9ede #fd8d3c #74c476"
-).split()
 LINE_BINS = 5  # opacity levels: a line's opacity is its weight, rounded up to 1/LINE_BINS
 LINE_MIN_WEIGHT = 0.01  # lines below this weight are not drawn (invisible anyway)
 LINE_DENSE = 40  # beyond this many tokens, each token keeps only its strongest lines
@@ -158,13 +152,13 @@ def _head_lines(
     q, k = pairs
     yq, yk = y
     levels = np.clip(np.ceil(weights[q, k] * LINE_BINS), 1, LINE_BINS).astype(int)
-    color = HEAD_COLORS[head % len(HEAD_COLORS)]
+    color, dash = head_style(head)
     traces = [
         go.Scatter(
             x=[None],
             y=[None],
             mode="lines",
-            line={"color": _rgba(color, 1.0), "width": 3},
+            line={"color": _rgba(color, 1.0), "width": 3, "dash": dash},
             name=f"head {head}",
             legendgroup=f"H{head}",
             hoverinfo="skip",
@@ -185,6 +179,7 @@ def _head_lines(
                 line={
                     "color": _rgba(color, level / LINE_BINS),
                     "width": 1 if dense else 2,
+                    "dash": dash,
                 },
                 hoverinfo="skip",
                 name=f"head {head}",

@@ -1,16 +1,16 @@
 """Notebook views of an ``AttentionResult``: one self-contained piece of HTML.
 
-Every head as a small map in a grid (a row per layer); click one, or pick its layer and head,
-to enlarge it; hover a token to see where it attends in that head (CircuitsVis's interaction,
-which its newest ``attention_heads`` lost: circuitsvis issue 98), or a cell of the enlarged map
-to read its weight. ``view="line"`` draws the chosen head as BertViz's lines from each query to
-the keys instead of a map. ``view="neuron"`` is BertViz's neuron view (Vig 2019, "A Multiscale
-Visualization of Attention in the Transformer Model", §3.3): for the chosen head and the query
-token under the pointer, the query vector q, each key vector k_j, their elementwise product
-q * k_j, the scaled dot product q . k_j * scale (``1 / sqrt(d_head)``) and the weight, signed
-values blue (> 0) and red (< 0) around white (or the dark background) at 0; keys a causal mask
-hides are shown as masked. It needs the vectors: ``attend(..., qk=True)`` (embedded as
-float32, so that the scores shown are the model's).
+Every head as a small map in a grid (a row per layer); click one, or pick its layer and head, to
+enlarge it; hover a token to see where it attends in that head (CircuitsVis's interaction, which
+its newest ``attention_heads`` lacks: TransformerLensOrg/CircuitsVis#98), or a cell of the
+enlarged map to read its weight. ``view="line"`` draws the chosen head as BertViz's lines from
+each query to the keys instead of a map. ``view="neuron"`` is BertViz's neuron view (Vig 2019,
+"A Multiscale Visualization of Attention in the Transformer Model", §3.3): for the chosen head
+and the query token under the pointer, the query vector q, each key vector k_j, their
+elementwise product q * k_j, the scaled dot product q . k_j * scale (``1 / sqrt(d_head)``) and
+the weight, signed values blue (> 0) and red (< 0) around white (or the dark background) at 0;
+keys a causal mask hides are shown as masked. It needs the vectors: ``attend(..., qk=True)``
+(embedded as float32, so that the scores shown are the model's).
 
 Nothing is requested from the network: the script and the styles are inline, the weights
 embedded once as base64 16-bit integers (within 1/65535 of the float32 weights), tokens set as

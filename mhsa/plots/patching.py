@@ -89,14 +89,15 @@ def agreement_title(agreement: PatchingAgreement) -> str:
     k, found = len(agreement.heads), agreement.found
     if k == 0:
         return "no head has an exact effect"
+    opposite = f"; opposite signs: {', '.join(agreement.opposite)}" if agreement.opposite else ""
     if k == 1:
         first = "ranks first by both" if found else "is not attribution's first"
-        return f"the head that matters, {agreement.heads[0]}, {first}"
-    return f"{found} of the top {k} heads ranked alike"
+        return f"the head that matters, {agreement.heads[0]}, {first}{opposite}"
+    return f"{found} of the top {k} heads ranked alike, with the same sign{opposite}"
 
 
 def patching_positions_figure(frame: pd.DataFrame) -> go.Figure:
-    """``mhsa.patch_positions``'s table as heads x positions, the clean tokens on the x axis
+    """``mhsa.causal.patch_positions``'s table as heads x positions, the clean tokens on the x axis
     (``clean → corrupted`` where the two texts differ)."""
     grid = frame.pivot(index="head", columns="position", values="effect")
     tokens = frame.drop_duplicates("position").sort_values("position")

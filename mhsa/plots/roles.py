@@ -110,8 +110,8 @@ def sink_map(
     threshold: float,
 ) -> go.Figure:
     """Heads x key positions: the mean attention each key receives from the queries that can
-    attend it (``received``, ``[heads, n]``, ``mhsa.attention_sinks``; NaN, left blank, where
-    too few can), a cross on every position where a head sinks (above ``threshold``)."""
+    attend it (``received``, ``[heads, n]``, ``mhsa.analysis.attention_sinks``; NaN, left blank,
+    where too few can), a cross on every position where a head sinks (above ``threshold``)."""
     fig = matrix_heatmap(
         received,
         heads,
@@ -142,8 +142,8 @@ def sink_map(
 
 def composition_figure(scores: pd.DataFrame, kind: str, *, columns: int = 1) -> go.Figure:
     """One kind of composition (Q, K or V) between every head (rows: the earlier head, which
-    writes) and every head (columns: the one that reads), as ``mhsa.head_composition`` gives
-    it: 0 where the reading head is not in a later layer; ``columns``: figures sharing the
+    writes) and every head (columns: the one that reads), as ``mhsa.analysis.head_composition``
+    gives it: 0 where the reading head is not in a later layer; ``columns``: figures sharing the
     page's width (``matrix_heatmap``)."""
     return matrix_heatmap(
         scores.to_numpy(dtype=np.float32),

@@ -9,6 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from mhsa.plots.common import PAGE_PX, apply_layout, boxes_overlap, matrix_heatmap, text_box
+from mhsa.plots.palette import LAYER_COLORSCALE
 from mhsa.plots.sizing import PRESENTATION_FONT
 
 __all__ = [
@@ -101,7 +102,7 @@ def head_map_figure(
             marker={
                 "size": 11,
                 "color": colour.to_numpy(),
-                "colorscale": "Turbo",
+                "colorscale": LAYER_COLORSCALE,
                 "showscale": True,
                 "colorbar": {"title": {"text": "layer" if color is None else "cluster"}},
             },

@@ -21,7 +21,7 @@ from plotly.subplots import make_subplots
 
 from mhsa.heads import head_label
 from mhsa.plots.common import COLORSCALE, label
-from mhsa.plots.line_view import HEAD_COLORS
+from mhsa.plots.palette import head_style
 
 __all__ = [
     "head_scores_figure",
@@ -268,7 +268,7 @@ def head_scores_figure(
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[SCORES[c] for c in panels])
     traces = []
     for i, (name, rows) in enumerate(scores.groupby("label", sort=False)):
-        color = HEAD_COLORS[i % len(HEAD_COLORS)]
+        color, dash = head_style(i)
         for col, column in enumerate(panels, start=1):
             axes = "" if col == 1 else str(col)
             traces.append(
@@ -281,7 +281,7 @@ def head_scores_figure(
                     name=name,
                     legendgroup=name,
                     showlegend=col == 1,
-                    line={"color": color},
+                    line={"color": color, "dash": dash},
                     hovertemplate=f"{name} step %{{x}}<br>{SCORES[column]} "
                     "%{y:.3f}<extra></extra>",
                 )

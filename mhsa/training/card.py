@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mhsa.training.families import model_family
+from mhsa.training.results import phase_change
 from mhsa.training.tasks import SYMBOLS, task_examples, task_spec
 
 if TYPE_CHECKING:
@@ -132,10 +133,12 @@ def _card_results(result: TrainResult) -> list[str]:
             f"- best induction score above layer 0: {ind:.2f} (mean attention from each "
             "repeated position to the token after the earlier occurrence of its token)",
         ]
-    if result.phase_change_step is not None:
+    change = phase_change(result.snapshots)
+    if change is not None:
         lines.append(
-            f"- phase change: the induction score on the probe first reached 0.5 at step "
-            f"{result.phase_change_step}"
+            f"- phase change (Olsson et al. 2022): the held-out accuracy rose fastest from "
+            f"step {change.step} to {change.end} ({change.before:.2f} to {change.after:.2f}), "
+            f"as an induction head formed (its score on the probe: {change.score:.2f})"
         )
     return lines
 

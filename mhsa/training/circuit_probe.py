@@ -1,4 +1,4 @@
-"""The induction circuit forming during training (issue 40.6): at each snapshot, every head's
+"""The induction circuit forming during training: at each snapshot, every head's
 K-composition edge into every later head's key (``mhsa.circuits``, edge attribution patching)
 on a fixed probe pair, so a class can watch the previous-token head's edge into the induction
 head appear.

@@ -183,7 +183,7 @@ class Probe:
         self.source_tokens = None if decoder is None else to_tokens(self.batch.ids[0].tolist())
         self.eval_batch = sample(spec, np.random.default_rng([config.seed, 1]), 128)
         self.device = device
-        # the induction task's fixed pair for its circuit's K-composition edges (issue 40.6)
+        # the induction task's fixed pair for its circuit's K-composition edges
         self.edge_probe = None
         if spec.name == "induction" and decoder is None:
             symbols = [VOCAB[s] for s in SYMBOLS]
@@ -218,7 +218,7 @@ class Probe:
         )
 
     def _k_edges(self, model: Any, ours: tuple[list[OurBlock], OurPass]) -> np.ndarray | None:
-        """The induction task's K-composition edge scores on its probe pair (issue 40.6)."""
+        """The induction task's K-composition edge scores on its probe pair."""
         if self.edge_probe is None:
             return None
         try:

@@ -4,6 +4,7 @@ held-out evaluation of a model (``Evaluation``)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,11 +21,13 @@ if TYPE_CHECKING:
 __all__ = [
     "PHASE_CHANGE_SCORE",
     "Evaluation",
+    "PhaseChange",
     "TrainResult",
     "TrainSnapshot",
     "best_anti_diagonal",
     "best_scores",
     "history",
+    "phase_change",
     "phase_change_step",
 ]
 
@@ -90,8 +93,9 @@ class TrainResult:
             (an encoder-decoder task: ``anti_diagonal``, the best cross-attention head, then
             ``anti_diagonal L0H0``... per head, in place of both).
         snapshots: every snapshot, in order.
-        phase_change_step: the first snapshot step where some head above layer 0 reached an
-            induction score of ``PHASE_CHANGE_SCORE`` on the probe (None: never).
+        phase_change_step: the step where the phase change starts (``phase_change``: the
+            steepest rise of the accuracy, once a head above layer 0 reached an induction
+            score of ``PHASE_CHANGE_SCORE`` on the probe; None: never).
         accuracy: final next-token accuracy on held-out sequences (``evaluate``), through the
             model's own attention after the write-back.
         seconds: training time, from building the model to writing the weights back.
@@ -180,9 +184,54 @@ def history(snapshots: Sequence[TrainSnapshot]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+@dataclass(frozen=True)
+class PhaseChange:
+    """The induction phase change of a run (Olsson et al. 2022, "In-context Learning and
+    Induction Heads", §3: in a narrow window of training the model's in-context learning jumps
+    while its induction heads form).
+
+    Attributes:
+        step: the snapshot where the steepest rise of the held-out accuracy on the scored
+            (repeated) positions starts: the start of the jump.
+        end: the next snapshot, where that steepest interval ends.
+        before: the accuracy at ``step``.
+        after: the accuracy at ``end``.
+        score: the best induction score above layer 0 at the last snapshot seen, at least
+            ``PHASE_CHANGE_SCORE`` (the head that formed).
+    """
+
+    step: int
+    end: int
+    before: float
+    after: float
+    score: float
+
+
+def phase_change(snapshots: Sequence[TrainSnapshot]) -> PhaseChange | None:
+    """The phase change among ``snapshots`` (see ``PhaseChange``): the interval between two
+    snapshots where the accuracy rises fastest per step, once a head above layer 0 has reached
+    ``PHASE_CHANGE_SCORE`` on the probe (before that, or for a cross-attention task: None).
+
+    The accuracy marks it, not the induction score: the score on the probe lags the accuracy's
+    jump (a run's score first passes 0.5 when the accuracy is already above 0.9), so the step
+    where the score crosses a threshold marks the jump's end."""
+    own = [s for s in snapshots if s.anti_diagonal_scores is None]
+    if len(own) < 2 or best_scores(own[-1].scores)[1] < PHASE_CHANGE_SCORE:
+        return None
+    slopes = [
+        (b.accuracy - a.accuracy) / max(b.step - a.step, 1) for a, b in itertools.pairwise(own)
+    ]
+    i = int(np.argmax(slopes))
+    return PhaseChange(
+        own[i].step,
+        own[i + 1].step,
+        own[i].accuracy,
+        own[i + 1].accuracy,
+        best_scores(own[-1].scores)[1],
+    )
+
+
 def phase_change_step(snapshots: Sequence[TrainSnapshot]) -> int | None:
-    """The first snapshot step where a head above layer 0 reached ``PHASE_CHANGE_SCORE``."""
-    for s in snapshots:
-        if s.anti_diagonal_scores is None and best_scores(s.scores)[1] >= PHASE_CHANGE_SCORE:
-            return s.step
-    return None
+    """The step where the phase change starts (``phase_change``), or None."""
+    change = phase_change(snapshots)
+    return None if change is None else change.step

@@ -26,7 +26,7 @@ def _tables(at) -> list[pd.DataFrame]:
 
 
 def test_the_page_shows_the_libraries_top_pairs_and_the_example_around_them(app_atlas) -> None:
-    atlas = mhsa.open_atlas(app_atlas)
+    atlas = mhsa.atlas.open_atlas(app_atlas)
     at = run(PAGE, atlas_head="L2H5")
     assert not at.exception, at.exception
     assert at.selectbox(key="atlas").value == "minilm-brown"
@@ -54,7 +54,7 @@ def test_the_page_shows_the_libraries_top_pairs_and_the_example_around_them(app_
 
 
 def test_a_link_carries_the_search_and_the_ranking(app_atlas) -> None:
-    atlas = mhsa.open_atlas(app_atlas)
+    atlas = mhsa.atlas.open_atlas(app_atlas)
     at = run(PAGE, atlas_head="L4H2", atlas_by="weight", atlas_query="the")
     assert not at.exception
     tables = _tables(at)
@@ -88,7 +88,7 @@ def test_without_atlases_the_page_offers_a_build_through_the_heavy_queue(
         assert not at.get("plotly_chart")
         at.button(key="atlas-build").click().run(timeout=300)
         assert not at.exception, at.exception
-        built = mhsa.open_atlas(tmp_path / "none" / "toy-induction")
+        built = mhsa.atlas.open_atlas(tmp_path / "none" / "toy-induction")
         assert built.model == "toy:induction" and built.manifest["plan"]["texts"] == 2000
         assert at.selectbox(key="atlas").value == "toy-induction"
         assert len(at.get("plotly_chart")) == 4
@@ -100,7 +100,7 @@ def test_an_example_opens_in_heads_and_heads_opens_its_head_in_the_atlas(app_atl
     """The buttons leave what the next page applies (``page.open_text_head``,
     ``page.open_in_atlas``; a page run alone has no navigation to switch with: the switch
     itself is the browser tests'), and the page opened applies it."""
-    atlas = mhsa.open_atlas(app_atlas)
+    atlas = mhsa.atlas.open_atlas(app_atlas)
     at = run(PAGE, atlas_head="L3H7")
     first = atlas.top("L3H7", k=20, by="norm").iloc[0]
     at.button(key="atlas-open").click().run()
@@ -125,7 +125,7 @@ def test_an_encoder_decoder_atlas_shows_its_decoder_heads_on_their_own_tokens(
     monkeypatch.setenv("MHSA_ALLOWED_MODELS", tiny_bart_path)
     monkeypatch.setenv("MHSA_ATLAS_DIR", str(tmp_path))
     lines = (ROOT / "data" / "sentences.txt").read_text().splitlines()[:6]
-    atlas = mhsa.build_atlas(lines, tmp_path / "bart", model=tiny_bart_path, progress=False)
+    atlas = mhsa.atlas.build_atlas(lines, tmp_path / "bart", model=tiny_bart_path, progress=False)
     views._listing.clear()
     try:
         at = run(PAGE, model=tiny_bart_path, atlas="bart", atlas_head="D1H2", kind="decoder")

@@ -70,7 +70,7 @@ def test_minilm_example_draws_the_librarys_top_edges_for_the_embedding_target(mi
     assert at.session_state["model"] == "default"
     assert at.radio(key="circuit_target").value == "embedding"
     assert "answer" not in {t.key for t in at.text_input}  # no logit difference on an encoder
-    scores = mhsa.edge_attribution(
+    scores = mhsa.circuits.edge_attribution(
         MINILM["clean"], MINILM["corrupted"], model=minilm, method="eap-ig", steps=5
     )
     shown = charts(at)
@@ -78,7 +78,7 @@ def test_minilm_example_draws_the_librarys_top_edges_for_the_embedding_target(mi
     mids = next(d for d in graph["data"] if d.get("name") == "edges")
     drawn = {tuple(c[1:]) for c in mids["customdata"]}
     assert graph["layout"]["yaxis"]["ticktext"][-1] == "last hidden state"  # no logits here
-    top = mhsa.top_edges(scores, 20)
+    top = mhsa.circuits.top_edges(scores, 20)
     assert drawn == set(top[["source", "target", "input"]].itertuples(index=False, name=None))
     caption = next(t for t in (rendered(c.value)[0] for c in at.caption) if "Metric:" in t)
     assert "cosine similarity of the run's sentence embedding to the clean run's" in caption
@@ -95,7 +95,7 @@ def test_minilm_example_draws_the_librarys_top_edges_for_the_embedding_target(mi
     at.session_state["_circuit_edge"] = edge
     at.run()
     assert not at.exception and not at.error
-    patched = mhsa.path_patch(MINILM["clean"], MINILM["corrupted"], *edge, model=minilm)
+    patched = mhsa.circuits.path_patch(MINILM["clean"], MINILM["corrupted"], *edge, model=minilm)
     message = next(rendered(s.value)[0] for s in at.success)
     assert f"an exact score of {patched.score:.4g}" in message
 
@@ -117,14 +117,16 @@ def test_toy_example_draws_the_librarys_top_edges_and_curve() -> None:
     at.button[0].click().run()  # the toy induction example
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
     assert at.session_state["model"] == "toy:induction"
-    scores = mhsa.edge_attribution(TOY["clean"], TOY["corrupted"], method="eap-ig", **KW)
-    top = mhsa.top_edges(scores, 20)
+    scores = mhsa.circuits.edge_attribution(TOY["clean"], TOY["corrupted"], method="eap-ig", **KW)
+    top = mhsa.circuits.top_edges(scores, 20)
     shown = charts(at)
     graph = next(s for t, s in shown.items() if t.startswith("Circuit: the top 20 edges"))
     mids = next(d for d in graph["data"] if d.get("name") == "edges")
     drawn = {tuple(c[1:]) for c in mids["customdata"]}
     assert drawn == set(top[["source", "target", "input"]].itertuples(index=False, name=None))
-    curve = mhsa.faithfulness_curve(TOY["clean"], TOY["corrupted"], scores, extra=(20,), **KW)
+    curve = mhsa.circuits.faithfulness_curve(
+        TOY["clean"], TOY["corrupted"], scores, extra=(20,), **KW
+    )
     plotted = next(s for t, s in shown.items() if t.startswith("Faithfulness of the top-n"))
     line = next(d for d in plotted["data"] if d.get("name") == "MIB sizes")
     mib = curve.points[curve.points["mib"]]["faithfulness"]
@@ -142,7 +144,7 @@ def test_a_clicked_edge_is_path_patched_as_the_library_does() -> None:
     at.session_state["_circuit_edge"] = ("L0H3", "L1H3", "k")  # what a click leaves
     at.run()
     assert not at.exception and not at.error
-    patched = mhsa.path_patch(TOY["clean"], TOY["corrupted"], "L0H3", "L1H3", "k", **KW)
+    patched = mhsa.circuits.path_patch(TOY["clean"], TOY["corrupted"], "L0H3", "L1H3", "k", **KW)
     message = next(rendered(s.value)[0] for s in at.success)
     assert f"an exact score of {patched.score:.4g}" in message
     assert "L0H3 → L1H3 (k)" in message
@@ -200,3 +202,15 @@ def test_hostile_texts_on_both_sides_are_refused_or_shown_literally(
     at = toy(clean=text, corrupted=text)
     assert_same_texts_refused(at, expected, ("same metric", "tokens long"))
     assert not charts(at)
+
+
+def test_a_toy_model_opens_on_its_own_pair() -> None:
+    """On toy:induction the page's English defaults were [UNK]s: it opens on the toy's own
+    example pair, every token known."""
+    from mhsa.examples import unknown_tokens
+
+    at = run(model="toy:induction")
+    assert not at.exception
+    for key in ("clean", "corrupted"):
+        text = at.text_area(key=key).value
+        assert unknown_tokens(text, model="toy:induction").unknown == 0, text

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.app.test_pages import PAGES, ROOT, run
-from tests.hostile import markup_tags, rendered
+from tests.hostile import markup_tags, notice_lines, rendered
 from ui import lessons
 from ui.state import GLOBAL_PARAMS, md_escape
 
@@ -187,7 +187,7 @@ def test_another_pages_key_is_ignored_and_a_key_no_page_reads_is_named() -> None
     # its value never shown, its name literally
     at = run("pages/1_Heads.py", **{"<b>x</b>": "1", "bogus": "<b>x</b>"})
     assert not at.exception
-    notices = [rendered(w.value)[0].strip() for w in at.warning]
+    notices = notice_lines(at)
     assert "Link parameter '<b>x</b>' ignored: this page has no setting of that name." in notices
     assert "Link parameter 'bogus' ignored: this page has no setting of that name." in notices
     assert not rendered_tags(at) & FORBIDDEN
@@ -242,3 +242,20 @@ def test_typed_rows_from_a_link_are_shown_literally(rows: str) -> None:
     assert at.error and not rendered_tags(at) & FORBIDDEN
     assert all(markup_tags(e.value) == [] for e in at.error)
     assert at.text_area(key="rule_rows").value == rows
+
+
+def test_the_notices_of_a_hostile_link_gather_in_one_box() -> None:
+    """Five values refused: one warning counts them and a collapsed box lists each (one box a
+    value stacked a dozen warnings over the figure); three or fewer share one box."""
+    bad = {"layer": "x", "head": "y", "values": "z", "<b>k</b>": "1", "bogus": "2"}
+    at = run("pages/1_Heads.py", **bad)
+    assert not at.exception
+    boxes = [rendered(w.value)[0] for w in at.warning]
+    assert sum("values of the link or the settings fell back" in b for b in boxes) == 1
+    listed = notice_lines(at)
+    for key in ("layer='x'", "head='y'", "values='z'", "'<b>k</b>'", "'bogus'"):
+        assert any(key in line for line in listed), (key, listed)
+    few = run("pages/1_Heads.py", layer="x", head="y")
+    notices = [w for w in few.warning if "ignored" in rendered(w.value)[0]]
+    assert len(notices) == 1 and len(rendered(notices[0].value)[0].splitlines()) == 2
+    assert not rendered_tags(at) & FORBIDDEN

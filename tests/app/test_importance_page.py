@@ -64,7 +64,7 @@ def test_importance_map_shows_the_librarys_values(method, target, items, tiny_be
     at = run("pages/7_Head_importance.py", **link)
     assert not at.exception and not at.error, [e.value for e in at.error]
     model = mhsa.load_model(tiny_bert, device="cpu")
-    expected = mhsa.head_importance(items, model=model, method=method, target=target)
+    expected = mhsa.causal.head_importance(items, model=model, method=method, target=target)
     grid = importance_grid(at)
     np.testing.assert_allclose(grid, expected["importance"].to_numpy().reshape(2, 4), rtol=1e-5)
     titles = list(charts(at))
@@ -99,7 +99,7 @@ def test_lm_loss_of_a_decoder_with_its_head(method, tiny_gpt2_path, monkeypatch)
     at = run("pages/7_Head_importance.py", model=tiny_gpt2_path, method=method, target="lm-loss")
     assert not at.exception and not at.error, [e.value for e in at.error]
     lm = mhsa.load_model(tiny_gpt2_path, device="cpu")
-    expected = mhsa.head_importance([CAT], model=lm, method=method, target="lm-loss")
+    expected = mhsa.causal.head_importance([CAT], model=lm, method=method, target="lm-loss")
     np.testing.assert_allclose(
         importance_grid(at), expected["importance"].to_numpy().reshape(2, 4), rtol=1e-4, atol=1e-7
     )

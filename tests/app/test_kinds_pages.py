@@ -170,7 +170,7 @@ def test_rollout_says_it_is_the_encoders(bart: str) -> None:
 def test_the_generated_target_is_the_decoders_own_ids(bart: str) -> None:
     at = run("pages/1_Heads.py", model=bart, kind="cross", generate="2")
     assert not at.exception and not at.error
-    generation = mhsa.generate_ids(TEXT, model=bart, device="cpu", max_new_tokens=2)
+    generation = mhsa.engine.generate_ids(TEXT, model=bart, device="cpu", max_new_tokens=2)
     spec = _titled(at, "Layer 0, head 0")
     rows = ticktext(spec, "yaxis")
     assert rows[0] == "[PAD]"  # the decoder start token the fixture's config names
@@ -235,7 +235,7 @@ def test_knocking_out_a_cross_head_matches_ablate(bart: str) -> None:
 def test_knock_outs_of_the_generated_target_and_of_other_kinds(bart: str) -> None:
     at = run("pages/1_Heads.py", model=bart, kind="decoder", generate="2", off="E1H0,D1H3")
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
-    generation = mhsa.generate_ids(TEXT, model=bart, device="cpu", max_new_tokens=2)
+    generation = mhsa.engine.generate_ids(TEXT, model=bart, device="cpu", max_new_tokens=2)
     expected = mhsa.ablate(generation, ["E1H0", "D1H3"], model=bart)
     assert _metrics(at)["Output change"] == pytest.approx(expected.change, rel=1e-3)
     off = at.multiselect(key="off")
@@ -263,7 +263,7 @@ def test_importance_of_an_encoder_decoder_names_each_attentions_heads(
 ) -> None:
     at = _open("pages/7_Head_importance.py", bart, kind="cross", method=method)
     pair = [(TEXT, TARGET)]  # the decoder's loss of the sidebar's target given the sentence
-    expected = mhsa.head_importance(pair, model=bart, method=method)
+    expected = mhsa.causal.head_importance(pair, model=bart, method=method)
     assert expected.attrs["target"] == "lm-loss"
     grid = _titled(at, "Importance of each head")
     rows = ["E0", "E1", "D0", "D1", "C0", "C1"]
@@ -271,7 +271,7 @@ def test_importance_of_an_encoder_decoder_names_each_attentions_heads(
     np.testing.assert_allclose(
         _z(grid), expected["importance"].to_numpy().reshape(6, 4), rtol=1e-4, atol=1e-7
     )
-    curve = mhsa.pruning_curve(pair, model=bart, importance=expected)
+    curve = mhsa.causal.pruning_curve(pair, model=bart, importance=expected)
     shown = _titled(at, "Pruning curve")
     for trace, (_, rows_of_order) in zip(
         shown["data"], curve.groupby("order", sort=False), strict=True

@@ -68,7 +68,7 @@ def test_overview_shows_tokens_facts_and_agreement() -> None:
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["layers"] == "6" and metrics["heads"] == "12"
     assert metrics["d_model"] == "384" and metrics["d_head"] == "32"
-    assert metrics["device"] == str(mhsa.pick_device("auto"))  # cpu here, cuda on a GPU box
+    assert metrics["device"] == str(mhsa.engine.pick_device("auto"))  # cpu here, cuda on a GPU box
     assert metrics["model's own forward (check)"].endswith("ms")
     tokens = at.dataframe[0].value
     assert list(tokens.loc["token"]) == CAT_TOKENS
@@ -367,7 +367,7 @@ def test_statistics_page_by_value_norm_normalises_rows_first() -> None:
     assert not at.exception and not at.error
     table = at.dataframe[0].value
     result = mhsa.attend("The cat sat on the mat.", norms=True)
-    rows = mhsa.norms_as_attention(result, rows_sum_to_one=True)
+    rows = mhsa.engine.norms_as_attention(result, rows_sum_to_one=True)
     want = mhsa.head_stats([rows])
     assert table["entropy"].to_numpy() == pytest.approx(want["entropy"].to_numpy(), rel=1e-5)
     weights = mhsa.head_stats([result])["entropy"].to_numpy()

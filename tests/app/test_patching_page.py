@@ -50,8 +50,10 @@ def test_default_model_shows_exact_and_attribution_beside_each_other(minilm) -> 
     shown = maps(at)
     assert set(shown) == {"exact", "attribution"}
     assert not [b for b in at.button if b.label == "Cancel"]  # done: its Cancel button cleared
-    exact = mhsa.patch_heads("The cat sat on the mat.", "The dog sat on the mat.", model=minilm)
-    attribution = mhsa.attribution_patching(
+    exact = mhsa.causal.patch_heads(
+        "The cat sat on the mat.", "The dog sat on the mat.", model=minilm
+    )
+    attribution = mhsa.causal.attribution_patching(
         "The cat sat on the mat.", "The dog sat on the mat.", model=minilm
     )
     np.testing.assert_allclose(shown["exact"], exact["effect"].to_numpy().reshape(6, 12), atol=1e-5)
@@ -72,16 +74,22 @@ def test_default_model_shows_exact_and_attribution_beside_each_other(minilm) -> 
     size = exact["effect"].abs()
     top = [h for h in size.sort_values(ascending=False).index if size[h] >= 0.1 * size.max()][:5]
     theirs = set(attribution["effect"].abs().sort_values(ascending=False).index[: len(top)])
-    found = sum(h in theirs for h in top)
-    lead = f"attribution ranks {found} among its own top {len(top)}: {top[0]} "
+    same = {h for h in top if exact.at[h, "effect"] * attribution.at[h, "effect"] > 0}
+    found = sum(h in theirs and h in same for h in top)
+    opposite = [h for h in top if exact.at[h, "effect"] * attribution.at[h, "effect"] < 0]
+    lead = f"attribution ranks {found} among its own top {len(top)} with the same sign: {top[0]} "
     assert any(lead in rendered(c.value)[0] for c in at.caption)
     title = next(t for t in charts(at) if t.startswith("Exact against attribution"))
     if len(top) == 1:  # MiniLM: only L5H11's effect is 10% of the largest or more
         first = "ranks first by both" if found else "is not attribution's first"
-        assert title == f"Exact against attribution: the head that matters, {top[0]}, {first}"
+        signs = f"; opposite signs: {', '.join(opposite)}" if opposite else ""
+        assert title == (
+            f"Exact against attribution: the head that matters, {top[0]}, {first}{signs}"
+        )
     else:
-        ranked = f"{found} of the top {len(top)} heads ranked alike"
-        assert title == f"Exact against attribution: {ranked}"
+        ranked = f"{found} of the top {len(top)} heads ranked alike, with the same sign"
+        signs = f"; opposite signs: {', '.join(opposite)}" if opposite else ""
+        assert title == f"Exact against attribution: {ranked}{signs}"
     # the per-position view opens on the layer of the largest exact effect (MiniLM: not 0)
     strongest = int(exact["layer"][exact["effect"].abs().idxmax()])
     assert strongest != 0 and at.number_input(key="patch_layer").value == strongest
@@ -104,7 +112,9 @@ def test_toy_example_patches_a_broken_repeat_and_the_link_carries_it() -> None:
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
     assert at.session_state["model"] == "toy:induction"
     clean, corrupted = "ba ke mo di fu lo ba ke mo di", "ba ke mo ra fu lo ba ke mo di"
-    library = mhsa.patch_heads(clean, corrupted, model="toy:induction", answer="fu", wrong="lo")
+    library = mhsa.causal.patch_heads(
+        clean, corrupted, model="toy:induction", answer="fu", wrong="lo"
+    )
     shown = maps(at)
     np.testing.assert_allclose(
         shown["exact"], library["effect"].to_numpy().reshape(2, 4), atol=1e-5
@@ -140,7 +150,7 @@ def test_different_token_counts_are_named_literally_and_nothing_runs(corrupted: 
     at = run(corrupted=corrupted)
     assert not at.exception and not at.error
     warning = next(rendered(w.value)[0] for w in at.warning if "position by position" in w.value)
-    n = len(mhsa.get_model("default").tokenizer(corrupted)["input_ids"])
+    n = len(mhsa.engine.get_model("default").tokenizer(corrupted)["input_ids"])
     assert (
         "Clean: 9 tokens ['[CLS]', 'the', 'cat'" in warning and f"corrupted: {n} tokens" in warning
     )
@@ -195,3 +205,27 @@ def test_hostile_texts_on_both_sides_are_refused_or_shown_literally(
     the same metric on both sides (nothing to restore), said literally."""
     at = run(clean=text, corrupted=text)
     assert_same_texts_refused(at, expected, ("same metric",))
+
+
+def test_a_toy_model_opens_on_its_own_pair_and_unknown_tokens_are_counted() -> None:
+    """toy:induction read the page's English default pair as [UNK]s, silently: it now opens on
+    its own example pair (a repeat, and the repeat broken), and a text it cannot read is
+    counted under its box."""
+    from mhsa.examples import unknown_tokens
+
+    at = run(model="toy:induction")
+    assert not at.exception
+    for key in ("clean", "corrupted"):
+        text = at.text_area(key=key).value
+        assert unknown_tokens(text, model="toy:induction").unknown == 0, text
+    assert at.text_area(key="clean").value != at.text_area(key="corrupted").value
+    assert not any("unknown" in rendered(i.value)[0] for i in [*at.info, *at.warning])
+    english = run(model="toy:induction", clean="A dog ran home.")
+    said = [rendered(w.value)[0] for w in [*english.warning, *english.info]]
+    unknown = unknown_tokens("A dog ran home.", model="toy:induction")
+    assert unknown.unknown > 0
+    assert any(
+        s.startswith(f"The clean text: {unknown.unknown} of its {unknown.total} tokens are unknown")
+        for s in said
+    ), said
+    assert english.text_area(key="clean").value == "A dog ran home."  # the user's text kept

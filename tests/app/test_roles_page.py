@@ -53,7 +53,7 @@ def errors(at: AppTest) -> list[str]:
     return [rendered(e.value)[0] for e in at.error]
 
 
-def library_grid(text: str, pattern, model: mhsa.LoadedModel, **options) -> np.ndarray:
+def library_grid(text: str, pattern, model: mhsa.engine.LoadedModel, **options) -> np.ndarray:
     scores = mhsa.detect_heads([text], pattern, model=model, **options)["score"]
     layers = 1 + max(mhsa.parse_head_label(h)[0] for h in scores.index)
     return scores.to_numpy().reshape(layers, -1)
@@ -76,7 +76,7 @@ def test_page_renders_every_section_on_the_embedded_model() -> None:
     assert titles[-2].startswith("Copying score of each head's OV circuit W_V W_O")  # issue 49
     # the positional pattern through the embedding LayerNorm (a post-norm encoder's)
     assert titles[-1].startswith("L0H0: attention from position embeddings alone (LN(W_pos)")
-    sinks = mhsa.attention_sinks(mhsa.attend(CAT))
+    sinks = mhsa.analysis.attention_sinks(mhsa.attend(CAT))
     metric = next(m for m in at.metric if m.label.startswith("Heads that sink"))
     assert metric.value == f"{sinks.share:.0%}"
     note = next(c.value for c in at.caption if "sinks on a position" in c.value)
@@ -276,11 +276,11 @@ def test_a_heads_strongest_inputs_are_its_composition_scores(tiny_bert, tiny_ber
     table = at.dataframe[-1].value  # after the sinks' value norms
     assert {mhsa.parse_head_label(w)[0] for w in table.index} == {0}  # only earlier layers
     for kind in ("Q", "K", "V"):
-        scores = mhsa.head_composition(tiny_bert_model, kind)
+        scores = mhsa.analysis.head_composition(tiny_bert_model, kind)
         assert table[f"{kind}-composition"].to_numpy() == pytest.approx(
             scores.loc[table.index, "L1H2"].to_numpy(), rel=1e-6
         )
-        top = mhsa.strongest_inputs(scores, "L1H2")
+        top = mhsa.analysis.strongest_inputs(scores, "L1H2")
         assert set(top.index) <= set(table.index)
     missing = run(model=tiny_bert, role_head="L9H99")  # a head it lacks: its last, as clamp does
     assert not missing.error and missing.selectbox(key="role_head").value == "L1H3"

@@ -77,18 +77,18 @@ def test_the_trainer_computes_on_one_core_fewer_than_the_machine_has(monkeypatch
     real = training.train
 
     def recording(config, **kwargs):
-        seen.append(mhsa.cpu_threads())  # in the job's thread, as the trainer computes
+        seen.append(mhsa.engine.cpu_threads())  # in the job's thread, as the trainer computes
         return real(config, **kwargs)
 
     monkeypatch.setattr(training, "train", recording)
-    before = mhsa.cpu_threads()
+    before = mhsa.engine.cpu_threads()
     run = training.start(TrainConfig(layers=1, heads=2, width=16, steps=2, batch=4, warmup=1))
     assert run.job.wait(120) and run.state is JobState.DONE, run.job.error
     cpus = len(os.sched_getaffinity(0))
     assert seen == [max(1, min(before, cpus - 1))]
     if cpus == before == 2:  # CI's 2 cores: the browser and Streamlit keep one
         assert seen == [1]
-    assert mhsa.cpu_threads() == before  # this thread keeps every core
+    assert mhsa.engine.cpu_threads() == before  # this thread keeps every core
 
 
 def test_durations_are_said_in_minutes_and_seconds() -> None:

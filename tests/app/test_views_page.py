@@ -15,6 +15,7 @@ from streamlit.testing.v1 import AppTest
 import mhsa
 from mhsa.analysis.classroom import walkthrough
 from tests.app.test_pages import PAGES, ROOT, run, specs
+from tests.hostile import rendered
 from ui import navigation
 
 NUMERIC_MODULES = {"numpy", "torch", "scipy", "sklearn"}
@@ -73,11 +74,11 @@ def test_line_view_draws_the_lines_of_every_head() -> None:
             np.sum(~np.isnan(x)) // 2
         )
         colours.setdefault(trace["legendgroup"], set()).add(
-            tuple(trace["line"]["color"].split(",")[:3])
+            (*trace["line"]["color"].split(",")[:3], trace["line"].get("dash", "solid"))
         )
     assert drawn == {f"H{h}": int(np.count_nonzero(a[h] >= 0.01)) for h in range(12)}
-    assert all(len(c) == 1 for c in colours.values())  # one colour per head...
-    assert len(set().union(*colours.values())) == 12  # ...and a different one for each
+    assert all(len(c) == 1 for c in colours.values())  # one colour and dash per head...
+    assert len(set().union(*colours.values())) == 12  # ...and a different pair for each
 
 
 def test_line_view_of_one_token_and_chosen_heads() -> None:
@@ -97,7 +98,7 @@ def test_neuron_view_shows_the_modules_query_and_keys() -> None:
     assert not at.exception
     neuron = next(s for s in specs(at) if s["layout"]["title"]["text"].startswith("Neuron view"))
     traces = {t["meta"]: t for t in neuron["data"]}
-    lm = mhsa.get_model("default", "cpu")
+    lm = mhsa.engine.get_model("default", "cpu")
     walk = walkthrough("The cat sat on the mat.", model=lm, layer=2)
     x = torch.from_numpy(walk.step("X").value)
     models_attention = lm.model.encoder.layer[2].attention.self  # the model's, not our module
@@ -148,7 +149,7 @@ def test_several_matches_offer_a_choice() -> None:
 def test_generated_text_on_every_page(tiny_gpt2_path, monkeypatch) -> None:
     monkeypatch.setenv("MHSA_ALLOWED_MODELS", tiny_gpt2_path)
     prompt = "The cat sat"
-    full = mhsa.generate(
+    full = mhsa.engine.generate(
         prompt, model=mhsa.load_model(tiny_gpt2_path, device="cpu"), max_new_tokens=5
     )
     assert len(full) > len(prompt)
@@ -205,7 +206,7 @@ def test_the_figures_zip_holds_each_figure_as_html_and_csv() -> None:
     from mhsa import plots
     from ui import exports
 
-    cat = mhsa.attend("The cat sat on the mat.", model=mhsa.get_model("default", "cpu"))
+    cat = mhsa.attend("The cat sat on the mat.", model=mhsa.engine.get_model("default", "cpu"))
     grid, head = plots.head_grid(cat), plots.head_heatmap(cat, 2, 7)
     data = exports.figures_zip([("s-grid", grid), ("s-L2H7", head), ("s-L2H7", head)])
     archive = zipfile.ZipFile(io.BytesIO(data))
@@ -283,3 +284,17 @@ def test_the_service_imports_scikit_learn_in_the_background() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert out.stdout.split() == ["1", "True"], out.stderr[-2000:]
+
+
+def test_compare_counts_the_second_sentences_unknown_tokens() -> None:
+    """Compare's second sentence on toy:induction was seven [UNK]s, silently: now counted."""
+    from mhsa.examples import unknown_tokens
+
+    at = run("pages/6_Compare.py", model="toy:induction")
+    assert not at.exception
+    second = at.text_area(key="text2").value
+    unknown = unknown_tokens(second, model="toy:induction")
+    assert unknown.unknown > 0
+    said = [rendered(w.value)[0] for w in [*at.warning, *at.info]]
+    head = f"The second sentence: {unknown.unknown} of its {unknown.total} tokens are unknown"
+    assert any(s.startswith(head) for s in said), said

@@ -1,5 +1,6 @@
 """Issue 49 in the app through AppTest: "Why here?" under a head's heatmap (Heads) against
-``mhsa.qk_attribution``, and the weights section of Head roles against the library."""
+``mhsa.analysis.qk_attribution.qk_attribution``, and the weights section of Head roles against the
+library."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ def test_why_here_shows_the_cells_largest_terms() -> None:
     state = {"why-shown": True, "why-query": 15, "why-key": 6}
     at = run("pages/1_Heads.py", state, model="toy:induction", text=TEXT, layer="1", head="3")
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
-    terms = mhsa.qk_attribution(TEXT, "L1H3", model="toy:induction", query=15)
+    terms = mhsa.analysis.qk_attribution.qk_attribution(
+        TEXT, "L1H3", model="toy:induction", query=15
+    )
     at_key = terms[terms["key"] == 6]
     best = at_key.loc[at_key["score"].abs().idxmax()]
     spec = next(s for t, s in charts(at).items() if t.startswith("L1H3: the largest terms"))
@@ -73,7 +76,7 @@ def test_why_here_on_the_default_model_splits_the_score() -> None:
     state = {"why-shown": True, "why-query": 3, "why-key": 8}
     at = run("pages/1_Heads.py", state, text=text, layer="5", head="7")
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
-    terms = mhsa.qk_attribution(text, "L5H7", query=3)
+    terms = mhsa.analysis.qk_attribution.qk_attribution(text, "L5H7", query=3)
     assert terms.attrs["causal"] is False
     _check_clicked_split(at, terms, "L5H7", 8)
     assert at.number_input(key="why-key").max == len(terms.attrs["tokens"]) - 1
@@ -89,7 +92,7 @@ def test_why_here_on_an_encoder_decoders_decoder_head() -> None:
     link = {"model": "toy:reverse-seq2seq", "text": text, "target_text": target}
     at = run("pages/1_Heads.py", state, **link, kind="decoder", layer="1", head="2")
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
-    terms = mhsa.qk_attribution(
+    terms = mhsa.analysis.qk_attribution.qk_attribution(
         text, "D1H2", model="toy:reverse-seq2seq", text_pair=target, query=3
     )
     assert terms.attrs["causal"] is True
@@ -107,18 +110,20 @@ def test_head_roles_weights_section_is_the_librarys() -> None:
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
     spec = next(s for t, s in charts(at).items() if t.startswith("Copying score"))
     grid = decode(spec["data"][0]["z"]).astype(float)
-    want = mhsa.ov_copying_scores("toy:induction").to_numpy().reshape(2, 4)
+    want = mhsa.analysis.ov_copying_scores("toy:induction").to_numpy().reshape(2, 4)
     np.testing.assert_allclose(grid, want, atol=1e-6)
     assert (spec["data"][0]["zmin"], spec["data"][0]["zmax"]) == (-1.0, 1.0)  # centred at 0
     captions = [rendered(c.value)[0] for c in at.caption]
     assert any("rotary positions" in c for c in captions)  # no positional pattern: why
     top = next(d.value for d in at.dataframe if "outputs" in d.value.columns)
     head = at.selectbox(key="weights-head").value
-    library = mhsa.ov_top_tokens(head, "toy:induction", k=5)
+    library = mhsa.analysis.ov_top_tokens(head, "toy:induction", k=5)
     first = library[library["input"] == top["input"].iloc[0]]["output"]
     assert top["outputs"].iloc[0] == " ".join(first)
     why = next(s for t, s in charts(at).items() if t.startswith("L1H3: the largest terms"))
-    terms = mhsa.qk_attribution(TEXT, "L1H3", model="toy:induction", query=15)
+    terms = mhsa.analysis.qk_attribution.qk_attribution(
+        TEXT, "L1H3", model="toy:induction", query=15
+    )
     at_key = terms[terms["key"] == 6]
     assert abs(decode(why["data"][0]["x"])[0]) == pytest.approx(
         at_key["score"].abs().max(), rel=1e-6
@@ -135,7 +140,7 @@ def test_head_roles_on_the_default_model_splits_and_draws_positions() -> None:
     state = {"weights-head": "L1H9", "why-shown": True, "why-query": 2, "why-key": 5}
     at = run("pages/10_Head_roles.py", state, text=text)
     assert not at.exception and not at.error, [e.value for e in [*at.exception, *at.error]]
-    positions = mhsa.qk_positional_scores("default")
+    positions = mhsa.analysis.qk_positional_scores("default")
     title, spec = next(
         (t, s) for t, s in charts(at).items() if t.startswith("L1H9: attention from position")
     )
@@ -146,7 +151,7 @@ def test_head_roles_on_the_default_model_splits_and_draws_positions() -> None:
     score = positions.previous_token["L1H9"]
     assert any(f"previous-token score from positions alone: {score:.3f}" in c for c in captions)
     assert not any("Positional pattern:" in c for c in captions)  # not refused
-    terms = mhsa.qk_attribution(text, "L1H9", query=2)
+    terms = mhsa.analysis.qk_attribution.qk_attribution(text, "L1H9", query=2)
     at_key = terms[terms["key"] == 5]
     why = next(s for t, s in charts(at).items() if t.startswith("L1H9: the largest terms"))
     assert abs(decode(why["data"][0]["x"])[0]) == pytest.approx(

@@ -58,3 +58,15 @@ def test_long_button_labels_wrap_in_presentation_mode(app_url, wide) -> None:
         "b => [...b.querySelectorAll('p')].some(p => p.scrollWidth > p.clientWidth + 1)"
     )
     assert not clipped
+
+
+def test_presentation_mode_enlarges_the_data_tables(app_url, wide) -> None:
+    """Head statistics' table: a canvas grid of 14 px text without the mode; with it, an HTML
+    table whose cells are 20 px or more."""
+    wide.goto(f"{app_url}/Head_statistics?presentation=1")
+    wait_for_app(wide, plots=1)
+    cells = wide.evaluate(SIZES, "[data-testid='stTable'] td, [data-testid='stTable'] th")
+    assert cells and min(cells) >= 20, sorted(set(cells))
+    wide.goto(f"{app_url}/Head_statistics")
+    wait_for_app(wide, plots=1)
+    assert wide.evaluate(SIZES, "[data-testid='stTable'] td") == []  # the canvas grid there

@@ -43,7 +43,7 @@ SCORE_LABELS = {
 
 
 @st.cache_resource(ttl=15, show_spinner=False)
-def _listing() -> dict[str, mhsa.Atlas | mhsa.InputError]:
+def _listing() -> dict[str, mhsa.atlas.Atlas | mhsa.InputError]:
     """The atlas directory's folders, opened (looked at again every 15 s: one built by another
     server or the command line appears)."""
     return list_atlases()
@@ -51,15 +51,15 @@ def _listing() -> dict[str, mhsa.Atlas | mhsa.InputError]:
 
 def atlas_names() -> list[str]:
     """The atlases that open, by folder name."""
-    return [name for name, a in _listing().items() if isinstance(a, mhsa.Atlas)]
+    return [name for name, a in _listing().items() if isinstance(a, mhsa.atlas.Atlas)]
 
 
 def problems() -> dict[str, str]:
     """Folders of the atlas directory that do not open, with the reason (one line each)."""
-    return {name: str(a) for name, a in _listing().items() if not isinstance(a, mhsa.Atlas)}
+    return {name: str(a) for name, a in _listing().items() if not isinstance(a, mhsa.atlas.Atlas)}
 
 
-def open_named(name: str) -> mhsa.Atlas:
+def open_named(name: str) -> mhsa.atlas.Atlas:
     """The atlas ``name`` of the atlas directory, opened once per process (memory-mapped: the
     arrays are shared by every session).
 
@@ -67,7 +67,7 @@ def open_named(name: str) -> mhsa.Atlas:
         InputError: no such atlas, or it does not open.
     """
     found = _listing().get(name)
-    if not isinstance(found, mhsa.Atlas):
+    if not isinstance(found, mhsa.atlas.Atlas):
         raise mhsa.InputError(f"This server holds no atlas called {name!r}.")
     return found
 
@@ -98,7 +98,9 @@ def build(model: str, device: str, progress: Progress) -> str:
     def report(texts: int, total: int, _tokens: int) -> None:
         progress(texts, total)
 
-    mhsa.build_atlas(corpus, atlas_dir() / name, model=model, progress=report, shard_texts=100)
+    mhsa.atlas.build_atlas(
+        corpus, atlas_dir() / name, model=model, progress=report, shard_texts=100
+    )
     _listing.clear()
     return name
 
@@ -130,7 +132,7 @@ def neighbourhood(
     return sub, [tokens[i] for i in rows], [tokens[i] for i in cols]
 
 
-def scores_table(atlas: mhsa.Atlas, head: str) -> pd.DataFrame:
+def scores_table(atlas: mhsa.atlas.Atlas, head: str) -> pd.DataFrame:
     """The head's corpus-wide scores beside the median over the atlas's heads."""
     table = atlas.heads()
     return pd.DataFrame(

@@ -1,6 +1,7 @@
-"""The Circuits page's values: every edge's score (``mhsa.edge_attribution``), the faithfulness
-curve with the chosen circuit size (``mhsa.faithfulness_curve``), one edge path-patched
-(``mhsa.path_patch``) and the heads Head roles names; each kept in the shared cache."""
+"""The Circuits page's values: every edge's score (``mhsa.circuits.edge_attribution``), the
+faithfulness curve with the chosen circuit size (``mhsa.circuits.faithfulness_curve``), one edge
+path-patched (``mhsa.circuits.path_patch``) and the heads Head roles names; each kept in the shared
+cache."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ CIRCUIT_EXAMPLES: dict[str, dict[str, Any]] = {
 class CircuitSettings(NamedTuple):
     """What the Circuits page asks besides its clean text (a query's text) and the model:
     ``answer`` and ``wrong`` for causal LMs, ``target`` (and ``pair``, the second sentence of
-    "similarity") for encoders (``mhsa.PATCH_TARGETS``; "" for causal LMs)."""
+    "similarity") for encoders (``mhsa.causal.PATCH_TARGETS``; "" for causal LMs)."""
 
     corrupted: str
     answer: str
@@ -88,7 +89,7 @@ class CircuitView:
     """Every edge's score and the faithfulness curve (MIB's sizes and the chosen ``n``)."""
 
     scores: pd.DataFrame
-    curve: mhsa.FaithfulnessCurve
+    curve: mhsa.circuits.FaithfulnessCurve
     n: int
 
     @property
@@ -108,7 +109,7 @@ def circuit_problem(query: Query) -> str | None:
 
     def compute() -> str:
         try:
-            mhsa.circuit_graph(loaded_model(query.model, query.device))
+            mhsa.circuits.circuit_graph(loaded_model(query.model, query.device))
         except mhsa.UnsupportedModelError as e:
             return str(e)
         return ""
@@ -116,11 +117,11 @@ def circuit_problem(query: Query) -> str | None:
     return shared(("circuit-problem", query.model, query.device), compute) or None
 
 
-def circuit_graph(query: Query) -> mhsa.CircuitGraph:
+def circuit_graph(query: Query) -> mhsa.circuits.CircuitGraph:
     """The query's model's circuit graph (call after ``circuit_problem`` said None)."""
     return shared(
         ("circuit-graph", query.model, query.device),
-        lambda: mhsa.circuit_graph(loaded_model(query.model, query.device)),
+        lambda: mhsa.circuits.circuit_graph(loaded_model(query.model, query.device)),
     )
 
 
@@ -160,7 +161,7 @@ def circuit_view(
     clean, corrupted = query.text, settings.corrupted
     scores = shared(
         (*base, "scores"),
-        lambda: mhsa.edge_attribution(
+        lambda: mhsa.circuits.edge_attribution(
             clean,
             corrupted,
             method=settings.method,
@@ -171,7 +172,7 @@ def circuit_view(
     )
     curve = shared(
         (*base, "curve", n),
-        lambda: mhsa.faithfulness_curve(
+        lambda: mhsa.circuits.faithfulness_curve(
             clean, corrupted, scores, extra=(n,), **_arguments(query, settings)
         ),
     )
@@ -180,12 +181,12 @@ def circuit_view(
 
 def path_patched(
     query: Query, settings: CircuitSettings, edge: tuple[str, str, str]
-) -> mhsa.PathPatch:
-    """One edge path-patched (``mhsa.path_patch``), kept in the shared cache."""
+) -> mhsa.circuits.PathPatch:
+    """One edge path-patched (``mhsa.circuits.path_patch``), kept in the shared cache."""
     key = ("circuit-edge", query.text, query.model, query.device, settings, edge)
     return shared(
         key,
-        lambda: mhsa.path_patch(
+        lambda: mhsa.circuits.path_patch(
             query.text, settings.corrupted, *edge, **_arguments(query, settings)
         ),
     )

@@ -135,6 +135,43 @@ def unknown_notice(model: str, device: str, text: str) -> None:
         )
 
 
+def unknown_line(model: str, device: str, text: str, what: str) -> None:
+    """How many of ``what``'s tokens (a page's own text box: Compare's second sentence, the
+    patching pages' clean and corrupted texts) the model does not know, in one line (a warning
+    when over half); nothing when it knows them all."""
+    found = counted(model, device, text)
+    if found is None or found.unknown == 0:
+        return
+    message = (
+        f"{what}: {found.unknown} of its {found.total} tokens are unknown to {model} (shown as "
+        f"{found.token})."
+    )
+    if found.mostly_unknown:
+        st.warning(md_escape(message + " What the page shows says little about it."),
+                   icon=":material/warning:")  # fmt: skip
+    else:
+        st.info(md_escape(message), icon=":material/info:")
+
+
+#: what a page's own example pair sets: its texts and answers (the link's other values stay)
+_PAIR_KEYS = ("clean", "corrupted", "answer", "wrong")
+
+
+def own_pair_first(model: str, examples: dict, defaults: dict) -> None:
+    """A patching page opened on a model that has its own example among the page's
+    (``examples``: button name -> settings with ``model``) starts from that example, not from
+    the page's English defaults (``defaults``: the clean and corrupted texts), which a toy
+    model reads as unknown tokens. Texts the user or the link changed are kept. Call before
+    the page's widgets are drawn."""
+    state = st.session_state
+    if any(state.get(key) != value for key, value in defaults.items()):
+        return
+    own = next((v for v in examples.values() if v.get("model") == model), None)
+    if own is None or all(own.get(key) == value for key, value in defaults.items()):
+        return
+    state.update({k: own[k] for k in _PAIR_KEYS if k in own})
+
+
 _PICKED = "model_example"
 
 

@@ -30,7 +30,7 @@ T = TypeVar("T")
 FLOW_MAX_TOKENS = 128
 
 
-def flow_text(query: Query) -> str | mhsa.Generation:
+def flow_text(query: Query) -> str | mhsa.engine.Generation:
     """What the Information flow page decomposes: the sentence, or the sentence and what the
     model wrote as the ids it chose."""
     return generation(query) if query.generate else query.text

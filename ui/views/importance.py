@@ -1,6 +1,6 @@
 """The Head importance page's values, and the Heads page's knock-outs: which heads matter
-(``mhsa.head_importance``, ``mhsa.pruning_curve``, ``mhsa.ablate``) over a sentence or a corpus,
-and the statistics importance is set against."""
+(``mhsa.causal.head_importance``, ``mhsa.causal.pruning_curve``, ``mhsa.ablate``) over a sentence or
+a corpus, and the statistics importance is set against."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def importance_stats(queries: tuple[Query, ...]) -> pd.DataFrame:
     if not is_encoder_decoder(first.model, first.device):
         return first_sentence_stats(queries)
     frames = []
-    for kind in mhsa.ATTENTION_KINDS:
+    for kind in mhsa.engine.ATTENTION_KINDS:
         stats = first_sentence_stats(tuple(q._replace(kind=kind, words=False) for q in queries))
         labels = [
             kind_head_label(kind, li, h)
@@ -105,7 +105,7 @@ def knock_out_labels(query: Query) -> dict[str, list[str]]:
     whole = attention(query._replace(kind="encoder"))
     if not is_encoder_decoder(query.model, query.device):
         return {"self": whole.head_labels()}
-    kinds = mhsa.ATTENTION_KINDS if whole.is_encoder_decoder else ("encoder",)
+    kinds = mhsa.engine.ATTENTION_KINDS if whole.is_encoder_decoder else ("encoder",)
     return {
         kind: [
             kind_head_label(kind, layer, head)
@@ -117,12 +117,12 @@ def knock_out_labels(query: Query) -> dict[str, list[str]]:
     }
 
 
-def ablation(query: Query, off: tuple[str, ...], target: str | None) -> mhsa.Ablation:
+def ablation(query: Query, off: tuple[str, ...], target: str | None) -> mhsa.causal.Ablation:
     """The sentence with the heads in ``off`` switched off, beside the intact model (shared
     process-wide, bounded by the result cache's bytes)."""
     key = ("ablation", _importance_key((query,)), off, target, query.words)
 
-    def compute() -> mhsa.Ablation:
+    def compute() -> mhsa.causal.Ablation:
         ablation = mhsa.ablate(
             model_input(query),
             off,
@@ -148,8 +148,8 @@ def _over_sentences(
     progress: Progress | None,
     **options: Any,
 ) -> pd.DataFrame:
-    """``compute`` (``mhsa.head_importance``, ``mhsa.pruning_curve``) over the sentences, on
-    the first query's model, within the app's token limit."""
+    """``compute`` (``mhsa.causal.head_importance``, ``mhsa.causal.pruning_curve``) over the
+    sentences, on the first query's model, within the app's token limit."""
     first = queries[0]
     return compute(
         _items(queries, pair, target),
@@ -169,13 +169,13 @@ def importance(
     normalize: bool,
     progress: Progress | None = None,
 ) -> pd.DataFrame:
-    """``mhsa.head_importance`` over the sentences, kept in the shared cache; ``progress`` sees
-    each step (raising from it cancels: nothing half-done is kept)."""
+    """``mhsa.causal.head_importance`` over the sentences, kept in the shared cache; ``progress``
+    sees each step (raising from it cancels: nothing half-done is kept)."""
     key = ("importance", _importance_key(queries), method, target, pair, normalize)
     return shared(
         key,
         lambda: _over_sentences(
-            mhsa.head_importance,
+            mhsa.causal.head_importance,
             queries,
             pair,
             target,
@@ -194,14 +194,14 @@ def pruning(
     seed: int,
     progress: Progress | None = None,
 ) -> pd.DataFrame:
-    """``mhsa.pruning_curve`` (importance order from ``importance``, computed once) with its
+    """``mhsa.causal.pruning_curve`` (importance order from ``importance``, computed once) with its
     seeded random baseline, kept in the shared cache."""
     key = ("pruning", _importance_key(queries), method, target, pair, seed)
 
     def compute() -> pd.DataFrame:
         table = importance(queries, method, target, pair, False, progress)
         return _over_sentences(
-            mhsa.pruning_curve, queries, pair, target, progress, seed=seed, importance=table
+            mhsa.causal.pruning_curve, queries, pair, target, progress, seed=seed, importance=table
         )
 
     return shared(key, compute)

@@ -126,7 +126,7 @@ def _anti_diagonal(settings: Settings, subject: str) -> float:
     return float(anti_diagonal_scores(result.attention, symbols)[_layer(subject)].max())
 
 
-def _walk(settings: Settings) -> mhsa.TraceStep:
+def _walk(settings: Settings) -> mhsa.engine.TraceStep:
     """The Inside MHSA step the link opens, as the page computes it (its defaults: 64 wide
     and 4 heads for fresh weights)."""
     fresh = settings.get("source") == "fresh"

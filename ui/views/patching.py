@@ -1,6 +1,6 @@
 """The Patching page's values: exact activation patching per head and per position, attribution
-patching, and their correlation (``mhsa.patch_heads``, ``mhsa.patch_positions``,
-``mhsa.attribution_patching``), each kept in the shared cache."""
+patching, and their correlation (``mhsa.causal.patch_heads``, ``mhsa.causal.patch_positions``,
+``mhsa.causal.attribution_patching``), each kept in the shared cache."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def patch_tokens(query: Query, text: str, what: str) -> tuple[str, ...]:
 
 
 def _patch_arguments(query: Query, settings: PatchSettings) -> dict[str, Any]:
-    """``mhsa.patch_heads``'s keyword arguments for the settings: the metric's by the model's
+    """``mhsa.causal.patch_heads``'s keyword arguments for the settings: the metric's by the model's
     kind (a next-token head: answer and wrong; else the target)."""
     lm = loaded_model(query.model, query.device)
     metric: dict[str, Any]
@@ -188,11 +188,12 @@ def patching(
     if mode in ("exact", "both"):
         exact = shared(
             (*base, "exact"),
-            lambda: mhsa.patch_heads(clean, corrupted, progress=progress, **args()),
+            lambda: mhsa.causal.patch_heads(clean, corrupted, progress=progress, **args()),
         )
     if mode in ("attribution", "both"):
         attribution = shared(
-            (*base, "attribution"), lambda: mhsa.attribution_patching(clean, corrupted, **args())
+            (*base, "attribution"),
+            lambda: mhsa.causal.attribution_patching(clean, corrupted, **args()),
         )
     tokens = (exact if exact is not None else attribution).attrs["clean_tokens"]  # type: ignore[union-attr]
     if layer is None:
@@ -200,9 +201,9 @@ def patching(
     if len(tokens) <= MAX_POSITION_TOKENS:
         positions = shared(
             (*base, "positions", layer),
-            lambda: mhsa.patch_positions(clean, corrupted, layer, **args()),
+            lambda: mhsa.causal.patch_positions(clean, corrupted, layer, **args()),
         )
     r = float("nan")
     if exact is not None and attribution is not None:
-        r = mhsa.patching_correlation(exact, attribution)
+        r = mhsa.causal.patching_correlation(exact, attribution)
     return PatchingView(exact, attribution, r, positions, layer)

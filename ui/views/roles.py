@@ -270,7 +270,8 @@ def top_heads(scores: pd.DataFrame, column: str, count: int) -> list[tuple[int, 
 
 
 class SinkView(NamedTuple):
-    """The attention sinks of a sentence, laid out for the page (``mhsa.attention_sinks``)."""
+    """The attention sinks of a sentence, laid out for the page
+    (``mhsa.analysis.attention_sinks``)."""
 
     received: np.ndarray  # [heads, n]: mean attention each key receives (NaN: not measured)
     heads: list[str]
@@ -308,9 +309,9 @@ def attention_sinks(query: Query) -> SinkView:
 
 
 def sink_view(result: mhsa.AttentionResult) -> SinkView:
-    """``mhsa.attention_sinks`` of a result, laid out for a page (the sentence's, or an
+    """``mhsa.analysis.attention_sinks`` of a result, laid out for a page (the sentence's, or an
     uploaded file's)."""
-    sinks = mhsa.attention_sinks(result)
+    sinks = mhsa.analysis.attention_sinks(result)
     received = sinks.table["received"].to_numpy().reshape(-1, result.num_tokens)
     return SinkView(
         received,
@@ -345,13 +346,15 @@ class CompositionView(NamedTuple):
 
 
 def head_composition(query: Query) -> CompositionView:
-    """``mhsa.head_composition`` of the sidebar's model, every kind (weights only: the sentence
-    plays no part)."""
+    """``mhsa.analysis.head_composition`` of the sidebar's model, every kind (weights only: the
+    sentence plays no part)."""
     key = ("composition", query.model, query.device)
 
     def compute() -> CompositionView:
         lm = loaded_model(query.model, query.device)
-        scores = {kind: mhsa.head_composition(lm, kind) for kind in roles.COMPOSITION_KINDS}
+        scores = {
+            kind: mhsa.analysis.head_composition(lm, kind) for kind in roles.COMPOSITION_KINDS
+        }
         labels = list(scores[roles.COMPOSITION_KINDS[0]].columns)
         later = [label for label in labels if mhsa.parse_head_label(label)[0] > 0]
         return CompositionView(scores, roles.COMPOSITION_KINDS, later)
@@ -365,7 +368,7 @@ def strongest_inputs(query: Query, head: str, top: int = 5) -> pd.DataFrame:
     composition = head_composition(query)
     writers: list[str] = []
     for kind in composition.kinds:
-        best = mhsa.strongest_inputs(composition.scores[kind], head, top)
+        best = mhsa.analysis.strongest_inputs(composition.scores[kind], head, top)
         writers += [w for w in best.index if w not in writers]
     frame = pd.DataFrame(
         {

@@ -13,5 +13,5 @@ __all__ = ["rollout"]
 
 @st.cache_data(max_entries=LIMITS.result_cache, show_spinner=False)
 def rollout(query: Query) -> np.ndarray:
-    """``mhsa.attention_rollout`` of the query's attention, layer by layer."""
-    return mhsa.attention_rollout(attention(query))
+    """``mhsa.analysis.attention_rollout`` of the query's attention, layer by layer."""
+    return mhsa.analysis.attention_rollout(attention(query))

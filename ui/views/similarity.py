@@ -22,12 +22,12 @@ def head_similarity(queries: tuple[Query, ...], metric: str) -> pd.DataFrame:
 
 @st.cache_data(max_entries=LIMITS.result_cache, show_spinner=False)
 def head_map(queries: tuple[Query, ...], metric: str) -> pd.DataFrame:
-    """The heads placed in 2-D by their similarity (``mhsa.head_map``)."""
-    return mhsa.head_map(head_similarity(queries, metric))
+    """The heads placed in 2-D by their similarity (``mhsa.analysis.head_map``)."""
+    return mhsa.analysis.head_map(head_similarity(queries, metric))
 
 
 @st.cache_data(max_entries=LIMITS.result_cache, show_spinner=False)
-def head_clusters(queries: tuple[Query, ...], metric: str, k: int) -> mhsa.HeadClusters:
+def head_clusters(queries: tuple[Query, ...], metric: str, k: int) -> mhsa.analysis.HeadClusters:
     """Hierarchical clusters of the heads (at most ``k``) under ``metric``."""
     similarity = head_similarity(queries, metric)
-    return mhsa.head_clusters(similarity, min(k, len(similarity)))
+    return mhsa.analysis.head_clusters(similarity, min(k, len(similarity)))

@@ -47,11 +47,11 @@ class Imported:
         height: pixels the view needs.
         tokens: the file's tokens.
         similarity: ``mhsa.head_similarity`` (Jensen-Shannon, as the Head similarity page's
-            default), and ``order``: its heads ordered by ``mhsa.head_clusters``.
+            default), and ``order``: its heads ordered by ``mhsa.analysis.head_clusters``.
         roles: ``mhsa.analysis.detection.detection_table`` of the named detectors (None for
             one token: detection needs two).
-        sinks: ``mhsa.attention_sinks``, laid out as the Head roles page's.
-        rollout: ``mhsa.attention_rollout`` ``[layers, n, n]``.
+        sinks: ``mhsa.analysis.attention_sinks``, laid out as the Head roles page's.
+        rollout: ``mhsa.analysis.attention_rollout`` ``[layers, n, n]``.
     """
 
     summary: str
@@ -76,7 +76,7 @@ def imported(name: str, data: bytes) -> Imported:
     result = read_attention_file(data, name)
     layers, heads, n = result.num_layers, result.num_heads, result.num_tokens
     similarity = mhsa.head_similarity(result, metric="js")
-    clusters = mhsa.head_clusters(similarity, min(CLUSTERS, len(similarity)))
+    clusters = mhsa.analysis.head_clusters(similarity, min(CLUSTERS, len(similarity)))
     patterns = detection.named_patterns(detection.string_ids(result.tokens))
     rows = max(layers * 46, 360 + 30 * (1 + n // 10))
     return Imported(
@@ -92,5 +92,5 @@ def imported(name: str, data: bytes) -> Imported:
         order=list(clusters.order),
         roles=detection.detection_table(result, patterns) if n > 1 else None,
         sinks=sink_view(result),
-        rollout=mhsa.attention_rollout(result),
+        rollout=mhsa.analysis.attention_rollout(result),
     )

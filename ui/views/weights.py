@@ -1,7 +1,7 @@
 """The values of "Why here?" (a heatmap cell's score split into residual parts,
-``mhsa.qk_attribution``) on the Heads page, and of the weights section of Head roles (copying
-scores, top copied tokens, positional patterns: ``mhsa.analysis.weights``). The definitions
-live in the library; this module caches them per model (or text) and words them."""
+``mhsa.analysis.qk_attribution.qk_attribution``) on the Heads page, and of the weights section of
+Head roles (copying scores, top copied tokens, positional patterns: ``mhsa.analysis.weights``). The
+definitions live in the library; this module caches them per model (or text) and words them."""
 
 from __future__ import annotations
 
@@ -79,15 +79,15 @@ def pair_sentence(query_source: str, key_source: str) -> str:
     return f"{query_source} at the query meets {key_source} at the key (MLP outputs)"
 
 
-def _sources(query: Query, layer: int | str) -> mhsa.LayerSources:
+def _sources(query: Query, layer: int | str) -> mhsa.analysis.LayerSources:
     """The stream entering ``layer`` (a number; an encoder-decoder's ``E1``, ``D0``) on the
     sidebar's text (and an encoder-decoder's target), in parts: one forward pass and one
     decomposition per text and layer, which every head and cell of the layer reuses."""
     key = ("qk-sources", query._replace(kind="encoder"), layer)
 
-    def compute() -> mhsa.LayerSources:
+    def compute() -> mhsa.analysis.LayerSources:
         lm = loaded_model(query.model, query.device)
-        return mhsa.layer_sources(
+        return mhsa.analysis.layer_sources(
             model_input(query),
             layer,
             model=lm,
@@ -103,7 +103,9 @@ def _terms(query: Query, layer: int, head: int, row: int, kind: str | None) -> p
         raise mhsa.InputError("Why here? splits the scores of tokens: switch whole words off.")
     if kind == "cross":  # the library's refusal, before a forward pass
         label = kind_head_label(kind, layer, head)
-        return mhsa.qk_attribution(query.text, label, model=loaded_model(query.model, query.device))
+        return mhsa.analysis.qk_attribution.qk_attribution(
+            query.text, label, model=loaded_model(query.model, query.device)
+        )
     # an encoder-decoder's attentions by their letter (E1, D0), a single stack's by number
     where: int | str = layer if kind in (None, "self") else layer_name(kind, layer)
     key = ("qk-attribution", query._replace(kind="encoder"), where, head, row)
@@ -111,7 +113,9 @@ def _terms(query: Query, layer: int, head: int, row: int, kind: str | None) -> p
     def compute() -> pd.DataFrame:
         lm = loaded_model(query.model, query.device)
         sources = _sources(query, where)
-        return mhsa.qk_attribution(sources, (sources.layer, head), model=lm, query=row)
+        return mhsa.analysis.qk_attribution.qk_attribution(
+            sources, (sources.layer, head), model=lm, query=row
+        )
 
     return shared(key, compute, "Splitting the scores…")
 
@@ -196,23 +200,23 @@ def summarised(terms: pd.DataFrame, key: int) -> WhyHere:
 
 
 def copying_scores(query: Query) -> pd.Series:
-    """``mhsa.ov_copying_scores`` of the sidebar's model (the weights alone: no text)."""
+    """``mhsa.analysis.ov_copying_scores`` of the sidebar's model (the weights alone: no text)."""
 
     def compute() -> pd.Series:
-        return mhsa.ov_copying_scores(loaded_model(query.model, query.device))
+        return mhsa.analysis.ov_copying_scores(loaded_model(query.model, query.device))
 
     return shared(("copying", query.model, query.device), compute, "Reading the OV circuits…")
 
 
 def top_tokens(query: Query, head: str, k: int = 5) -> pd.DataFrame:
-    """``mhsa.ov_top_tokens`` of ``head`` (the common tokens), one row per input token with
+    """``mhsa.analysis.ov_top_tokens`` of ``head`` (the common tokens), one row per input token with
     its top outputs joined; special tokens (``[PAD]``, ``[UNK]``...) left out on both sides,
     the library's rows of the rest kept in order."""
 
     def compute() -> pd.DataFrame:
         lm = loaded_model(query.model, query.device)
         specials = set(lm.tokenizer.all_special_tokens)
-        frame = mhsa.ov_top_tokens(head, lm, k=k + len(specials))
+        frame = mhsa.analysis.ov_top_tokens(head, lm, k=k + len(specials))
         frame = frame[~frame["output"].isin(specials) & ~frame["input"].isin(specials)]
         frame = frame.groupby("input", sort=False).head(k)
         joined = frame.groupby("input", sort=False).agg(
@@ -223,10 +227,11 @@ def top_tokens(query: Query, head: str, k: int = 5) -> pd.DataFrame:
     return shared(("top-tokens", query.model, query.device, head, k), compute)
 
 
-def positional(query: Query) -> mhsa.PositionalQK:
-    """``mhsa.qk_positional_scores`` of the sidebar's model (learned absolute positions)."""
+def positional(query: Query) -> mhsa.analysis.PositionalQK:
+    """``mhsa.analysis.qk_positional_scores`` of the sidebar's model (learned absolute
+    positions)."""
 
-    def compute() -> mhsa.PositionalQK:
-        return mhsa.qk_positional_scores(loaded_model(query.model, query.device))
+    def compute() -> mhsa.analysis.PositionalQK:
+        return mhsa.analysis.qk_positional_scores(loaded_model(query.model, query.device))
 
     return shared(("positional", query.model, query.device), compute, "Reading the QK circuits…")

@@ -6,8 +6,7 @@ folder; and whether the operator's limits allow it (``check_allowed``).
 
 A leaf module (it imports nothing of ``mhsa`` but its errors): the limits, the store of trained
 models, the model loader (``mhsa.engine.models.loading``, which maps a name to its folder) and the
-training
-package all read it, so none of them needs another (the import circle of issue 37).
+training package all read it, so none of them needs another (no import cycle).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The two residual streams of an encoder-decoder (T5, BART families), part by part, as each
 self-attention block reads them (``Seq2SeqPass``, ``seq2seq_pass``): what
-``mhsa.qk_attribution`` splits an encoder head's (``E{l}H{h}``) or a decoder self-attention
-head's (``D{l}H{h}``) score over.
+``mhsa.analysis.qk_attribution.qk_attribution`` splits an encoder head's (``E{l}H{h}``) or a decoder
+self-attention head's (``D{l}H{h}``) score over.
 
 Each stack (the encoder; the decoder, teacher-forced on a target as ``mhsa.attend`` runs it)
 has one stream, written by its attention blocks in the order the forward calls them (the
