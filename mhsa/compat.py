@@ -7,7 +7,8 @@ with a ``DeprecationWarning`` naming its new name, then does what the new name d
   ``mhsa.__getattr__``, which also answers an old module path as an attribute
   (``mhsa.patching``, without an import statement: ``MOVED_MODULES``).
 - ``MultiHeadSelfAttention.from_bert`` / ``from_distilbert`` / ``from_gpt2`` / ``from_llama``
-  (replaced by the family registry): ``mhsa.engine.families.registry.load_bert`` ... ``load_llama``.
+  (removed when the family registry arrived): ``mhsa.engine.families.bert.load_bert`` ...
+  ``mhsa.engine.families.llama.load_llama``, each in its family's module.
 - ``attn_mask=`` / ``attention_mask=`` of ``MultiHeadSelfAttention.forward``,
   ``attention_weights`` and ``combine_masks`` (renamed ``mask=`` / ``padding_mask=``): at their
   definitions, ``mhsa.deprecation.renamed_kwargs``.
@@ -22,11 +23,10 @@ with a ``DeprecationWarning`` naming its new name, then does what the new name d
   ``mhsa.engine.families.registry``...): the same finder and table. ``mhsa.engine.attention``
   and ``mhsa.engine.models`` are packages now that export the old modules' names.
 
-The constructors are set on the class here, not in ``mhsa.engine.attention.module``: they call
-the family loaders of ``mhsa.engine.families``, which import ``mhsa.engine.attention.module`` (no
-import cycle).
-``import mhsa`` imports this module, as does any ``mhsa.<module>`` import (the package is imported
-first).
+The constructors are set on the class here, not in ``mhsa.engine.attention.module``: they call the
+family loaders of ``mhsa.engine.families``, which import ``mhsa.engine.attention.module`` (no
+import cycle). ``import mhsa`` imports this module, as does any ``mhsa.<module>`` import (the
+package is imported first).
 """
 
 from __future__ import annotations
@@ -42,7 +42,10 @@ from typing import Any
 
 from mhsa.deprecation import deprecated_alias, deprecation_message
 from mhsa.engine.attention.module import MultiHeadSelfAttention
-from mhsa.engine.families.registry import load_bert, load_distilbert, load_gpt2, load_llama
+from mhsa.engine.families.bert import load_bert
+from mhsa.engine.families.distilbert import load_distilbert
+from mhsa.engine.families.gpt2 import load_gpt2
+from mhsa.engine.families.llama import load_llama
 
 __all__ = [
     "DEPRECATED_CONSTRUCTORS",
@@ -67,7 +70,7 @@ def _constructor(old: str, load: Callable[..., MultiHeadSelfAttention]) -> class
     alias = deprecated_alias(
         load,
         f"MultiHeadSelfAttention.{old}",
-        f"mhsa.engine.families.registry.{load.__name__}",
+        f"{load.__module__}.{load.__name__}",
         stacklevel=3,
     )
 

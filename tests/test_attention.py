@@ -8,7 +8,9 @@ from torch import nn
 
 from mhsa import MultiHeadSelfAttention
 from mhsa.engine.attention.module import RotaryEmbedding
-from mhsa.engine.families.registry import load_bert, load_distilbert, load_gpt2
+from mhsa.engine.families.bert import load_bert
+from mhsa.engine.families.distilbert import load_distilbert
+from mhsa.engine.families.gpt2 import load_gpt2
 
 TOL = 1e-5
 

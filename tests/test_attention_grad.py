@@ -9,7 +9,7 @@ from torch import nn
 
 from mhsa import MultiHeadSelfAttention
 from mhsa.engine import RotaryEmbedding
-from mhsa.engine.families.registry import load_llama
+from mhsa.engine.families.llama import load_llama
 
 B, T, D, H = 2, 6, 16, 4
 

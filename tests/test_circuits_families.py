@@ -219,11 +219,12 @@ def test_exact_scores_equal_path_patching_by_hand(family):
 
 @pytest.mark.parametrize("name", ["OPT", "Gemma 2", "Gemma 3 (text)", "OLMo 2"])
 def test_decoders_whose_residual_is_no_plain_sum_are_refused_by_name(name, tmp_path_factory):
-    """OPT keeps no ``mlp`` module (fc1/fc2 inline); Gemma 2/3 and OLMo 2 norm the attention's
+    """OPT keeps no ``mlp`` module (fc1/fc2 inline, its norms now found through its layout);
+    Gemma 2/3 and OLMo 2 norm the attention's
     and the MLP's outputs before the residual sum, so an edge's difference is not what the
     receiver reads."""
     lm = loaded_tiny(name, tmp_path_factory.mktemp)
-    reason = "a layer without ln_1" if name == "OPT" else "norms after attention or the MLP"
+    reason = "no module of its own" if name == "OPT" else "norms after attention or the MLP"
     with pytest.raises(mhsa.UnsupportedModelError, match=reason) as e:
         circuits.circuit_graph(lm)
     assert "Circuits (edge attribution" in str(e.value) and "Falcon" in str(e.value)

@@ -18,7 +18,10 @@ from transformers import (
 
 from mhsa import MultiHeadSelfAttention
 from mhsa.engine.attention.core import combine_masks
-from mhsa.engine.families.registry import load_bert, load_distilbert, load_gpt2, load_llama
+from mhsa.engine.families.bert import load_bert
+from mhsa.engine.families.distilbert import load_distilbert
+from mhsa.engine.families.gpt2 import load_gpt2
+from mhsa.engine.families.llama import load_llama
 
 
 def _module() -> MultiHeadSelfAttention:
@@ -114,7 +117,7 @@ def test_removed_constructors_warn_and_give_the_loaders_module(family: str) -> N
     with pytest.warns(
         DeprecationWarning,
         match=rf"MultiHeadSelfAttention\.from_{family} is deprecated .*"
-        rf"use mhsa\.engine\.families\.registry\.load_{family}",
+        rf"use mhsa\.engine\.families\.{family}\.load_{family}",
     ) as rec:
         old = getattr(MultiHeadSelfAttention, f"from_{family}")(block, *extra).eval()
     assert [r.filename for r in rec] == [__file__]

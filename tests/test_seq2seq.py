@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import mhsa
-from mhsa.engine.families.registry import load_bart, load_t5, store_bart, store_t5
+from mhsa.engine.families.bart import load_bart, store_bart
+from mhsa.engine.families.t5 import load_t5, store_t5
 from mhsa.engine.runs.swap import OurPass, our_blocks, through_our_module, trainable_our_blocks
 from tests.tiny import SEQ2SEQ_FAMILIES, save_tiny, tiny_seq2seq
 

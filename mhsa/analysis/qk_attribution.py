@@ -50,7 +50,7 @@ import torch
 
 from mhsa.engine.attention.module import MultiHeadSelfAttention
 from mhsa.engine.attention.rmsnorm import RMSNorm
-from mhsa.engine.families.layout import attention_norm_of
+from mhsa.engine.families.layout import attention_norm_of, embedding_norm_of
 from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.engine.runs.generation import Generation
 from mhsa.engine.runs.swap import OurBlock, our_blocks
@@ -330,7 +330,7 @@ def _embedding_bias_apart(lm: LoadedModel, sources: torch.Tensor) -> None:
     """The bias of an encoder's embedding LayerNorm (ModernBERT's ``embeddings.norm``, where
     its ``norm_bias`` is on) moved from ``input`` (the first part) to ``bias`` (the last), in
     place, as the post-norm split does: a constant, not the tokens."""
-    norm = getattr(getattr(lm.model, "embeddings", None), "norm", None)
+    norm = embedding_norm_of(lm)
     bias = getattr(norm, "bias", None)
     if isinstance(norm, torch.nn.LayerNorm) and bias is not None:
         sources[0] -= bias.detach().to(sources)

@@ -26,7 +26,13 @@ import pandas as pd
 import torch
 from torch import nn
 
-from mhsa.engine.families.layout import attention_norm_of, final_norm_of
+from mhsa.engine.families.layout import (
+    attention_norm_of,
+    embedding_norm_of,
+    final_norm_of,
+    positions_of,
+    post_attention_norm_of,
+)
 from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.engine.runs.swap import OurBlock, our_blocks
 from mhsa.engine.stream.frozen_norm import frozen_norm
@@ -94,15 +100,6 @@ def _norm_weight(norm: nn.Module | None, width: int) -> torch.Tensor | None:
     return frozen_norm(norm, probe.to(norm.weight.device)).weight.to("cpu", torch.float64)
 
 
-def _post_attention_norm(layer: nn.Module) -> nn.Module | None:
-    """The norm a layer puts after its attention output: Gemma 2/3 and OLMo 2 call it
-    ``post_attention_layernorm`` beside a ``post_feedforward_layernorm`` (in the Llama layout
-    the same name is the MLP's norm before it)."""
-    if getattr(layer, "post_feedforward_layernorm", None) is None:
-        return None
-    return getattr(layer, "post_attention_layernorm", None)
-
-
 def _centred(w: torch.Tensor, dim: int) -> torch.Tensor:
     return w - w.mean(dim, keepdim=True)
 
@@ -132,7 +129,7 @@ def _processed_heads(lm: LoadedModel) -> _Heads:
             w = w if fold is None else fold[:, None] * w
             parts[name].append(_centred(w, 1) if layer_norm else w)
         o = w_o.view(-1, h, dh).permute(1, 2, 0)  # (H, Dh, D)
-        after = _norm_weight(_post_attention_norm(_layer(block)), ours.d_model)
+        after = _norm_weight(post_attention_norm_of(_layer(block)), ours.d_model)
         o = o if after is None else o * after
         parts["o"].append(_centred(o, 2) if layer_norm else o)
     return _Heads(
@@ -351,16 +348,13 @@ def _position_embeddings(lm: LoadedModel) -> torch.Tensor | None:
     """The learned absolute position embeddings ``[positions, D]`` (GPT-2's ``wpe``, OPT's
     ``embed_positions`` past its offset; an encoder's ``embeddings.position_embeddings``,
     RoBERTa's past its padding index), or None."""
-    owners = (lm.model, getattr(lm.model, "decoder", None), getattr(lm.model, "embeddings", None))
-    for owner in owners:
-        for name in ("wpe", "embed_positions", "position_embeddings"):
-            module = getattr(owner, name, None)
-            if isinstance(module, nn.Embedding):
-                offset = int(getattr(module, "offset", 0))
-                if name == "position_embeddings" and module.padding_idx is not None:
-                    offset = module.padding_idx + 1  # RoBERTa counts from padding_idx + 1
-                return module.weight.detach()[offset:]
-    return None
+    module = positions_of(lm)
+    if not isinstance(module, nn.Embedding):
+        return None
+    offset = int(getattr(module, "offset", 0))
+    if module.padding_idx is not None:
+        offset = module.padding_idx + 1  # RoBERTa counts from padding_idx + 1
+    return module.weight.detach()[offset:]
 
 
 def _encoder_positions(lm: LoadedModel, w_pos: torch.Tensor) -> torch.Tensor:
@@ -372,7 +366,7 @@ def _encoder_positions(lm: LoadedModel, w_pos: torch.Tensor) -> torch.Tensor:
         UnsupportedModelError: no embedding LayerNorm, or a projection after it (ALBERT,
             ELECTRA with a narrower embedding).
     """
-    norm = getattr(getattr(lm.model, "embeddings", None), "LayerNorm", None)
+    norm = embedding_norm_of(lm)
     projected = hasattr(getattr(lm.model, "encoder", None), "embedding_hidden_mapping_in")
     projected = projected or hasattr(lm.model, "embeddings_project")
     if not isinstance(norm, nn.LayerNorm) or projected:

@@ -1,6 +1,7 @@
 """The parts of a pre-norm decoder layer a circuit run touches (``mhsa.circuits.runs``), found by
-structure: the norm before its attention, the norm its MLP reads, whether it is a parallel block,
-and its attention weights per head (grouped-query attention ungrouped).
+its family's layer layout (``mhsa.engine.families.layout``, the same parts the residual
+decomposition reads): the norm before its attention, the norm its MLP reads, whether it is a
+parallel block, and its attention weights per head (grouped-query attention ungrouped).
 
 A sequential layer computes ``h = x + attn(ln_1(x))`` then ``h + mlp(ln_2(h))``; a parallel
 layer (GPT-J, GPT-NeoX/Pythia with ``use_parallel_residual``, Phi, Falcon) computes
@@ -13,32 +14,23 @@ architecture ``ln_mlp``), else the attention's (GPT-J ``ln_1``, Phi and Falcon
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from mhsa.engine.attention.module import MultiHeadSelfAttention
+from mhsa.engine.families.layout import (
+    attention_norm_of,
+    mlp_input_of,
+    mlp_norm_of,
+    mlp_of,
+    post_norms_of,
+)
 from mhsa.engine.runs.swap import OurBlock
 from mhsa.errors import UnsupportedModelError
 
 __all__ = ["is_parallel", "layer_norms", "per_head", "ungrouped"]
-
-#: the norm a layer applies before its attention, and before its MLP, by attribute (GPT-2,
-#: Llama names, Falcon's new decoder architecture)
-_ATTENTION_NORMS = ("ln_1", "input_layernorm", "ln_attn")
-_MLP_NORMS = ("ln_2", "post_attention_layernorm", "ln_mlp")
-#: layers with these norms put a norm after attention or the MLP (Gemma 2, OLMo 2): the residual
-#: is then no sum of the nodes' outputs as written here
-_POST_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
-
-
-def _child(module: nn.Module, names: Sequence[str]) -> nn.Module | None:
-    for name in names:
-        found = getattr(module, name, None)
-        if isinstance(found, nn.Module):
-            return found
-    return None
 
 
 def is_parallel(block: OurBlock) -> bool:
@@ -53,16 +45,20 @@ def layer_norms(
     module's docstring).
 
     Raises:
-        the exception ``unsupported(why)`` makes: norms after attention or the MLP, or a layer
-        without those norms and an ``mlp``.
+        the exception ``unsupported(why)`` makes: norms after attention or the MLP, a layer
+        without those norms and an MLP, or an MLP that is no module of its own (OPT).
     """
-    if _child(layer, _POST_NORMS) is not None:
+    if post_norms_of(layer):
         raise unsupported("norms after attention or the MLP")
-    attention, mlp = _child(layer, _ATTENTION_NORMS), _child(layer, _MLP_NORMS)
+    attention, mlp = attention_norm_of(layer), mlp_norm_of(layer)
     if parallel and mlp is None:
         mlp = attention
-    if attention is None or mlp is None or not isinstance(getattr(layer, "mlp", None), nn.Module):
-        raise unsupported("a layer without ln_1/ln_2 (or their Llama names) and mlp")
+    if attention is None or mlp is None or mlp_of(layer) is None:
+        raise unsupported("a layer without a norm before its attention and before its MLP")
+    if mlp_input_of(layer) is not mlp_of(layer):
+        # OPT: fc1, the activation and fc2 are the layer's own, run on the tokens flattened
+        # to [B T, D]; the MLP node's hooks read and write one module on [B, T, D]
+        raise unsupported("an MLP that is no module of its own (OPT's fc1 and fc2 inline)")
     return attention, mlp
 
 

@@ -52,7 +52,7 @@ from mhsa.circuits.postnorm import (
     postnorm_model,
     run_postnorm,
 )
-from mhsa.engine.families.layout import final_norm_of
+from mhsa.engine.families.layout import final_norm_of, mlp_of
 from mhsa.engine.models.loading import LoadedModel, last_logits_only
 from mhsa.engine.runs.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
 from mhsa.engine.stream.hooks import Hook, after, before, hooked
@@ -399,12 +399,13 @@ def run_circuit(
         return run_postnorm(model, run, inputs)
     hooks: list[Hook] = []
     for i, layer in enumerate(model.layers):
+        mlp = mlp_of(layer)
         hooks.append(before(layer, _layer_pre_hook(run, i), kwargs=True))
         if model.parallel:
-            hooks.append(before(layer.mlp, _parallel_mlp_pre_hook(run, i, model.ln2[i])))
+            hooks.append(before(mlp, _parallel_mlp_pre_hook(run, i, model.ln2[i])))
         else:
             hooks.append(before(model.ln2[i], _ln2_pre_hook(run)))
-        hooks.append(after(layer.mlp, _mlp_hook(run, model.parallel)))
+        hooks.append(after(mlp, _mlp_hook(run, model.parallel)))
     hooks.append(before(model.final_norm, _ln2_pre_hook(run)))
     observers = {b.layer: _observer(model, run, i) for i, b in enumerate(model.blocks)}
     with hooked(hooks):

@@ -57,7 +57,7 @@ class MultiHeadSelfAttention(nn.Module):
     ``forward(x)`` is self-attention; ``forward(x, memory=m)`` is cross-attention: Q from ``x``,
     K and V from ``m`` (an encoder's output; ``key``/``value`` may also be given apart). The fused
     weight is then applied in two parts. Loaders
-    for transformers models' attention blocks live in ``mhsa.engine.families.registry``, one per
+    for transformers models' attention blocks live in ``mhsa.engine.families``, one module per
     family.
     """
 

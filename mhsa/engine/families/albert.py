@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from mhsa.engine.attention.module import MultiHeadSelfAttention
-from mhsa.engine.families.record import Family, load_linears, store_linears, whole
+from mhsa.engine.families.record import Family, LayerLayout, load_linears, store_linears, whole
 
-__all__ = ["FAMILY", "albert_call_order", "is_albert", "load_albert", "store_albert"]
+__all__ = ["FAMILY", "LAYERS", "albert_call_order", "is_albert", "load_albert", "store_albert"]
 
 
 def is_albert(m: nn.Module) -> bool:
@@ -65,6 +65,23 @@ def albert_call_order(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Modu
     return [blocks[int(i / (layers / groups))] for i in range(layers)]
 
 
+#: a post-norm ``AlbertLayer``: ``attention.LayerNorm(x + attention(x))`` inside the block,
+#: then ``full_layer_layer_norm(h + ffn_output(act(ffn(h))))``; the embeddings (of
+#: ``embedding_size``) are projected to the layers' width by the encoder's
+#: ``embedding_hidden_mapping_in``
+LAYERS = LayerLayout(
+    attention="attention",
+    projections=("query", "key", "value", "dense"),
+    attention_sum_norm="attention.LayerNorm",
+    mlp_sum_norm="full_layer_layer_norm",
+    mlp="ffn_output",
+    mlp_input="ffn",
+    embeddings="embeddings.word_embeddings",
+    positions="embeddings.position_embeddings",
+    embedding_norm="embeddings.LayerNorm",
+    unembedding="predictions.decoder",
+)
+
 FAMILY = Family(
     "ALBERT",
     "query/key/value/dense + LayerNorm in the block, layers shared across groups: ALBERT",
@@ -76,4 +93,5 @@ FAMILY = Family(
     values=lambda block: (block.value, whole),
     call_order=albert_call_order,
     kinds=("encoder",),
+    layers=LAYERS,
 )

@@ -18,9 +18,9 @@ from torch import nn
 
 from mhsa.engine.attention.module import MultiHeadSelfAttention
 from mhsa.engine.families.fused import load_fused, store_fused, value_rows
-from mhsa.engine.families.record import Family, ValueOf, our_rotary, rotary_of
+from mhsa.engine.families.record import Family, LayerLayout, ValueOf, our_rotary, rotary_of
 
-__all__ = ["FAMILY", "is_falcon", "load_falcon", "store_falcon"]
+__all__ = ["FAMILY", "LAYERS", "is_falcon", "load_falcon", "store_falcon"]
 
 
 def is_falcon(m: nn.Module) -> bool:
@@ -71,6 +71,42 @@ def _parallel(block: nn.Module) -> bool:
     return bool(config.parallel_attn or config.new_decoder_architecture)
 
 
+def _two_norms(layer: nn.Module) -> bool:
+    """Whether the layer has a norm for each block (``ln_attn``, ``ln_mlp``): the new decoder
+    architecture with ``num_ln_in_parallel_attn`` 2 (the layer's default there)."""
+    config = layer.config
+    two = getattr(config, "num_ln_in_parallel_attn", None) or 2
+    return bool(config.new_decoder_architecture) and two == 2
+
+
+def _attention_norm(layer: nn.Module) -> nn.Module | None:
+    """``ln_attn`` in the new decoder architecture (with two norms), else ``input_layernorm``."""
+    if _two_norms(layer):
+        return layer.ln_attn
+    return layer.input_layernorm
+
+
+def _mlp_norm(layer: nn.Module) -> nn.Module | None:
+    """``ln_mlp`` in the new decoder architecture (with two norms), ``post_attention_layernorm``
+    in a sequential layer, else None: the MLP reads the attention's norm."""
+    config = layer.config
+    if _two_norms(layer):
+        return layer.ln_mlp
+    if not config.parallel_attn and not config.new_decoder_architecture:
+        return layer.post_attention_layernorm
+    return None
+
+
+LAYERS = LayerLayout(
+    attention="self_attention",
+    projections=("query_key_value", "dense"),
+    attention_norm=_attention_norm,
+    mlp_norm=_mlp_norm,
+    final_norm="ln_f",
+    embeddings="word_embeddings",
+    parallel=_parallel,
+)
+
 FAMILY = Family(
     "Falcon",
     "fused query_key_value (multi-query, grouped or per head) + dense, rotary positions, "
@@ -80,6 +116,6 @@ FAMILY = Family(
     lambda _block: True,
     store=store_falcon,
     values=_values,
-    parallel=_parallel,
     kinds=("decoder",),
+    layers=LAYERS,
 )

@@ -11,13 +11,29 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch import nn
 
 from mhsa.engine.attention.module import MultiHeadSelfAttention
 from mhsa.engine.families.parts import check_flags
-from mhsa.engine.families.projected import is_projected, load_projected
+from mhsa.engine.families.projected import (
+    LLAMA_LAYERS,
+    is_projected,
+    load_projected,
+    projected_decoder,
+)
 
-__all__ = ["is_gemma", "is_gemma2", "is_gemma3", "load_gemma"]
+__all__ = [
+    "FAMILY",
+    "FAMILY_2",
+    "FAMILY_3",
+    "LAYERS_2",
+    "is_gemma",
+    "is_gemma2",
+    "is_gemma3",
+    "load_gemma",
+]
 
 
 def _model_type(m: nn.Module) -> str | None:
@@ -61,3 +77,38 @@ def load_gemma(block: nn.Module, model: nn.Module) -> MultiHeadSelfAttention:
     """
     check_flags(block.config, ("use_bidirectional_attention",))
     return load_projected(block, model)
+
+
+#: Gemma 2/3: ``h = x + post_attention_layernorm(self_attn(input_layernorm(x)))``, then
+#: ``h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))``
+LAYERS_2 = replace(
+    LLAMA_LAYERS,
+    mlp_norm="pre_feedforward_layernorm",
+    post_attention_norm="post_attention_layernorm",
+    post_mlp_norm="post_feedforward_layernorm",
+)
+
+#: Llama's layer layout (``projected.LLAMA_LAYERS``)
+FAMILY = projected_decoder(
+    "Gemma",
+    "Llama's layout; embeddings scaled by sqrt(d_model), norms x / rms(x) * (1 + w)",
+    is_gemma,
+    load_gemma,
+)
+
+FAMILY_2 = projected_decoder(
+    "Gemma 2",
+    "q_proj/k_proj/v_proj/o_proj with attention-logit soft-capping, query_pre_attn_scalar, "
+    "sliding windows on alternate layers, norms after attention and MLP outputs",
+    is_gemma2,
+    load_gemma,
+    LAYERS_2,
+)
+
+FAMILY_3 = projected_decoder(
+    "Gemma 3 (text)",
+    "Gemma 2's layout with per-head q/k norms (1 + w) and local rope on sliding layers",
+    is_gemma3,
+    load_gemma,
+    LAYERS_2,
+)

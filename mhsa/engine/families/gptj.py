@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from mhsa.engine.attention.module import MultiHeadSelfAttention, RotaryEmbedding
-from mhsa.engine.families.record import Family, load_linears, store_linears, whole
+from mhsa.engine.families.record import Family, LayerLayout, load_linears, store_linears, whole
 
-__all__ = ["FAMILY", "is_gptj", "load_gptj", "store_gptj"]
+__all__ = ["FAMILY", "LAYERS", "is_gptj", "load_gptj", "store_gptj"]
 
 #: GPT-J's rotary base (``create_sinusoidal_positions`` hard-codes it)
 _BASE = 10000.0
@@ -58,6 +58,16 @@ def _finish(block: nn.Module, out: torch.Tensor, _x: torch.Tensor) -> torch.Tens
     return block.resid_dropout(out)
 
 
+#: ``x + attn(ln_1(x)) + mlp(ln_1(x))``: one norm for both blocks
+LAYERS = LayerLayout(
+    attention="attn",
+    projections=("q_proj", "k_proj", "v_proj", "out_proj"),
+    attention_norm="ln_1",
+    final_norm="ln_f",
+    embeddings="wte",
+    parallel=lambda _block: True,
+)
+
 FAMILY = Family(
     "GPT-J",
     "q_proj/k_proj/v_proj/out_proj, interleaved partial rotary positions (rotary_dim), "
@@ -68,6 +78,6 @@ FAMILY = Family(
     _finish,
     store_gptj,
     values=lambda block: (block.v_proj, whole),
-    parallel=lambda _block: True,
     kinds=("decoder",),
+    layers=LAYERS,
 )

@@ -1,26 +1,54 @@
-"""The parts of a decoder layer the residual decomposition (``mhsa.causal.attribution``,
-``mhsa.causal.flow``) reads, found by structure: the final norm, each layer's MLP, and the checks
-that a
-model's layers are a sum the decomposition covers.
+"""A model's layer layout, read from its family's record (``Family.layers``, a
+``LayerLayout`` written once in the family's module): the parts of a layer (its attention block,
+the norms before and after its attention and MLP, the MLP) and of the model (embeddings,
+position embeddings, final norm, unembedding) that the residual decomposition
+(``mhsa.causal.attribution``, ``mhsa.causal.flow``), circuits, the weight analyses and QK
+attribution read, and the checks that a model's layers are a sum the decomposition covers.
+
+A layer finds its family by the attention block it holds (our ``OurBlock`` carries its
+``family``; a model's own block is recognised by ``Family.matches``), a model by its first
+attention block; both are remembered per module (weakly: a module let go is forgotten).
+No module outside ``mhsa.engine.families`` looks a layer's parts up by a list of names.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
+from mhsa.engine.families.record import Family, LayerLayout, Part
+from mhsa.engine.families.registry import family_of
 from mhsa.engine.models.loading import LoadedModel
 from mhsa.errors import UnsupportedModelError
 
 __all__ = [
     "attention_norm_of",
+    "attention_of",
+    "attention_sum_norm_of",
     "check_layer_norms",
     "check_sums",
+    "embedding_norm_of",
+    "embeddings_of",
+    "encoder_final_norm_of",
+    "family_of_layer",
+    "family_of_model",
     "final_norm_of",
+    "layout_of_layer",
+    "layout_of_model",
+    "mlp_input_of",
+    "mlp_norm_of",
     "mlp_of",
+    "mlp_sum_norm_of",
+    "part_of",
+    "positions_of",
+    "post_attention_norm_of",
+    "post_mlp_norm_of",
     "post_norm_error",
+    "post_norms_of",
+    "unembedding_of",
 ]
 
 
@@ -35,47 +63,190 @@ def post_norm_error(lm: LoadedModel) -> UnsupportedModelError:
     )
 
 
-_FINAL_NORMS = ("ln_f", "norm", "final_layernorm", "final_layer_norm", "final_norm")
+_FAMILIES: weakref.WeakKeyDictionary[nn.Module, Family | None] = weakref.WeakKeyDictionary()
 
 
-def final_norm_of(lm: LoadedModel) -> nn.Module:
-    """The base model's final norm (OPT keeps it in its ``decoder``; ModernBERT names it
-    ``final_norm``)."""
-    for owner in (lm.model, getattr(lm.model, "decoder", None)):
-        for name in _FINAL_NORMS:
-            module = getattr(owner, name, None)
-            if isinstance(module, nn.Module):
-                return module
-    raise UnsupportedModelError(
-        f"{lm.display_name}: no final norm found ({', '.join(_FINAL_NORMS)}): the "
-        "decomposition covers pre-norm decoders."
-    )
+def _block_family(module: nn.Module) -> Family | None:
+    """The family of ``module`` as an attention block: ours carries it, the model's matches it."""
+    carried = getattr(module, "family", None)
+    if isinstance(carried, Family):
+        return carried
+    return family_of(module)
 
 
-def mlp_of(layer: nn.Module) -> nn.Module | None:
-    """The module whose output is the layer's MLP output: ``mlp``, or OPT's ``fc2``."""
-    for name in ("mlp", "fc2"):
-        module = getattr(layer, name, None)
-        if isinstance(module, nn.Module):
-            return module
-    return None
+def _first_family(owner: nn.Module) -> Family | None:
+    """The family of the first attention block among ``owner``'s modules (itself included),
+    remembered for ``owner``."""
+    if owner in _FAMILIES:
+        return _FAMILIES[owner]
+    found = next((f for m in owner.modules() if (f := _block_family(m)) is not None), None)
+    _FAMILIES[owner] = found
+    return found
 
 
-#: the norm a layer applies to the residual before its attention, by attribute: GPT-2, GPT-J
-#: (``ln_1``), the Llama layout, GPT-NeoX, Phi, Falcon (``input_layernorm``), Falcon's new
-#: decoder architecture (``ln_attn``), OPT (``self_attn_layer_norm``)
-_ATTENTION_NORMS = ("ln_1", "input_layernorm", "ln_attn", "self_attn_layer_norm", "attn_norm")
+def family_of_layer(layer: nn.Module) -> Family | None:
+    """The family of the attention block ``layer`` holds (ours or the model's), or None."""
+    return _first_family(layer)
+
+
+def family_of_model(model: nn.Module) -> Family | None:
+    """The family of a model's (first) attention block, or None for a model of no registered
+    family."""
+    return _first_family(model)
+
+
+def layout_of_layer(layer: nn.Module) -> LayerLayout | None:
+    """The layout of ``layer``'s family, or None for a layer of no registered family."""
+    family = family_of_layer(layer)
+    return None if family is None else family.layers
+
+
+def layout_of_model(model: nn.Module) -> LayerLayout | None:
+    """The layout of a model's family, or None."""
+    family = family_of_model(model)
+    return None if family is None else family.layers
+
+
+def part_of(owner: nn.Module | None, part: Part) -> nn.Module | None:
+    """The module ``part`` names in ``owner`` (``LayerLayout``'s dotted path or function), or
+    None where the owner has no such part."""
+    if owner is None or part is None:
+        return None
+    if callable(part):
+        found = part(owner)
+    else:
+        found = owner
+        for step in part.split("."):
+            found = getattr(found, step, None)
+            if found is None:
+                return None
+    return found if isinstance(found, nn.Module) else None
+
+
+def _layer_part(layer: nn.Module, field: str) -> nn.Module | None:
+    layout = layout_of_layer(layer)
+    return None if layout is None else part_of(layer, getattr(layout, field))
+
+
+def attention_of(layer: nn.Module) -> nn.Module | None:
+    """The (self-)attention block of ``layer`` (ours, while it stands in), or None."""
+    return _layer_part(layer, "attention")
 
 
 def attention_norm_of(layer: nn.Module) -> nn.Module | None:
     """The norm ``layer`` applies to the residual before its attention, or None where its
     attention reads the residual itself (OLMo 2 puts its norms after the blocks; post-norm
-    encoders after the residual sums; ModernBERT's first layer an ``nn.Identity``)."""
-    for name in _ATTENTION_NORMS:
-        module = getattr(layer, name, None)
-        if isinstance(module, nn.Module) and getattr(module, "weight", None) is not None:
-            return module
-    return None
+    encoders after the residual sums; ModernBERT's first layer an ``nn.Identity``, which has no
+    weight)."""
+    norm = _layer_part(layer, "attention_norm")
+    return norm if norm is not None and getattr(norm, "weight", None) is not None else None
+
+
+def mlp_norm_of(layer: nn.Module) -> nn.Module | None:
+    """The norm ``layer``'s MLP reads its input through, or None: a parallel layer whose MLP
+    reads the attention's norm (GPT-J, Phi, Falcon) has no norm of its own, nor has a layer
+    whose MLP reads the residual itself (OLMo 2, post-norm layers)."""
+    return _layer_part(layer, "mlp_norm")
+
+
+def post_attention_norm_of(layer: nn.Module) -> nn.Module | None:
+    """The norm ``layer`` applies to its attention's output before the residual sum (Gemma 2/3,
+    OLMo 2), or None."""
+    return _layer_part(layer, "post_attention_norm")
+
+
+def post_mlp_norm_of(layer: nn.Module) -> nn.Module | None:
+    """The same for ``layer``'s MLP output, or None."""
+    return _layer_part(layer, "post_mlp_norm")
+
+
+def attention_sum_norm_of(layer: nn.Module) -> nn.Module | None:
+    """The norm of a post-norm layer's residual sum after its attention (BERT, BART), or None."""
+    return _layer_part(layer, "attention_sum_norm")
+
+
+def mlp_sum_norm_of(layer: nn.Module) -> nn.Module | None:
+    """The norm of a post-norm layer's residual sum after its MLP, or None."""
+    return _layer_part(layer, "mlp_sum_norm")
+
+
+def post_norms_of(layer: nn.Module) -> tuple[nn.Module, ...]:
+    """Every norm ``layer`` applies after its attention or MLP, to a block's output or to a
+    residual sum: none in a pre-norm layer, whose output is its input plus the blocks'
+    outputs."""
+    norms = (
+        post_attention_norm_of(layer),
+        post_mlp_norm_of(layer),
+        attention_sum_norm_of(layer),
+        mlp_sum_norm_of(layer),
+    )
+    return tuple(n for n in norms if n is not None)
+
+
+def mlp_of(layer: nn.Module) -> nn.Module | None:
+    """The module whose output is the layer's MLP output: ``mlp``, or OPT's ``fc2`` (the
+    family's ``LayerLayout.mlp``); None for a layer of no registered family."""
+    return _layer_part(layer, "mlp")
+
+
+def mlp_input_of(layer: nn.Module) -> nn.Module | None:
+    """The module that reads ``layer``'s MLP input: OPT's ``fc1``, BERT's ``intermediate``, else
+    the MLP itself."""
+    layout = layout_of_layer(layer)
+    if layout is None:
+        return None
+    return part_of(layer, layout.mlp_input) if layout.mlp_input is not None else mlp_of(layer)
+
+
+def _model_part(lm: LoadedModel, field: str) -> nn.Module | None:
+    layout = layout_of_model(lm.model)
+    return None if layout is None else part_of(lm.model, getattr(layout, field))
+
+
+def final_norm_of(lm: LoadedModel) -> nn.Module:
+    """The base model's final norm (the family's ``LayerLayout.final_norm``: OPT keeps it in its
+    ``decoder``, ModernBERT names it ``final_norm``, an encoder-decoder's is its decoder's).
+
+    Raises:
+        UnsupportedModelError: the model has none (post-norm models, models of no registered
+            family).
+    """
+    norm = _model_part(lm, "final_norm")
+    if norm is None:
+        raise UnsupportedModelError(
+            f"{lm.display_name}: no final norm found: the decomposition covers pre-norm decoders."
+        )
+    return norm
+
+
+def encoder_final_norm_of(lm: LoadedModel) -> nn.Module | None:
+    """An encoder-decoder's encoder's final norm (T5, mBART), or None."""
+    return _model_part(lm, "encoder_final_norm")
+
+
+def embeddings_of(lm: LoadedModel) -> nn.Module | None:
+    """The base model's token embedding, or None for a model of no registered family."""
+    return _model_part(lm, "embeddings")
+
+
+def positions_of(lm: LoadedModel) -> nn.Module | None:
+    """The base model's learned absolute position embeddings (GPT-2's ``wpe``, OPT's
+    ``embed_positions``, an encoder's ``embeddings.position_embeddings``), or None."""
+    return _model_part(lm, "positions")
+
+
+def embedding_norm_of(lm: LoadedModel) -> nn.Module | None:
+    """The norm between the embeddings and the first layer (an encoder's ``embeddings.
+    LayerNorm``, ModernBERT's ``embeddings.norm``), or None."""
+    return _model_part(lm, "embedding_norm")
+
+
+def unembedding_of(lm: LoadedModel) -> nn.Module | None:
+    """The head model's projection onto the vocabulary, or None (no head, no family)."""
+    layout = layout_of_model(lm.model)
+    if layout is None or lm.head_model is None:
+        return None
+    return part_of(lm.head_model, layout.unembedding)
 
 
 def check_layer_norms(lm: LoadedModel) -> None:

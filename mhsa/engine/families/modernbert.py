@@ -12,8 +12,16 @@ from torch import nn
 from mhsa.engine.attention.module import MultiHeadSelfAttention
 from mhsa.engine.families.fused import load_fused, store_fused
 from mhsa.engine.families.parts import rotary_for, window_of
+from mhsa.engine.families.record import Family, LayerLayout
 
-__all__ = ["is_modernbert", "load_modernbert", "modernbert_finish", "store_modernbert"]
+__all__ = [
+    "FAMILY",
+    "LAYERS",
+    "is_modernbert",
+    "load_modernbert",
+    "modernbert_finish",
+    "store_modernbert",
+]
 
 
 def is_modernbert(m: nn.Module) -> bool:
@@ -49,3 +57,37 @@ def store_modernbert(ours: MultiHeadSelfAttention, block: nn.Module) -> None:
 def modernbert_finish(block: nn.Module, out: torch.Tensor, _x: torch.Tensor) -> torch.Tensor:
     """The block's dropout after ``Wo`` (the residual sum is the layer's)."""
     return block.out_drop(out)
+
+
+def _values(block: nn.Module) -> tuple[nn.Module, object]:
+    """V is the last ``hidden_size`` features of ``Wqkv``'s output."""
+    d = block.config.hidden_size
+    return block.Wqkv, lambda qkv: qkv[..., 2 * d :]
+
+
+#: a pre-norm encoder layer: ``h = x + attn(attn_norm(x))`` (the first layer's ``attn_norm``
+#: an ``nn.Identity``: the embeddings' ``norm`` came just before), then ``h + mlp(mlp_norm(h))``;
+#: ``final_norm`` after the last
+LAYERS = LayerLayout(
+    attention="attn",
+    projections=("Wqkv", "Wo"),
+    attention_norm="attn_norm",
+    mlp_norm="mlp_norm",
+    final_norm="final_norm",
+    embeddings="embeddings.tok_embeddings",
+    embedding_norm="embeddings.norm",
+    unembedding="decoder",
+)
+
+FAMILY = Family(
+    "ModernBERT",
+    "fused Wqkv + Wo with rotary positions, global and local (sliding-window) layers",
+    is_modernbert,
+    load_modernbert,
+    lambda _block: False,
+    finish=modernbert_finish,
+    store=store_modernbert,
+    values=_values,
+    kinds=("encoder",),
+    layers=LAYERS,
+)

@@ -14,9 +14,9 @@ from torch import nn
 
 from mhsa.engine.attention.module import MultiHeadSelfAttention
 from mhsa.engine.families.fused import load_fused, store_fused, value_rows
-from mhsa.engine.families.record import Family, ValueOf, our_rotary, rotary_of
+from mhsa.engine.families.record import Family, LayerLayout, ValueOf, our_rotary, rotary_of
 
-__all__ = ["FAMILY", "is_neox", "load_neox", "store_neox"]
+__all__ = ["FAMILY", "LAYERS", "is_neox", "load_neox", "store_neox"]
 
 
 def is_neox(m: nn.Module) -> bool:
@@ -62,6 +62,20 @@ def _values(attention: nn.Module) -> tuple[nn.Module, ValueOf]:
     return attention.query_key_value, value_of
 
 
+#: ``x + attention(input_layernorm(x)) + mlp(post_attention_layernorm(x))`` when parallel,
+#: else ``h = x + attention(input_layernorm(x))``, ``h + mlp(post_attention_layernorm(h))``
+LAYERS = LayerLayout(
+    attention="attention",
+    projections=("query_key_value", "dense"),
+    attention_norm="input_layernorm",
+    mlp_norm="post_attention_layernorm",
+    final_norm="final_layer_norm",
+    embeddings="embed_in",
+    # the head's own: transformers renamed GPT-NeoX's ``embed_out`` to ``lm_head``
+    unembedding=lambda head: head.get_output_embeddings(),
+    parallel=lambda block: bool(getattr(block.config, "use_parallel_residual", False)),
+)
+
 FAMILY = Family(
     "GPT-NeoX",
     "fused per-head query_key_value + dense, partial rotary positions, parallel residual: "
@@ -71,6 +85,6 @@ FAMILY = Family(
     lambda _block: True,
     store=store_neox,
     values=_values,
-    parallel=lambda block: bool(getattr(block.config, "use_parallel_residual", False)),
     kinds=("decoder",),
+    layers=LAYERS,
 )

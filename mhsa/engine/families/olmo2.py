@@ -5,12 +5,19 @@ the residual decomposition of ``mhsa.causal.attribution`` follows them)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch import nn
 
 from mhsa.engine.attention.module import MultiHeadSelfAttention
-from mhsa.engine.families.projected import is_projected, load_projected
+from mhsa.engine.families.projected import (
+    LLAMA_LAYERS,
+    is_projected,
+    load_projected,
+    projected_decoder,
+)
 
-__all__ = ["is_olmo2", "load_olmo2"]
+__all__ = ["FAMILY", "LAYERS", "is_olmo2", "load_olmo2"]
 
 
 def is_olmo2(m: nn.Module) -> bool:
@@ -26,3 +33,23 @@ def is_olmo2(m: nn.Module) -> bool:
 def load_olmo2(block: nn.Module, model: nn.Module) -> MultiHeadSelfAttention:
     """Our module from an OLMo 2 block: its projections, whole-projection q/k norms, rope."""
     return load_projected(block, model)
+
+
+#: ``h = x + post_attention_layernorm(self_attn(x))``, then
+#: ``h + post_feedforward_layernorm(mlp(h))``: no norm before either block
+LAYERS = replace(
+    LLAMA_LAYERS,
+    attention_norm=None,
+    mlp_norm=None,
+    post_attention_norm="post_attention_layernorm",
+    post_mlp_norm="post_feedforward_layernorm",
+)
+
+FAMILY = projected_decoder(
+    "OLMo 2",
+    "q_proj/k_proj/v_proj/o_proj with an RMSNorm of the whole query and key projections, "
+    "norms after attention and MLP outputs",
+    is_olmo2,
+    load_olmo2,
+    LAYERS,
+)

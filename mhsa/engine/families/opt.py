@@ -13,9 +13,9 @@ from __future__ import annotations
 from torch import nn
 
 from mhsa.engine.attention.module import MultiHeadSelfAttention
-from mhsa.engine.families.record import Family, load_linears, store_linears, whole
+from mhsa.engine.families.record import Family, LayerLayout, load_linears, store_linears, whole
 
-__all__ = ["FAMILY", "is_opt", "load_opt", "store_opt"]
+__all__ = ["FAMILY", "LAYERS", "is_opt", "load_opt", "store_opt"]
 
 
 def is_opt(m: nn.Module) -> bool:
@@ -40,6 +40,22 @@ def store_opt(ours: MultiHeadSelfAttention, attention: nn.Module) -> None:
     store_linears(ours, _linears(attention))
 
 
+#: ``h = x + self_attn(self_attn_layer_norm(x))``, then ``h + fc2(act(fc1(final_layer_norm(h))))``
+#: (the layer's ``final_layer_norm`` is its MLP's norm; the model's final norm is the
+#: decoder's); ``do_layer_norm_before=False`` (OPT-350m) applies the same norms after the
+#: residual sums instead, which ``layout.check_layer_norms`` refuses
+LAYERS = LayerLayout(
+    attention="self_attn",
+    projections=("q_proj", "k_proj", "v_proj", "out_proj"),
+    attention_norm="self_attn_layer_norm",
+    mlp_norm="final_layer_norm",
+    mlp="fc2",
+    mlp_input="fc1",
+    final_norm="decoder.final_layer_norm",
+    embeddings="decoder.embed_tokens",
+    positions="decoder.embed_positions",
+)
+
 FAMILY = Family(
     "OPT",
     "q_proj/k_proj/v_proj/out_proj with learned positions (offset 2): OPT",
@@ -49,4 +65,5 @@ FAMILY = Family(
     store=store_opt,
     values=lambda block: (block.v_proj, whole),
     kinds=("decoder",),
+    layers=LAYERS,
 )

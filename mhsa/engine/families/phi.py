@@ -13,6 +13,7 @@ from torch import nn
 from mhsa.engine.attention.module import MultiHeadSelfAttention
 from mhsa.engine.families.record import (
     Family,
+    LayerLayout,
     load_linears,
     our_rotary,
     rotary_of,
@@ -20,7 +21,7 @@ from mhsa.engine.families.record import (
     whole,
 )
 
-__all__ = ["FAMILY", "is_phi", "load_phi", "store_phi"]
+__all__ = ["FAMILY", "LAYERS", "is_phi", "load_phi", "store_phi"]
 
 
 def is_phi(m: nn.Module) -> bool:
@@ -62,6 +63,16 @@ def store_phi(ours: MultiHeadSelfAttention, attention: nn.Module) -> None:
     store_linears(ours, _linears(attention))
 
 
+#: ``x + self_attn(input_layernorm(x)) + mlp(input_layernorm(x))``: one norm for both blocks
+LAYERS = LayerLayout(
+    attention="self_attn",
+    projections=("q_proj", "k_proj", "v_proj", "dense"),
+    attention_norm="input_layernorm",
+    final_norm="final_layernorm",
+    embeddings="embed_tokens",
+    parallel=lambda _block: True,
+)
+
 FAMILY = Family(
     "Phi",
     "q_proj/k_proj/v_proj/dense, partial rotary positions, parallel attention and MLP: "
@@ -71,6 +82,6 @@ FAMILY = Family(
     lambda _block: True,
     store=store_phi,
     values=lambda block: (block.v_proj, whole),
-    parallel=lambda _block: True,
     kinds=("decoder",),
+    layers=LAYERS,
 )

@@ -6,13 +6,17 @@ models) changes its frequencies with the length and is refused by name."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch import nn
 
 from mhsa.engine.attention.module import MultiHeadSelfAttention
 from mhsa.engine.families.fused import load_fused, store_fused
 from mhsa.engine.families.parts import rotary_for, window_of
+from mhsa.engine.families.projected import LLAMA_LAYERS
+from mhsa.engine.families.record import Family, causal_unless_told
 
-__all__ = ["is_phi3", "load_phi3", "phi3_values", "store_phi3"]
+__all__ = ["FAMILY", "LAYERS", "is_phi3", "load_phi3", "phi3_values", "store_phi3"]
 
 
 def is_phi3(m: nn.Module) -> bool:
@@ -55,3 +59,19 @@ def phi3_values(block: nn.Module) -> tuple[nn.Module, object]:
     """V is the last ``kv heads * head_dim`` features of ``qkv_proj``'s output."""
     q, kv, _ = _sizes(block)
     return block.qkv_proj, lambda qkv: qkv[..., q + kv :]
+
+
+#: Llama's layer layout with the fused projection
+LAYERS = replace(LLAMA_LAYERS, projections=("qkv_proj", "o_proj"))
+
+FAMILY = Family(
+    "Phi-3",
+    "fused qkv_proj + o_proj with rotary positions (partial) and grouped-query attention",
+    is_phi3,
+    load_phi3,
+    causal_unless_told,
+    store=store_phi3,
+    values=phi3_values,
+    kinds=("decoder",),
+    layers=LAYERS,
+)

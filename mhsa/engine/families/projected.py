@@ -5,6 +5,8 @@ grouped-query attention, and the options the newer families add to Llama's layou
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -14,9 +16,36 @@ from mhsa.engine.families.parts import (
     rotary_for,
     window_of,
 )
-from mhsa.engine.families.record import bias_of, copy_linear
+from mhsa.engine.families.record import (
+    Family,
+    LayerLayout,
+    bias_of,
+    causal_unless_told,
+    copy_linear,
+    v_proj_values,
+)
 
-__all__ = ["is_projected", "load_projected", "projected_linears", "store_projected"]
+__all__ = [
+    "LLAMA_LAYERS",
+    "is_projected",
+    "load_projected",
+    "projected_decoder",
+    "projected_linears",
+    "store_projected",
+]
+
+#: Llama's pre-norm sequential layer, which Qwen2/3, Mistral, Gemma and Phi-3 share:
+#: ``h = x + self_attn(input_layernorm(x))``, then ``h + mlp(post_attention_layernorm(h))``
+#: (in this layout ``post_attention_layernorm`` is the norm before the MLP, not after the
+#: attention: Gemma 2/3 and OLMo 2 use the same name for a norm after the attention)
+LLAMA_LAYERS = LayerLayout(
+    attention="self_attn",
+    projections=("q_proj", "k_proj", "v_proj", "o_proj"),
+    attention_norm="input_layernorm",
+    mlp_norm="post_attention_layernorm",
+    final_norm="norm",
+    embeddings="embed_tokens",
+)
 
 
 def is_projected(m: nn.Module) -> bool:
@@ -70,3 +99,26 @@ def store_projected(ours: MultiHeadSelfAttention, block: nn.Module) -> None:
             norm = getattr(ours, name)
             if norm is not None:
                 getattr(block, name).weight.copy_(norm.weight)
+
+
+def projected_decoder(
+    name: str,
+    layout: str,
+    matches: Callable[[nn.Module], bool],
+    load: Callable[[nn.Module, nn.Module], MultiHeadSelfAttention],
+    layers: LayerLayout = LLAMA_LAYERS,
+) -> Family:
+    """A decoder family of separate ``q_proj/k_proj/v_proj/o_proj`` (``store_projected``, V
+    from ``v_proj``), causal unless the block says otherwise, in Llama's layer layout unless
+    ``layers`` says another."""
+    return Family(
+        name,
+        layout,
+        matches,
+        load,
+        causal_unless_told,
+        store=store_projected,
+        values=v_proj_values,
+        kinds=("decoder",),
+        layers=layers,
+    )

@@ -1,16 +1,15 @@
-"""The ``Family`` record and what every family's loader shares: biases, ``nn.Linear`` copies,
-the model's rotary embedding as ours.
+"""The ``Family`` record, its ``LayerLayout`` (where a layer keeps its attention, norms and MLP,
+and a model its embeddings, final norm and unembedding), and what every family's loader shares:
+biases, ``nn.Linear`` copies, the model's rotary embedding as ours.
 
-``mhsa.engine.families.registry`` re-exports ``Family`` and registers every family in ``FAMILIES``;
-a family
-module imports from here (never from ``mhsa.engine.families.registry``: that would be an import
-cycle).
+``mhsa.engine.families.registry`` registers every family in ``FAMILIES``; a family module
+imports from here (never from ``mhsa.engine.families.registry``: that would be an import cycle).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -19,13 +18,17 @@ from mhsa.engine.attention.module import MultiHeadSelfAttention, RotaryEmbedding
 
 __all__ = [
     "Family",
+    "LayerLayout",
+    "Part",
     "ValueOf",
     "bias_of",
+    "causal_unless_told",
     "copy_linear",
     "load_linears",
     "our_rotary",
     "rotary_of",
     "store_linears",
+    "v_proj_values",
     "whole",
 ]
 
@@ -37,6 +40,75 @@ ValueOf = Callable[[torch.Tensor], torch.Tensor]
 def whole(output: torch.Tensor) -> torch.Tensor:
     """The module's whole output is V (a separate value projection)."""
     return output
+
+
+#: where a part sits in its owner (a layer, the base model, the head model): a dotted attribute
+#: path (``"attention.output.LayerNorm"``; a number steps into a ``ModuleList``), or a function
+#: of the owner that gives the module or None, where the place depends on the config or the
+#: model; None: the family has no such part
+Part = str | Callable[[nn.Module], "nn.Module | None"] | None
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    """Where a family's layers keep their parts, written once for every tool that reads them
+    (the residual decomposition, circuits, the weight analyses, QK attribution): each field is
+    a ``Part``. TransformerLens likewise keeps one weight-conversion file per family, naming
+    each part of the family's layers once.
+
+    A layer is the module that holds the attention block (``OurBlock.layer_place``), except
+    T5, whose attention block sits in a ``T5LayerSelfAttention`` inside the ``T5Block``: T5's
+    parts are given from the ``T5Block``.
+
+    Attributes:
+        attention: in a layer, the (self-)attention block ``Family.matches`` recognises.
+        projections: in the attention block, W_Q, W_K, W_V, W_O by attribute, in that order;
+            one name for Q, K and V where the family fuses them (``("c_attn", "c_proj")``).
+        attention_norm: in a layer, the norm applied to the residual before the attention
+            (pre-norm layers); None where the attention reads the residual itself (OLMo 2,
+            post-norm encoders).
+        mlp_norm: in a layer, the norm applied before the MLP; None where the MLP reads the
+            attention's norm (GPT-J, Phi, Falcon's parallel layers) or the residual itself.
+        post_attention_norm: in a layer, a norm applied to the attention's output before its
+            residual sum (Gemma 2/3, OLMo 2).
+        post_mlp_norm: the same for the MLP's output (``post_feedforward_layernorm``).
+        attention_sum_norm: in a post-norm layer, the norm of the residual sum after the
+            attention (BERT's ``attention.output.LayerNorm``, BART's ``self_attn_layer_norm``).
+        mlp_sum_norm: the same after the MLP (BERT's ``output.LayerNorm``).
+        mlp: in a layer, the module whose output is what the MLP adds (before a post norm):
+            ``mlp``, or OPT's and BART's ``fc2``, BERT's ``output.dense``.
+        mlp_input: in a layer, the module that reads the MLP's input, where it is another than
+            ``mlp`` (OPT's ``fc1``, BERT's ``intermediate``); None: ``mlp`` itself.
+        final_norm: in the base model, the norm after the last layer (OPT keeps it in its
+            ``decoder``; an encoder-decoder's is the decoder's); None: post-norm models.
+        encoder_final_norm: in the base model, an encoder-decoder's encoder's final norm.
+        embeddings: in the base model, the token embedding.
+        positions: in the base model, learned absolute position embeddings, if any.
+        embedding_norm: in the base model, the norm between the embeddings and the first
+            layer (encoders: BERT's ``embeddings.LayerNorm``), if any.
+        unembedding: in the head model, the projection onto the vocabulary.
+        parallel: whether a layer feeds its MLP the layer's input rather than the residual
+            after attention (GPT-NeoX's ``use_parallel_residual``, GPT-J, Phi, Falcon), as
+            ``parallel(block)`` of its attention block; None: never.
+    """
+
+    attention: Part
+    projections: tuple[str, ...]
+    attention_norm: Part = None
+    mlp_norm: Part = None
+    post_attention_norm: Part = None
+    post_mlp_norm: Part = None
+    attention_sum_norm: Part = None
+    mlp_sum_norm: Part = None
+    mlp: Part = "mlp"
+    mlp_input: Part = None
+    final_norm: Part = None
+    encoder_final_norm: Part = None
+    embeddings: Part = None
+    positions: Part = None
+    embedding_norm: Part = None
+    unembedding: Part = "lm_head"
+    parallel: Callable[[nn.Module], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -69,13 +141,13 @@ class Family:
             layers): ``call_order(model, blocks)`` gives, for each layer in the order the
             model runs them, the block it calls (from ``blocks``, the model's distinct
             blocks of this family in module order). None: each block is one layer.
-        parallel: whether the layer around the block feeds its MLP the layer's input rather
-            than the residual after attention (GPT-NeoX's ``use_parallel_residual``, GPT-J,
-            Phi, Falcon), as ``parallel(block)``; None: never.
         kinds: the kinds of model the layout comes in (``"encoder"``, ``"decoder"``,
             ``"encoder-decoder"``): the README's family x tool table
             (``mhsa.engine.families.support``) reads
             which tools apply from them.
+        layers: where the family's layers and model keep their parts (``LayerLayout``).
+        parallel: ``layers.parallel``: whether the layer around the block feeds its MLP the
+            layer's input, as ``parallel(block)``; None: never.
     """
 
     name: str
@@ -91,12 +163,28 @@ class Family:
     )
     returns: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], tuple] | None = None
     call_order: Callable[[nn.Module, list[nn.Module]], list[nn.Module]] | None = None
-    parallel: Callable[[nn.Module], bool] | None = None
     kinds: tuple[str, ...] = ()
+    layers: LayerLayout = field(kw_only=True)
+
+    @property
+    def parallel(self) -> Callable[[nn.Module], bool] | None:
+        """Whether the layer around a block of this family is parallel (``LayerLayout``)."""
+        return self.layers.parallel
 
     def describe(self) -> str:
         """``name (layout)``, for messages that list what is supported."""
         return f"{self.name} ({self.layout})"
+
+
+def causal_unless_told(block: nn.Module) -> bool:
+    """The q_proj/k_proj/v_proj decoders' blocks: causal unless the block's ``is_causal`` says
+    otherwise."""
+    return bool(getattr(block, "is_causal", True))
+
+
+def v_proj_values(block: nn.Module) -> tuple[nn.Module, ValueOf]:
+    """The values are the whole output of the block's ``v_proj``."""
+    return block.v_proj, whole
 
 
 def bias_of(linear: nn.Module) -> torch.Tensor | None:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from mhsa.engine.attention.module import MultiHeadSelfAttention, Observer
-from mhsa.engine.families.registry import Family
+from mhsa.engine.families.record import Family
 from mhsa.engine.models.loading import LoadedModel, last_logits_only
 from mhsa.engine.runs.block_search import (
     block_kinds,
