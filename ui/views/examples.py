@@ -107,23 +107,27 @@ def _open_on_cross_attention(model: str) -> None:
             state[key] = value
 
 
+def _say_unknown(found: UnknownTokens, message: str, little: str) -> None:
+    """``message`` as an info line, or a warning ending in ``little`` when most of the text's
+    tokens are unknown."""
+    if found.mostly_unknown:
+        st.warning(md_escape(f"{message} {little}"), icon=":material/warning:")
+    else:
+        st.info(md_escape(message), icon=":material/info:")
+
+
 def unknown_notice(model: str, device: str, text: str) -> None:
     """How many of the sentence's tokens the model does not know (a warning when over half),
     and a button putting the model's example in the sidebar."""
     found = counted(model, device, text)
     if found is None or found.unknown == 0:
         return
-    message = (
+    _say_unknown(
+        found,
         f"{found.unknown} of the sentence's {found.total} tokens are unknown to {model} "
-        f"(shown as {found.token}): the model sees one placeholder for each of them."
+        f"(shown as {found.token}): the model sees one placeholder for each of them.",
+        "What it shows says little about the sentence.",
     )
-    if found.mostly_unknown:
-        st.warning(
-            md_escape(message + " What it shows says little about the sentence."),
-            icon=":material/warning:",
-        )
-    else:
-        st.info(md_escape(message), icon=":material/info:")
     examples = model_examples(model)
     if examples:
         st.button(
@@ -142,15 +146,12 @@ def unknown_line(model: str, device: str, text: str, what: str) -> None:
     found = counted(model, device, text)
     if found is None or found.unknown == 0:
         return
-    message = (
+    _say_unknown(
+        found,
         f"{what}: {found.unknown} of its {found.total} tokens are unknown to {model} (shown as "
-        f"{found.token})."
+        f"{found.token}).",
+        "What the page shows says little about it.",
     )
-    if found.mostly_unknown:
-        st.warning(md_escape(message + " What the page shows says little about it."),
-                   icon=":material/warning:")  # fmt: skip
-    else:
-        st.info(md_escape(message), icon=":material/info:")
 
 
 #: what a page's own example pair sets: its texts and answers (the link's other values stay)
