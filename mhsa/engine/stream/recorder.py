@@ -38,6 +38,7 @@ from mhsa.errors import InputError, UnsupportedModelError
 
 __all__ = [
     "NORMED_POINTS",
+    "Call",
     "NotRecordedError",
     "Recording",
     "StreamCache",
@@ -263,6 +264,9 @@ class _Recorder:
         self.passed: dict[str, torch.Tensor] = {}
         #: each normed point reached: the norm module that gave it
         self.norms: dict[str, nn.Module] = {}
+        #: the calls of the modules ``recorded`` was asked to follow, in order
+        self.calls: list[Call] = []
+        self.last: str | None = None  # the last point kept
 
     def needs(self, name: str) -> bool:
         return name in self.wanted or name in self.replace
@@ -278,6 +282,7 @@ class _Recorder:
                 self.values[name] = kept.detach().clone()
             else:
                 self.values[name] = kept.detach().to("cpu", torch.float32, copy=True)
+            self.last = name
             if len(self.values) == len(self.wanted):
                 raise StopPass  # nothing asked lies further on
         return new
@@ -443,6 +448,33 @@ def _norm_hooks(recorder: _Recorder, layers: list[_Layer]) -> list[Hook]:
     return [make(m) for m in children.values()]
 
 
+@dataclass(frozen=True, eq=False)
+class Call:
+    """One call of a module ``recorded`` follows (``calls``): what it took and gave.
+
+    Attributes:
+        after: the last point kept before the call (``L3.z``), None before the first.
+        module: the module called.
+        given: its first input, batch first (on the model's device, not copied).
+        gave: its output (its first, where it returns several).
+    """
+
+    after: str | None
+    module: nn.Module
+    given: torch.Tensor
+    gave: torch.Tensor
+
+
+def _call_hooks(recorder: _Recorder, modules: Iterable[nn.Module]) -> list[Hook]:
+    """Hooks after each of ``modules`` that log its every call into ``recorder.calls``."""
+
+    def hook(module: nn.Module, args: tuple, output: Any) -> None:
+        if args and isinstance(args[0], torch.Tensor):
+            recorder.calls.append(Call(recorder.last, module, args[0], _first(output)))
+
+    return [after(module, hook) for module in modules]
+
+
 def _inputs(
     lm: LoadedModel, text_or_inputs: str | Mapping[str, Any]
 ) -> tuple[dict, tuple, tuple | None]:
@@ -592,10 +624,13 @@ class Recording:
             pass reached it.
         norms: by internal normed point reached (``NORMED_POINTS``), the norm module that gave
             it (to be frozen at its input, TransformerLens's ``apply_ln_to_stack``).
+        calls: every call of the modules asked to be followed (``recorded(calls=...)``), in
+            the order the forward made them, each placed after the last point kept before it.
     """
 
     values: dict[str, torch.Tensor]
     norms: dict[str, nn.Module]
+    calls: tuple[Call, ...] = ()
 
 
 def recorded(
@@ -608,6 +643,7 @@ def recorded(
     grad: bool = False,
     on_device: bool = False,
     last_logits: bool = False,
+    calls: Iterable[nn.Module] = (),
 ) -> Recording:
     """The recorder's pass itself, which ``record`` and the stream's passes
     (``mhsa.engine.stream.residual``) share: ``inputs`` (batch 1) through ``lm`` with ``blocks``
@@ -620,7 +656,9 @@ def recorded(
     its device (``on_device``: what the stream's passes compute with), or, with ``grad``, in the
     autograd graph. The head runs only when ``logits`` is asked, over the last position alone
     with ``last_logits`` where the head can skip the others. A point never reached is absent
-    from ``Recording.values``.
+    from ``Recording.values``. ``calls``: modules (a post-norm encoder's LayerNorms) whose every
+    call's input and output is logged in ``Recording.calls``, placed among the points, for
+    freezing the norms where the forward ran them.
     """
     names = list(names)
     recorder = _Recorder(names, dict(replace or {}), grad, on_device)
@@ -631,7 +669,7 @@ def recorded(
         observers=observers,
         sinks={layer: _discard for layer in observers},  # the observer keeps what is asked
     )
-    hooks = _hooks(recorder, _layers(lm, blocks), _final_norm(lm))
+    hooks = _hooks(recorder, _layers(lm, blocks), _final_norm(lm)) + _call_hooks(recorder, calls)
     model_inputs = forward_inputs(lm, dict(inputs), with_head)
     with _grad_mode(grad), hooked(hooks, stop=True):
         out = run_with_our_blocks(
@@ -639,7 +677,7 @@ def recorded(
         )
         if with_head:
             recorder.visit("logits", out.logits)
-    return Recording(dict(recorder.values), dict(recorder.norms))
+    return Recording(dict(recorder.values), dict(recorder.norms), tuple(recorder.calls))
 
 
 @contextmanager
