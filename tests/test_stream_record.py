@@ -384,3 +384,32 @@ def test_a_replaced_pattern_is_what_the_plain_minilm_would_give(minilm, monkeypa
     assert _close(cache[last], theirs)
     intact = stream.record(TEXT, model=minilm, points=[last])[last]
     assert float((cache[last] - intact).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["GPT-2 family", "Llama-style"])
+def test_the_residual_pass_reads_the_recorder(name: str, tmp_path_factory) -> None:
+    """``residual_pass``'s parts are the recorder's points: the pass is one source of the
+    stream, not a second recording of it."""
+    from mhsa.engine.stream.residual import residual_pass
+
+    lm = _tiny(name, tmp_path_factory)
+    run = residual_pass(TEXT, model=lm)
+    cache = stream.record(TEXT, model=lm)
+    assert run.layers == 2 and run.resid_pre[0].device == lm.device
+    pairs = (
+        ("resid_pre", run.resid_pre),
+        ("pattern", run.probabilities),
+        ("z", run.context),
+        ("attn_out", run.attn_out),
+        ("mlp_out", run.mlp_out),
+        ("resid_post", run.resid_post),
+    )
+    for point, parts in pairs:
+        for layer in range(run.layers):
+            mine = parts[layer].cpu()
+            assert torch.equal(mine, cache[f"L{layer}.{point}"]), (point, layer)
+    groups = run.heads // cache["L0.v"].shape[0]
+    assert torch.equal(run.values[1].cpu(), cache["L1.v"].repeat_interleave(groups, 0))
+    assert torch.equal(run.logits.cpu(), cache["logits"])
+    last = residual_pass(TEXT, model=lm, all_logits=False)
+    assert _close(last.logits.cpu(), cache["logits"][-1:], 1e-5)

@@ -1,22 +1,21 @@
 """A norm with its scale frozen at the vector it normalised, which makes it linear
 (TransformerLens's ``apply_ln_to_stack``): how direct logit attribution and information flow
 pass each part of the residual stream through the final norm, and through a norm after the
-attention output (Gemma 2/3, OLMo 2), which ``follow_norms_after`` finds in a recorded pass.
-LayerNorm, RMSNorm ``x / rms(x) * w`` and Gemma's
-``x / rms(x) * (1 + w)`` are recognised by reproducing the norm's own output.
+attention output (Gemma 2/3, OLMo 2), which the stream recorder finds in its pass
+(``mhsa.engine.stream.recorder.NORMED_POINTS``). LayerNorm, RMSNorm ``x / rms(x) * w`` and
+Gemma's ``x / rms(x) * (1 + w)`` are recognised by reproducing the norm's own output.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
 from mhsa.errors import UnsupportedModelError
 
-__all__ = ["FrozenNorm", "follow_norms_after", "frozen_final_norm", "frozen_norm", "norm_after"]
+__all__ = ["FrozenNorm", "frozen_final_norm", "frozen_norm"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -92,34 +91,3 @@ def frozen_final_norm(norm: nn.Module, whole: torch.Tensor) -> FrozenNorm:
     """
     frozen = frozen_norm(norm, whole.reshape(1, -1))
     return FrozenNorm(frozen.kind, float(frozen.inverse_scale), frozen.weight, frozen.bias)
-
-
-def norm_after(
-    seen: list[tuple[nn.Module, Any, torch.Tensor]], output: torch.Tensor
-) -> tuple[nn.Module, torch.Tensor] | None:
-    """The module of the layer that took ``output`` itself as its input (a norm after the
-    attention or the MLP: Gemma 2/3, OLMo 2), with what it gave; None when none did."""
-    return next(((m, out) for m, given, out in seen if given is output), None)
-
-
-def follow_norms_after(
-    blocks: list[Any],
-    record: dict[tuple[str, int], torch.Tensor],
-    after: dict[int, list[tuple[nn.Module, Any, torch.Tensor]]],
-) -> None:
-    """Where a layer puts a norm after its attention output or its MLP output (Gemma 2/3,
-    OLMo 2), what the residual receives is that norm's output: ``record``'s "output" and
-    "mlp" become it, and the norm after the attention, with its input, is kept ("norm after
-    attention", "raw output"). ``blocks``: ``mhsa.engine.runs.swap.OurBlock``s (their ``layer``)."""
-    for block in blocks:
-        seen = after.get(block.layer, [])
-        attention = norm_after(seen, record[("output", block.layer)])
-        if attention is not None:
-            record[("raw output", block.layer)] = record[("output", block.layer)]
-            record[("output", block.layer)] = attention[1]
-            record[("norm after attention", block.layer)] = attention[0]
-        mlp = norm_after(
-            seen, record.get(("mlp itself", block.layer), record[("mlp", block.layer)])
-        )
-        if mlp is not None:
-            record[("mlp", block.layer)] = mlp[1]

@@ -18,24 +18,25 @@ that norm, as ELECTRA's and ALBERT's), each earlier head ``L{l}H{h}``, each earl
 ``M{l}`` (nonlinear in its input: one part as the real forward computed it, its output bias
 included, as TransformerLens's ``get_full_resid_decomposition`` keeps ``mlp_out``), and ``bias``
 (the attention output biases ``b_O`` and every norm's ``beta``, pushed through the norms after
-them). The parts are recorded through our module (``mhsa.engine.runs.swap``) with the model's own
-LayerNorms observed in the order the forward calls them, and checked to rebuild every layer's
-input.
+them). The parts are read from one pass of the stream recorder
+(``mhsa.engine.stream.recorder.recorded``: each layer's ``resid_pre``, ``z`` and ``resid_post``,
+with every call of the model's own LayerNorms in the order the forward makes them), and checked
+to rebuild every layer's input.
 """
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
 from mhsa.engine.encoding import check_text, encode
 from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
-from mhsa.engine.runs.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
+from mhsa.engine.runs.swap import OurBlock, our_blocks
 from mhsa.engine.stream.frozen_norm import FrozenNorm, frozen_norm
+from mhsa.engine.stream.points import layer_of
+from mhsa.engine.stream.recorder import Recording, recorded
 from mhsa.errors import UnsupportedModelError
 
 __all__ = ["INPUT_PART", "POSTNORM_BIAS", "PostNormPass", "postnorm_pass"]
@@ -141,13 +142,6 @@ def _through(norm: FrozenNorm, parts: torch.Tensor, written: int) -> None:
         parts[-1] += norm.bias.to(parts)
 
 
-def _named_inputs(lm: LoadedModel, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The inputs the base model's forward names (a saved tokenizer may give more)."""
-    params = inspect.signature(lm.model.forward).parameters
-    named = {n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
-    return {k: v for k, v in inputs.items() if k in named}
-
-
 def _refusal(lm: LoadedModel, why: str) -> UnsupportedModelError:
     return UnsupportedModelError(
         f"{lm.display_name}: {why}. Splitting a post-norm encoder's stream follows the BERT "
@@ -164,8 +158,9 @@ def postnorm_pass(
     max_tokens: int | None = None,
 ) -> PostNormPass:
     """``text`` through a post-norm encoder (our module in every attention block), its stream
-    recorded in parts: each layer's input and heads' contexts from our module, the model's own
-    LayerNorms as the forward calls them (after each attention and each MLP), frozen there.
+    recorded in parts by the stream recorder: each layer's input and heads' contexts, the
+    model's own LayerNorms as the forward calls them (after each attention and each MLP),
+    frozen there.
 
     Raises:
         UnsupportedModelError: not an encoder, or layers that are not post-norm (ModernBERT is
@@ -179,31 +174,15 @@ def postnorm_pass(
         if lm.is_encoder_decoder or not blocks or blocks[0].causal:
             raise _refusal(lm, "not an encoder")
         encoded = encode(lm, text, None, max_tokens)
-        events: list[tuple[Any, ...]] = []
-        handles = [
-            m.register_forward_hook(
-                lambda mod, args, out: events.append(("norm", mod, args[0], out))
-            )
-            for m in lm.model.modules()
-            if isinstance(m, nn.LayerNorm)
-        ]
-        try:
-            observers = {b.layer: _observer(events, b.layer) for b in blocks}
-            inputs = _named_inputs(lm, encoded.inputs_on(lm.device))
-            out = run_with_our_blocks(lm, blocks, OurPass(observers=observers), inputs)
-        finally:
-            for handle in handles:
-                handle.remove()
-        last = out.last_hidden_state[0].float()
-        return _assembled(lm, blocks, tuple(encoded.tokens.strings), events, last)
+        norms = [m for m in lm.model.modules() if isinstance(m, nn.LayerNorm)]
+        # the pattern too: the heads' contexts from the eager steps, as the scores are read
+        names = [f"L{b.layer}.{p}" for b in blocks for p in _POINTS]
+        kept = recorded(lm, blocks, encoded.inputs, names, on_device=True, calls=norms)
+        return _assembled(lm, blocks, tuple(encoded.tokens.strings), kept)
 
 
-def _observer(events: list[tuple[Any, ...]], layer: int):
-    def observe(name: str, tensor: torch.Tensor) -> None:
-        if name in ("X", "concatenated heads"):
-            events.append((name, layer, tensor[0].float()))
-
-    return observe
+#: the recorder's points ``postnorm_pass`` reads of each layer (``L{l}.<point>``)
+_POINTS = ("resid_pre", "pattern", "z", "resid_post")
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -213,44 +192,45 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _assembled(
-    lm: LoadedModel,
-    blocks: list[OurBlock],
-    tokens: tuple[str, ...],
-    events: list[tuple[Any, ...]],
-    last: torch.Tensor,
+    lm: LoadedModel, blocks: list[OurBlock], tokens: tuple[str, ...], kept: Recording
 ) -> PostNormPass:
-    """The recorded events in layers: before layer 0's input the embeddings' norms; in each
+    """The recorded pass in layers: before layer 0's input the embeddings' norms; in each
     layer, after its heads, exactly two LayerNorms (``LN_a``, ``LN_m``), checked."""
-    starts = [i for i, e in enumerate(events) if e[0] == "X"]
-    if len(starts) != len(blocks):
+    values = kept.values
+    if any(f"L{b.layer}.{p}" not in values for b in blocks for p in _POINTS):
         raise _refusal(lm, "its attention blocks do not each read the stream once")
-    x0 = events[starts[0]][2]
-    embedding = [e for e in events[: starts[0]] if e[0] == "norm"]
+
+    def at(layer: int, point: str) -> torch.Tensor:
+        return values[f"L{layer}.{point}"].float()
+
+    x0, last = at(blocks[0].layer, "resid_pre"), at(blocks[-1].layer, "resid_post")
+    embedding = [c for c in kept.calls if c.after is None]  # the embeddings' norms
+    norm = embedding[-1] if embedding else None
     input_part, embedding_bias = x0, torch.zeros_like(x0[0])
-    if embedding and embedding[-1][1].bias is not None and _close(embedding[-1][3][0], x0):
-        embedding_bias = embedding[-1][1].bias.detach().float()
+    if norm is not None and norm.module.bias is not None and _close(norm.gave[0].float(), x0):
+        embedding_bias = norm.module.bias.detach().float()
         input_part = x0 - embedding_bias
+
     resid, context, w_o, b_o, ln_attn, ln_mlp, mlp_out = [], [], [], [], [], [], []
     for j, block in enumerate(blocks):
-        end = starts[j + 1] if j + 1 < len(starts) else len(events)
-        span = events[starts[j] : end]
-        x = span[0][2]
-        merged = next((e[2] for e in span if e[0] == "concatenated heads"), None)
-        norms = [e for e in span if e[0] == "norm"]
-        if merged is None or len(norms) != 2:
-            raise _refusal(lm, f"layer {j} calls {len(norms)} LayerNorms after its attention")
+        x = at(block.layer, "resid_pre")
         ours = block.ours
         h, dh = ours.num_heads, ours.d_head
+        z = at(block.layer, "z")  # (H, T, Dh)
+        merged = z.transpose(0, 1).reshape(z.shape[1], h * dh)  # (T, H Dh)
+        norms = [c for c in kept.calls if c.after and layer_of(c.after) == block.layer]
+        if len(norms) != 2:
+            raise _refusal(lm, f"layer {j} calls {len(norms)} LayerNorms after its attention")
         weight = ours.out.weight.detach().float()  # (D, H Dh)
         heads_w_o = weight.view(weight.shape[0], h, dh).permute(1, 2, 0)  # (H, Dh, D)
         bias = ours.out.bias
         bias = torch.zeros_like(x[0]) if bias is None else bias.detach().float()
-        (_, attn_norm, attn_in, attn_out), (_, mlp_norm, mlp_in, mlp_normed) = norms
-        attn_in, attn_out = attn_in[0].float(), attn_out[0].float()
-        mlp_in, mlp_normed = mlp_in[0].float(), mlp_normed[0].float()
+        after_attention, after_mlp = norms
+        attn_in, attn_out = after_attention.given[0].float(), after_attention.gave[0].float()
+        mlp_in, mlp_normed = after_mlp.given[0].float(), after_mlp.gave[0].float()
         written = merged @ weight.T + bias
-        following = starts[j + 1] if j + 1 < len(starts) else None
-        x_next = last if following is None else events[following][2]
+        following = blocks[j + 1].layer if j + 1 < len(blocks) else None
+        x_next = last if following is None else at(following, "resid_pre")
         if not _close(x + written, attn_in) or not _close(mlp_normed, x_next):
             raise _refusal(
                 lm,
@@ -260,11 +240,11 @@ def _assembled(
                 "qk_attribution does)",
             )
         resid.append(x)
-        context.append(merged.view(-1, h, dh).transpose(0, 1))  # (H, T, Dh)
+        context.append(z)
         w_o.append(heads_w_o)
         b_o.append(bias)
-        ln_attn.append(frozen_norm(attn_norm, attn_in))
-        ln_mlp.append(frozen_norm(mlp_norm, mlp_in))
+        ln_attn.append(frozen_norm(after_attention.module, attn_in))
+        ln_mlp.append(frozen_norm(after_mlp.module, mlp_in))
         mlp_out.append(mlp_in - attn_out)
     return PostNormPass(
         tokens=tokens,

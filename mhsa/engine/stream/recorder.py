@@ -36,7 +36,16 @@ from mhsa.engine.stream.hooks import Hook, StopPass, after, before, hooked
 from mhsa.engine.stream.points import LAYER_POINTS, REPLACEABLE, point_of, selected
 from mhsa.errors import InputError, UnsupportedModelError
 
-__all__ = ["NotRecordedError", "StreamCache", "record", "stream_points"]
+__all__ = [
+    "NORMED_POINTS",
+    "Call",
+    "NotRecordedError",
+    "Recording",
+    "StreamCache",
+    "record",
+    "recorded",
+    "stream_points",
+]
 
 #: a replacement: a tensor of the point's recorded shape, or ``fn(value) -> value`` (None: keep)
 Replacement = torch.Tensor | Callable[[torch.Tensor], torch.Tensor | None]
@@ -137,6 +146,13 @@ class _Layer:
         return [f"{self.prefix}.{p}" for p in LAYER_POINTS if p not in missing]
 
 
+#: the internal points ``recorded`` serves besides the public ones (not in ``stream_points``):
+#: the output of a norm that a layer puts after its attention output or after its MLP output
+#: (Gemma 2/3's and OLMo 2's ``post_attention_layernorm`` and ``post_feedforward_layernorm``),
+#: what the residual then receives; by the point whose tensor that norm takes
+NORMED_POINTS: dict[str, str] = {"attn_out": "attn_normed", "mlp_out": "mlp_normed"}
+
+
 #: the prefix of a block's points, by its kind (``mhsa.engine.runs.swap.BLOCK_KINDS``)
 _PREFIXES = {"self": "L", "encoder": "E", "decoder": "D", "cross": "C"}
 
@@ -227,14 +243,30 @@ class _Turns:
 
 class _Recorder:
     """Sees each point's value as the pass reaches it (batch first, ``[1, ...]``): replaces it
-    when ``replace`` names it, keeps it when it is asked, and ends the pass (``StopPass``) once
-    everything asked is in."""
+    when ``replace`` names it, keeps it when it is asked (a float32 copy on the CPU; with
+    ``on_device`` a copy where and as the model computed it), and ends the pass (``StopPass``)
+    once everything asked is in."""
 
-    def __init__(self, wanted: list[str], replace: dict[str, Replacement], grad: bool) -> None:
+    def __init__(
+        self,
+        wanted: list[str],
+        replace: dict[str, Replacement],
+        grad: bool,
+        on_device: bool = False,
+    ) -> None:
         self.wanted = set(wanted)
         self.replace = replace
         self.grad = grad
+        self.on_device = on_device
         self.values: dict[str, torch.Tensor] = {}
+        #: the very tensor each ``attn_out`` / ``mlp_out`` point passed on, where a normed
+        #: point after it is asked (the norm after it is the module that takes this tensor)
+        self.passed: dict[str, torch.Tensor] = {}
+        #: each normed point reached: the norm module that gave it
+        self.norms: dict[str, nn.Module] = {}
+        #: the calls of the modules ``recorded`` was asked to follow, in order
+        self.calls: list[Call] = []
+        self.last: str | None = None  # the last point kept
 
     def needs(self, name: str) -> bool:
         return name in self.wanted or name in self.replace
@@ -246,8 +278,11 @@ class _Recorder:
             kept = (value if new is None else new)[0]
             if self.grad:
                 self.values[name] = kept.clone()  # a copy: some layers add into outputs in place
+            elif self.on_device:
+                self.values[name] = kept.detach().clone()
             else:
                 self.values[name] = kept.detach().to("cpu", torch.float32, copy=True)
+            self.last = name
             if len(self.values) == len(self.wanted):
                 raise StopPass  # nothing asked lies further on
         return new
@@ -306,7 +341,10 @@ def _hooks(recorder: _Recorder, layers: list[_Layer], final_norm: nn.Module | No
             turns[key] = _Turns([])
             hooks.append(make(module, turns[key]))
         turns[key].layers.append(layer)
-        if recorder.needs(f"{layer}.{point}"):
+        normed = NORMED_POINTS.get(point)
+        if recorder.needs(f"{layer}.{point}") or (
+            normed is not None and recorder.needs(f"{layer}.{normed}")
+        ):
             needed.add(key)
 
     def pre_hidden(point: str):
@@ -326,8 +364,13 @@ def _hooks(recorder: _Recorder, layers: list[_Layer], final_norm: nn.Module | No
                 shape = first.shape
                 if first.dim() == 2:  # OPT's MLP runs on the tokens flattened to [B T, D]
                     first = first.reshape(1, -1, shape[-1])  # one sequence
-                new = recorder.visit(f"{turns_of.next()}.{point}", first)
-                return None if new is None else _with_first(output, new.reshape(shape))
+                name = f"{turns_of.next()}.{point}"
+                new = recorder.visit(name, first)
+                output = output if new is None else _with_first(output, new.reshape(shape))
+                normed = NORMED_POINTS.get(point)
+                if normed is not None and recorder.needs(f"{name.partition('.')[0]}.{normed}"):
+                    recorder.passed[name] = _first(output)
+                return None if new is None else output
 
             return after(module, hook)
 
@@ -360,6 +403,7 @@ def _hooks(recorder: _Recorder, layers: list[_Layer], final_norm: nn.Module | No
         if not layer.cross:
             add(layer.module, "post", i, "resid_post", post_output("resid_post"))
     kept = [h for h in hooks if (id(h.module), h.when) in needed]
+    kept += _norm_hooks(recorder, layers)
     if final_norm is not None and recorder.needs("final_norm_in"):
 
         def final(_m, args, kwargs):
@@ -368,6 +412,67 @@ def _hooks(recorder: _Recorder, layers: list[_Layer], final_norm: nn.Module | No
 
         kept.append(before(final_norm, final, kwargs=True))
     return kept
+
+
+def _norm_hooks(recorder: _Recorder, layers: list[_Layer]) -> list[Hook]:
+    """Hooks after every other module of a layer with a weight (its norms) that keep, as
+    ``attn_normed`` / ``mlp_normed``, the output of the one that takes the very tensor the
+    layer's ``attn_out`` / ``mlp_out`` point passed on; the norm itself goes to
+    ``recorder.norms``. Found by what the forward hands the module, not by its name."""
+    prefixes: dict[int, list[str]] = {}  # a module (ALBERT's shared layer: several layers)
+    children: dict[int, nn.Module] = {}
+    for layer in layers:
+        if layer.cross or not any(
+            recorder.needs(f"{layer.prefix}.{n}") for n in NORMED_POINTS.values()
+        ):
+            continue
+        skip = {id(layer.block), id(layer.block.original), id(layer.mlp)}
+        for child in layer.module.children():
+            if id(child) not in skip and getattr(child, "weight", None) is not None:
+                prefixes.setdefault(id(child), []).append(layer.prefix)
+                children[id(child)] = child
+
+    def make(module: nn.Module) -> Hook:
+        def hook(_m, args, output):
+            given = args[0] if args else None
+            for prefix in prefixes[id(module)]:
+                for point, normed in NORMED_POINTS.items():
+                    if given is not None and given is recorder.passed.get(f"{prefix}.{point}"):
+                        recorder.norms[f"{prefix}.{normed}"] = module
+                        new = recorder.visit(f"{prefix}.{normed}", _first(output))
+                        return None if new is None else _with_first(output, new)
+            return None
+
+        return after(module, hook)
+
+    return [make(m) for m in children.values()]
+
+
+@dataclass(frozen=True, eq=False)
+class Call:
+    """One call of a module ``recorded`` follows (``calls``): what it took and gave.
+
+    Attributes:
+        after: the last point kept before the call (``L3.z``), None before the first.
+        module: the module called.
+        given: its first input, batch first (on the model's device, not copied).
+        gave: its output (its first, where it returns several).
+    """
+
+    after: str | None
+    module: nn.Module
+    given: torch.Tensor
+    gave: torch.Tensor
+
+
+def _call_hooks(recorder: _Recorder, modules: Iterable[nn.Module]) -> list[Hook]:
+    """Hooks after each of ``modules`` that log its every call into ``recorder.calls``."""
+
+    def hook(module: nn.Module, args: tuple, output: Any) -> None:
+        if args and isinstance(args[0], torch.Tensor):
+            recorder.calls.append(Call(recorder.last, module, args[0], _first(output)))
+
+    return [after(module, hook) for module in modules]
 
 
 def _inputs(
@@ -495,35 +600,84 @@ def record(
     with lm.lock:
         inputs, tokens, decoder_tokens = _inputs(lm, text_or_inputs)
         blocks = our_blocks(lm)
-        layers = _layers(lm, blocks)
-        valid = _valid(lm, layers)
+        valid = _valid(lm, _layers(lm, blocks))
         wanted = selected(points, valid, "points")
         replacements = _replacements(replace, valid)
         if not wanted:  # nothing to keep: the pass would change nothing anyone sees
             return StreamCache({}, tokens, lm.display_name, decoder_tokens)
-        recorder = _Recorder(wanted, replacements, grad)
-        with_head = "logits" in recorder.wanted
-        observers = {
-            b.layer: o for b in blocks if (o := _attention_observer(recorder, b)) is not None
-        }
-        our_pass = OurPass(
-            need_weights=False,
-            observers=observers,
-            sinks={layer: _discard for layer in observers},  # the observer keeps what is asked
-        )
-        hooks = _hooks(recorder, layers, _final_norm(lm))
-        model_inputs = forward_inputs(lm, inputs, with_head)
-        with _grad_mode(grad), hooked(hooks, stop=True):
-            out = run_with_our_blocks(lm, blocks, our_pass, model_inputs, with_head=with_head)
-            if with_head:
-                recorder.visit("logits", out.logits)
-    missing = [n for n in wanted if n not in recorder.values]
+        kept = recorded(lm, blocks, inputs, wanted, replace=replacements, grad=grad)
+    missing = [n for n in wanted if n not in kept.values]
     if missing:
         raise UnsupportedModelError(
             f"{lm.display_name}: the pass never reached {', '.join(missing)} (a layer that does "
             "not call the module this point reads)."
         )
-    return StreamCache(recorder.values, tokens, lm.display_name, decoder_tokens)
+    return StreamCache(kept.values, tokens, lm.display_name, decoder_tokens)
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What ``recorded`` kept of one pass.
+
+    Attributes:
+        values: by point name, each point reached (batch dimension dropped), in the order the
+            pass reached it.
+        norms: by internal normed point reached (``NORMED_POINTS``), the norm module that gave
+            it (to be frozen at its input, TransformerLens's ``apply_ln_to_stack``).
+        calls: every call of the modules asked to be followed (``recorded(calls=...)``), in
+            the order the forward made them, each placed after the last point kept before it.
+    """
+
+    values: dict[str, torch.Tensor]
+    norms: dict[str, nn.Module]
+    calls: tuple[Call, ...] = ()
+
+
+def recorded(
+    lm: LoadedModel,
+    blocks: list[OurBlock],
+    inputs: Mapping[str, torch.Tensor],
+    names: Iterable[str],
+    *,
+    replace: Mapping[str, Replacement] | None = None,
+    grad: bool = False,
+    on_device: bool = False,
+    last_logits: bool = False,
+    calls: Iterable[nn.Module] = (),
+) -> Recording:
+    """The recorder's pass itself, which ``record`` and the stream's passes
+    (``mhsa.engine.stream.residual``) share: ``inputs`` (batch 1) through ``lm`` with ``blocks``
+    standing in for its attention blocks, keeping the points ``names`` (exact names, already
+    valid; besides ``record``'s, the internal ``NORMED_POINTS`` of each layer, kept where the
+    layer has such a norm) and replacing those of ``replace`` (exact names). The caller holds
+    ``lm.lock``.
+
+    Values are detached float32 copies on the CPU (``record``'s), copies in the model's dtype on
+    its device (``on_device``: what the stream's passes compute with), or, with ``grad``, in the
+    autograd graph. The head runs only when ``logits`` is asked, over the last position alone
+    with ``last_logits`` where the head can skip the others. A point never reached is absent
+    from ``Recording.values``. ``calls``: modules (a post-norm encoder's LayerNorms) whose every
+    call's input and output is logged in ``Recording.calls``, placed among the points, for
+    freezing the norms where the forward ran them.
+    """
+    names = list(names)
+    recorder = _Recorder(names, dict(replace or {}), grad, on_device)
+    with_head = "logits" in recorder.wanted
+    observers = {b.layer: o for b in blocks if (o := _attention_observer(recorder, b)) is not None}
+    our_pass = OurPass(
+        need_weights=False,
+        observers=observers,
+        sinks={layer: _discard for layer in observers},  # the observer keeps what is asked
+    )
+    hooks = _hooks(recorder, _layers(lm, blocks), _final_norm(lm)) + _call_hooks(recorder, calls)
+    model_inputs = forward_inputs(lm, dict(inputs), with_head)
+    with _grad_mode(grad), hooked(hooks, stop=True):
+        out = run_with_our_blocks(
+            lm, blocks, our_pass, model_inputs, with_head=with_head, last_logits=last_logits
+        )
+        if with_head:
+            recorder.visit("logits", out.logits)
+    return Recording(dict(recorder.values), dict(recorder.norms), tuple(recorder.calls))
 
 
 @contextmanager

@@ -1,11 +1,11 @@
 """The residual stream of a pre-norm decoder, part by part (``ResidualPass``, ``residual_pass``):
 the embeddings, each head's output (its context through its slice of ``W_O``), each attention
-block's output bias, each MLP's output, recorded through our module (``mhsa.engine.runs.swap``) and
-checked
-to sum to each layer's output. Direct logit attribution and the logit lens
+block's output bias, each MLP's output, read from one pass of the stream recorder
+(``mhsa.engine.stream.recorder.recorded``: its ``resid_pre``, ``v``, ``pattern``, ``z``,
+``attn_out``, ``mlp_out``, ``resid_post`` and ``logits`` points, kept on the model's device) and
+checked to sum to each layer's output. Direct logit attribution and the logit lens
 (``mhsa.causal.attribution``) and the residual flow (``mhsa.causal.flow``) read it;
-``mhsa.causal.attribution``
-re-exports both names.
+``mhsa.causal.attribution`` re-exports both names.
 
 Parallel layers (GPT-NeoX with ``use_parallel_residual``, GPT-J, Phi, Falcon) feed attention and
 MLP the same input and add both outputs to it: the MLP reads the layer's input rather than the
@@ -17,9 +17,7 @@ encoder's stream is split through its frozen norms by ``mhsa.engine.stream.postn
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -34,9 +32,10 @@ from mhsa.engine.families.layout import (
     post_norm_error,
 )
 from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
-from mhsa.engine.runs.generation import Generation, forward_inputs, generation_encoded
-from mhsa.engine.runs.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
-from mhsa.engine.stream.frozen_norm import FrozenNorm, follow_norms_after, frozen_norm
+from mhsa.engine.runs.generation import Generation, generation_encoded
+from mhsa.engine.runs.swap import OurBlock, our_blocks
+from mhsa.engine.stream.frozen_norm import FrozenNorm, frozen_norm
+from mhsa.engine.stream.recorder import NORMED_POINTS, Recording, recorded
 from mhsa.errors import UnsupportedModelError
 
 __all__ = ["ResidualPass", "residual_pass"]
@@ -183,68 +182,19 @@ def _layer(block: OurBlock) -> nn.Module:
     return getattr(outer, name)
 
 
-def _hidden(args: tuple, kwargs: dict) -> torch.Tensor:
-    return args[0] if args else kwargs["hidden_states"]
-
-
-def _first(output: Any) -> torch.Tensor:
-    return output[0] if isinstance(output, tuple) else output
-
-
-def _recording(
-    blocks: list[OurBlock],
-    record: dict[tuple[str, int], torch.Tensor],
-    after: dict[int, list[tuple[nn.Module, Any, torch.Tensor]]],
-) -> list[Any]:
-    """Hooks that put each layer's input, output and MLP output into ``record``, and what
-    each other module of the layer with a weight (its norms) took and gave into ``after``
-    (``frozen_norm.follow_norms_after`` finds among them a norm after the attention or the
-    MLP); handles."""
-
-    def seen(layer: int, module: nn.Module) -> Callable[..., None]:
-        def hook(_m: nn.Module, args: tuple, out: Any) -> None:
-            after.setdefault(layer, []).append((module, args[0] if args else None, _first(out)))
-
-        return hook
-
-    def keep(name: str, layer: int, pre: bool) -> Callable[..., None]:
-        if pre:
-            return lambda _m, args, kwargs: record.__setitem__((name, layer), _hidden(args, kwargs))
-
-        def hook(_m: nn.Module, _args: Any, out: Any) -> None:
-            # a copy: Falcon adds the attention output into its MLP's output in place; the
-            # tensor itself too, for finding the norm that takes it (Gemma 2/3, OLMo 2)
-            record[(name, layer)] = _first(out).clone()
-            record[(f"{name} itself", layer)] = _first(out)
-
-        return hook
-
-    handles = []
-    for block in blocks:
-        layer = _layer(block)
-        handles.append(
-            layer.register_forward_pre_hook(keep("pre", block.layer, True), with_kwargs=True)
-        )
-        handles.append(layer.register_forward_hook(keep("post", block.layer, False)))
-        mlp = mlp_of(layer)
-        assert mlp is not None  # _checked_decoder saw it
-        handles.append(mlp.register_forward_hook(keep("mlp", block.layer, False)))
-        for child in layer.children():
-            if child is not block.original and child is not mlp and hasattr(child, "weight"):
-                handles.append(child.register_forward_hook(seen(block.layer, child)))
-    return handles
-
-
-_OBSERVED = {"probabilities", "per-head V", "per-head context", "output"}
+#: the recorder's points ``residual_pass`` reads of each layer (``L{l}.<point>``); an
+#: ``attn_normed`` / ``mlp_normed`` is there only where the layer norms a block's output
+_POINTS = (
+    "resid_pre",
+    "v",
+    "pattern",
+    "z",
+    "attn_out",
+    *NORMED_POINTS.values(),
+    "mlp_out",
+    "resid_post",
+)
 _LOGIT_SOFTCAP = "final_logit_softcapping"
-
-
-def _observer(record: dict[tuple[str, int], torch.Tensor], layer: int) -> Callable[..., None]:
-    def observe(name: str, tensor: torch.Tensor) -> None:
-        if name in _OBSERVED:
-            record[(name, layer)] = tensor
-
-    return observe
 
 
 def residual_pass(
@@ -269,83 +219,78 @@ def residual_pass(
     if not isinstance(text, Generation):
         text = check_text(text)
     lm = resolve_model(model)
-    record: dict[tuple[str, int], torch.Tensor] = {}
-    after: dict[int, list[tuple[nn.Module, Any, torch.Tensor]]] = {}
     with lm.lock, torch.inference_mode():
         blocks = _checked_decoder(lm, with_head)
         if isinstance(text, Generation):
             encoded = generation_encoded(lm, text, max_tokens)
         else:
             encoded = encode(lm, text, None, max_tokens)
-        inputs = forward_inputs(lm, encoded.inputs_on(lm.device), with_head)
-        observers = {b.layer: _observer(record, b.layer) for b in blocks}
-        handles = _recording(blocks, record, after)
-        try:
-            out = run_with_our_blocks(
-                lm,
-                blocks,
-                OurPass(observers=observers),
-                inputs,
-                with_head=with_head,
-                last_logits=not all_logits,
-            )
-        finally:
-            for handle in handles:
-                handle.remove()
-        follow_norms_after(blocks, record, after)
-        logits = out.logits[0] if with_head else torch.zeros(0, 0)
-        return _assembled(lm, blocks, encoded, record, logits, with_head)
+        names = [f"L{b.layer}.{p}" for b in blocks for p in _POINTS]
+        kept = recorded(
+            lm,
+            blocks,
+            encoded.inputs,
+            [*names, "logits"] if with_head else names,
+            on_device=True,
+            last_logits=not all_logits,
+        )
+        return _assembled(lm, blocks, encoded, kept, with_head)
 
 
 def _assembled(
     lm: LoadedModel,
     blocks: list[OurBlock],
     encoded: Encoded,
-    record: dict[tuple[str, int], torch.Tensor],
-    logits: torch.Tensor,
+    kept: Recording,
     with_head: bool = True,
 ) -> ResidualPass:
-    def per_layer(name: str) -> tuple[torch.Tensor, ...]:
-        return tuple(record[(name, b.layer)][0].float() for b in blocks)
+    """The ``ResidualPass`` of the recorder's points: what the residual receives from a block is
+    the output of the norm after it where the layer has one (``attn_normed``, ``mlp_normed``),
+    that norm after the attention frozen at the block's own output."""
+    values = kept.values
 
-    w_o, b_o, values, b_v = [], [], [], []
+    def per_layer(point: str) -> tuple[torch.Tensor, ...]:
+        return tuple(values[f"L{b.layer}.{point}"].float() for b in blocks)
+
+    def received(point: str) -> tuple[torch.Tensor, ...]:
+        normed = NORMED_POINTS[point]
+        return tuple(
+            values.get(f"L{b.layer}.{normed}", values[f"L{b.layer}.{point}"]).float()
+            for b in blocks
+        )
+
+    w_o, b_o, heads_v, b_v = [], [], [], []
     for block in blocks:
         ours = block.ours
         weight = ours.out.weight.float()  # (D, H Dh)
         w_o.append(weight.view(weight.shape[0], ours.num_heads, ours.d_head).permute(1, 2, 0))
         b_o.append(None if ours.out.bias is None else ours.out.bias.float())
-        v = record[("per-head V", block.layer)][0].float()  # (G, T, Dh)
-        values.append(v.repeat_interleave(ours.groups, dim=0))  # (H, T, Dh)
+        v = values[f"L{block.layer}.v"].float()  # (G, T, Dh)
+        heads_v.append(v.repeat_interleave(ours.groups, dim=0))  # (H, T, Dh)
         bias = ours.projections()[1][2]
         per_head = None if bias is None else bias.float().view(ours.num_kv_heads, ours.d_head)
         b_v.append(None if per_head is None else per_head.repeat_interleave(ours.groups, dim=0))
     attn_norm = tuple(
         None
-        if ("norm after attention", b.layer) not in record
-        else frozen_norm(
-            record[("norm after attention", b.layer)], record[("raw output", b.layer)][0]
-        )
+        if (norm := kept.norms.get(f"L{b.layer}.{NORMED_POINTS['attn_out']}")) is None
+        else frozen_norm(norm, values[f"L{b.layer}.attn_out"])
         for b in blocks
     )
     cap = getattr(lm.config, _LOGIT_SOFTCAP, None)
     run = ResidualPass(
         tokens=tuple(encoded.tokens.strings),
         ids=tuple(encoded.inputs["input_ids"][0].tolist()),
-        resid_pre=per_layer("pre"),
-        probabilities=per_layer("probabilities"),
-        values=tuple(values),
+        resid_pre=per_layer("resid_pre"),
+        probabilities=per_layer("pattern"),
+        values=tuple(heads_v),
         b_v=tuple(b_v),
-        context=per_layer("per-head context"),
+        context=per_layer("z"),
         w_o=tuple(w_o),
         b_o=tuple(b_o),
-        attn_out=per_layer("output"),
-        # OPT runs its MLP on the tokens flattened to [B T, D]
-        mlp_out=tuple(
-            record[("mlp", b.layer)].reshape(record[("pre", b.layer)].shape)[0].float()
-            for b in blocks
-        ),
-        resid_post=per_layer("post"),
-        logits=logits.float(),
+        attn_out=received("attn_out"),
+        mlp_out=received("mlp_out"),  # OPT's flattened [T, D] MLP output: one sequence
+        resid_post=per_layer("resid_post"),
+        logits=values["logits"].float() if with_head else torch.zeros(0, 0),
         final_norm=final_norm_of(lm),
         unembed=lm.head_model.get_output_embeddings() if with_head else None,
         attn_norm=attn_norm if any(n is not None for n in attn_norm) else (),
