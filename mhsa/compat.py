@@ -50,6 +50,7 @@ from mhsa.engine.families.llama import load_llama
 __all__ = [
     "DEPRECATED_CONSTRUCTORS",
     "MOVED_MODULES",
+    "MOVED_MODULE_NAMES",
     "MOVED_NAMES",
     "MOVED_PACKAGES",
     "MovedModuleFinder",
@@ -334,3 +335,32 @@ sys.modules["mhsa"].__class__ = _PublicNamesKept
 
 if not any(isinstance(finder, MovedModuleFinder) for finder in sys.meta_path):
     sys.meta_path.insert(0, MovedModuleFinder())
+
+
+#: names moved between modules of one subpackage: old module -> {name: new module}
+MOVED_MODULE_NAMES: dict[str, dict[str, str]] = {
+    "mhsa.circuits.runs": dict.fromkeys(
+        ("CircuitPair", "probe_gradients", "run_pair"), "mhsa.circuits.pairs"
+    ),
+}
+
+
+def _moved_names_getattr(old: str, names: dict[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` answering the names that left ``old`` with a warning naming
+    their new module."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {old!r} has no attribute {name!r}")
+        warnings.warn(
+            deprecation_message(f"{old}.{name}", f"{names[name]}.{name}"),
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(names[name]), name)
+
+    return __getattr__
+
+
+for _module, _names in MOVED_MODULE_NAMES.items():
+    importlib.import_module(_module).__getattr__ = _moved_names_getattr(_module, _names)

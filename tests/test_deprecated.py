@@ -128,3 +128,18 @@ def test_removed_constructors_warn_and_give_the_loaders_module(family: str) -> N
     x = torch.randn(1, 6, 16)
     with torch.no_grad():
         torch.testing.assert_close(old(x)[0], new(x)[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["CircuitPair", "run_pair", "probe_gradients"])
+def test_the_pairs_names_moved_with_the_pair(name: str) -> None:
+    """The clean / corrupted pair is one module (``mhsa.circuits.pairs``): its run and record
+    were in ``mhsa.circuits.runs`` only to keep another file short; the old names still
+    resolve there, warning, as the very same objects."""
+    import mhsa.circuits.pairs as pairs
+    import mhsa.circuits.runs as runs
+
+    with pytest.warns(DeprecationWarning, match=rf"runs\.{name} is deprecated.*circuits\.pairs"):
+        old = getattr(runs, name)
+    assert old is getattr(pairs, name)
+    with pytest.raises(AttributeError):
+        runs.no_such_name  # noqa: B018

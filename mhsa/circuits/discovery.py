@@ -55,17 +55,15 @@ import pandas as pd
 import torch
 
 from mhsa.circuits.graph import CircuitGraph
-from mhsa.circuits.pairs import EAP_ONE_PASS_MAX, circuit_pair
-from mhsa.circuits.postnorm import PostNormModel, postnorm_edge_scores, rows_per_pass
-from mhsa.circuits.runs import (
-    CircuitModel,
+from mhsa.circuits.pairs import (
+    EAP_ONE_PASS_MAX,
     CircuitPair,
-    CircuitRun,
-    circuit_model,
+    circuit_pair,
     probe_gradients,
-    run_circuit,
     run_pair,
 )
+from mhsa.circuits.postnorm import PostNormModel, postnorm_edge_scores, rows_per_pass
+from mhsa.circuits.runs import CircuitModel, CircuitRun, circuit_model, run_circuit
 from mhsa.circuits.taps import tapped_scores
 from mhsa.engine.models.loading import DEFAULT_MODEL, LoadedModel, resolve_model
 from mhsa.engine.result import html_view

@@ -26,9 +26,8 @@ Post-norm encoders (the BERT family) have no such sum: their targets read their 
 the chain of norms instead (``mhsa.circuits.postnorm``, our definition); ``circuit_model`` picks
 the wiring and ``run_circuit`` / ``run_pair`` run either.
 
-``run_pair`` runs a clean and a corrupted text once, side by side (``CircuitPair``: every
-source's activation on each, the metric of each and, for EAP, the clean run's gradient at every
-target input from the same pass); ``mhsa.circuits`` scores edges and circuits from it.
+A clean and a corrupted text run once, side by side, is ``mhsa.circuits.pairs``'s
+(``CircuitPair``, ``run_pair``).
 """
 
 from __future__ import annotations
@@ -37,18 +36,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from mhsa.causal.metrics import logit_difference
 from mhsa.circuits.graph import CircuitGraph, graph_of
 from mhsa.circuits.layers import is_parallel, layer_norms, per_head, ungrouped
 from mhsa.circuits.postnorm import (
     PostNormModel,
-    embedding_metric,
     is_post_norm_encoder,
-    pooled,
     postnorm_model,
     run_postnorm,
 )
@@ -56,18 +51,15 @@ from mhsa.engine.families.layout import final_norm_of, mlp_of
 from mhsa.engine.models.loading import LoadedModel, last_logits_only
 from mhsa.engine.runs.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
 from mhsa.engine.stream.hooks import Hook, after, before, hooked
-from mhsa.errors import InputError, UnsupportedModelError
+from mhsa.errors import UnsupportedModelError
 
 __all__ = [
     "TOOLS_NEEDING_PRE_NORM",
     "CircuitModel",
-    "CircuitPair",
     "CircuitRun",
     "Tap",
     "circuit_model",
-    "probe_gradients",
     "run_circuit",
-    "run_pair",
 ]
 
 TOOLS_NEEDING_PRE_NORM = (
@@ -424,158 +416,3 @@ def run_circuit(
             finally:
                 model.running.observers = kept
     return out.logits
-
-
-# --- a clean / corrupted pair, run once --------------------------------------------------------
-
-
-@dataclass(frozen=True, eq=False)
-class CircuitPair:
-    """Both texts encoded for a wired model, the metric's tokens, and both runs' activations."""
-
-    wired: CircuitModel | PostNormModel
-    graph: CircuitGraph
-    clean: dict[str, torch.Tensor]  # the clean text's inputs (batch 1)
-    tokens: tuple[list[str], list[str]]  # the two texts' tokens
-    answer: int
-    wrong: int
-    metric: str
-    acts_clean: torch.Tensor  # (sources, T, D)
-    acts_corrupted: torch.Tensor  # (sources, T, D)
-    m_clean: float
-    m_corrupted: float
-    #: ``[targets, T, D]`` dm/d(each target input) at the clean run, when the pair's run kept it
-    #: (an encoder: at each probe of ``mhsa.circuits.postnorm.probe_layout``)
-    grads: torch.Tensor | None = None
-    #: encoders: the sentence embedding ``[D]`` the metric compares with (cosine)
-    reference: torch.Tensor | None = None
-
-    def ids(self, rows: int) -> dict[str, torch.Tensor]:
-        """The clean text's inputs, ``rows`` times."""
-        return {k: v.expand(rows, -1) for k, v in self.clean.items()}
-
-    def measure(self, logits: torch.Tensor) -> torch.Tensor:
-        """``[rows]``: logit(answer) - logit(wrong) at the last position (the metric module's
-        ``logit_difference``, patching's metric); an encoder: the cosine of the sentence
-        embedding of ``logits`` (its last hidden state) with the reference."""
-        return _measure(logits, self.answer, self.wrong, self.reference, self.clean)
-
-    def attrs(self) -> dict[str, Any]:
-        return {
-            "metric": self.metric,
-            "clean": self.m_clean,
-            "corrupted": self.m_corrupted,
-            "clean_tokens": self.tokens[0],
-            "corrupted_tokens": self.tokens[1],
-            "model": self.wired.lm.display_name,
-            "layers": self.graph.layers,
-            "heads": self.graph.heads,
-        }
-
-    def corrupted_runs(self, corrupt: np.ndarray) -> np.ndarray:
-        """``[rows]`` m of the clean text with each row's edges (``corrupt [rows, sources,
-        targets]``) carrying the corrupted activations. Inference mode, lock held."""
-        run = CircuitRun(
-            self.graph.upstream,
-            corrupt=torch.as_tensor(corrupt, device=self.acts_clean.device),
-            corrupted=self.acts_corrupted,
-        )
-        logits = run_circuit(self.wired, run, self.ids(len(corrupt)))
-        return self.measure(logits).double().cpu().numpy()
-
-
-def run_pair(
-    wired: CircuitModel,
-    clean: dict[str, torch.Tensor],
-    corrupted: dict[str, torch.Tensor],
-    answer: int,
-    wrong: int,
-    metric: str,
-    tokens: tuple[list[str], list[str]],
-    gradient: bool = False,
-    reference: torch.Tensor | None = None,
-) -> CircuitPair:
-    """Both inputs run side by side once (every source's activation, m of each); lock held.
-
-    An encoder's metric is the cosine of the sentence embedding with ``reference`` ([D], the
-    target "similarity"), or with the clean run's own (None: the target "embedding").
-
-    ``gradient``: the same pass also carries EAP's probe (a zero added to every target input)
-    and one backward gives dm_clean/d(each target input), so EAP costs one forward of two rows
-    and one backward instead of a forward of two rows, one of one row and a backward. The rows
-    do not mix (same length, no padding), so the corrupted row adds nothing to the clean row's
-    gradient. An encoder's rows run apart (only the clean one carries every target's copy, with
-    the probe), and need ``reference``.
-
-    Raises:
-        InputError: the two give the same metric.
-    """
-    graph = wired.graph
-    both = {k: torch.cat([clean[k], corrupted[k]]) for k in clean.keys() & corrupted.keys()}
-    run = CircuitRun(graph.upstream, probe=gradient)
-    encoder = isinstance(wired, PostNormModel)
-    if gradient and encoder:  # the rows apart: only the clean one carries every target's copy
-        plain = CircuitRun(graph.upstream)
-        with torch.inference_mode():
-            other = _measure(run_circuit(wired, plain, corrupted), -1, -1, reference, clean)
-        with torch.inference_mode(False), torch.enable_grad():
-            clean_value = _measure(run_circuit(wired, run, clean), -1, -1, reference, clean)[0]
-        values = torch.stack([clean_value.detach(), other[0]])
-        run.acts = [torch.cat([a.detach(), b]) for a, b in zip(run.acts, plain.acts, strict=True)]
-    elif gradient:
-        with torch.inference_mode(False), torch.enable_grad():
-            logits = run_circuit(wired, run, both)
-            if encoder and reference is None:
-                reference = _pooled(logits[:1], clean)
-            values = _measure(logits, answer, wrong, reference, clean)
-            clean_value = values[0]
-    else:
-        with torch.inference_mode():
-            logits = run_circuit(wired, run, both)
-        if encoder and reference is None:
-            reference = _pooled(logits[:1], clean)
-        values = _measure(logits, answer, wrong, reference, clean)
-    m_clean, m_corrupted = (float(v) for v in values.detach())
-    if abs(m_clean - m_corrupted) <= 1e-6 * max(1.0, abs(m_clean)):
-        raise InputError(
-            f"The clean and the corrupted text give the same metric ({m_clean:.6g}), so no "
-            "edge carries a difference: change the corrupted text where it matters for the "
-            "answer."
-        )
-    grads = probe_gradients(clean_value, run.zeros, 0) if gradient else None
-    acts = torch.stack([a.detach() for a in run.acts], dim=1)  # (2, sources, T, D)
-    ms = (m_clean, m_corrupted)
-    return CircuitPair(
-        wired, graph, clean, tokens, answer, wrong, metric, acts[0], acts[1], *ms, grads, reference
-    )
-
-
-def _pooled(hidden: torch.Tensor, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """``[D]``: the sentence embedding of the first row of ``hidden`` (detached)."""
-    return pooled(hidden.detach(), inputs)[0]
-
-
-def _measure(
-    out: torch.Tensor,
-    answer: int,
-    wrong: int,
-    reference: torch.Tensor | None,
-    inputs: Mapping[str, torch.Tensor],
-) -> torch.Tensor:
-    """``[rows]``: the logit difference, or (``reference`` given) the embedding's cosine."""
-    if reference is None:
-        return logit_difference(out, answer, wrong)
-    return embedding_metric(out, inputs, reference)
-
-
-def probe_gradients(
-    value: torch.Tensor, zeros: Sequence[torch.Tensor], row: int | None
-) -> torch.Tensor:
-    """``[targets, T, D]``: d value / d(each probe zero), of batch row ``row`` (None: summed
-    over the rows)."""
-    with torch.inference_mode(False), torch.enable_grad():
-        # an input nothing reads (an MLP frozen at zero output) has no gradient: zero
-        grads = torch.autograd.grad(value, zeros, allow_unused=True)
-    grads = [torch.zeros_like(z) if g is None else g for g, z in zip(grads, zeros, strict=True)]
-    whole = torch.cat(grads, dim=1)  # (B, targets, T, D)
-    return (whole.sum(0) if row is None else whole[row]).detach()

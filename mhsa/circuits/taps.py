@@ -31,7 +31,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from mhsa.circuits.runs import CircuitPair, CircuitRun, Tap, run_circuit
+from mhsa.circuits.pairs import CircuitPair
+from mhsa.circuits.runs import CircuitRun, Tap, run_circuit
 
 __all__ = ["tapped_scores"]
 
