@@ -107,6 +107,7 @@ UNSIGNED = {
     "snapshot_scores", "stat_grid", "token_focus", "training_curves",
     "atlas_histogram", "example_heatmap", "positional_figure", "clickable_cells",
     "qk_terms_figure",  # bars from 0, not a map
+    "head_style",  # a head's colour and dash
 }  # fmt: skip
 
 

@@ -14,11 +14,11 @@ from mhsa.circuits import FaithfulnessCurve
 from mhsa.heads import parse_head_label
 from mhsa.plots.common import (
     PAGE_PX,
-    SIGNED_COLORSCALE,
     apply_layout,
     boxes_overlap,
     label,
     signed_color,
+    signed_scale,
     text_box,
 )
 from mhsa.plots.sizing import PRESENTATION_FONT
@@ -204,6 +204,22 @@ def circuit_figure(
             showlegend=False,
         )
     )
+    fig.add_trace(  # the colour bar: the support each colour stands for
+        go.Scatter(
+            x=[None],
+            y=[None],
+            mode="markers",
+            marker={
+                "color": [0.0],
+                **signed_scale([bound], axis=True),
+                "showscale": True,
+                "colorbar": {"title": {"text": "support<br>(-score)"}},
+            },
+            hoverinfo="skip",
+            showlegend=False,
+            name="support",
+        )
+    )
     xy = [circuit_node_xy(n, layers, heads) for n in nodes]
     used = set(edges["source"]) | set(edges["target"])
     fig.add_trace(
@@ -223,24 +239,6 @@ def circuit_figure(
             hovertemplate="%{text}<br>a head: click to open it on Heads<extra></extra>",
             name="nodes",
             showlegend=False,
-        )
-    )
-    fig.add_trace(  # the colour bar: the support each colour stands for
-        go.Scatter(
-            x=[None],
-            y=[None],
-            mode="markers",
-            marker={
-                "color": [0.0],
-                "colorscale": SIGNED_COLORSCALE,
-                "cmin": -bound,
-                "cmax": bound,
-                "showscale": True,
-                "colorbar": {"title": {"text": "support<br>(-score)"}},
-            },
-            hoverinfo="skip",
-            showlegend=False,
-            name="support",
         )
     )
     levels = [0, *range(1, 2 * layers + 2)]
