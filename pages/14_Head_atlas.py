@@ -229,9 +229,10 @@ def _search(atlas: mhsa.atlas.Atlas, head: str) -> None:
 
 with page.run("Head atlas", PARAMS, kinds=True) as query:  # its heads say their attention
     st.caption(INTRO)
+    if views.default_atlas_for(query.model) is None:  # never another model's atlas alone
+        _build_offer(query.model)
     atlas = _choose_atlas(query.model)
     if atlas is None:
-        _build_offer(query.model)
         page.stop()
     if atlas.model != query.model:
         st.caption(

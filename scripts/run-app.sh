@@ -6,5 +6,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-export MHSA_STORE="${MHSA_STORE-${XDG_CACHE_HOME:-$HOME/.cache}/mhsa-explorer/store}"
+export MHSA_STORE="${MHSA_STORE-$(.venv/bin/python -m mhsa.engine.models.store)}"
 exec .venv/bin/python -m ui.serve "$@"

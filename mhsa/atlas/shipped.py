@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mhsa.atlas.corpora import corpus_cache, default_corpus
+from mhsa.atlas.corpora import default_corpus
 from mhsa.atlas.reader import Atlas, open_atlas
 from mhsa.atlas.run import build_atlas
+from mhsa.engine.models.store import default_store_folder, store_root
 from mhsa.errors import InputError
 
 __all__ = [
@@ -30,14 +31,17 @@ DEFAULT_SENTENCES = 4000
 def atlas_dirs() -> list[Path]:
     """The folders of the app's atlases: ``MHSA_ATLAS_DIR`` (several separated by ``:``; the
     first receives atlases built from the page: the Docker image lists the store's volume, then
-    its own prebuilt ones), else ``_atlases`` in the store (``MHSA_STORE``: beside its managed
-    entries, which ``mhsa.engine.models.store`` leaves alone; an atlas is never evicted by
-    ``MHSA_STORE_MB``), else ``atlases`` in the user's cache folder."""
+    its own prebuilt ones), else ``_atlases`` in the store: ``MHSA_STORE``'s folder, or where it
+    is unset or blank the default store folder that ``scripts/run-app.sh`` gives its server
+    (``mhsa.engine.models.store.default_store_folder``), so that a shell's ``python -m mhsa
+    atlas build --default`` fills the atlases that server shows. Atlases sit beside the
+    store's managed entries, which ``mhsa.engine.models.store`` leaves alone: an atlas is never
+    evicted by ``MHSA_STORE_MB``."""
     given = [p for p in os.environ.get("MHSA_ATLAS_DIR", "").split(os.pathsep) if p.strip()]
     if given:
-        return [Path(p.strip()) for p in given]
-    store = os.environ.get("MHSA_STORE", "").strip()
-    return [Path(store) / "_atlases" if store else corpus_cache() / "atlases"]
+        return [Path(p.strip()).expanduser() for p in given]
+    store = store_root() or default_store_folder()
+    return [store / "_atlases"]
 
 
 def atlas_dir() -> Path:

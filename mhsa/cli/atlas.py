@@ -27,7 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument("corpus", nargs="?", type=Path, help="text file, one text a line")
     build.add_argument("--out", type=Path, help="the atlas's folder")
     build.add_argument(
-        "--default", action="store_true", help="build the app's atlases into MHSA_ATLAS_DIR"
+        "--default",
+        action="store_true",
+        help="build the app's atlases where the app reads them (MHSA_ATLAS_DIR, else the "
+        "store's _atlases: MHSA_STORE or the folder scripts/run-app.sh gives its server)",
     )
     build.add_argument(
         "--sentences",

@@ -69,6 +69,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreFullError",
+    "default_store_folder",
     "store_mb",
     "store_root",
 ]
@@ -97,6 +98,15 @@ def store_root() -> Path | None:
     """The folder named by ``MHSA_STORE`` (None when unset or blank)."""
     raw = os.environ.get("MHSA_STORE", "").strip()
     return Path(raw).expanduser() if raw else None
+
+
+def default_store_folder() -> Path:
+    """The store folder ``scripts/run-app.sh`` gives its server when ``MHSA_STORE`` is unset
+    (``mhsa-explorer/store`` in the user's cache folder, ``XDG_CACHE_HOME`` or ``~/.cache``),
+    and so where the atlases of a shell's ``python -m mhsa atlas build --default`` go: one
+    folder that both read. ``python -m mhsa.engine.models.store`` prints it (the script asks)."""
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.expanduser("~/.cache")
+    return Path(cache) / "mhsa-explorer" / "store"
 
 
 def store_mb() -> int:
@@ -570,3 +580,7 @@ class Store:
                 else:
                     lines.append(f"removed {kind}/{folder.name}: {why}")
         return lines
+
+
+if __name__ == "__main__":  # the default folder, for scripts/run-app.sh
+    print(default_store_folder())
