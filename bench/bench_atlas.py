@@ -9,11 +9,15 @@ run:
 - reading: a head's page (``top`` by norm and by weight, ``sample``, ``summary``, ``heads``)
   and ``search`` p95 over many heads and tokens, on an atlas given with ``--atlas`` (target:
   page <= 1 s, search <= 200 ms on a 1M-token atlas);
-- similar: recall@10 of the approximate index against exact search (target >= 0.95);
+- similar: recall@10 against an exact cosine search over the heads' true outputs (every token's
+  z recomputed by the model, ties between identical contexts counted as hits), for every head
+  alone and for all heads at once, and ``similar``'s p95 time (targets >= 0.95, <= 200 ms);
+  beside it the recall of the codes alone (``exact=False``) against the same truth;
 - Ray: two workers against one (``--ray``; target >= 1.6x).
 
     python -m bench.bench_atlas --sentences 2000
     python -m bench.bench_atlas --atlas ~/.cache/mhsa-explorer/atlases/brown-full --reads 200
+    python -m bench.bench_atlas --recall ATLAS --per-head 5 --all-heads 60
 """
 
 from __future__ import annotations
@@ -130,6 +134,98 @@ def reads(folder: Path, count: int) -> dict[str, float]:
     }
 
 
+def true_recall(folder: Path, per_head: int, all_heads: int, seed: int = 0) -> dict[str, object]:
+    """recall@10 of ``similar`` (exact, and by the codes alone) against exhaustive cosine
+    search over every token's true head outputs (``mhsa.atlas.exact.true_outputs`` over the
+    whole corpus, kept in a temporary float32 file), ``per_head`` random tokens for each head
+    and ``all_heads`` for the concatenation; a found token whose true similarity is at least
+    the tenth best's (less 1e-5) counts as a hit, so ties between identical contexts count.
+    Also ``similar``'s time per query (exact)."""
+    from mhsa.atlas import open_atlas
+    from mhsa.atlas.exact import true_outputs
+    from mhsa.engine.models.loading import get_model
+
+    atlas = open_atlas(folder)
+    lm, plan = get_model(atlas.model), atlas.manifest["plan"]
+    hs, dh, n = len(atlas.labels), int(plan["d_head"]), atlas.tokens
+    tmp = tempfile.NamedTemporaryFile(suffix=".npy", delete=False)  # noqa: SIM115
+    truth = np.lib.format.open_memmap(tmp.name, "w+", np.float32, (n, hs * dh))
+    start = time.perf_counter()
+    texts = atlas._texts
+    for first in range(0, len(texts), 256):
+        chunk = list(range(first, min(first + 256, len(texts))))
+        for t, v in zip(
+            chunk, true_outputs(lm, plan, [texts[i] for i in chunk], range(hs)), strict=True
+        ):
+            a, b = int(atlas.offsets[t]), int(atlas.offsets[t + 1])
+            truth[a:b] = v.transpose(1, 0, 2).reshape(b - a, -1)
+    truth_s = time.perf_counter() - start
+    rng = np.random.default_rng(seed)
+
+    def exact_sims(cols: slice, token: int) -> np.ndarray:
+        sims = np.empty(n, np.float32)
+        q = truth[token, cols] / max(float(np.linalg.norm(truth[token, cols])), 1e-12)
+        for a in range(0, n, 65_536):
+            block = truth[a : a + 65_536, cols]
+            sims[a : a + 65_536] = block @ q / np.maximum(np.linalg.norm(block, axis=1), 1e-12)
+        sims[token] = -np.inf
+        return sims
+
+    def hits(frame, sims: np.ndarray) -> float:
+        tenth = np.partition(-sims, 9)[9]
+        got = atlas.offsets[frame.text_id.to_numpy()] + frame.position.to_numpy()
+        return float((sims[got] >= -tenth - 1e-5).sum()) / 10
+
+    def query(token: int) -> tuple[int, int]:
+        text = int(np.searchsorted(atlas.offsets, token, side="right") - 1)
+        return text, int(token - atlas.offsets[text])
+
+    per_head_recall, per_head_coded, times = {}, {}, []
+    for h, label in enumerate(atlas.labels):
+        got, coded = [], []
+        for token in rng.choice(n, per_head, replace=False):
+            sims = exact_sims(slice(h * dh, (h + 1) * dh), int(token))
+            t = time.perf_counter()
+            frame = atlas.similar(*query(int(token)), head=label, k=10)
+            times.append(time.perf_counter() - t)
+            got.append(hits(frame, sims))
+            coded.append(
+                hits(atlas.similar(*query(int(token)), head=label, k=10, exact=False), sims)
+            )
+        per_head_recall[label], per_head_coded[label] = float(np.mean(got)), float(np.mean(coded))
+    every, every_coded, every_times = [], [], []
+    for token in rng.choice(n, all_heads, replace=False):
+        sims = exact_sims(slice(None), int(token))
+        t = time.perf_counter()
+        frame = atlas.similar(*query(int(token)), k=10)
+        every_times.append(time.perf_counter() - t)
+        every.append(hits(frame, sims))
+        every_coded.append(hits(atlas.similar(*query(int(token)), k=10, exact=False), sims))
+    Path(tmp.name).unlink()  # the map stays readable until it is dropped
+    worst = min(per_head_recall, key=per_head_recall.get)
+    return {
+        "atlas_tokens": n,
+        "atlas_texts": len(texts),
+        "truth_s": round(truth_s, 1),
+        "recall_true_per_head_mean": round(float(np.mean(list(per_head_recall.values()))), 3),
+        "recall_true_per_head_min": round(per_head_recall[worst], 3),
+        "recall_true_per_head_min_head": worst,
+        "heads_below_0.95": sorted(h for h, r in per_head_recall.items() if r < 0.95),
+        "recall_true_all_heads": round(float(np.mean(every)), 3),
+        "codes_alone_recall_true_per_head_mean": round(
+            float(np.mean(list(per_head_coded.values()))), 3
+        ),
+        "codes_alone_recall_true_per_head_min": round(min(per_head_coded.values()), 3),
+        "codes_alone_recall_true_all_heads": round(float(np.mean(every_coded)), 3),
+        "similar_head_p50_ms": round(1000 * float(np.percentile(times, 50)), 1),
+        "similar_head_p95_ms": round(1000 * float(np.percentile(times, 95)), 1),
+        "similar_all_p50_ms": round(1000 * float(np.percentile(every_times, 50)), 1),
+        "similar_all_p95_ms": round(1000 * float(np.percentile(every_times, 95)), 1),
+        "queries_per_head": per_head,
+        "queries_all_heads": all_heads,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sentences", type=int, default=2000)
@@ -139,7 +235,15 @@ def main() -> None:
     parser.add_argument("--ray", action="store_true", help="Ray with 2 workers against 1")
     parser.add_argument("--repeats", type=int, default=3, help="baseline and build, in turn")
     parser.add_argument("--ray-shard-texts", type=int, default=250, help="texts a Ray shard")
+    parser.add_argument(
+        "--recall", type=Path, default=None, help="an atlas: similar's recall against true z only"
+    )
+    parser.add_argument("--per-head", type=int, default=5, help="--recall: queries per head")
+    parser.add_argument("--all-heads", type=int, default=60, help="--recall: all-heads queries")
     args = parser.parse_args()
+    if args.recall is not None:
+        print(json.dumps(true_recall(args.recall, args.per_head, args.all_heads), indent=1))
+        return
     report: dict[str, object] = {}
     texts = _sentences(args.sentences)
     with tempfile.TemporaryDirectory() as tmp:

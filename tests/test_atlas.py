@@ -204,8 +204,8 @@ def _hooked_z(texts: list[str], model) -> np.ndarray:
 
 def test_minilm_similar_searches_the_stored_outputs_of_the_hooked_z(minilm_atlas) -> None:
     """The stored head outputs are the model's (from plain hooks) within half a 4-bit step;
-    ``similar`` ranks exactly as a search over those stored values decoded here by hand, and
-    keeps most of the neighbours the model's own values give."""
+    ``similar(exact=False)`` ranks exactly as a search over those stored values decoded here by
+    hand (``similar`` itself ranks by the true outputs: ``tests/test_atlas_exact.py``)."""
     atlas, _ = minilm_atlas
     z = _hooked_z(TEXTS, "default")  # [N, L * 384]: heads in label order
     assert z.shape == (atlas.tokens, 6 * 384)
@@ -236,12 +236,10 @@ def test_minilm_similar_searches_the_stored_outputs_of_the_hooked_z(minilm_atlas
     head = 2 * 12 + 7  # L2H7
     cols = np.arange(head * 32, head * 32 + 32)
     assert atlas.manifest["index"]["kind"] == "exact"
-    assert found(atlas.similar(text_id, position, k=8)) == nearest(stored, every)
-    got = atlas.similar(text_id, position, head="L2H7", k=8)
+    assert found(atlas.similar(text_id, position, k=8, exact=False)) == nearest(stored, every)
+    got = atlas.similar(text_id, position, head="L2H7", k=8, exact=False)
     assert found(got) == nearest(stored, cols)
     assert got["similarity"].is_monotonic_decreasing
-    model_own = set(nearest(z, every))
-    assert len(model_own & set(found(atlas.similar(text_id, position, k=8)))) >= 6
 
 
 def test_toy_induction_head_finds_the_repeat(tmp_path) -> None:
@@ -492,7 +490,7 @@ def _recall_at_10(atlas, tokens) -> list[float]:
         position = int(token - atlas.offsets[text_id])
         query = atlas.z.rows(np.array([token]))[0]
         exact, _ = exact_neighbours(atlas.z, None, query, 10, int(token))
-        got = atlas.similar(text_id, position, k=10)
+        got = atlas.similar(text_id, position, k=10, exact=False)
         found = atlas.offsets[got["text_id"].to_numpy()] + got["position"].to_numpy()
         assert int(token) not in set(found) and len(found) == 10
         recalls.append(len(set(found) & set(exact)) / 10)

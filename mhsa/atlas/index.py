@@ -150,18 +150,24 @@ def build_index(projections: Any, tokens: int, dims: int, folder: Path) -> dict[
 
 
 def search_index(
-    index: Any, z: ZCodes, query: np.ndarray, k: int, token: int, probes: int = PROBES
+    index: Any,
+    z: ZCodes,
+    query: np.ndarray,
+    k: int,
+    token: int,
+    probes: int = PROBES,
+    pool: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` nearest tokens to ``token``, whose unit vector over all heads is ``query``:
     ``(tokens, similarities)``, candidates of the approximate index (its projection of
-    ``token``, or a format-1 IVF-PQ index searched with ``query``) re-ranked on the stored
-    values."""
+    ``token``, or a format-1 IVF-PQ index searched with ``query``; ``pool`` of them, None:
+    ``k * RERANK``) re-ranked on the stored values."""
     if hasattr(index, "nprobe"):  # format 1: IVF-PQ over the values themselves
         index.nprobe = probes
         probe = query
     else:
         probe = index.reconstruct(int(token))
-    _, cand = index.search(probe[None].astype(np.float32), k * RERANK)
+    _, cand = index.search(probe[None].astype(np.float32), pool or k * RERANK)
     cand = np.unique(cand[0][cand[0] >= 0])
     sims = z.rows(cand) @ query
     order = np.lexsort((cand, -sims))[:k]

@@ -342,15 +342,31 @@ class Atlas:
         return self._examples(frame).drop(columns="norm")
 
     def similar(
-        self, text_id: int, position: int, head: str | list[str] | None = None, k: int | None = 10
+        self,
+        text_id: int,
+        position: int,
+        head: str | list[str] | None = None,
+        k: int | None = 10,
+        exact: bool = True,
     ) -> pd.DataFrame:
         """The corpus tokens whose head output z is nearest (cosine) the token at ``position``
         of text ``text_id``: under ``head``, the heads of a list, or every head at once
-        (None: exBERT's concatenation, from the approximate index); the token itself left
-        out."""
+        (None: exBERT's concatenation); the token itself left out, ties by corpus order.
+
+        ``exact`` (the default) ranks by the heads' true outputs: the nearest tokens by the
+        stored 4-bit codes (``mhsa.atlas.exact.candidate_count``; over every head, from the
+        approximate index above ``EXACT_UP_TO`` tokens) propose the texts that hold them, the
+        model runs on those texts (and on the query's) up to the deepest head asked, and every
+        token of them is ranked by its true z (``mhsa.atlas.exact``); ``k`` None: every token
+        of the corpus, the model run over it all. ``exact=False``: ranked by the codes alone
+        (no model run).
+
+        Raises:
+            InputError: no such text, position or head, or a bad ``k``.
+        """
         self._check_text(text_id)
         a, b = int(self.offsets[text_id]), int(self.offsets[text_id + 1])
-        if not isinstance(position, int) or not 0 <= position < b - a:
+        if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < b - a:
             raise InputError(
                 f"Text {text_id} has {b - a} tokens: position must be from 0 to {b - a - 1}, "
                 f"got {position!r}."
@@ -363,13 +379,12 @@ class Atlas:
         )
         if k is not None:
             k = self._check_k(k, self.tokens)
-        query = self.z.rows(np.array([token]), heads)[0]
-        if heads is None and k is not None and self.manifest["index"]["kind"] != "exact":
-            found, sims = search_index(self._index, self.z, query, k + 1, token)
-            keep = found != token
-            found, sims = found[keep][:k], sims[keep][:k]
+        if exact:
+            found, sims = self._similar_exact(text_id, token, heads, k)
         else:
-            found, sims = exact_neighbours(self.z, heads, query, k, token)
+            found, sims = self._similar_coded(
+                self.z.rows(np.array([token]), heads)[0], token, heads, k
+            )
         text = np.searchsorted(self.offsets, found, side="right") - 1
         return pd.DataFrame(
             {
@@ -379,6 +394,50 @@ class Atlas:
                 "similarity": sims.astype(np.float64),
             }
         )
+
+    def _similar_coded(
+        self,
+        query: np.ndarray,
+        token: int,
+        heads: list[int] | None,
+        k: int | None,
+        pool: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` nearest tokens to unit vector ``query`` by the stored codes (every head
+        above ``EXACT_UP_TO`` tokens: candidates of the approximate index, ``pool`` of them)."""
+        if heads is None and k is not None and self.manifest["index"]["kind"] != "exact":
+            found, sims = search_index(self._index, self.z, query, k + 1, token, pool=pool)
+            keep = found != token
+            return found[keep][:k], sims[keep][:k]
+        return exact_neighbours(self.z, heads, query, k, token)
+
+    def _similar_exact(
+        self, text_id: int, token: int, heads: list[int] | None, k: int | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``similar`` ranked by the true outputs of the texts the codes propose."""
+        from mhsa.atlas.exact import candidate_count, exact_top, true_outputs
+        from mhsa.atlas.index import RERANK
+        from mhsa.engine.models.loading import get_model
+
+        chosen = list(range(len(self.labels))) if heads is None else heads
+        lm, plan = get_model(self.model), self.manifest["plan"]
+        position = token - int(self.offsets[text_id])
+        own = true_outputs(lm, plan, [self.text(text_id)], chosen)[0]  # [Hs, n, Dh]
+        query = own[:, position].reshape(-1)
+        if k is None:
+            texts = np.arange(len(self.offsets) - 1)
+        else:
+            count = min(candidate_count(k), self.tokens)
+            unit = query / max(float(np.linalg.norm(query)), 1e-12)
+            near, _ = self._similar_coded(unit, token, heads, count, pool=RERANK * 11)
+            texts = np.unique(np.searchsorted(self.offsets, near, side="right") - 1)
+        texts = texts[texts != text_id]  # the query's own text: computed above
+        values = [own, *true_outputs(lm, plan, [self._texts[int(t)] for t in texts], chosen)]
+        rows = np.concatenate([v.transpose(1, 0, 2).reshape(v.shape[1], -1) for v in values])
+        tokens = np.concatenate(
+            [np.arange(self.offsets[t], self.offsets[t + 1]) for t in [text_id, *texts]]
+        ).astype(np.int64)
+        return exact_top(rows, tokens, query, self.tokens if k is None else k, token)
 
     @functools.cached_property
     def _index(self) -> Any:
@@ -480,12 +539,17 @@ class AtlasParts(Atlas):
         return self.part(head).search(head, query_token, key_token, offset, k)
 
     def similar(
-        self, text_id: int, position: int, head: str | list[str] | None = None, k: int | None = 10
+        self,
+        text_id: int,
+        position: int,
+        head: str | list[str] | None = None,
+        k: int | None = 10,
+        exact: bool = True,
     ) -> pd.DataFrame:
         """As ``Atlas.similar`` within one part: the heads given must be of one part (their
         tokens differ); None: every head of the encoder."""
         if head is None:
-            return next(iter(self.parts.values())).similar(text_id, position, None, k)
+            return next(iter(self.parts.values())).similar(text_id, position, None, k, exact)
         labels = [head] if isinstance(head, str) else list(head)
         parts = {id(self.part(h)) for h in labels}
         if len(parts) > 1:
@@ -493,7 +557,7 @@ class AtlasParts(Atlas):
                 "similar compares heads of one part: the encoder's and the decoder's read "
                 "different tokens. Give E... heads or D... heads."
             )
-        return self.part(labels[0]).similar(text_id, position, head, k)
+        return self.part(labels[0]).similar(text_id, position, head, k, exact)
 
     def token_ids_of(self, token: str, what: str = "token") -> list[int]:
         return next(iter(self.parts.values())).token_ids_of(token, what)
