@@ -111,7 +111,13 @@ def _examples(atlas: mhsa.atlas.Atlas, name: str, head: str) -> None:
         captions=["weight × ‖value after W_O‖ (Kobayashi et al.)", "attention weight"],
     )
     top = atlas.top(head, k=20, by=st.session_state["atlas_by"])
-    page.table(top, f"atlas-top-{head}", label="Download the top pairs (.csv)", height=300)
+    page.table(
+        top,
+        f"atlas-top-{head}",
+        label="Download the top pairs (.csv)",
+        height=300,
+        column_config=views.number_columns(top),
+    )
     if top.empty:
         return
     state = st.session_state
@@ -124,8 +130,9 @@ def _examples(atlas: mhsa.atlas.Atlas, name: str, head: str) -> None:
             name, head, int(row.text_id), int(row["query"]), int(row["key"])
         )
         title = f"{head} around text {row.text_id}: query {row['query']}, key {row['key']}"
+        cell = views.example_cell(int(row["query"]), int(row["key"]))
         page.figure(
-            plots.example_heatmap(sub, rows, cols, title=title),
+            plots.example_heatmap(sub, rows, cols, title=title, example=cell),
             "atlas-example",
             key="atlas-example-map",
         )
@@ -156,7 +163,13 @@ def _similar(atlas: mhsa.atlas.Atlas, head: str, text_id: int, position: int) ->
     )
     near = page.or_error(atlas.similar, text_id, position, head, 10)
     if near is not None:
-        page.table(near, f"atlas-similar-{head}", label="Download the contexts (.csv)", height=240)
+        page.table(
+            near,
+            f"atlas-similar-{head}",
+            label="Download the contexts (.csv)",
+            height=240,
+            column_config=views.number_columns(near),
+        )
 
 
 def _samples(atlas: mhsa.atlas.Atlas, head: str) -> None:
@@ -164,17 +177,25 @@ def _samples(atlas: mhsa.atlas.Atlas, head: str) -> None:
     left, right = st.columns(2)
     with left:
         st.caption("Drawn uniformly from every (query, key) pair of the corpus.")
+        sample = atlas.sample(head, k=10)
         page.table(
-            atlas.sample(head, k=10), f"atlas-sample-{head}", label="Download (.csv)", height=240
+            sample,
+            f"atlas-sample-{head}",
+            label="Download (.csv)",
+            height=240,
+            column_config=views.number_columns(sample),
         )
     with right:
         st.slider("Decile of the head's weights", 0, 9, key="atlas_decile")
         decile = st.session_state["atlas_decile"]
+        st.caption(md_escape(views.decile_caption(atlas, head, decile)))
+        in_decile = atlas.sample(head, k=10, decile=decile)
         page.table(
-            atlas.sample(head, k=10, decile=decile),
+            in_decile,
             f"atlas-decile-{head}",
             label="Download the decile (.csv)",
             height=240,
+            column_config=views.number_columns(in_decile),
         )
 
 
@@ -224,7 +245,13 @@ def _search(atlas: mhsa.atlas.Atlas, head: str) -> None:
     )
     if found is not None:
         st.caption(f"{len(found)} found (at most 50 shown, strongest first).")
-        page.table(found, f"atlas-search-{head}", label="Download the matches (.csv)", height=300)
+        page.table(
+            found,
+            f"atlas-search-{head}",
+            label="Download the matches (.csv)",
+            height=300,
+            column_config=views.number_columns(found),
+        )
 
 
 with page.run("Head atlas", PARAMS, kinds=True) as query:  # its heads say their attention

@@ -438,12 +438,19 @@ def _find(result: mhsa.AttentionResult) -> None:
 
 
 def table(
-    frame: pd.DataFrame, name: str, *, label: str, height: int = 400, shown: int | None = None
+    frame: pd.DataFrame,
+    name: str,
+    *,
+    label: str,
+    height: int = 400,
+    shown: int | None = None,
+    column_config: dict[str, Any] | None = None,
 ) -> None:
     """A sortable table with its CSV download (in presentation mode an HTML table in a
     scrolling box, whose text is enlarged with the page's). ``shown``: the browser gets only
     the first ``shown`` rows (a caption says so); the CSV has every row, written when it is
-    downloaded (Streamlit's deferred ``data``), not on every rerun."""
+    downloaded (Streamlit's deferred ``data``), not on every rerun. ``column_config``: as
+    ``st.dataframe``'s (how columns are written; the CSV keeps the full values)."""
     if shown is not None and len(frame) > shown:
         st.caption(f"The first {shown:,} of {len(frame):,} rows; the CSV has them all.")
         frame_shown = frame.head(shown)
@@ -455,7 +462,7 @@ def table(
         with st.container(height=height + 200):
             st.table(frame_shown)
     else:
-        st.dataframe(frame_shown, width="stretch", height=height)
+        st.dataframe(frame_shown, width="stretch", height=height, column_config=column_config)
     st.download_button(
         label,
         lambda: frame.to_csv(index_label="name"),

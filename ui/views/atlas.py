@@ -18,11 +18,16 @@ from ui.core import LIMITS, Progress, loaded_model, shared
 
 __all__ = [
     "BUILD_SENTENCES",
+    "NEAR_ZERO",
+    "NUMBER_FORMAT",
     "SCORE_LABELS",
     "atlas_names",
     "build",
+    "decile_caption",
     "default_atlas_for",
+    "example_cell",
     "neighbourhood",
+    "number_columns",
     "open_named",
     "problems",
 ]
@@ -142,3 +147,54 @@ def scores_table(atlas: mhsa.atlas.Atlas, head: str) -> pd.DataFrame:
             "median head": [float(table[c].median()) for c in SCORE_LABELS],
         }
     )
+
+
+#: a weight at or under this is "near 0" in a decile's caption (a hundredth of the whole)
+NEAR_ZERO = 0.01
+#: how the tables write their real numbers: three significant digits, an exponent when small,
+#: so that 2e-07 is not cut to "0000002" by the column's width
+NUMBER_FORMAT = "%.3g"
+
+
+def number_columns(frame: pd.DataFrame) -> dict[str, Any]:
+    """``column_config`` for a table of examples: its real-valued columns (weight, norm,
+    similarity) in ``NUMBER_FORMAT``."""
+    return {
+        c: st.column_config.NumberColumn(c, format=NUMBER_FORMAT)
+        for c in ("weight", "norm", "similarity")
+        if c in frame.columns
+    }
+
+
+def example_cell(query: int, key: int, span: int = 5) -> tuple[int, int]:
+    """The example's (row, column) in ``neighbourhood``'s window of rows ``query +- span`` and
+    columns ``key +- span`` (cut at the text's start)."""
+    return query - max(0, query - span), key - max(0, key - span)
+
+
+def decile_caption(atlas: mhsa.atlas.Atlas, head: str, decile: int) -> str:
+    """What a decile of the head's weights holds, in numbers: its weights' range and median
+    (from the uniform sample of pairs, as ``Atlas.sample`` draws them) and, when most pairs
+    weigh near 0, that share: "Decile 9: weights from 1.2e-05 to 0.98, median 3.1e-05; 97% of
+    the head's pairs weigh under 0.01, so the deciles below the top hold weights near 0."."""
+    part = atlas.part(head) if isinstance(atlas, mhsa.atlas.AtlasParts) else atlas
+    i = part.head(head)
+    weights = np.asarray(part.summaries["sample_weight"][:, i], dtype=np.float64)
+    if len(weights) == 0:
+        return f"Decile {decile}: the atlas sampled no pairs."
+    edges = np.quantile(weights, np.linspace(0, 1, 11))
+    upper = weights <= edges[decile + 1] if decile < 9 else np.ones_like(weights, bool)
+    inside = weights[(weights >= edges[decile]) & upper]
+    near = float((weights <= NEAR_ZERO).mean())
+    text = (
+        f"Decile {decile} (the sample's {10 * decile}th to {10 * (decile + 1)}th percentile of "
+        f"this head's weights): weights from {inside.min():.2g} to {inside.max():.2g}, median "
+        f"{np.median(inside):.2g}."
+    )
+    if near >= 0.5:
+        text += (
+            f" {near:.0%} of the head's pairs weigh {NEAR_ZERO:g} or less: "
+            f"{'this decile holds' if inside.max() <= NEAR_ZERO else 'the lower deciles hold'}"
+            " weights near 0, not small attention."
+        )
+    return text
