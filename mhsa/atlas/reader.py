@@ -414,30 +414,46 @@ class Atlas:
     def _similar_exact(
         self, text_id: int, token: int, heads: list[int] | None, k: int | None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """``similar`` ranked by the true outputs of the texts the codes propose."""
-        from mhsa.atlas.exact import candidate_count, exact_top, true_outputs
+        """``similar`` ranked by the true outputs of the texts the codes propose
+        (``mhsa.atlas.exact.rerank``)."""
+        from mhsa.atlas import exact
         from mhsa.atlas.index import RERANK
         from mhsa.engine.models.loading import get_model
 
         chosen = list(range(len(self.labels))) if heads is None else heads
         lm, plan = get_model(self.model), self.manifest["plan"]
-        position = token - int(self.offsets[text_id])
-        own = true_outputs(lm, plan, [self.text(text_id)], chosen)[0]  # [Hs, n, Dh]
-        query = own[:, position].reshape(-1)
-        if k is None:
-            texts = np.arange(len(self.offsets) - 1)
-        else:
-            count = min(candidate_count(k), self.tokens)
-            unit = query / max(float(np.linalg.norm(query)), 1e-12)
-            near, _ = self._similar_coded(unit, token, heads, count, pool=RERANK * 11)
-            texts = np.unique(np.searchsorted(self.offsets, near, side="right") - 1)
-        texts = texts[texts != text_id]  # the query's own text: computed above
-        values = [own, *true_outputs(lm, plan, [self._texts[int(t)] for t in texts], chosen)]
-        rows = np.concatenate([v.transpose(1, 0, 2).reshape(v.shape[1], -1) for v in values])
-        tokens = np.concatenate(
-            [np.arange(self.offsets[t], self.offsets[t + 1]) for t in [text_id, *texts]]
-        ).astype(np.int64)
-        return exact_top(rows, tokens, query, self.tokens if k is None else k, token)
+
+        def recompute(texts: list[int]) -> tuple[np.ndarray, np.ndarray]:
+            values = exact.true_outputs(lm, plan, [self._texts[t] for t in texts], chosen)
+            rows = [v.transpose(1, 0, 2).reshape(v.shape[1], -1) for v in values]
+            spans = [np.arange(self.offsets[t], self.offsets[t + 1]) for t in texts]
+            return np.concatenate(spans).astype(np.int64), np.concatenate(rows)
+
+        seed = recompute([text_id])
+        query = seed[1][token - int(self.offsets[text_id])]
+        if k is None:  # every token: the model over the whole corpus
+            every = [t for t in range(len(self.offsets) - 1) if t != text_id]
+            tokens, rows = recompute(every) if every else (seed[0][:0], seed[1][:0])
+            both = (np.concatenate([seed[0], tokens]), np.concatenate([seed[1], rows]))
+            return exact.exact_top(both[1], both[0], query, self.tokens, token)
+        unit = query / max(float(np.linalg.norm(query)), 1e-12)
+        count = min(exact.candidate_count(k), self.tokens - 1)
+        near, coded = self._similar_coded(unit, token, heads, count, pool=RERANK * 11)
+        steps = self.z.step if heads is None else self.z.step[:, heads]  # [S, Hs, Dh]
+        vectors = self.z.decode(near, heads)  # [Hs, n, Dh]
+        vectors = np.ascontiguousarray(vectors.transpose(1, 0, 2)).reshape(len(near), -1)
+        sigma = exact.code_error(unit, steps.reshape(len(steps), -1), vectors, coded)
+        return exact.rerank(
+            query,
+            token,
+            k,
+            near,
+            coded + exact.MARGIN * sigma,
+            np.searchsorted(self.offsets, near, side="right") - 1,
+            recompute,
+            seed,
+            [text_id],
+        )
 
     @functools.cached_property
     def _index(self) -> Any:

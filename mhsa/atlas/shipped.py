@@ -4,7 +4,11 @@ Docker image builds them)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from mhsa.atlas.corpora import default_corpus
@@ -14,13 +18,21 @@ from mhsa.engine.models.store import default_store_folder, store_root
 from mhsa.errors import InputError
 
 __all__ = [
+    "BUILDING",
     "DEFAULT_ATLASES",
     "DEFAULT_SENTENCES",
     "atlas_dir",
     "atlas_dirs",
     "build_default_atlases",
+    "build_in_background",
+    "build_status",
     "list_atlases",
+    "run_background_build",
 ]
+
+#: the file, in an atlas's folder, where a build in the background keeps its state (its
+#: process, texts done, or why it failed); removed when the atlas is there
+BUILDING = ".building.json"
 
 #: model -> folder name of the atlases ``--default`` builds
 DEFAULT_ATLASES = {"default": "minilm-brown", "toy:induction": "toy-induction"}
@@ -68,14 +80,129 @@ def list_atlases(folder: Path | None = None) -> dict[str, Atlas | InputError]:
 
 
 def build_default_atlases(
-    sentences: int | None = None, root: Path | None = None
+    sentences: int | None = None, root: Path | None = None, models: list[str] | None = None
 ) -> dict[str, Path]:
-    """Build (or resume, or reuse) the shipped atlases; returns model -> folder."""
+    """Build (or resume, or reuse) the shipped atlases (``models``: those of them alone);
+    returns model -> folder.
+
+    Raises:
+        InputError: a model that has no shipped atlas, or a corpus that cannot be read (the
+            Brown Corpus with no network and no copy: the message says how to give one).
+    """
     root = atlas_dir() if root is None else root
-    count = DEFAULT_SENTENCES if sentences is None else (None if sentences == 0 else sentences)
+    count = _count(sentences)
     out = {}
-    for model, name in DEFAULT_ATLASES.items():
-        folder = root / name
+    for model in _shipped(models):
+        folder = root / DEFAULT_ATLASES[model]
         build_atlas(default_corpus(model, count), folder, model=model)
         out[model] = folder
     return out
+
+
+def _count(sentences: int | None) -> int | None:
+    return DEFAULT_SENTENCES if sentences is None else (None if sentences == 0 else sentences)
+
+
+def _shipped(models: list[str] | None) -> list[str]:
+    chosen = list(DEFAULT_ATLASES) if models is None else list(models)
+    unknown = [m for m in chosen if m not in DEFAULT_ATLASES]
+    if unknown:
+        raise InputError(
+            f"No shipped atlas of {unknown[0]!r}: the app ships atlases of "
+            f"{', '.join(DEFAULT_ATLASES)}."
+        )
+    return chosen
+
+
+def build_status(model: str, root: Path | None = None) -> dict | None:
+    """The state of the shipped atlas of ``model`` being built in the background
+    (``build_in_background``): None when no such build was started or its atlas is there;
+    else ``{"state": "running" | "failed" | "stopped", "texts": done, "total": texts,
+    "started": seconds since the epoch, "message": why it failed ("" otherwise)}``;
+    "stopped": its process is gone without a word (killed; a new start resumes it)."""
+    folder = (atlas_dir() if root is None else root) / DEFAULT_ATLASES[model]
+    if (folder / "manifest.json").is_file():
+        return None
+    try:
+        state = json.loads((folder / BUILDING).read_text())
+    except (OSError, ValueError):
+        return None
+    if state.get("state") == "running" and not _alive(int(state.get("pid", 0))):
+        state["state"] = "stopped"
+    return state
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it is there
+        return True
+    return True
+
+
+def build_in_background(model: str, root: Path | None = None, sentences: int | None = None) -> str:
+    """Start building the shipped atlas of ``model`` in a process of its own (``python -m
+    mhsa atlas build --default --only MODEL``, its output in ``BUILDING``'s folder as
+    ``.building.log``), unless its atlas is there or a build of it runs: returns "ready",
+    "running" or "started". A lock in the atlas directory keeps two starters apart, so a
+    build is never started twice; a stopped or failed one is started again (and resumes)."""
+    root = atlas_dir() if root is None else root
+    _shipped([model])
+    folder = root / DEFAULT_ATLASES[model]
+    folder.mkdir(parents=True, exist_ok=True)
+    from filelock import FileLock
+
+    with FileLock(str(root / f".{DEFAULT_ATLASES[model]}.start.lock")):
+        if (folder / "manifest.json").is_file():
+            return "ready"
+        status = build_status(model, root)
+        if status is not None and status["state"] == "running":
+            return "running"
+        command = [sys.executable, "-m", "mhsa", "atlas", "build", "--default", "--only", model]
+        if sentences is not None:
+            command += ["--sentences", str(sentences)]
+        env = {**os.environ, "MHSA_ATLAS_DIR": str(root)}
+        with open(folder / ".building.log", "ab") as log:
+            child = subprocess.Popen(
+                [*command, "--as-background"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # outlives the server that started it
+            )
+        _write_state(folder, {"state": "running", "pid": child.pid, "texts": 0, "total": 0})
+        return "started"
+
+
+def run_background_build(model: str, sentences: int | None = None) -> None:
+    """The body of a background build (``build_in_background``'s process): the build, its
+    progress in ``BUILDING`` as it goes, and on failure the reason there."""
+    from mhsa.errors import MHSAError
+
+    root = atlas_dir()
+    folder = root / DEFAULT_ATLASES[model]
+    started = time.time()
+    state = {"state": "running", "pid": os.getpid(), "texts": 0, "total": 0, "started": started}
+    _write_state(folder, state)
+
+    def report(texts: int, total: int, _tokens: int) -> None:
+        _write_state(folder, {**state, "texts": texts, "total": total})
+
+    try:
+        build_atlas(default_corpus(model, _count(sentences)), folder, model=model, progress=report)
+    except MHSAError as e:
+        _write_state(folder, {**state, "state": "failed", "message": str(e)})
+        raise
+    (folder / BUILDING).unlink(missing_ok=True)
+
+
+def _write_state(folder: Path, state: dict) -> None:
+    state = {"started": time.time(), "message": "", **state}
+    tmp = folder / f"{BUILDING}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, folder / BUILDING)

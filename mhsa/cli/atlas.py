@@ -33,6 +33,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "store's _atlases: MHSA_STORE or the folder scripts/run-app.sh gives its server)",
     )
     build.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        metavar="MODEL",
+        help="with --default: this shipped atlas alone (repeat for several)",
+    )
+    build.add_argument(
+        "--background",
+        action="store_true",
+        help="with --default: start the build in a process of its own and return (its progress "
+        "in the atlas's folder, shown by the Head atlas page); never started twice",
+    )
+    build.add_argument("--as-background", action="store_true", help=argparse.SUPPRESS)
+    build.add_argument(
         "--sentences",
         type=int,
         default=None,
@@ -116,7 +130,19 @@ def _build(args: argparse.Namespace) -> None:
     from mhsa.atlas.shipped import build_default_atlases
 
     if args.default:
-        for name, folder in build_default_atlases(sentences=args.sentences).items():
+        from mhsa.atlas.shipped import build_in_background, run_background_build
+
+        if args.as_background:  # the process build_in_background starts
+            for model in args.only or []:
+                run_background_build(model, args.sentences)
+            return
+        if args.background:
+            for model in args.only or ["default"]:
+                state = build_in_background(model, sentences=args.sentences)
+                print(f"{model}: {state}", file=sys.stderr)
+            return
+        built = build_default_atlases(sentences=args.sentences, models=args.only)
+        for name, folder in built.items():
             print(f"{name}: {folder}", file=sys.stderr)
         return
     if args.corpus is None or args.out is None:

