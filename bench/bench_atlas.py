@@ -134,31 +134,40 @@ def reads(folder: Path, count: int) -> dict[str, float]:
     }
 
 
-def true_recall(folder: Path, per_head: int, all_heads: int, seed: int = 0) -> dict[str, object]:
+def true_recall(
+    folder: Path, per_head: int, all_heads: int, seed: int = 0, truth_file: Path | None = None
+) -> dict[str, object]:
     """recall@10 of ``similar`` (exact, and by the codes alone) against exhaustive cosine
     search over every token's true head outputs (``mhsa.atlas.exact.true_outputs`` over the
     whole corpus, kept in a temporary float32 file), ``per_head`` random tokens for each head
     and ``all_heads`` for the concatenation; a found token whose true similarity is at least
     the tenth best's (less 1e-5) counts as a hit, so ties between identical contexts count.
-    Also ``similar``'s time per query (exact)."""
-    from mhsa.atlas import open_atlas
+    Also ``similar``'s time per query (exact: wall clock and this process's CPU time) and the
+    texts it recomputed. ``truth_file``: the true outputs kept from an earlier run (``[tokens,
+    heads * d_head]`` float32 ``.npy``; written there when it does not exist yet)."""
+    from mhsa.atlas import exact, open_atlas
     from mhsa.atlas.exact import true_outputs
     from mhsa.engine.models.loading import get_model
 
     atlas = open_atlas(folder)
     lm, plan = get_model(atlas.model), atlas.manifest["plan"]
     hs, dh, n = len(atlas.labels), int(plan["d_head"]), atlas.tokens
-    tmp = tempfile.NamedTemporaryFile(suffix=".npy", delete=False)  # noqa: SIM115
-    truth = np.lib.format.open_memmap(tmp.name, "w+", np.float32, (n, hs * dh))
-    start = time.perf_counter()
     texts = atlas._texts
-    for first in range(0, len(texts), 256):
-        chunk = list(range(first, min(first + 256, len(texts))))
-        for t, v in zip(
-            chunk, true_outputs(lm, plan, [texts[i] for i in chunk], range(hs)), strict=True
-        ):
-            a, b = int(atlas.offsets[t]), int(atlas.offsets[t + 1])
-            truth[a:b] = v.transpose(1, 0, 2).reshape(b - a, -1)
+    start = time.perf_counter()
+    kept = truth_file is not None and truth_file.is_file()
+    if kept:
+        truth = np.load(truth_file, mmap_mode="r")
+        assert truth.shape == (n, hs * dh), truth.shape
+    else:
+        path = truth_file or Path(tempfile.mkdtemp()) / "truth.npy"
+        truth = np.lib.format.open_memmap(path, "w+", np.float32, (n, hs * dh))
+        for first in range(0, len(texts), 256):
+            chunk = list(range(first, min(first + 256, len(texts))))
+            values = true_outputs(lm, plan, [texts[i] for i in chunk], range(hs))
+            for t, v in zip(chunk, values, strict=True):
+                a, b = int(atlas.offsets[t]), int(atlas.offsets[t + 1])
+                truth[a:b] = v.transpose(1, 0, 2).reshape(b - a, -1)
+        truth.flush()
     truth_s = time.perf_counter() - start
     rng = np.random.default_rng(seed)
 
@@ -180,29 +189,47 @@ def true_recall(folder: Path, per_head: int, all_heads: int, seed: int = 0) -> d
         text = int(np.searchsorted(atlas.offsets, token, side="right") - 1)
         return text, int(token - atlas.offsets[text])
 
-    per_head_recall, per_head_coded, times = {}, {}, []
+    recomputed: list[int] = []
+    real = exact.true_outputs
+
+    def counted(lm, plan, texts, heads):  # the texts each query recomputes (its own first)
+        recomputed[-1] += len(texts)
+        return real(lm, plan, texts, heads)
+
+    exact.true_outputs = counted
+    per_head_recall, per_head_coded, times, cpu = {}, {}, [], []
     for h, label in enumerate(atlas.labels):
         got, coded = [], []
         for token in rng.choice(n, per_head, replace=False):
             sims = exact_sims(slice(h * dh, (h + 1) * dh), int(token))
-            t = time.perf_counter()
+            recomputed.append(0)
+            t, c = time.perf_counter(), time.process_time()
             frame = atlas.similar(*query(int(token)), head=label, k=10)
             times.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
             got.append(hits(frame, sims))
             coded.append(
                 hits(atlas.similar(*query(int(token)), head=label, k=10, exact=False), sims)
             )
         per_head_recall[label], per_head_coded[label] = float(np.mean(got)), float(np.mean(coded))
-    every, every_coded, every_times = [], [], []
+    per_head_texts = recomputed[:]
+    recomputed.clear()
+    every, every_coded, every_times, every_cpu = [], [], [], []
     for token in rng.choice(n, all_heads, replace=False):
         sims = exact_sims(slice(None), int(token))
-        t = time.perf_counter()
+        recomputed.append(0)
+        t, c = time.perf_counter(), time.process_time()
         frame = atlas.similar(*query(int(token)), k=10)
         every_times.append(time.perf_counter() - t)
+        every_cpu.append(time.process_time() - c)
         every.append(hits(frame, sims))
         every_coded.append(hits(atlas.similar(*query(int(token)), k=10, exact=False), sims))
-    Path(tmp.name).unlink()  # the map stays readable until it is dropped
+    exact.true_outputs = real
     worst = min(per_head_recall, key=per_head_recall.get)
+
+    def ms(values: list[float], q: int) -> float:
+        return round(1000 * float(np.percentile(values, q)), 1)
+
     return {
         "atlas_tokens": n,
         "atlas_texts": len(texts),
@@ -217,10 +244,20 @@ def true_recall(folder: Path, per_head: int, all_heads: int, seed: int = 0) -> d
         ),
         "codes_alone_recall_true_per_head_min": round(min(per_head_coded.values()), 3),
         "codes_alone_recall_true_all_heads": round(float(np.mean(every_coded)), 3),
-        "similar_head_p50_ms": round(1000 * float(np.percentile(times, 50)), 1),
-        "similar_head_p95_ms": round(1000 * float(np.percentile(times, 95)), 1),
-        "similar_all_p50_ms": round(1000 * float(np.percentile(every_times, 50)), 1),
-        "similar_all_p95_ms": round(1000 * float(np.percentile(every_times, 95)), 1),
+        "similar_head_p50_ms": ms(times, 50),
+        "similar_head_p95_ms": ms(times, 95),
+        "similar_head_cpu_p95_ms": ms(cpu, 95),
+        "similar_all_p50_ms": ms(every_times, 50),
+        "similar_all_p95_ms": ms(every_times, 95),
+        "similar_all_cpu_p95_ms": ms(every_cpu, 95),
+        "texts_recomputed_head_p50_p95": [
+            int(np.percentile(per_head_texts, 50)),
+            int(np.percentile(per_head_texts, 95)),
+        ],
+        "texts_recomputed_all_p50_p95": [
+            int(np.percentile(recomputed, 50)),
+            int(np.percentile(recomputed, 95)),
+        ],
         "queries_per_head": per_head,
         "queries_all_heads": all_heads,
     }
@@ -240,9 +277,11 @@ def main() -> None:
     )
     parser.add_argument("--per-head", type=int, default=5, help="--recall: queries per head")
     parser.add_argument("--all-heads", type=int, default=60, help="--recall: all-heads queries")
+    parser.add_argument("--truth", type=Path, default=None, help="--recall: true outputs kept")
     args = parser.parse_args()
     if args.recall is not None:
-        print(json.dumps(true_recall(args.recall, args.per_head, args.all_heads), indent=1))
+        found = true_recall(args.recall, args.per_head, args.all_heads, truth_file=args.truth)
+        print(json.dumps(found, indent=1))
         return
     report: dict[str, object] = {}
     texts = _sentences(args.sentences)
