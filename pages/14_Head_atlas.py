@@ -5,11 +5,12 @@ samples, histograms and corpus-wide scores, a search by token and offset, and si
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 import mhsa
 from mhsa import plots
-from ui import page
+from ui import atlas_build, page
 from ui.state import (
     Param,
     bounded_int,
@@ -67,79 +68,9 @@ def _describe(name: str) -> str:
     return f"{name}: {a.model}, {a.tokens:,} tokens of {plan['texts']:,} texts"
 
 
-def _background(model: str) -> bool:
-    """A build of the model's shipped atlas in the background (``scripts/run-app.sh`` starts
-    it): its progress, looked at again every few seconds, and the page opened on the atlas
-    when it is done. True while it runs."""
-    status = views.background_status(model)
-    if status is None:
-        return False
-    if status["state"] == "failed":
-        st.warning(md_escape(f"The background build failed: {status['message']}"))
-        return False
-    if status["state"] == "stopped":
-        st.caption("A background build of this atlas stopped; building it resumes it.")
-        return False
-
-    @st.fragment(run_every=5)
-    def progress() -> None:
-        now = views.background_status(model)
-        if now is None or now["state"] != "running":
-            views.clear_listing()
-            st.rerun(scope="app")
-        done, total = int(now["texts"]), int(now["total"])
-        st.info(
-            f"Building the atlas of {model!r} in the background: {done:,} of "
-            f"{total or '?'} texts done. The page opens it when it is ready.",
-            icon=":material/hourglass_top:",
-        )
-        st.progress(done / total if total else 0.0)
-
-    progress()
-    return True
-
-
-def _build_offer(model: str) -> None:
-    """No atlas yet: a build running in the background, or how to get one, and a build from
-    the page through the heavy queue (on the project's own sentences where no copy of the
-    Brown Corpus is here)."""
-    if _background(model):
-        return
-    missing = views.brown_copy_missing(model)
-    if missing is not None:
-        st.warning(md_escape(missing), icon=":material/cloud_off:")
-        if st.button("Build on the project's own sentences", key="atlas-build-sentences"):
-            st.session_state["_atlas_build_sentences"] = model
-        if st.session_state.get("_atlas_build_sentences") == model:
-            name = page.heavy_or_stop(
-                "atlas-build",
-                ("atlas-build-sentences", model),
-                lambda progress: views.build_on_project_sentences(model, "auto", progress),
-                f"Building the atlas of {model} on the project's sentences",
-                unit="texts",
-            )
-            st.session_state.pop("_atlas_build_sentences", None)
-            st.session_state["atlas"] = name
-            st.rerun()
-    st.info(
-        f"This server holds no atlas of {model!r} yet. Build one here (on "
-        f"{views.BUILD_SENTENCES:,} sentences of the Brown Corpus; toy models on their task), "
-        "or on the command line: python -m mhsa atlas build --default",
-        icon=":material/info:",
-    )
-    if st.button("Build an atlas of this model", key="atlas-build"):
-        st.session_state["_atlas_build"] = model
-    if st.session_state.get("_atlas_build") == model:
-        query = page.heavy_or_stop(
-            "atlas-build",
-            ("atlas-build", model),
-            lambda progress: views.build(model, "auto", progress),
-            f"Building the atlas of {model}",
-            unit="texts",
-        )
-        st.session_state.pop("_atlas_build", None)
-        st.session_state["atlas"] = query
-        st.rerun()
+def _table(frame: pd.DataFrame, name: str, label: str, height: int) -> None:
+    """A table of examples, its real numbers in significant digits (``views.number_columns``)."""
+    page.table(frame, name, label=label, height=height, column_config=views.number_columns(frame))
 
 
 def _pick_head(atlas: mhsa.atlas.Atlas) -> str:
@@ -163,13 +94,7 @@ def _examples(atlas: mhsa.atlas.Atlas, name: str, head: str) -> None:
         captions=["weight × ‖value after W_O‖ (Kobayashi et al.)", "attention weight"],
     )
     top = atlas.top(head, k=20, by=st.session_state["atlas_by"])
-    page.table(
-        top,
-        f"atlas-top-{head}",
-        label="Download the top pairs (.csv)",
-        height=300,
-        column_config=views.number_columns(top),
-    )
+    _table(top, f"atlas-top-{head}", "Download the top pairs (.csv)", 300)
     if top.empty:
         return
     state = st.session_state
@@ -215,13 +140,7 @@ def _similar(atlas: mhsa.atlas.Atlas, head: str, text_id: int, position: int) ->
     )
     near = page.or_error(atlas.similar, text_id, position, head, 10)
     if near is not None:
-        page.table(
-            near,
-            f"atlas-similar-{head}",
-            label="Download the contexts (.csv)",
-            height=240,
-            column_config=views.number_columns(near),
-        )
+        _table(near, f"atlas-similar-{head}", "Download the contexts (.csv)", 240)
 
 
 def _samples(atlas: mhsa.atlas.Atlas, head: str) -> None:
@@ -230,25 +149,13 @@ def _samples(atlas: mhsa.atlas.Atlas, head: str) -> None:
     with left:
         st.caption("Drawn uniformly from every (query, key) pair of the corpus.")
         sample = atlas.sample(head, k=10)
-        page.table(
-            sample,
-            f"atlas-sample-{head}",
-            label="Download (.csv)",
-            height=240,
-            column_config=views.number_columns(sample),
-        )
+        _table(sample, f"atlas-sample-{head}", "Download (.csv)", 240)
     with right:
         st.slider("Decile of the head's weights", 0, 9, key="atlas_decile")
         decile = st.session_state["atlas_decile"]
         st.caption(md_escape(views.decile_caption(atlas, head, decile)))
         in_decile = atlas.sample(head, k=10, decile=decile)
-        page.table(
-            in_decile,
-            f"atlas-decile-{head}",
-            label="Download the decile (.csv)",
-            height=240,
-            column_config=views.number_columns(in_decile),
-        )
+        _table(in_decile, f"atlas-decile-{head}", "Download the decile (.csv)", 240)
 
 
 def _histograms(atlas: mhsa.atlas.Atlas, head: str) -> None:
@@ -297,19 +204,13 @@ def _search(atlas: mhsa.atlas.Atlas, head: str) -> None:
     )
     if found is not None:
         st.caption(f"{len(found)} found (at most 50 shown, strongest first).")
-        page.table(
-            found,
-            f"atlas-search-{head}",
-            label="Download the matches (.csv)",
-            height=300,
-            column_config=views.number_columns(found),
-        )
+        _table(found, f"atlas-search-{head}", "Download the matches (.csv)", 300)
 
 
 with page.run("Head atlas", PARAMS, kinds=True) as query:  # its heads say their attention
     st.caption(INTRO)
     if views.default_atlas_for(query.model) is None:  # never another model's atlas alone
-        _build_offer(query.model)
+        atlas_build.build_offer(query.model)
     atlas = _choose_atlas(query.model)
     if atlas is None:
         page.stop()
