@@ -72,3 +72,27 @@ def test_the_codes_alone_are_not_the_truth_but_the_rerank_is(small, monkeypatch)
     monkeypatch.setattr(atlas_exact, "MAX_TEXTS", 0)
     got = atlas.similar(4, 2, head="L1H1", k=5)
     assert set(got["text_id"]) == {4}
+
+
+def test_over_every_head_through_the_projection_index_it_is_exact_too(tmp_path) -> None:
+    """Above ``EXACT_UP_TO`` tokens the candidates over every head come from the projection
+    index (lowered here so that 160 sentences pass it): the ten found are still the true ten
+    nearest by the hooked outputs."""
+    from mhsa.atlas import index as atlas_index
+    from tests.test_atlas import ROOT
+
+    lines = (ROOT / "data" / "sentences.txt").read_text().splitlines()
+    texts = [t for t in lines if len(t.split()) >= 6][:160]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(atlas_index, "EXACT_UP_TO", 500)
+        atlas = build_atlas(texts, tmp_path / "a", model="default", top_k=2, progress=False)
+    assert atlas.manifest["index"]["kind"] == "projection"
+    z = _hooked_z(texts, "default")
+    every = np.arange(z.shape[1])
+    for token in np.random.default_rng(3).choice(atlas.tokens, 5, replace=False):
+        text_id = int(np.searchsorted(atlas.offsets, token, side="right") - 1)
+        position = int(token - atlas.offsets[text_id])
+        sims, kth = _brute(z, every, int(token), 10)
+        got = atlas.similar(text_id, position, k=10)
+        found = atlas.offsets[got["text_id"].to_numpy()] + got["position"].to_numpy()
+        assert (sims[found] >= kth - 1e-5).all(), (token, sims[found], kth)
