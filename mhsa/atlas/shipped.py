@@ -64,7 +64,8 @@ def atlas_dir() -> Path:
 def list_atlases(folder: Path | None = None) -> dict[str, Atlas | InputError]:
     """Every atlas in ``folder`` (default: each of ``atlas_dirs()``, the first holding a name
     wins) by folder name, or the reason one cannot be opened (reported, never raised: one bad
-    folder hides none of the others)."""
+    folder hides none of the others). A folder that a background build is filling
+    (``BUILDING``) is left out until its atlas is there."""
     found: dict[str, Atlas | InputError] = {}
     for root in atlas_dirs() if folder is None else [folder]:
         if not root.is_dir():
@@ -72,6 +73,8 @@ def list_atlases(folder: Path | None = None) -> dict[str, Atlas | InputError]:
         for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
             if sub.name in found:
                 continue
+            if (sub / BUILDING).is_file() and not (sub / "manifest.json").is_file():
+                continue  # building in the background: its state is build_status's
             try:
                 found[sub.name] = open_atlas(sub)
             except InputError as e:
