@@ -80,10 +80,14 @@ def page_params(page: str) -> list[str]:
 
 
 #: markdown the app writes itself, from constants (no link or user text in it): the Overview's
-#: numbered guide to the pages and the Lessons page's steps, with their links
+#: numbered guide to the pages and the Lessons page's steps with their links (each sentence's
+#: fields are numbers and head labels measured by the app: its template stands for it here)
 APP_MARKDOWN = {
     lessons.guide_markdown(),
-    *(lessons.steps_markdown(lesson, md_escape) for lesson in lessons.LESSONS),
+    *(
+        lessons.steps_markdown(lesson, md_escape, lambda step: step.says)
+        for lesson in lessons.LESSONS
+    ),
 }
 
 
