@@ -1,0 +1,224 @@
+"""The README's and docs' claims about what a page or the library shows, each with a number or a
+ranking, computed here: every test quotes its sentence, reads the number out of the document
+and computes it another way (transformers' own forward and weights, a plain loop over the
+corpus, counting by hand), so a document cannot keep a number the code no longer gives.
+
+The inventory (each document's sentence with a number or a ranking, and where it is checked):
+
+- README: MiniLM is "6 layers x 12 heads"; ``r.attention.shape`` of "The cat sat on the mat."
+  is ``(6, 12, 9, 9)``; ``toy:induction-long`` "reads 2,048 positions"; "five short lessons":
+  here. The Circuits example's edge rank (docs/pages.md): ``tests/app/test_circuits_page.py``.
+- docs/pages.md, weighted by value norm: the [CLS]/[SEP] shares by weights and by norms, per
+  layer and overall, the uniform share, "it falls in all 72 heads", the value norms they carry:
+  here, from transformers' hidden states and the layers' own value and output weights.
+- docs/pages.md, Line view: "Beyond 40 tokens each token keeps its 5 strongest lines": here, on
+  the figure. Attention sinks' "more than 0.3" of the attention "where at least four can":
+  here, on attention written by hand.
+- docs/corpus.md: the role counts, the positional heads, the per-layer means and the head
+  similarity's extremes over ``data/sentences.txt``: here (slow), one sentence at a time.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import mhsa
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+PAGES = (ROOT / "docs" / "pages.md").read_text()
+CORPUS = (ROOT / "docs" / "corpus.md").read_text()
+NUMBERS = {"three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
+
+
+def _one(pattern: str, text: str) -> re.Match:
+    found = re.findall(pattern, text)
+    assert len(found) == 1, (pattern, found)
+    return re.search(pattern, text)  # type: ignore[return-value]
+
+
+def test_readme_minilm_layers_heads_and_the_cat_sentences_shape() -> None:
+    m = _one(r"all-MiniLM-L6-v2 \(BERT, (\d+) layers x (\d+)\s+heads\)", README)
+    shape = _one(
+        r"r\.attention\.shape, r\.hidden_max_abs_diff  # \((\d+), (\d+), (\d+), (\d+)\)", README
+    )
+    lm = mhsa.load_model("default")
+    config = lm.model.config
+    assert (int(m[1]), int(m[2])) == (config.num_hidden_layers, config.num_attention_heads)
+    ids = lm.tokenizer("The cat sat on the mat.")["input_ids"]
+    n = len(ids)  # [CLS] the cat sat on the mat . [SEP]
+    assert tuple(int(shape[i]) for i in range(1, 5)) == (
+        config.num_hidden_layers,
+        config.num_attention_heads,
+        n,
+        n,
+    )
+
+
+def test_readme_toy_induction_long_positions() -> None:
+    m = _one(r"`toy:induction-long` reads ([\d,]+)\s+positions", README)
+    config = mhsa.load_model("toy:induction-long").model.config
+    assert int(m[1].replace(",", "")) == config.max_position_embeddings
+
+
+def test_readme_and_the_lessons_page_count_the_lessons() -> None:
+    from ui.lessons import LESSONS
+
+    m = _one(r"Lessons \((\w+) short lessons", README)
+    assert NUMBERS[m[1]] == len(LESSONS)
+    page = (ROOT / "pages" / "13_Lessons.py").read_text()
+    said = _one(r'"(\w+) short lessons, in order', page)
+    assert NUMBERS[said[1].lower()] == len(LESSONS)
+
+
+def _percent(share: float) -> str:
+    """A share as the document writes it: ``49.6%``."""
+    return f"{100 * share:.1f}%"
+
+
+def _norm_weighted(text: str, lm) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """By transformers' own forward and weights (Kobayashi et al. 2020): per layer and head,
+    the weights ``alpha`` [L, H, n, n], ``alpha_ij ||f_h(x_j)||`` with ``f_h(x) = (x W_V^h +
+    b_V^h) W_O^h`` (its slice of the output projection, no output bias), each row scaled to
+    sum 1, and the special-token mask."""
+    enc = lm.tokenizer(text, return_tensors="pt")
+    with torch.no_grad():
+        out = lm.model(**enc, output_hidden_states=True, output_attentions=True)
+    ids = enc["input_ids"][0].tolist()
+    special = np.array([i in lm.tokenizer.all_special_ids for i in ids])
+    alphas, weighted, norms = [], [], []
+    for layer, block in enumerate(lm.model.encoder.layer):
+        x = out.hidden_states[layer][0].double()  # the layer's input, [n, d]
+        value, dense = block.attention.self.value, block.attention.output.dense
+        heads = block.attention.self.num_attention_heads
+        d = x.shape[-1] // heads
+        v = (x @ value.weight.double().T + value.bias.double()).reshape(len(ids), heads, d)
+        w_o = dense.weight.double().T.reshape(heads, d, -1)  # [H, d_head, d_model]
+        f = torch.einsum("nhd,hde->hne", v, w_o)  # [H, n, d_model]
+        norm = f.norm(dim=-1).numpy()  # [H, n]
+        a = out.attentions[layer][0].double().numpy()  # [H, n, n]
+        aw = a * norm[:, None, :]
+        alphas.append(a)
+        weighted.append(aw / aw.sum(-1, keepdims=True))
+        norms.append(norm)
+    return np.array(alphas), np.array(weighted), special, np.array(norms)
+
+
+def test_pages_md_value_norm_shares_of_cls_and_sep() -> None:
+    """docs/pages.md: "the weights put **49.6%** of each query's attention on [CLS] and [SEP]
+    (... 30.5% in layer 0, 54-60% in layers 1-4, 35.6% in layer 5), while weighted by value
+    norm that share falls to **14.6%** (7.1-19.1% per layer), about what uniform attention
+    would give (14.2%: each sentence's 2 special tokens over its 9 to 20 tokens, averaged); it
+    falls in all 72 heads. ... their mean
+    ``||f_h(x_j)||`` is 1.62 against 3.66 for the other tokens"."""
+    from bench.bench_norms import SENTENCES
+
+    m = _one(
+        r"Over (\w+) everyday sentences\s+\(`python -m bench.bench_norms`\), the weights put "
+        r"\*\*([\d.]+%)\*\* of each query's attention on \[CLS\] and\s+\[SEP\] \(mean over "
+        r"queries, (\d+) heads and the sentences; ([\d.]+%) in layer 0, (\d+)-(\d+)% in layers "
+        r"1-4,\s+([\d.]+%) in layer 5\), while weighted by value norm that share falls to "
+        r"\*\*([\d.]+%)\*\* \(([\d.]+)-([\d.]+)% per\s+layer\), about what uniform attention "
+        r"would give \(([\d.]+%): each sentence's (\d+) special tokens over\s+its (\d+) to "
+        r"(\d+) tokens, averaged\); it falls in all (\d+) heads\. The vectors \[CLS\] and "
+        r"\[SEP\] carry are small: their mean "
+        r"`\|\|f_h\(x_j\)\|\|` is ([\d.]+)\s+against ([\d.]+) for the other tokens\.",
+        PAGES,
+    )
+    assert NUMBERS[m[1]] == len(SENTENCES)
+    lm = mhsa.load_model("default")
+    by_weight, by_norm, uniform, lengths, carried = [], [], [], [], []
+    for sentence in SENTENCES:
+        alpha, weighted, special, norms = _norm_weighted(sentence, lm)
+        by_weight.append(alpha[..., special].sum(-1).mean(-1))  # [L, H]
+        by_norm.append(weighted[..., special].sum(-1).mean(-1))
+        uniform.append(special.mean())
+        lengths.append(len(special))
+        carried.append((norms[..., special].mean(), norms[..., ~special].mean()))
+    weight, norm = np.mean(by_weight, 0), np.mean(by_norm, 0)  # [L, H]
+    layers_w, layers_n = weight.mean(1), norm.mean(1)
+    assert int(m[3]) == weight.size == int(m[15])
+    assert _percent(weight.mean()) == m[2]
+    assert (_percent(layers_w[0]), _percent(layers_w[5])) == (m[4], m[7])
+    assert int(m[5]) <= 100 * layers_w[1:5].min() and 100 * layers_w[1:5].max() <= int(m[6]) + 0.5
+    assert _percent(norm.mean()) == m[8]
+    assert (round(100 * layers_n.min(), 1), round(100 * layers_n.max(), 1)) == (
+        float(m[9]),
+        float(m[10]),
+    )
+    assert _percent(float(np.mean(uniform))) == m[11]
+    assert (int(m[12]), int(m[13]), int(m[14])) == (2, min(lengths), max(lengths))
+    assert (norm < weight).all()  # "it falls in all 72 heads"
+    special_norm, other_norm = np.mean(carried, 0)
+    assert (round(special_norm, 2), round(other_norm, 2)) == (float(m[16]), float(m[17]))
+
+
+def test_pages_md_line_view_keeps_five_lines_a_token_beyond_forty() -> None:
+    """docs/pages.md, Line view: "Beyond 40 tokens each token keeps its 5 strongest lines, and
+    the figure says so"."""
+    m = _one(r"Beyond (\d+) tokens each token keeps its (\d+) strongest lines", PAGES)
+    dense, keep = int(m[1]), int(m[2])
+    from mhsa.plots import line_view
+
+    rng = np.random.default_rng(0)
+    for n, lines in ((dense, None), (dense + 1, keep)):
+        a = rng.random((1, 1, n, n)) + 1e-3
+        a /= a.sum(-1, keepdims=True)
+        result = mhsa.AttentionResult(
+            text="x",
+            tokens=[f"t{i}" for i in range(n)],
+            attention=a.astype(np.float32),
+            offsets=[(0, 0)] * n,
+            special=[False] * n,
+            punctuation=[False] * n,
+            word_ids=list(range(n)),
+            model="hand-made",
+            engine="test",
+            device="cpu",
+        )
+        fig = line_view(result, 0, heads=[0])
+        title = fig.layout.title.text
+        if lines is None:
+            assert "per token" not in title
+        else:
+            assert f"top {lines} per token" in title
+
+
+def test_pages_md_sinks_over_point_three_where_four_queries_can() -> None:
+    """docs/pages.md, Head roles: sinks are "the share of heads that give a position more than
+    0.3 of the attention of the queries that can attend it ... measured where at least four
+    can". A causal head by hand: every query puts 0.31 on token 0 (a sink), the rest spread;
+    position n-3 is seen by 3 queries only (not measured), n-4 by 4."""
+    m = _one(r"more than ([\d.]+) of the attention of the queries that can attend it", PAGES)
+    least = _one(r"measured where at least (\w+) can", PAGES)
+    threshold, queries = float(m[1]), NUMBERS[least[1]]
+    n = 10
+    a = np.zeros((n, n))
+    for i in range(n):
+        a[i, 0] = 1.0 if i == 0 else threshold + 0.01
+        if i:
+            a[i, 1 : i + 1] = (1 - a[i, 0]) / i
+    result = mhsa.AttentionResult(
+        text="x",
+        tokens=[f"t{i}" for i in range(n)],
+        attention=a[None, None].astype(np.float32),
+        offsets=[(0, 0)] * n,
+        special=[False] * n,
+        punctuation=[False] * n,
+        word_ids=list(range(n)),
+        model="hand-made",
+        engine="test",
+        device="cpu",
+        causal=True,
+    )
+    sinks = mhsa.analysis.attention_sinks(result)
+    table = sinks.table.set_index("position")
+    assert table.at[0, "received"] > threshold and bool(table.at[0, "sink"])
+    assert sinks.first_share == 1.0 and sinks.threshold == threshold
+    measured = table["received"].notna()
+    assert measured[n - queries] and not measured[n - queries + 1]
+    assert table.at[n - queries, "queries"] == queries
