@@ -24,6 +24,8 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+import pytest
 import torch
 
 import mhsa
@@ -222,3 +224,92 @@ def test_pages_md_sinks_over_point_three_where_four_queries_can() -> None:
     measured = table["received"].notna()
     assert measured[n - queries] and not measured[n - queries + 1]
     assert table.at[n - queries, "queries"] == queries
+
+
+@pytest.fixture(scope="module")
+def corpus_results() -> list[mhsa.AttentionResult]:
+    """docs/corpus.md's corpus, one sentence at a time through ``mhsa.attend`` (the report
+    runs the batched corpus pipeline)."""
+    lines = (ROOT / "data" / "sentences.txt").read_text().splitlines()
+    texts = [t for t in lines if t.strip() and not t.startswith("#")]
+    m = _one(r"over the (\d+) sentences of `data/sentences.txt` \((\d+) not used\)", CORPUS)
+    assert (int(m[1]), int(m[2])) == (len(texts), 0)
+    lm = mhsa.load_model("default")
+    return [mhsa.attend(t, model=lm) for t in texts]
+
+
+def _markdown_table(after: str) -> pd.DataFrame:
+    """The first markdown table after the heading ``after`` in docs/corpus.md."""
+    blocks = CORPUS.split(after, 1)[1].split("\n\n")
+    block = next(b.strip() for b in blocks if b.strip().startswith("|"))
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in block.splitlines()]
+    return pd.DataFrame(rows[2:], columns=rows[0])
+
+
+@pytest.mark.slow
+def test_corpus_md_roles_positional_heads_and_layers(corpus_results) -> None:
+    """docs/corpus.md: the role counts, "Positional heads (...): 1: L0H2 (-1)" and the
+    per-layer means, over the corpus."""
+    stats = mhsa.head_stats(corpus_results)
+    roles = _markdown_table("## Head roles")
+    counted = stats.groupby("role").size()
+    assert dict(zip(roles["role"], roles["heads"].astype(int), strict=True)) == counted.to_dict()
+    early = stats[stats["layer"] <= 2].groupby("role").size()
+    for role, n in zip(roles["role"], roles["of which in layers 0-2"].astype(int), strict=True):
+        assert early.get(role, 0) == n, role
+    m = _one(r"at least 90% of the tokens\): (\d+): ([^\n]*)\.\n", CORPUS)
+    positional = stats[stats["positional"]]
+    said = ", ".join(f"{h} ({int(o):+d})" for h, o in positional["positional_offset"].items())
+    assert (int(m[1]), m[2]) == (len(positional), said)
+    layers = _markdown_table("## Per layer").set_index("layer")
+    means = stats.groupby("layer")[list(layers.columns)].mean()
+    for layer, row in layers.iterrows():
+        for column, value in row.items():
+            assert f"{means.at[int(layer), column]:.3f}" == value, (layer, column)
+
+
+@pytest.mark.slow
+def test_corpus_md_most_and_least_alike_heads(corpus_results) -> None:
+    """docs/corpus.md: the five most and least alike pairs of heads by Jensen-Shannon
+    divergence, mean over sentences."""
+    sim = mhsa.head_similarity(corpus_results, metric="js")
+    values, labels = sim.to_numpy(), list(sim.index)
+    i, j = np.triu_indices_from(values, 1)
+    order = np.argsort(values[i, j], kind="stable")
+    table = _markdown_table("## Head similarity")
+    for k, row in table.iterrows():
+        near, far = order[k], order[-1 - k]
+        assert row["most alike"] == f"{labels[i[near]]} ~ {labels[j[near]]}"
+        assert row["least alike"] == f"{labels[i[far]]} ~ {labels[j[far]]}"
+        assert list(row.iloc[[1, 3]]) == [
+            f"{values[i[near], j[near]]:.3f}",
+            f"{values[i[far], j[far]]:.3f}",
+        ]
+
+
+@pytest.mark.slow
+def test_corpus_md_head_importance_ranking(corpus_results) -> None:
+    """docs/corpus.md: leave-one-out importance (target ``embedding``) over the corpus, its
+    five most and three least important heads, "The ten most important heads: ... (10 of them
+    in the last layer)" and Spearman's rho against confidence (by scipy)."""
+    from scipy.stats import spearmanr
+
+    texts = [r.text for r in corpus_results]
+    importance = mhsa.causal.head_importance(texts, target="embedding")
+    ranked = importance["importance"].sort_values(ascending=False, kind="stable")
+    table = _markdown_table("## Head importance")
+    for _, row in table.iterrows():
+        rank = int(row["rank"])
+        assert ranked.index[rank - 1] == row["head"], row.to_dict()
+        assert f"{ranked.iloc[rank - 1]:.4f}" == row["importance"]
+    m = _one(
+        r"The ten most important heads: ([^(]+) \((\d+) of them in the last layer\)\. "
+        r"Spearman's rho between importance and confidence: ([-+][\d.]+)\.",
+        CORPUS,
+    )
+    top = list(ranked.index[:10])
+    assert m[1].split(", ") == top
+    assert int(m[2]) == sum(h.startswith("L5") for h in top)
+    confidence = mhsa.head_stats(corpus_results)["confidence"]
+    rho = spearmanr(importance["importance"], confidence[importance.index]).statistic
+    assert f"{rho:+.2f}" == m[3]

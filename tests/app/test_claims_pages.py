@@ -78,3 +78,17 @@ def test_head_roles_top_heads_are_ranked_with_their_whole() -> None:
         f"{first}: score {scores.iloc[0]:.3f}, ranks 1st of {len(scores)} heads by this score"
         in said
     )
+
+
+def test_head_similarity_map_shows_each_role_with_its_queries_on_hover() -> None:
+    from tests.app.test_pages import specs
+
+    at = run("pages/2_Head_similarity.py")
+    assert not at.exception
+    head_map = specs(at)[1]
+    hover = [row[1] for row in head_map["data"][0]["customdata"]]
+    with_prev, every = _previous_counts(CAT)
+    assert len(hover) == 72
+    assert all(re.fullmatch(rf".+: ({with_prev}|{every}) of {every} queries", h) for h in hover)
+    labels = [row[0] for row in head_map["data"][0]["customdata"]]
+    assert hover[labels.index("L0H2")] == f"previous token: {with_prev} of {every} queries"
