@@ -14,8 +14,13 @@ The inventory (each document's sentence with a number or a ranking, and where it
 - docs/pages.md, Line view: "Beyond 40 tokens each token keeps its 5 strongest lines": here, on
   the figure. Attention sinks' "more than 0.3" of the attention "where at least four can":
   here, on attention written by hand.
-- docs/corpus.md: the role counts, the positional heads, the per-layer means and the head
-  similarity's extremes over ``data/sentences.txt``: here (slow), one sentence at a time.
+- docs/corpus.md: the role counts, the positional heads, the per-layer means, the head
+  similarity's extremes and the importance ranking over ``data/sentences.txt``: here (slow),
+  one sentence at a time where the report batches the corpus.
+- README, "every page counts a sentence's unknown tokens" and "``?presentation=1`` enlarges
+  every font": ``tests/app/test_views_page.py`` (Compare's second sentence),
+  ``tests/app/test_patching_page.py`` / ``test_circuits_page.py`` (their toy examples) and the
+  presentation browser tests (``tests/browser/test_presentation_browser.py``).
 """
 
 from __future__ import annotations
