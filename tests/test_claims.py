@@ -66,7 +66,7 @@ def test_a_positional_call_needs_ninety_percent_and_three_queries() -> None:
     # 9 of 10 is 90%: positional; 8 of 10 is not (9 needed)
     assert positional_claim(2, 9, 10, share=0.9, minimum=3).text.startswith("positional +2")
     no = positional_claim(2, 8, 10, share=0.9, minimum=3)
-    assert no.made and no.text == "not positional (best offset +2: 8 of 10 queries, 9 needed)"
+    assert no.made and no.text == "not positional (+2: 8 of 10 queries, 9 needed)"
     # share 1 over one query row (offset -8 of a 9-token sentence): no call
     one = positional_claim(-8, 1, 1, share=0.9, minimum=3)
     assert not one.made and one.text.startswith("too few tokens to call a positional head")
@@ -120,9 +120,7 @@ def test_head_statistics_show_each_role_and_positional_call_with_its_support() -
     assert shown["positional"].iloc[0] == "positional -1: 9 of 9 queries"
     assert shown["positional"].iloc[2] == "positional +0: 10 of 10 queries"
     # the first-token head: row 1 alone puts its largest weight at -1 (1 of 9)
-    assert shown["positional"].iloc[1] == (
-        "not positional (best offset -1: 1 of 9 queries, 9 needed)"
-    )
+    assert shown["positional"].iloc[1] == ("not positional (-1: 1 of 9 queries, 9 needed)")
 
 
 @pytest.mark.parametrize("n", [2, 3])

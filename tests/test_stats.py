@@ -395,7 +395,7 @@ def test_stats_difference_is_second_minus_first_with_labels_side_by_side() -> No
     # taken by query 1 alone of the 11 that have a previous token (10 needed)
     assert (diff["positional 1"], diff["positional 2"]) == (
         "positional -1: 11 of 11 queries",
-        "not positional (best offset -1: 1 of 11 queries, 10 needed)",
+        "not positional (-1: 1 of 11 queries, 10 needed)",
     )
 
 

@@ -144,7 +144,7 @@ def positional_claim(
     if hits >= share * queries:
         return Claim(f"positional {offset:+d}: {at}", hits, queries, minimum, True, unit)
     return Claim(
-        f"not positional (best offset {offset:+d}: {at}, {math.ceil(share * queries)} needed)",
+        f"not positional ({offset:+d}: {at}, {math.ceil(share * queries)} needed)",
         hits,
         queries,
         minimum,

@@ -36,7 +36,7 @@ def test_head_statistics_shows_every_role_with_its_queries() -> None:
         if hits >= 0.9 * every:
             assert shown == f"positional +0: {hits} of {every} queries", head
         else:
-            assert shown.startswith(f"not positional (best offset +0: {hits} of {every}"), head
+            assert shown.startswith(f"not positional (+0: {hits} of {every}"), head
 
 
 def test_compare_says_each_role_and_positional_call_with_its_support() -> None:
