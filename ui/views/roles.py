@@ -15,7 +15,7 @@ import pandas as pd
 
 import mhsa
 from mhsa.analysis import detection, roles
-from mhsa.analysis.claims import rank_claim, ranking_claim
+from mhsa.analysis.claims import count_claim, rank_claim, ranking_claim
 from ui.core import (
     LIMITS,
     Query,
@@ -324,10 +324,15 @@ class SinkView(NamedTuple):
             if self.causal
             else "every query (in an encoder every query attends every key)"
         )
+        n = len(self.heads)
+        anywhere = count_claim(
+            round(self.share * n), n, "sink on at least one position", unit="heads"
+        )
         return (
             f"Each position's mean attention from {over}; a head sinks on a position that "
-            f"gets more than {self.threshold:g} on average. On the first token, as Gu et al. "
-            f"2025 measure it: {self.first_share:.0%} of the heads sink."
+            f"gets more than {self.threshold:g} on average: {anywhere.text}. On the first "
+            f"token, as Gu et al. 2025 measure it: {self.first_share:.0%} of the heads sink "
+            f"({round(self.first_share * n)} of {n})."
         )
 
 
