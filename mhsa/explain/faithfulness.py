@@ -237,6 +237,8 @@ class _Runs:
         return float(np.mean(distances))
 
     def m_clean(self) -> float:
+        if self.task == "embedding":
+            return 0.0  # the intact model's distance from itself
         return self.measure(self.clean())
 
     def layers_uniform(self, layers: frozenset[int]) -> float:
