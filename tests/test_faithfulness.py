@@ -269,3 +269,38 @@ def test_bad_patterns_get_one_clear_message(sharp_gpt2_path) -> None:
         pattern_faithfulness(lm, TEXTS, {"head": [_first(n) for n in sizes]})
     with pytest.raises(InputError, match="embedding"):
         pattern_faithfulness(lm, TEXTS, {(0, 0): [_first(n) for n in sizes]}, task="nope")
+
+
+@pytest.mark.parametrize("toy", ["induction", "copy"])
+def test_a_toy_model_is_measured_on_its_tasks_scored_positions(toy: str) -> None:
+    """m_clean is the plain model's cross-entropy over the positions the task scores, counted
+    here from the sequence's layout: the repeat after its first token (induction), the output
+    after [SEP] (copy)."""
+    from transformers import AutoModelForCausalLM
+
+    from mhsa.atlas.corpora import task_corpus
+    from mhsa.training.toy import toy_model_path
+
+    texts = task_corpus(toy, count=3, seed=1)
+    lm = mhsa.load_model(f"toy:{toy}", device="cpu")
+    plain = AutoModelForCausalLM.from_pretrained(toy_model_path(toy)).eval()
+    total, count = 0.0, 0
+    for text in texts:
+        ids = lm.tokenizer(text, return_tensors="pt")["input_ids"]
+        tokens = lm.tokenizer.convert_ids_to_tokens(ids[0].tolist())
+        if toy == "induction":
+            half = (len(tokens) - 1) // 2  # [BOS], L symbols, the same L again
+            first = 1 + half + 1
+        else:
+            first = tokens.index("[SEP]") + 1
+        with torch.no_grad():
+            logp = torch.log_softmax(plain(input_ids=ids).logits[0].double(), -1)
+        for k in range(first, len(tokens)):
+            total -= float(logp[k - 1, ids[0, k]])
+            count += 1
+    sizes = [len(lm.tokenizer(t)["input_ids"]) for t in texts]
+    f = pattern_faithfulness(lm, texts, {(0, 0): [_previous(n) for n in sizes]})
+    assert f.task == ("repeat-loss" if toy == "induction" else "output-loss")
+    assert abs(f.m_clean - total / count) < 1e-5
+    named = pattern_faithfulness(lm, texts, {(0, 0): [_previous(n) for n in sizes]}, task=toy)
+    assert named.task == f.task and named.m_program == f.m_program
