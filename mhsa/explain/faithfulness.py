@@ -40,6 +40,8 @@ number wherever the layers move ``m`` at all.
 from __future__ import annotations
 
 import math
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -177,6 +179,35 @@ class _Text:
 
 
 @dataclass
+class _Memo:
+    """What does not change between calls on the same texts: the clean pass's readouts and
+    ``m`` with each set of whole layers uniform."""
+
+    clean: list[torch.Tensor] | None = None
+    layers: dict[frozenset[int], float] = field(default_factory=dict)
+
+
+#: per model, the memos of the last few sets of texts (a call per head, as ``explain_heads``
+#: makes, then costs its own two passes a text); dropped with the model
+_MEMOS: weakref.WeakKeyDictionary[LoadedModel, OrderedDict[tuple, _Memo]] = (
+    weakref.WeakKeyDictionary()
+)
+_MEMOS_KEPT = 4
+
+
+def _memo(lm: LoadedModel, key: tuple) -> _Memo:
+    """The memo of ``key`` (texts, task, sizes) for ``lm``; caller holds ``lm.lock``."""
+    memos = _MEMOS.setdefault(lm, OrderedDict())
+    if key in memos:
+        memos.move_to_end(key)
+        return memos[key]
+    memos[key] = _Memo()
+    while len(memos) > _MEMOS_KEPT:
+        memos.popitem(last=False)
+    return memos[key]
+
+
+@dataclass
 class _Runs:
     """The passes of one model over one set of texts: the clean pass's readouts, the layers
     made uniform (each set once), and ``m`` of any replacement. Holds ``lm.lock`` while used."""
@@ -186,8 +217,7 @@ class _Runs:
     texts: list[_Text]
     blocks: list[OurBlock] = field(init=False)
     causal: bool = field(init=False)
-    _clean: list[torch.Tensor] | None = None
-    _layers: dict[frozenset[int], float] = field(default_factory=dict)
+    memo: _Memo = field(default_factory=lambda: _Memo())
 
     def __post_init__(self) -> None:
         self.blocks = our_blocks(self.lm)
@@ -230,9 +260,9 @@ class _Runs:
         return (hidden * weight).sum(0) / weight.sum()
 
     def clean(self) -> list[torch.Tensor]:
-        if self._clean is None:
-            self._clean = [self.readout(t, {}) for t in self.texts]
-        return self._clean
+        if self.memo.clean is None:
+            self.memo.clean = [self.readout(t, {}) for t in self.texts]
+        return self.memo.clean
 
     def m(self, replace_of: Callable[[int], dict[str, Callable]]) -> float:
         """``m`` with each text ``i`` run under ``replace_of(i)``."""
@@ -258,10 +288,10 @@ class _Runs:
 
     def layers_uniform(self, layers: frozenset[int]) -> float:
         """``m`` with every head of ``layers`` uniform (each set measured once)."""
-        if layers not in self._layers:
+        if layers not in self.memo.layers:
             every = {layer: list(range(self.heads)) for layer in layers}
-            self._layers[layers] = self.m(lambda i: self._uniform(every))
-        return self._layers[layers]
+            self.memo.layers[layers] = self.m(lambda i: self._uniform(every))
+        return self.memo.layers[layers]
 
     def _uniform(self, heads: Mapping[int, Sequence[int]]) -> dict[str, Callable]:
         return {f"L{layer}.pattern": _uniform_heads(hs, self.causal) for layer, hs in heads.items()}
@@ -404,7 +434,8 @@ def _runs(
                     f"{p.shape[0]}; another head's is {sizes[t]} x {sizes[t]}."
                 )
     task = _check_task(lm, task)
-    runs = _Runs(lm, task, _prepare(lm, texts, task, sizes))
+    memo = _memo(lm, (tuple(texts), task, tuple(sizes)))
+    runs = _Runs(lm, task, _prepare(lm, texts, task, sizes), memo)
     layers, per_layer = len(runs.blocks), runs.heads
     for layer, head in checked:
         if not (0 <= layer < layers and 0 <= head < per_layer):
