@@ -6,11 +6,12 @@ A program (``programs``: ``offset(-1)``, ``induction``, ``when(NOUN, pos(DET, le
 ``program_pattern`` draws it on a text. ``scores`` holds how a pattern explains a head's
 attention (soft IoU, Clark et al.'s accuracy, Transformer Debugger's ROC-AUC); ``attention``
 runs an atlas's model once over the texts scored; ``search`` finds each head's best program;
+``faithfulness`` replaces heads' patterns by programs' in the real forward pass;
 ``explanations`` explains every head of an atlas (``explain_heads``), scores one typed
 hypothesis (``score_program``) and keeps the result beside the atlas (``saved``).
 
-May import: ``mhsa.engine``, ``mhsa.analysis``, ``mhsa.atlas``, ``mhsa.causal`` and the shared
-top-level modules (``tests/test_layers.py``).
+May import: ``mhsa.engine``, ``mhsa.analysis``, ``mhsa.causal``, ``mhsa.corpus``,
+``mhsa.atlas`` and the shared top-level modules (``tests/test_layers.py``).
 """
 
 from mhsa.explain.explanations import HeadExplanations, explain_heads, saved, score_program
