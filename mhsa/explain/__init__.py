@@ -16,7 +16,6 @@ May import: ``mhsa.engine``, ``mhsa.analysis``, ``mhsa.causal``, ``mhsa.corpus``
 
 from mhsa.explain.explanations import HeadExplanations, explain_heads, saved, score_program
 from mhsa.explain.programs import (
-    UNIVERSAL_TAGS,
     Atom,
     Fallback,
     Mix,
@@ -32,7 +31,6 @@ from mhsa.explain.programs import (
 from mhsa.explain.scores import accuracy, auc, soft_iou
 
 __all__ = [
-    "UNIVERSAL_TAGS",
     "Atom",
     "Fallback",
     "HeadExplanations",
