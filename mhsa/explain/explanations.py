@@ -182,6 +182,17 @@ def _result(f: Faithfulness) -> tuple[float, str]:
     return float(f.value), ("" if np.isfinite(f.value) else str(f.reason))
 
 
+def _held_out(atlas: Atlas) -> list[int]:
+    """The held-out texts of the atlas's saved explanations (so that a typed hypothesis is
+    scored beside them on the same texts), else of the default split."""
+    meta = Path(atlas.folder) / FOLDER / "meta.json"
+    try:
+        ids = json.loads(meta.read_text())["settings"]["held_out_texts"]
+        return _check_texts(atlas, [int(t) for t in ids])
+    except (OSError, ValueError, KeyError, TypeError):
+        return split_texts(atlas)[1]
+
+
 def score_program(
     atlas: Atlas,
     head: str,
@@ -190,8 +201,9 @@ def score_program(
     texts: Sequence[int] | None = None,
     faithfulness: bool = False,
 ) -> pd.Series:
-    """One program's scores for one head of the atlas, on the held-out texts of
-    ``explain_heads``'s default split (or on the atlas's texts ``texts``).
+    """One program's scores for one head of the atlas, on the held-out texts of its saved
+    explanations (``explain_heads``; none saved: of the default split), or on the atlas's
+    texts ``texts``.
 
     Returns:
         A Series with ``program``, ``iou``, ``accuracy``, ``baseline`` (the best fixed
@@ -207,7 +219,7 @@ def score_program(
     _check_atlas(atlas)
     parsed = _check_program(atlas, program)
     i = atlas.head(head)
-    ids = split_texts(atlas)[1] if texts is None else _check_texts(atlas, texts)
+    ids = _held_out(atlas) if texts is None else _check_texts(atlas, texts)
     items = attention_of(atlas, ids)
     values: dict[str, Any] = {"program": str(parsed), **_scores(items, i, parsed)}
     values["baseline"], values["baseline_accuracy"] = _baseline(items, i)
