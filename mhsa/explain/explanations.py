@@ -14,8 +14,9 @@ in the atlas's folder (``explanations/``), which ``saved(atlas)`` reads back.
 (or on ``texts=``): their attention is computed once per process and kept, so a hypothesis
 costs its pattern and its scores alone.
 
-With ``MAX_TEXTS`` = 240 (180 search texts, 60 held out) the search over MiniLM's 72 heads on
-the default atlas takes well under the 2 minutes of CPU of its target (BENCHMARKS.md).
+``MAX_TEXTS`` bounds the cost whatever the atlas's size: the search's work grows with the
+texts' (query, key) pairs, and the default keeps MiniLM's 72 heads over the default atlas within
+the 2 minutes of CPU its target allows (without faithfulness).
 """
 
 from __future__ import annotations
