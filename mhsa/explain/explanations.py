@@ -55,7 +55,9 @@ __all__ = [
     "MAX_TEXTS",
     "SEED",
     "HeadExplanations",
+    "PatternExample",
     "explain_heads",
+    "pattern_example",
     "saved",
     "score_program",
     "split_texts",
@@ -188,8 +190,10 @@ def _held_out(atlas: Atlas) -> list[int]:
     scored beside them on the same texts), else of the default split."""
     meta = Path(atlas.folder) / FOLDER / "meta.json"
     try:
-        ids = json.loads(meta.read_text())["settings"]["held_out_texts"]
-        return _check_texts(atlas, [int(t) for t in ids])
+        settings = json.loads(meta.read_text())["settings"]
+        if settings["atlas_built"] != atlas.manifest.get("built", ""):
+            raise ValueError("made of an earlier build")
+        return _check_texts(atlas, [int(t) for t in settings["held_out_texts"]])
     except (OSError, ValueError, KeyError, TypeError):
         return split_texts(atlas)[1]
 
@@ -234,6 +238,45 @@ def score_program(
     values["texts"] = len(items)
     order = ["program", "iou", "accuracy", "baseline", "baseline_accuracy", "auc"]
     return pd.Series({k: values[k] for k in [*order, "faithfulness", "faithfulness_note", "texts"]})
+
+
+@dataclass(frozen=True)
+class PatternExample:
+    """A head's attention and a program's pattern on one text of the atlas, to be drawn side
+    by side.
+
+    Attributes:
+        text_id: the atlas's text.
+        tokens: its tokens.
+        attention: ``[n, n]``: the head's weights.
+        pattern: ``[n, n]``: the program's (a row of zeros: the program gives that query no
+            key).
+    """
+
+    text_id: int
+    tokens: tuple[str, ...]
+    attention: np.ndarray
+    pattern: np.ndarray
+
+
+def pattern_example(
+    atlas: Atlas, head: str, program: str | Program, *, text_id: int | None = None
+) -> PatternExample:
+    """The head's attention and the program's pattern on the atlas's text ``text_id`` (None:
+    the first held-out text ``score_program`` reads).
+
+    Raises:
+        ProgramError: as ``score_program``.
+        InputError: a head the atlas lacks, a text it does not have or of one token.
+    """
+    _check_atlas(atlas)
+    parsed = _check_program(atlas, program)
+    i = atlas.head(head)
+    chosen = _held_out(atlas)[0] if text_id is None else _check_texts(atlas, [text_id])[0]
+    item = attention_of(atlas, [chosen])[0]
+    return PatternExample(
+        chosen, item.features.tokens, item.weights[i].copy(), parsed.pattern(item.features)
+    )
 
 
 # --- every head ---------------------------------------------------------------------------------
@@ -324,10 +367,14 @@ class HeadExplanations:
 
 
 def saved(atlas: Atlas) -> HeadExplanations | None:
-    """The explanations saved in the atlas's folder, or None where there are none."""
+    """The explanations saved in the atlas's folder, or None where there are none (or they
+    were made of an earlier build of the atlas in the same folder)."""
     if not (Path(atlas.folder) / FOLDER / "meta.json").is_file():
         return None
-    return HeadExplanations.load(atlas.folder)
+    found = HeadExplanations.load(atlas.folder)
+    if found.settings.get("atlas_built", "") != atlas.manifest.get("built", ""):
+        return None
+    return found
 
 
 def _heads(atlas: Atlas, heads: Sequence[str] | str | None) -> list[str]:
@@ -466,6 +513,7 @@ def explain_heads(
         frame["faithfulness_note"] = [each[h][1] for h in frame["head"]]
     settings = {
         "model": atlas.model,
+        "atlas_built": atlas.manifest.get("built", ""),
         "seed": seed,
         "held_out": held_out,
         "max_texts": max_texts,
