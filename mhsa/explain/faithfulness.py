@@ -73,9 +73,9 @@ __all__ = [
     "uniform_pattern",
 ]
 
-#: how many texts faithfulness runs over by default (``explain_heads``: the first of its
+#: how many texts faithfulness is meant to run over (``explain_heads``: the first of its
 #: held-out texts): each head costs two passes a text (its program, its uniform), so 16 texts
-#: keep every one of MiniLM's 72 heads within a minute of CPU (``bench/bench_explain.py``)
+#: cost MiniLM's 72 heads about 53 s of CPU on the default atlas (BENCHMARKS.md)
 FAITHFULNESS_TEXTS = 16
 
 #: no number below this share of the heads' layers' own effect (see the module's docstring)
