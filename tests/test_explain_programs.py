@@ -270,3 +270,10 @@ def test_features_check_their_lengths_and_tags() -> None:
         encoder(["[CLS]", "a", "[SEP]"], [-1, 0, -1], (None, "DET"))
     with pytest.raises(ProgramError, match="Unknown tags \\['DT'\\]"):
         encoder(["[CLS]", "a", "[SEP]"], [-1, 0, -1], (None, "DT", None))
+
+
+def test_every_universal_tag_has_words_to_describe_it() -> None:
+    from mhsa.atlas.tags import UNIVERSAL_TAGS
+    from mhsa.explain.programs import TAG_NAMES
+
+    assert tuple(TAG_NAMES) == UNIVERSAL_TAGS

@@ -6,16 +6,16 @@ A program (``programs``: ``offset(-1)``, ``induction``, ``when(NOUN, pos(DET, le
 ``program_pattern`` draws it on a text. ``scores`` holds how a pattern explains a head's
 attention (soft IoU, Clark et al.'s accuracy, Transformer Debugger's ROC-AUC); ``attention``
 runs an atlas's model once over the texts scored; ``search`` finds each head's best program;
+``faithfulness`` replaces heads' patterns by programs' in the real forward pass;
 ``explanations`` explains every head of an atlas (``explain_heads``), scores one typed
 hypothesis (``score_program``) and keeps the result beside the atlas (``saved``).
 
-May import: ``mhsa.engine``, ``mhsa.analysis``, ``mhsa.atlas``, ``mhsa.causal`` and the shared
-top-level modules (``tests/test_layers.py``).
+May import: ``mhsa.engine``, ``mhsa.analysis``, ``mhsa.causal``, ``mhsa.corpus``,
+``mhsa.atlas`` and the shared top-level modules (``tests/test_layers.py``).
 """
 
 from mhsa.explain.explanations import HeadExplanations, explain_heads, saved, score_program
 from mhsa.explain.programs import (
-    UNIVERSAL_TAGS,
     Atom,
     Fallback,
     Mix,
@@ -31,7 +31,6 @@ from mhsa.explain.programs import (
 from mhsa.explain.scores import accuracy, auc, soft_iou
 
 __all__ = [
-    "UNIVERSAL_TAGS",
     "Atom",
     "Fallback",
     "HeadExplanations",

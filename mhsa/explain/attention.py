@@ -71,7 +71,7 @@ def _check_atlas(atlas: Atlas) -> None:
 
 def atlas_tags(atlas: Atlas, text_id: int) -> tuple[str | None, ...] | None:
     """The atlas's tag of each token of the text, or None for a corpus without tags."""
-    if not getattr(atlas, "has_tags", False):
+    if not atlas.has_tags:
         return None
     return tuple(atlas.tags(text_id))
 

@@ -33,15 +33,24 @@ import numpy as np
 import pandas as pd
 
 from mhsa.atlas.reader import Atlas
+from mhsa.engine.models.loading import get_model
 from mhsa.errors import InputError
 from mhsa.explain.attention import TextAttention, _check_atlas, attention_of
+from mhsa.explain.faithfulness import (
+    FAITHFULNESS_TEXTS,
+    Faithfulness,
+    heads_faithfulness,
+    layer_faithfulness,
+    many_heads_faithfulness,
+    pattern_faithfulness,
+)
 from mhsa.explain.programs import Program, ProgramError, parse_program
 from mhsa.explain.scores import accuracy, auc, soft_iou
 from mhsa.explain.search import BASELINES, PairTable, search_heads
+from mhsa.heads import parse_head_label
 
 __all__ = [
     "COLUMNS",
-    "FAITHFULNESS_TEXTS",
     "MAX_TEXTS",
     "SEED",
     "HeadExplanations",
@@ -55,8 +64,6 @@ __all__ = [
 MAX_TEXTS = 240
 #: the seed of the draw of those texts and of their split
 SEED = 0
-#: held-out texts the faithfulness forward passes run on (the first of the held-out texts)
-FAITHFULNESS_TEXTS = 16
 #: the explanation table's columns
 COLUMNS = [
     "head",
@@ -102,10 +109,6 @@ def split_texts(
     return sorted(int(t) for t in drawn[n_held:]), sorted(int(t) for t in drawn[:n_held])
 
 
-def _has_tags(atlas: Atlas) -> bool:
-    return bool(getattr(atlas, "has_tags", False))
-
-
 def _no_tags_message(program: Program) -> str:
     return (
         f"The program {str(program)!r} reads part-of-speech tags (pos, when), and this atlas's "
@@ -116,7 +119,7 @@ def _no_tags_message(program: Program) -> str:
 
 def _check_program(atlas: Atlas, program: str | Program) -> Program:
     parsed = parse_program(program)
-    if parsed.needs_tags and not _has_tags(atlas):
+    if parsed.needs_tags and not atlas.has_tags:
         raise ProgramError(_no_tags_message(parsed))
     return parsed
 
@@ -162,36 +165,21 @@ def _baseline(items: Sequence[TextAttention], i: int) -> tuple[str, float]:
     return best, best_acc
 
 
-def _uniform_filled(pattern: np.ndarray, causal: bool) -> np.ndarray:
-    """Rows the program gives no key attend uniformly over the keys they may see (the
-    structure-free head), so that the replaced head always writes a weighted mean."""
-    n = len(pattern)
-    visible = np.tril(np.ones((n, n))) if causal else np.ones((n, n))
-    uniform = visible / visible.sum(1, keepdims=True)
-    empty = pattern.sum(1) == 0
-    return np.where(empty[:, None], uniform, pattern)
-
-
-def _faithfulness(
-    atlas: Atlas, head: str, program: Program, items: Sequence[TextAttention]
-) -> tuple[float, str]:
-    """The head's faithfulness with its pattern replaced by the program's, on the first
-    ``FAITHFULNESS_TEXTS`` texts, and the reason where there is no value."""
-    try:
-        from mhsa.explain.faithfulness import pattern_faithfulness
-    except ImportError:
-        return float("nan"), "faithfulness is not part of this build"
-    from mhsa.engine.models.loading import get_model
-    from mhsa.engine.models.names import toy_task
-    from mhsa.heads import parse_head_label
-
-    layer, h = parse_head_label(head)
+def _replacements(
+    programs: dict[str, Program], items: Sequence[TextAttention]
+) -> tuple[list[str], dict[tuple[int, int], list[np.ndarray]]]:
+    """The first ``FAITHFULNESS_TEXTS`` texts and, per head, its program's pattern on each (a
+    query the program gives no key writes nothing there: a miss, as in the scores)."""
     chosen = list(items[:FAITHFULNESS_TEXTS])
-    patterns = [_uniform_filled(program.pattern(it.features), it.features.causal) for it in chosen]
-    lm = get_model(atlas.model)
-    texts = [atlas.text(it.text_id) for it in chosen]
-    result = pattern_faithfulness(lm, texts, {(layer, h): patterns}, task=toy_task(atlas.model))
-    return float(result.value), str(result.reason)
+    patterns = {
+        parse_head_label(head): [program.pattern(it.features) for it in chosen]
+        for head, program in programs.items()
+    }
+    return [it.text_id for it in chosen], patterns
+
+
+def _result(f: Faithfulness) -> tuple[float, str]:
+    return float(f.value), ("" if np.isfinite(f.value) else str(f.reason))
 
 
 def score_program(
@@ -225,8 +213,10 @@ def score_program(
     values["baseline"], values["baseline_accuracy"] = _baseline(items, i)
     values["faithfulness"], values["faithfulness_note"] = float("nan"), "not asked"
     if faithfulness:
-        values["faithfulness"], values["faithfulness_note"] = _faithfulness(
-            atlas, head, parsed, items
+        ids, patterns = _replacements({head: parsed}, items)
+        texts = [atlas.text(t) for t in ids]
+        values["faithfulness"], values["faithfulness_note"] = _result(
+            pattern_faithfulness(get_model(atlas.model), texts, patterns)
         )
     values["texts"] = len(items)
     order = ["program", "iou", "accuracy", "baseline", "baseline_accuracy", "auc"]
@@ -245,15 +235,21 @@ class HeadExplanations:
         candidate_table: per head its ``top`` programs, best first (``rank`` 0 is the
             chosen one), each with its held-out ``iou``, ``accuracy`` and ``auc`` and its
             ``search_iou``.
-        notices: what the reader should know (no tags: no linguistic programs; faithfulness
-            not computed).
-        settings: model, seed, held-out share, the texts searched and held out, seconds.
+        notices: what the reader should know (no tags: no linguistic programs).
+        settings: model, seed, held-out share, the texts searched and held out, CPU seconds.
+        together: with faithfulness, the heads replaced at once by their programs: one row
+            per layer whose every head was explained (``what`` ``"L3"``) and one for the
+            best-explained quarter of the model's heads by held-out IoU (``"best quarter"``),
+            with ``faithfulness``, ``note`` (why there is no number) and ``heads``.
     """
 
     table: pd.DataFrame
     candidate_table: pd.DataFrame
     notices: tuple[str, ...] = ()
     settings: dict[str, Any] = field(default_factory=dict)
+    together: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=["what", "faithfulness", "note", "heads"])
+    )
 
     def candidates(self, head: str) -> pd.DataFrame:
         """The head's top programs with their scores, best first.
@@ -275,6 +271,7 @@ class HeadExplanations:
         tmp.mkdir(parents=True)
         self.table.to_csv(tmp / "table.csv", index=False)
         self.candidate_table.to_csv(tmp / "candidates.csv", index=False)
+        self.together.to_csv(tmp / "together.csv", index=False)
         meta = {"kind": "mhsa-explanations", "format": FORMAT, "notices": list(self.notices)}
         (tmp / "meta.json").write_text(json.dumps({**meta, "settings": self.settings}, indent=1))
         old = Path(folder) / f".{FOLDER}.{os.getpid()}.old"
@@ -292,20 +289,25 @@ class HeadExplanations:
             InputError: no explanations there, or unreadable ones.
         """
         where = Path(folder) / FOLDER
+        text = ("head", "program", "kind", "description", "baseline", "what", "heads")
+        text += ("faithfulness_note", "note")
         try:
             meta = json.loads((where / "meta.json").read_text())
-            if meta.get("kind") != "mhsa-explanations":
-                raise ValueError("not explanations")
-            strings = {"head": str, "program": str, "baseline": str, "faithfulness_note": str}
-            table = pd.read_csv(where / "table.csv", dtype=strings, keep_default_na=False)
-            candidates = pd.read_csv(where / "candidates.csv", dtype=strings, keep_default_na=False)
+            if meta.get("kind") != "mhsa-explanations" or int(meta["format"]) > FORMAT:
+                raise ValueError("not explanations this version reads")
+            frames = []
+            for name in ("table", "candidates", "together"):
+                frame = pd.read_csv(where / f"{name}.csv", dtype=str, keep_default_na=False)
+                for c in frame.columns:
+                    if c not in text:
+                        frame[c] = pd.to_numeric(frame[c].replace("", np.nan))
+                frames.append(frame)
         except (OSError, ValueError, KeyError) as e:
             raise InputError(f"No readable explanations in {str(where)!r} ({e}).") from e
-        for frame in (table, candidates):
-            for c in frame.columns:
-                if c not in strings and c not in ("kind", "description"):
-                    frame[c] = pd.to_numeric(frame[c].replace("", np.nan))
-        return cls(table, candidates, tuple(meta.get("notices", ())), meta.get("settings", {}))
+        table, candidates, together = frames
+        return cls(
+            table, candidates, tuple(meta.get("notices", ())), meta.get("settings", {}), together
+        )
 
 
 def saved(atlas: Atlas) -> HeadExplanations | None:
@@ -326,6 +328,37 @@ def _heads(atlas: Atlas, heads: Sequence[str] | str | None) -> list[str]:
     return list(dict.fromkeys(chosen))
 
 
+def _together(
+    atlas: Atlas, programs: dict[str, Program], iou: dict[str, float], held: list[TextAttention]
+) -> tuple[dict[str, tuple[float, str]], pd.DataFrame]:
+    """Each head's faithfulness alone, and the heads replaced together: each layer whose every
+    head of the atlas is explained, and the best-explained quarter of the model's heads."""
+    lm = get_model(atlas.model)
+    ids, patterns = _replacements(programs, held)
+    texts = [atlas.text(t) for t in ids]
+    alone = heads_faithfulness(lm, texts, patterns)
+    each = {head: _result(alone[parse_head_label(head)]) for head in programs}
+    rows = []
+    layers = {parse_head_label(h)[0] for h in atlas.labels}
+    whole = {
+        layer: {h: p for h, p in patterns.items() if h[0] == layer}
+        for layer in sorted(layers)
+        if all(
+            parse_head_label(h) in patterns for h in atlas.labels if parse_head_label(h)[0] == layer
+        )
+    }
+    if whole:
+        merged = {h: p for part in whole.values() for h, p in part.items()}
+        for layer, f in layer_faithfulness(lm, texts, merged).items():
+            rows.append((f"L{layer}", *_result(f), ",".join(f.labels)))
+    try:
+        f = many_heads_faithfulness(lm, texts, patterns, iou)
+        rows.append(("best quarter", *_result(f), ",".join(f.labels)))
+    except InputError as e:  # fewer heads explained than a quarter of the model's
+        rows.append(("best quarter", float("nan"), str(e), ""))
+    return each, pd.DataFrame(rows, columns=["what", "faithfulness", "note", "heads"])
+
+
 def explain_heads(
     atlas: Atlas,
     *,
@@ -336,7 +369,7 @@ def explain_heads(
     progress: bool = True,
     seed: int = SEED,
     max_texts: int = MAX_TEXTS,
-    save: bool = True,
+    save: bool | None = None,
 ) -> HeadExplanations:
     """Every head (or ``heads``) of the atlas explained by the program that best reproduces
     its attention on the search texts, scored on the held-out texts (see the module docstring).
@@ -346,12 +379,14 @@ def explain_heads(
         heads: head labels (``"L3H4"``); None: every head of the atlas.
         held_out: the share of the texts kept out of the search and scored.
         top: the programs kept per head (``HeadExplanations.candidates``).
-        faithfulness: also the chosen program's faithfulness (forward passes with the head's
-            pattern replaced; ``mhsa.explain.faithfulness``).
+        faithfulness: also each chosen program's faithfulness (forward passes with the
+            head's pattern replaced, ``mhsa.explain.faithfulness``, on the first
+            ``FAITHFULNESS_TEXTS`` held-out texts), each layer's and the best quarter's.
         progress: a bar on stderr.
         seed: the draw of the texts and their split.
         max_texts: the texts read at most.
-        save: write the result into the atlas's folder (``explanations/``).
+        save: write the result into the atlas's folder (``explanations/``); None: when every
+            head is explained.
 
     Raises:
         InputError: a head the atlas lacks, a bad ``held_out`` or ``top``, too few texts;
@@ -364,7 +399,7 @@ def explain_heads(
     search_ids, held_ids = split_texts(atlas, held_out, seed=seed, max_texts=max_texts)
     start = time.process_time()
     notices = []
-    if not _has_tags(atlas):
+    if not atlas.has_tags:
         notices.append(
             "This atlas's corpus has no part-of-speech tags: no linguistic programs (pos, when) "
             "were tried."
@@ -381,47 +416,41 @@ def explain_heads(
         bar = tqdm(total=len(labels), desc="explain", unit="head")
     table = PairTable(search, list(range(len(atlas.labels))))
     found = search_heads(table, index, top=top, progress=bar.update if bar else None)
+    if bar is not None:
+        bar.close()
     rows, candidates = [], []
-    faith_missing = False
     for label, i, result in zip(labels, index, found, strict=True):
         baseline, baseline_acc = _baseline(held, i)
         for rank, (program, search_iou) in enumerate(zip(result.programs, result.iou, strict=True)):
             scores = _scores(held, i, program)
+            described = {"program": str(program), "kind": program.kind}
+            described["description"] = program.describe()
             candidates.append(
-                {
-                    "head": label,
-                    "rank": rank,
-                    "program": str(program),
-                    "kind": program.kind,
-                    "description": program.describe(),
-                    **scores,
-                    "search_iou": search_iou,
-                }
+                {"head": label, "rank": rank, **described, **scores, "search_iou": search_iou}
             )
             if rank == 0:
-                value, note = float("nan"), "not asked"
-                if faithfulness:
-                    value, note = _faithfulness(atlas, label, program, held)
-                    faith_missing |= note == "faithfulness is not part of this build"
                 rows.append(
                     {
                         "head": label,
-                        "program": str(program),
-                        "kind": program.kind,
-                        "description": program.describe(),
-                        **{k: scores[k] for k in ("iou", "accuracy")},
+                        **described,
+                        "iou": scores["iou"],
+                        "accuracy": scores["accuracy"],
                         "baseline": baseline,
                         "baseline_accuracy": baseline_acc,
                         "auc": scores["auc"],
-                        "faithfulness": value,
-                        "faithfulness_note": note if not np.isfinite(value) else "",
+                        "faithfulness": float("nan"),
+                        "faithfulness_note": "not asked",
                         "texts": len(held),
                     }
                 )
-    if bar is not None:
-        bar.close()
-    if faith_missing:
-        notices.append("Faithfulness was not computed: it is not part of this build.")
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    together = HeadExplanations.__dataclass_fields__["together"].default_factory()
+    if faithfulness:
+        programs = {label: r.programs[0] for label, r in zip(labels, found, strict=True)}
+        iou = dict(zip(frame["head"], frame["iou"], strict=True))
+        each, together = _together(atlas, programs, iou, held)
+        frame["faithfulness"] = [each[h][0] for h in frame["head"]]
+        frame["faithfulness_note"] = [each[h][1] for h in frame["head"]]
     settings = {
         "model": atlas.model,
         "seed": seed,
@@ -429,11 +458,10 @@ def explain_heads(
         "max_texts": max_texts,
         "search_texts": search_ids,
         "held_out_texts": held_ids,
+        "faithfulness_texts": held_ids[:FAITHFULNESS_TEXTS] if faithfulness else [],
         "cpu_seconds": round(time.process_time() - start, 3),
     }
-    out = HeadExplanations(
-        pd.DataFrame(rows, columns=COLUMNS), pd.DataFrame(candidates), tuple(notices), settings
-    )
-    if save:
+    out = HeadExplanations(frame, pd.DataFrame(candidates), tuple(notices), settings, together)
+    if save or (save is None and heads is None):
         out.save(atlas.folder)
     return out

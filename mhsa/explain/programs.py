@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mhsa.atlas.tags import UNIVERSAL_TAGS
 from mhsa.errors import InputError
 
 if TYPE_CHECKING:
@@ -53,7 +54,6 @@ __all__ = [
     "KINDS",
     "SELECTIONS",
     "TAG_NAMES",
-    "UNIVERSAL_TAGS",
     "Atom",
     "Fallback",
     "Mix",
@@ -67,8 +67,8 @@ __all__ = [
     "program_pattern",
 ]
 
-#: Petrov, Das and McDonald 2012's Universal part-of-speech tags (the tagset Brown's tags are
-#: mapped to), with the words ``describe`` uses for each
+#: the words ``describe`` uses for each of Petrov, Das and McDonald 2012's Universal
+#: part-of-speech tags (``mhsa.atlas.tags.UNIVERSAL_TAGS``, the tagset Brown's tags are mapped to)
 TAG_NAMES = {
     "NOUN": ("a noun", "noun"),
     "VERB": ("a verb", "verb"),
@@ -83,7 +83,6 @@ TAG_NAMES = {
     ".": ("a punctuation mark", "punctuation mark"),
     "X": ("another word (X)", "word tagged X"),
 }
-UNIVERSAL_TAGS = tuple(TAG_NAMES)
 DIRECTIONS = ("left", "right", "any")
 SELECTIONS = ("nearest", "all")
 #: the kinds of program (``Program.kind``)
