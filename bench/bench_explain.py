@@ -113,14 +113,14 @@ def _hypotheses(atlas, count: int) -> tuple[float, list[float]]:
     return cold, times
 
 
-def _quarter(atlas, table) -> str:
-    """The best-explained quarter of the heads (by held-out IoU) replaced by their programs at
-    once, on the texts faithfulness runs on."""
+def _replaced(atlas, table) -> list[str]:
+    """Each layer's heads, then the best-explained quarter of the heads (by held-out IoU),
+    replaced by their programs at once, on the texts faithfulness runs on."""
     from mhsa.engine.models.loading import get_model
     from mhsa.explain import parse_program
     from mhsa.explain.attention import atlas_features
     from mhsa.explain.explanations import FAITHFULNESS_TEXTS, split_texts
-    from mhsa.explain.faithfulness import many_heads_faithfulness
+    from mhsa.explain.faithfulness import layer_faithfulness, many_heads_faithfulness
     from mhsa.heads import parse_head_label
 
     ids = split_texts(atlas)[1][:FAITHFULNESS_TEXTS]
@@ -131,13 +131,24 @@ def _quarter(atlas, table) -> str:
         patterns[parse_head_label(head)] = [_filled(p.pattern(f), f.causal) for f in features]
     scores = dict(zip(table["head"], table["iou"], strict=True))
     lm = get_model(atlas.model)
-    f = many_heads_faithfulness(lm, [atlas.text(t) for t in ids], patterns, scores)
+    texts = [atlas.text(t) for t in ids]
+    lines = [
+        f"layer L{layer}'s heads at once: {_result(f)}"
+        for layer, f in layer_faithfulness(lm, texts, patterns).items()
+    ]
+    f = many_heads_faithfulness(lm, texts, patterns, scores)
+    lines.append(
+        f"the best quarter, {len(f.heads)} heads by IoU ({', '.join(f.labels)}): {_result(f)}"
+    )
+    return lines
+
+
+def _result(f) -> str:
     rise = (f.m_program - f.m_clean) / f.m_clean if f.m_clean else float("nan")
     value = f"{f.value:.3f}" if np.isfinite(f.value) else f"none ({f.reason})"
     return (
-        f"{len(f.heads)} heads by IoU ({', '.join(f.labels[:6])}...): faithfulness {value}; "
-        f"m ({f.task}) clean {f.m_clean:.4g}, programs {f.m_program:.4g}, uniform "
-        f"{f.m_uniform:.4g}" + (f", a rise of {rise:.1%}" if np.isfinite(rise) else "")
+        f"faithfulness {value}; m ({f.task}) clean {f.m_clean:.4g}, programs {f.m_program:.4g}, "
+        f"uniform {f.m_uniform:.4g}" + (f", a rise of {rise:.1%}" if np.isfinite(rise) else "")
     )
 
 
@@ -221,7 +232,10 @@ def main() -> None:
     if not args.no_faithfulness:
         faith = table["faithfulness"]
         print(f"faithfulness: {_spread(faith)}; no number for {int(faith.isna().sum())} heads")
-        print("quarter replaced at once: " + _quarter(atlas, table))
+        for line in _replaced(atlas, table):
+            print(line)
+        print("explain_heads' own rows of heads replaced together:")
+        print(out.together.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print("\nthe heads:")
     columns = ["head", "program", "iou", "accuracy", "baseline", "baseline_accuracy", "auc"]
     columns += [] if args.no_faithfulness else ["faithfulness"]
