@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from mhsa.causal.metrics import REPEAT_TASKS
 from mhsa.causal.targets import Item, prepare, target_spec
@@ -215,9 +216,16 @@ class _Runs:
     lm: LoadedModel
     task: str
     texts: list[_Text]
-    blocks: list[OurBlock] = field(init=False)
-    causal: bool = field(init=False)
     memo: _Memo = field(default_factory=lambda: _Memo())
+    blocks: list[OurBlock] = field(init=False)
+    #: decoders: a query sees itself and the keys before it
+    causal: bool = field(init=False)
+    #: heads a layer
+    heads: int = field(init=False)
+    #: the final norm the embedding reads through (models with one), else None
+    norm: nn.Module | None = field(init=False)
+    #: the point each pass keeps: the logits, or the last hidden state's input
+    read: list[str] = field(init=False)
 
     def __post_init__(self) -> None:
         self.blocks = our_blocks(self.lm)
