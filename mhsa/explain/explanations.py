@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -156,6 +157,11 @@ def _scores(items: Sequence[TextAttention], i: int, program: Program) -> dict[st
     }
 
 
+#: ``score_program``'s baselines, per (atlas, build, head, texts): a bounded dict, oldest first out
+_BASELINES: dict[tuple, tuple[str, float]] = {}
+_BASELINES_LOCK = threading.Lock()
+
+
 def _baseline(items: Sequence[TextAttention], i: int) -> tuple[str, float]:
     """The fixed program of highest accuracy on the texts (the first of ``BASELINES`` at a
     tie) and its accuracy."""
@@ -227,7 +233,15 @@ def score_program(
     ids = _held_out(atlas) if texts is None else _check_texts(atlas, texts)
     items = attention_of(atlas, ids)
     values: dict[str, Any] = {"program": str(parsed), **_scores(items, i, parsed)}
-    values["baseline"], values["baseline_accuracy"] = _baseline(items, i)
+    key = (str(atlas.folder), atlas.manifest.get("built", ""), i, tuple(ids))
+    found = _BASELINES.get(key)
+    if found is None:  # the same for every hypothesis typed for the head
+        found = _baseline(items, i)
+        with _BASELINES_LOCK:
+            while len(_BASELINES) >= 4096:
+                _BASELINES.pop(next(iter(_BASELINES)))
+            _BASELINES[key] = found
+    values["baseline"], values["baseline_accuracy"] = found
     values["faithfulness"], values["faithfulness_note"] = float("nan"), "not asked"
     if faithfulness:
         ids, patterns = _replacements({head: parsed}, items)
