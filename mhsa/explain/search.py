@@ -68,7 +68,7 @@ BASELINES: tuple[Program, ...] = (
 MAX_FALLBACKS = 2
 #: the single candidates a mix is tried with, and its weights
 MIX_PARTNERS = 6
-MIX_WEIGHTS = (0.25, 0.5, 0.75)
+MIX_WEIGHTS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 #: the IoU a combination must add to be kept
 MIN_GAIN = 0.01
 
