@@ -150,7 +150,7 @@ def _listing(folder: Path) -> set[Path]:
         (lambda a: explain_heads(a, heads=["L0H3", "L9H9"]), InputError, "no head 'L9H9'"),
         (lambda a: explain_heads(a, held_out=1.5), InputError, "held_out must be"),
         (lambda a: explain_heads(a, top=0), InputError, "top must be"),
-        (lambda a: score_program(a, "L0H3", "first", texts=[10_000]), InputError, "text_id"),
+        (lambda a: score_program(a, "L0H3", "first", texts=[10_000]), InputError, "text ids of"),
     ],
 )
 def test_bad_input_gets_one_message_and_writes_nothing(toy_atlas, call, error, message) -> None:
