@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ import pandas as pd
 from mhsa.atlas.reader import Atlas
 from mhsa.engine.models.loading import get_model
 from mhsa.errors import InputError
-from mhsa.explain.attention import TextAttention, _check_atlas, attention_of
+from mhsa.explain.attention import TextAttention, attention_of, check_atlas
 from mhsa.explain.faithfulness import (
     FAITHFULNESS_TEXTS,
     Faithfulness,
@@ -133,7 +134,10 @@ def _check_texts(atlas: Atlas, texts: Sequence[int]) -> list[int]:
     lengths = np.diff(np.asarray(atlas.offsets))
     out = []
     for t in texts:
-        atlas._check_text(t)
+        if isinstance(t, bool) or not isinstance(t, int | np.integer) or not 0 <= t < len(lengths):
+            raise InputError(
+                f"texts must be text ids of the atlas, 0 to {len(lengths) - 1}, got {t!r}."
+            )
         if lengths[int(t)] >= 2:
             out.append(int(t))
     if not out:
@@ -154,6 +158,11 @@ def _scores(items: Sequence[TextAttention], i: int, program: Program) -> dict[st
         "accuracy": accuracy(a, p),
         "auc": auc(a, p, norms, causal=causal),
     }
+
+
+#: ``score_program``'s baselines, per (atlas, build, head, texts): a bounded dict, oldest first out
+_BASELINES: dict[tuple, tuple[str, float]] = {}
+_BASELINES_LOCK = threading.Lock()
 
 
 def _baseline(items: Sequence[TextAttention], i: int) -> tuple[str, float]:
@@ -221,13 +230,21 @@ def score_program(
             atlas does not have.
         InputError: a head the atlas lacks, or text ids it does not have.
     """
-    _check_atlas(atlas)
+    check_atlas(atlas)
     parsed = _check_program(atlas, program)
     i = atlas.head(head)
     ids = _held_out(atlas) if texts is None else _check_texts(atlas, texts)
     items = attention_of(atlas, ids)
     values: dict[str, Any] = {"program": str(parsed), **_scores(items, i, parsed)}
-    values["baseline"], values["baseline_accuracy"] = _baseline(items, i)
+    key = (str(atlas.folder), atlas.manifest.get("built", ""), i, tuple(ids))
+    found = _BASELINES.get(key)
+    if found is None:  # the same for every hypothesis typed for the head
+        found = _baseline(items, i)
+        with _BASELINES_LOCK:
+            while len(_BASELINES) >= 4096:
+                _BASELINES.pop(next(iter(_BASELINES)))
+            _BASELINES[key] = found
+    values["baseline"], values["baseline_accuracy"] = found
     values["faithfulness"], values["faithfulness_note"] = float("nan"), "not asked"
     if faithfulness:
         ids, patterns = _replacements({head: parsed}, items)
@@ -269,7 +286,7 @@ def pattern_example(
         ProgramError: as ``score_program``.
         InputError: a head the atlas lacks, a text it does not have or of one token.
     """
-    _check_atlas(atlas)
+    check_atlas(atlas)
     parsed = _check_program(atlas, program)
     i = atlas.head(head)
     chosen = _held_out(atlas)[0] if text_id is None else _check_texts(atlas, [text_id])[0]
@@ -452,7 +469,7 @@ def explain_heads(
         InputError: a head the atlas lacks, a bad ``held_out`` or ``top``, too few texts;
             nothing is written then.
     """
-    _check_atlas(atlas)
+    check_atlas(atlas)
     labels = _heads(atlas, heads)
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise InputError(f"top must be a whole number of at least 1, got {top!r}.")
