@@ -76,7 +76,7 @@ __all__ = [
 
 #: how many texts faithfulness is meant to run over (``explain_heads``: the first of its
 #: held-out texts): each head costs two passes a text (its program, its uniform), so 16 texts
-#: cost MiniLM's 72 heads about 53 s of CPU on the default atlas (BENCHMARKS.md)
+#: cost MiniLM's 72 heads about a minute of CPU on the default atlas (BENCHMARKS.md)
 FAITHFULNESS_TEXTS = 16
 
 #: no number below this share of the heads' layers' own effect (see the module's docstring)
