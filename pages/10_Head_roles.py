@@ -116,7 +116,7 @@ def _top_heads(
         page.error(e)
         return
     tokens = role_views.token_attention(query)
-    best = role_views.top_heads(table.scores, detector, TOP_HEADS)
+    best = role_views.top_heads(table.scores, detector, TOP_HEADS, say=st.caption)
     columns = st.columns(1 + len(best))
     with columns[0]:
         page.figure(
@@ -127,7 +127,7 @@ def _top_heads(
             key="detection-pattern",
             decorate=not query.words,  # token figures: the found token is a word's number
         )
-    for column, (layer, head, score) in zip(columns[1:], best, strict=True):
+    for column, (layer, head, _) in zip(columns[1:], best, strict=True):
         with column:
             page.figure(
                 # the scores name the model's heads: positions in a partial result
@@ -136,7 +136,7 @@ def _top_heads(
                 key=f"top-head-{layer}-{head}",
                 decorate=not query.words,
             )
-            st.caption(f"L{layer}H{head}: score {score:.3f}")
+            st.caption(role_views.top_head_caption(table.scores, detector, layer, head))
 
 
 def _top_heads_on_repeats(query: Query, induction: role_views.RoleTable) -> None:
@@ -146,7 +146,7 @@ def _top_heads_on_repeats(query: Query, induction: role_views.RoleTable) -> None
     if repeated is None:
         return
     st.caption(role_views.REPEATED_NOTE)
-    best = role_views.top_heads(induction.scores, "induction", TOP_HEADS)
+    best = role_views.top_heads(induction.scores, "induction", TOP_HEADS, say=st.caption)
     columns = st.columns(1 + len(best))
     tokens = repeated.result.tokens
     with columns[0]:
@@ -158,7 +158,7 @@ def _top_heads_on_repeats(query: Query, induction: role_views.RoleTable) -> None
             key="detection-pattern",
             decorate=False,
         )
-    for column, (layer, head, score) in zip(columns[1:], best, strict=True):
+    for column, (layer, head, _) in zip(columns[1:], best, strict=True):
         with column:
             page.figure(
                 plots.head_heatmap(repeated.result, layer, head, columns=len(columns)),
@@ -166,7 +166,8 @@ def _top_heads_on_repeats(query: Query, induction: role_views.RoleTable) -> None
                 key=f"top-head-{layer}-{head}",
                 decorate=False,
             )
-            st.caption(f"L{layer}H{head}: score {score:.3f} (repeated random tokens)")
+            caption = role_views.top_head_caption(induction.scores, "induction", layer, head)
+            st.caption(f"{caption} (repeated random tokens)")
 
 
 def _sinks(query: Query, *, value_norms: bool = True) -> None:

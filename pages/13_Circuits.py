@@ -232,11 +232,13 @@ with page.run("Circuits", PARAMS) as sidebar:
         hit = table[
             (table["source"] == previous) & (table["target"] == induction) & (table["input"] == "k")
         ]
-        rank = int(hit["rank"].iloc[0]) if len(hit) else None
+        edge = f"their K-composition edge {previous} → {induction} (k)"
+        rank = mhsa.analysis.claims.rank_claim(
+            edge, int(hit["rank"].iloc[0]) if len(hit) else 0, total, "|score|", unit="edges"
+        )
         st.caption(
             f"Head roles names {previous} the previous-token head and {induction} the induction "
-            f"head: their K-composition edge {previous} → {induction} (k) ranks "
-            f"{rank} of {total} here."
+            f"head: {rank.text}."
         )
     page.table(
         circuits.edge_table(view.scores, output),

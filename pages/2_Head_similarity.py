@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from mhsa import plots
+from mhsa.analysis.stats import with_support
 from ui import page
 from ui.state import Param, bounded_int, choice, clamp
 from ui.views.similarity import head_clusters, head_map, head_similarity
@@ -43,5 +44,8 @@ with page.run("Head similarity", PARAMS, kinds=True) as query:
     positions = head_map(queries, st.session_state["metric"])
     colour = clusters.labels if st.session_state["color"] == "cluster" else None
     page.figure(
-        plots.head_map_figure(positions, color=colour, roles=stats["role"]), "head-map", key="map"
+        # each role on hover with the queries it rests on
+        plots.head_map_figure(positions, color=colour, roles=with_support(stats)["role"]),
+        "head-map",
+        key="map",
     )

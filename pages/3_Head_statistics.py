@@ -51,7 +51,10 @@ with page.run("Head statistics", PARAMS, kinds=True) as query:
         + "; ".join(
             f"{role} {share:g}+" for _, (role, share) in head_analysis.ROLE_THRESHOLDS.items()
         )
-        + "; else broad (entropy ≥ 80% of log n) or mixed. "
+        + "; else broad (entropy ≥ 80% of log n) or mixed, each with the queries it rests "
+        + f"on (none called on fewer than {head_analysis.MIN_QUERIES}). Positional (Voita et "
+        + "al. 2019): the largest weight at one offset for 90% of the queries that can take "
+        + "it. "
         + ", ".join(ROLE_DETECTORS).capitalize()
         + ": TransformerLens's detection scores on the tokens (the Head roles page)."
         + (
@@ -75,7 +78,9 @@ with page.run("Head statistics", PARAMS, kinds=True) as query:
     )
     with st.expander("How these differ from Clark et al. 2019"):
         st.markdown(head_analysis.CLARK_DIFFERENCES)
-    page.table(table, "head-stats", label="Download table (.csv)", height=420)
+    # roles and positional calls as claims with their support (mhsa.analysis.claims)
+    shown = head_analysis.with_support(table)
+    page.table(shown, "head-stats", label="Download table (.csv)", height=420)
     st.selectbox("Statistic as a layers x heads map", COLUMNS, key="stat", format_func=stat_label)
     page.figure(
         plots.stat_grid(table, st.session_state["stat"]),

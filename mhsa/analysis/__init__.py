@@ -4,7 +4,8 @@ streamed over layers), head similarity (``similarity``), roles and detection (``
 (``composition``), OV and QK circuits from the weights (``weights``: copying scores, top
 tokens, positional patterns), a head's scores split into residual parts
 (``qk_attribution``), the teaching trace of Inside MHSA (``classroom``), tables for people
-(``tables``) and what they share (``blocks``).
+(``tables``), what they share (``blocks``), and the claims the app states about them, each with
+its support (``claims``).
 
 May import: ``mhsa.engine`` and the shared top-level modules (``tests/test_layers.py``).
 

@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 
 from mhsa.analysis.blocks import as_results, rows_per_block
+from mhsa.analysis.claims import positional_claim, role_claim, role_claims
 
 # re-exported: they lived here, and callers still find them here
 from mhsa.analysis.similarity import (
@@ -48,9 +49,11 @@ __all__ = [
     "head_similarity",
     "head_stats",
     "js_divergences",
+    "positional_claims",
     "stat_label",
     "stats_difference",
     "top_attended",
+    "with_support",
 ]
 
 
@@ -448,8 +451,13 @@ class HeadStatsAccumulator:
         support = np.array(
             [adjacent[i] if role in _ADJACENT_ROLES else rows[i] for i, role in enumerate(roles)]
         )
-        frame["role"] = np.where(support >= MIN_QUERIES, roles, TOO_FEW)
+        claims = [
+            role_claim(role, s, r, minimum=MIN_QUERIES)
+            for role, s, r in zip(roles, support, rows, strict=True)
+        ]
+        frame["role"] = [role if c.made else TOO_FEW for role, c in zip(roles, claims, strict=True)]
         frame["role_queries"] = support.astype(int)
+        frame["query_rows"] = rows.astype(int)
         w = len(_OFFSETS)
         hits, counts = summed[:, k + 3 : k + 3 + w], summed[:, k + 3 + w :]  # (L * H, offsets)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -492,7 +500,8 @@ def head_stats(
     ``role`` is the behaviour whose share passes its threshold in ``ROLE_THRESHOLDS`` (0.5 for
     previous/next/self, 0.6 for first/separator/punctuation; the largest wins), else "broad" when
     the entropy is at least 80% of log n, else "mixed"; ``role_queries`` is its support, the
-    query rows its share is a mean over (all sentences'). Below ``MIN_QUERIES`` (3) rows no
+    query rows its share is a mean over (all sentences'), of ``query_rows`` (every query row of
+    every sentence). Below ``MIN_QUERIES`` (3) rows no
     role is called: ``role`` is "too few tokens".
 
     Voita et al. 2019's positional heads ("the head points to a specific relative position at
@@ -523,28 +532,48 @@ def head_stats(
 
 def stats_difference(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
     """Two ``head_stats`` tables compared head by head: ``Δ column`` (second minus first) for
-    every numeric statistic; roles and positional offsets with their support (``-1 (8 of 8
-    queries)``, or ``no``) side by side."""
+    every numeric statistic; roles and positional calls as claims with their support
+    (``role_claims``, ``positional_claims``: ``previous token: 8 of 9 queries``, ``positional
+    -1: 8 of 8 queries``) side by side."""
 
-    def positional(stats: pd.DataFrame) -> pd.Series:
-        called = [
-            f"{offset:+d} ({hits} of {queries} queries)"
+    numeric = [c for c in STAT_COLUMNS if c in first.columns] + ["positional_share"]
+    diff = (second[numeric] - first[numeric]).add_prefix("Δ ")
+    diff.insert(0, "role 1", role_claims(first, minimum=MIN_QUERIES))
+    diff.insert(1, "role 2", role_claims(second, minimum=MIN_QUERIES))
+    diff.insert(2, "positional 1", positional_claims(first))
+    diff.insert(3, "positional 2", positional_claims(second))
+    return diff
+
+
+def positional_claims(stats: pd.DataFrame) -> pd.Series:
+    """Every head's ``claims.positional_claim`` text from a ``head_stats`` table: ``positional
+    -1: 8 of 8 queries``, ``not positional: ...`` or ``too few tokens to call a positional
+    head: ...`` (Voita et al. 2019's 90% of the tokens, on at least ``MIN_QUERIES`` rows)."""
+    return pd.Series(
+        [
+            positional_claim(
+                offset, hits, queries, share=POSITIONAL_SHARE, minimum=MIN_QUERIES
+            ).text
             for offset, hits, queries in zip(
                 stats["positional_offset"],
                 stats["positional_hits"],
                 stats["positional_queries"],
                 strict=True,
             )
-        ]
-        return pd.Series(called, stats.index).where(stats["positional"], "no")
+        ],
+        index=stats.index,
+        name="positional",
+    )
 
-    numeric = [c for c in STAT_COLUMNS if c in first.columns] + ["positional_share"]
-    diff = (second[numeric] - first[numeric]).add_prefix("Δ ")
-    diff.insert(0, "role 1", first["role"])
-    diff.insert(1, "role 2", second["role"])
-    diff.insert(2, "positional 1", positional(first))
-    diff.insert(3, "positional 2", positional(second))
-    return diff
+
+def with_support(stats: pd.DataFrame) -> pd.DataFrame:
+    """A ``head_stats`` table as a page shows it: its ``role`` and ``positional`` columns as
+    claims with their support (``previous token: 8 of 9 queries``; ``positional -1: 8 of 8
+    queries``), not a bare name or a bare true beside numbers a reader must pair up."""
+    shown = stats.copy()
+    shown["role"] = role_claims(stats, minimum=MIN_QUERIES)
+    shown["positional"] = positional_claims(stats)
+    return shown
 
 
 # --- rollout --------------------------------------------------------------------------------

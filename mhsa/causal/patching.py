@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from mhsa.analysis.claims import Claim, count_claim
 from mhsa.causal.metrics import PATCH_TARGETS
 from mhsa.causal.patch_runs import (
     Cell,
@@ -470,6 +471,20 @@ class PatchingAgreement:
     found: int
     pearson: float
     opposite: tuple[str, ...] = ()
+
+    def claim(self) -> Claim:
+        """The ranking as a claim with its support (``mhsa.analysis.claims.count_claim``): how
+        many of the heads that matter attribution ranks alike (among its own as many largest,
+        with the same sign), out of how many; not made on fewer than two heads (one head has no
+        ranking to agree on)."""
+        return count_claim(
+            self.found,
+            len(self.heads),
+            "ranked alike, with the same sign",
+            unit="heads",
+            whole="the top ",
+            minimum=2,
+        )
 
     def summary(self) -> str:
         """The agreement in one sentence: the ranking, then the sizes head by head."""

@@ -93,7 +93,7 @@ def agreement_title(agreement: PatchingAgreement) -> str:
     if k == 1:
         first = "ranks first by both" if found else "is not attribution's first"
         return f"the head that matters, {agreement.heads[0]}, {first}{opposite}"
-    return f"{found} of the top {k} heads ranked alike, with the same sign{opposite}"
+    return f"{agreement.claim().text}{opposite}"
 
 
 def patching_positions_figure(frame: pd.DataFrame) -> go.Figure:

@@ -51,6 +51,12 @@ def test_the_page_shows_the_libraries_top_pairs_and_the_example_around_them(app_
     assert scores["this head"].iloc[-1] == pytest.approx(
         atlas.heads().loc["L2H5", "induction score"]
     )
+    # each score says what it is a mean over: the 24 texts' tokens, or the texts
+    lines = (Path(__file__).parents[2] / "data" / "sentences.txt").read_text().splitlines()
+    queries = sum(len(mhsa.attend(t).tokens) for t in lines[:24])
+    over = dict(zip(scores["score"], scores["over"], strict=True))
+    assert over["On the previous token"] == f"{queries:,} queries"
+    assert over["Induction score"] == "24 texts"
 
 
 def test_a_link_carries_the_search_and_the_ranking(app_atlas) -> None:

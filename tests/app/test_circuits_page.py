@@ -137,6 +137,14 @@ def test_toy_example_draws_the_librarys_top_edges_and_curve() -> None:
     assert "L0H3 the previous-token head" in roles and "L1H3 the induction head" in roles
     rank = next(c.value for c in at.caption if c.value.startswith("Head roles names"))
     assert "L0H3 → L1H3 (k) ranks" in rank
+    # the rank said with its whole: of how many edges, by what (mhsa.analysis.claims)
+    every = scores.assign(size=scores["score"].abs()).sort_values(
+        "size", ascending=False, kind="stable"
+    )
+    key = list(every[["source", "target", "input"]].itertuples(index=False, name=None))
+    place = key.index(("L0H3", "L1H3", "k")) + 1
+    ordinal = mhsa.analysis.claims.ordinal(place)
+    assert f"ranks {ordinal} of {len(every)} edges by |score|." in rank, rank
 
 
 def test_a_clicked_edge_is_path_patched_as_the_library_does() -> None:

@@ -5,6 +5,7 @@ render markup; the known attacks of the hardening issue, each by name."""
 from __future__ import annotations
 
 import ast
+import functools
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -79,19 +80,26 @@ def page_params(page: str) -> list[str]:
     return [name for key, old in page_param_names(page).items() for name in (key, *old)]
 
 
-#: markdown the app writes itself, from constants (no link or user text in it): the Overview's
-#: numbered guide to the pages and the Lessons page's steps, with their links
-APP_MARKDOWN = {
-    lessons.guide_markdown(),
-    *(lessons.steps_markdown(lesson, md_escape) for lesson in lessons.LESSONS),
-}
+@functools.cache
+def app_markdown() -> frozenset[str]:
+    """Markdown the app writes itself, from constants and measured numbers (no link or user
+    text in it): the Overview's numbered guide to the pages and the Lessons page's steps with
+    their links, each sentence rendered from the numbers of the page it opens (measured once)."""
+    from ui.views.lessons import step_text
+
+    return frozenset(
+        {
+            lessons.guide_markdown(),
+            *(lessons.steps_markdown(lesson, md_escape, step_text) for lesson in lessons.LESSONS),
+        }
+    )
 
 
 def rendered_tags(at) -> set[str]:
     tags: set[str] = set()
     for kind in MARKDOWN_ELEMENTS:
         for element in at.get(kind):
-            if str(element.value) not in APP_MARKDOWN:
+            if str(element.value) not in app_markdown():
                 tags.update(t.strip("/") for t in markup_tags(str(element.value)))
     return tags
 

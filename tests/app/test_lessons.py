@@ -5,15 +5,20 @@ computed (``ui.lessons.Claim``, measured by ``ui.views.lessons``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from urllib.parse import parse_qsl
 
+import numpy as np
 import pytest
 
+import mhsa
+from mhsa.examples import DEFAULT_EXAMPLES, model_examples
 from tests.app.test_hostile_links import page_param_names
 from tests.app.test_pages import run
 from ui import navigation
 from ui.lessons import LESSONS, PAGE_GUIDE, Claim, step_link
-from ui.views.lessons import MEASURES, check_claim, claim_text
+from ui.state import md_escape
+from ui.views.lessons import MEASURES, check_claim, claim_text, measure_value, step_sentence
 
 STEPS = [(lesson.title, i, step) for lesson in LESSONS for i, step in enumerate(lesson.steps)]
 FILES = {page.url_path: page.file for page in navigation.PAGES}
@@ -77,6 +82,22 @@ def test_the_lessons_page_shows_every_step_as_a_link() -> None:
     shown = "\n".join(m.value for m in at.markdown)
     for _, _, step in STEPS:
         assert f"]({step_link(step)})" in shown
+        assert "{" not in shown  # every field of every sentence filled in
+    # sentences rendered from the numbers of the pages they open, counted here by hand
+    text = DEFAULT_EXAMPLES[0].text
+    a = mhsa.attend(text).attention.astype(np.float64)  # (L, H, n, n)
+    n = a.shape[-1]
+    smoothed = 0.9999 * a[0, 0] + 0.0001 / n  # Clark et al.'s smoothing
+    entropy = float(-(smoothed * np.log(smoothed)).sum(-1).mean() / np.log(n))
+    assert md_escape(f"its rows' entropy is {entropy:.0%} of a uniform row's.") in shown
+    previous = np.diagonal(a, offset=-1, axis1=-2, axis2=-1).mean(-1).reshape(-1)
+    assert previous.argmax() == 2 and previous[2] > 0.995  # L0H2, the most of the 72
+    assert md_escape("This head puts over 99% of its attention on the token just before") in shown
+    assert md_escape("L0H2 ranks 1st of all the heads.") in shown
+    toy = model_examples("toy:induction")[0].text
+    scores = mhsa.detect_heads(toy, "previous token", model="toy:induction")["score"]
+    assert scores.idxmax() == "L0H3"
+    assert md_escape(f"ranks L0H3 first, with a score of {scores.max():.2f}.") in shown
     assert [h.value for h in at.subheader] == [
         f"{n}. {lesson.title}" for n, lesson in enumerate(LESSONS, 1)
     ]
@@ -109,3 +130,53 @@ def test_walk_every_step(lesson: str, index: int, step) -> None:
     for claim in step.claims:  # measured on the values the page just computed (shared cache)
         holds, value = check_claim(step, claim)
         assert holds, f"{step.says!r}: {claim_text(claim)}, measured {value}"
+
+
+_INDUCTION = model_examples("toy:induction")
+_REVERSE = model_examples("toy:reverse-seq2seq")[1]
+#: per step (lesson, step, from 1): other settings for its link, whose numbers differ
+CHANGED = {
+    (1, 1): {"text": "A dog barked at the loud red car."},
+    (1, 2): {"model": "toy:induction", "text": _INDUCTION[0].text},  # its L0H2: 37%
+    (1, 4): {"model": "toy:induction", "text": _INDUCTION[0].text},  # its L0H2 ranks 2nd
+    (2, 1): {"step": "1"},
+    (2, 2): {"step": "8"},
+    (2, 3): {"step": "9"},
+    (2, 4): {"source": "pretrained"},  # trained heads focus: over half the weight
+    (3, 2): {"text": _INDUCTION[1].text},
+    (3, 3): {"text": _INDUCTION[1].text},
+    (4, 1): {"random_tokens": "0"},  # the toy's own example: L1H3 scores under 0.5
+    (4, 2): {"text": _INDUCTION[1].text},
+    (4, 3): {"text": _REVERSE.text, "target_text": _REVERSE.target or ""},
+    (5, 3): {"text": _INDUCTION[1].text},
+}
+CLAIMED = [
+    ((li, si), step)
+    for li, lesson in enumerate(LESSONS, 1)
+    for si, step in enumerate(lesson.steps, 1)
+    if step.claims
+]
+
+
+def test_every_step_with_a_claim_has_other_numbers_to_try() -> None:
+    assert sorted(CHANGED) == sorted(where for where, _ in CLAIMED)
+
+
+@pytest.mark.parametrize(("where", "step"), CLAIMED, ids=[f"{w[0]}.{w[1]}" for w, _ in CLAIMED])
+def test_a_steps_sentence_follows_its_numbers(where: tuple[int, int], step) -> None:
+    """The sentence is rendered from the numbers its check reads: on other settings (another
+    text, model or step) it says the other numbers, or, where a claim no longer holds, says
+    that instead of the sentence."""
+    sentence = step_sentence(step)
+    assert sentence.made and sentence.support == sentence.of == len(step.claims)
+    changed = dataclasses.replace(step, settings={**step.settings, **CHANGED[where]})
+    other = step_sentence(changed)
+    assert other.text != sentence.text
+    values = [MEASURES[c.measure].shown(measure_value(changed, c)) for c in step.claims]
+    if other.made:
+        assert other.text == step.says.format(*values)
+        assert all(v in other.text for v in values)
+    else:
+        assert other.text.startswith("This step's page does not show what it would say today")
+        failing = [c for c in step.claims if not check_claim(changed, c)[0]]
+        assert failing and all(claim_text(c) in other.text for c in failing)

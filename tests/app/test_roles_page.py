@@ -81,6 +81,13 @@ def test_page_renders_every_section_on_the_embedded_model() -> None:
     assert metric.value == f"{sinks.share:.0%}"
     note = next(c.value for c in at.caption if "sinks on a position" in c.value)
     assert "from every query" in note and f"{sinks.first_share:.0%} of the heads" in note
+    # each share with its count of the 72 heads, counted here from the sinks' table
+    table = sinks.table
+    anywhere = table.groupby("head")["sink"].any()
+    first = table[table["position"] == 0].set_index("head")["sink"]
+    assert len(anywhere) == 72
+    assert f"{int(anywhere.sum())} of 72 heads sink on at least one position." in note
+    assert f"({int(first.sum())} of 72)." in note
 
 
 @pytest.mark.parametrize(

@@ -149,13 +149,21 @@ def neighbourhood(
 
 
 def scores_table(atlas: mhsa.atlas.Atlas, head: str) -> pd.DataFrame:
-    """The head's corpus-wide scores beside the median over the atlas's heads."""
+    """The head's corpus-wide scores beside the median over the atlas's heads, each with what
+    it is a mean over (``over``: the corpus's queries for the shares, its texts for the
+    detection scores, which are one per text)."""
     table = atlas.heads()
+    own = atlas.part(head) if isinstance(atlas, mhsa.atlas.AtlasParts) else atlas
+    queries, texts = int(own.summaries["queries"]), int(own.summaries["texts"])
     return pd.DataFrame(
         {
             "score": [SCORE_LABELS[c] for c in SCORE_LABELS],
             "this head": [float(table.loc[head, c]) for c in SCORE_LABELS],
             "median head": [float(table[c].median()) for c in SCORE_LABELS],
+            "over": [
+                f"{texts:,} texts" if c.endswith(" score") else f"{queries:,} queries"
+                for c in SCORE_LABELS
+            ],
         }
     )
 

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 import mhsa
+from mhsa.analysis import claims as said
 from mhsa.heads import parse_head_label
 from mhsa.training.scores import anti_diagonal_scores
 from ui.core import Query, attention
@@ -26,17 +27,43 @@ from ui.views import importance, roles
 from ui.views.classroom import classroom
 from ui.views.statistics import head_stats
 
-__all__ = ["MEASURES", "Measure", "check_claim", "claim_text", "measure_value", "step_query"]
+__all__ = [
+    "MEASURES",
+    "Measure",
+    "check_claim",
+    "claim_text",
+    "measure_value",
+    "step_query",
+    "step_sentence",
+    "step_text",
+]
 
 Settings = Mapping[str, str]
 
 
+def _share(value: float | str) -> str:
+    """A share as a percentage; one short of 1 that rounds to 100% says "over 99%" (a share of
+    0.9999 is not all of the attention)."""
+    value = float(value)
+    return "over 99%" if 0.995 <= value < 1 else f"{value:.0%}"
+
+
+def _number(value: float | str) -> str:
+    return f"{float(value):.2f}"
+
+
+def _rank(value: float | str) -> str:
+    return said.ordinal(int(float(value)))
+
+
 class Measure(NamedTuple):
-    """A measure of a page's values: its name for people and how it is computed from a step's
-    settings and the claim's subject (a head ``L0H2``, a layer ``L1``, or "")."""
+    """A measure of a page's values: its name for people, how it is computed from a step's
+    settings and the claim's subject (a head ``L0H2``, a layer ``L1``, or ""), and how a
+    sentence shows its value (a share as a percentage, a rank as an ordinal)."""
 
     label: str
     value: Callable[[Settings, str], float | str]
+    shown: Callable[[float | str], str] = _number
 
 
 def step_query(settings: Settings, kind: str = "encoder") -> Query:
@@ -177,35 +204,43 @@ def _pruning_jump(settings: Settings, subject: str) -> float:
 #: every measure a claim can name
 MEASURES: dict[str, Measure] = {
     "previous-token share": Measure(
-        "share of attention on the previous token (Clark et al. 2019)", _stat("to_prev")
+        "share of attention on the previous token (Clark et al. 2019)", _stat("to_prev"), _share
     ),
     "previous-token rank": Measure(
-        "rank among all heads by attention on the previous token (1: the most)", _stat_rank
+        "rank among all heads by attention on the previous token (1: the most)",
+        _stat_rank,
+        _rank,
     ),
     "entropy share": Measure(
         "mean entropy of its rows over a uniform row's (log n; 1: spread evenly)",
         _entropy_share,
+        _share,
     ),
     "detection score": Measure("detection score of the page's test", _role_score),
     "detection rank in layer": Measure(
-        "rank in its layer by the page's detection score (1: the highest)", _layer_rank_by_role
+        "rank in its layer by the page's detection score (1: the highest)",
+        _layer_rank_by_role,
+        _rank,
     ),
-    "top detected head": Measure("the head the page's test ranks first", _top_role_head),
+    "top detected head": Measure("the head the page's test ranks first", _top_role_head, str),
     "induction on the repeat": Measure(
         "mean attention from each repeated token to the token after its earlier copy",
         _repeat_induction,
+        _share,
     ),
     "anti-diagonal": Measure(
         "best cross-attention head's anti-diagonal score (the source read backwards)",
         _anti_diagonal,
     ),
-    "step": Measure("the step shown", _step_name),
+    "step": Measure("the step shown", _step_name, str),
     "largest weight": Measure(
         "largest mean over queries of a head's largest weight (Voita et al.'s confidence)",
         _largest_weight,
     ),
     "largest importance": Measure(
-        "largest importance of one head of the layer knocked out alone", _largest_importance
+        "largest importance of one head of the layer knocked out alone",
+        _largest_importance,
+        lambda value: f"{float(value):.3f}",
     ),
     "pruning jump": Measure(
         "the pruning curve's step when the last of the layer's heads goes off", _pruning_jump
@@ -235,3 +270,36 @@ def claim_text(claim: Claim) -> str:
     bounds = [f">= {claim.at_least:g}"] if claim.at_least > -math.inf else []
     bounds += [f"<= {claim.at_most:g}"] if claim.at_most < math.inf else []
     return f"{who}{what} {' and '.join(bounds)}"
+
+
+def step_sentence(step: Step) -> said.Claim:
+    """The step's sentence rendered from the numbers its claims are checked on: every claim
+    measured on the values its page computes for the step's link (``measure_value``) and, when
+    every one holds, ``step.says`` with each field ``{i}`` its claim's value as the measure
+    shows it (``Measure.shown``). A claim that does not hold, or cannot be measured, is not
+    made: the sentence is replaced by what was measured against what it would say.
+
+    Returns:
+        A ``mhsa.analysis.claims.Claim``: the text, and as support the claims that hold, of
+        the step's claims (all of them needed).
+    """
+    shown, failed = [], []
+    for claim in step.claims:
+        try:
+            holds, value = check_claim(step, claim)
+        except mhsa.MHSAError as e:
+            failed.append(f"{claim_text(claim)} could not be measured ({e})")
+            continue
+        shown.append(MEASURES[claim.measure].shown(value))
+        if not holds:
+            failed.append(f"{claim_text(claim)}, measured {shown[-1]}")
+    n = len(step.claims)
+    if failed:
+        text = "This step's page does not show what it would say today: " + "; ".join(failed) + "."
+        return said.Claim(text, n - len(failed), n, n, False, "claims")
+    return said.Claim(step.says.format(*shown), n, n, n, True, "claims")
+
+
+def step_text(step: Step) -> str:
+    """``step_sentence``'s text (what the Lessons page writes)."""
+    return step_sentence(step).text

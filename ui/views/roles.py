@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -14,6 +15,7 @@ import pandas as pd
 
 import mhsa
 from mhsa.analysis import detection, roles
+from mhsa.analysis.claims import count_claim, rank_claim, ranking_claim
 from ui.core import (
     LIMITS,
     Query,
@@ -54,7 +56,9 @@ __all__ = [
     "sink_view",
     "strongest_inputs",
     "token_attention",
+    "top_head_caption",
     "top_heads",
+    "top_heads_line",
 ]
 
 #: the named detectors (TransformerLens's head types), in the order the pages show them
@@ -262,11 +266,37 @@ def custom_role(query: Query, rule: str, k: int, rows: str, options: RoleOptions
     return shared(key, compute, "Scoring the pattern…")
 
 
-def top_heads(scores: pd.DataFrame, column: str, count: int) -> list[tuple[int, int, float]]:
+def top_head_caption(
+    scores: pd.DataFrame, column: str, layer: int, head: int, note: str = ""
+) -> str:
+    """One top head's caption: its score and its rank among the heads scored
+    (``mhsa.analysis.claims.rank_claim``: ``L1H3: score 0.912, ranks 1st of 8 heads by this
+    score``), then ``note``."""
+    values = scores[column].dropna()
+    label = mhsa.head_label(layer, head)
+    rank = int(1 + (values > values[label]).sum())
+    claim = rank_claim(label, rank, len(values), "this score", unit="heads", minimum=1)
+    return f"{label}: score {values[label]:.3f}, {claim.text.removeprefix(label + ' ')}{note}"
+
+
+def top_heads(
+    scores: pd.DataFrame, column: str, count: int, *, say: Callable[[str], object] | None = None
+) -> list[tuple[int, int, float]]:
     """The ``count`` heads of highest ``column`` (``(layer, head, score)``, best first; ties in
-    head order; NaN never)."""
+    head order; NaN never); ``say`` (a page's caption) is given the ranking as a claim
+    (``top_heads_line``) first."""
+    if say is not None:
+        say(top_heads_line(scores, column, column))
     best = scores[column].dropna().sort_values(ascending=False, kind="stable").head(count)
     return [(*mhsa.parse_head_label(label), float(score)) for label, score in best.items()]
+
+
+def top_heads_line(scores: pd.DataFrame, column: str, test: str) -> str:
+    """The ranking the Top heads figures show, as a claim with its support
+    (``mhsa.analysis.claims.ranking_claim``): which head is the strongest of how many on
+    ``column``'s score and by how much over the next, or why no head is named (a tie, too few
+    heads)."""
+    return ranking_claim(scores[column], f"the {test} score")[0].text
 
 
 class SinkView(NamedTuple):
@@ -294,10 +324,15 @@ class SinkView(NamedTuple):
             if self.causal
             else "every query (in an encoder every query attends every key)"
         )
+        n = len(self.heads)
+        anywhere = count_claim(
+            round(self.share * n), n, "sink on at least one position", unit="heads"
+        )
         return (
             f"Each position's mean attention from {over}; a head sinks on a position that "
-            f"gets more than {self.threshold:g} on average. On the first token, as Gu et al. "
-            f"2025 measure it: {self.first_share:.0%} of the heads sink."
+            f"gets more than {self.threshold:g} on average: {anywhere.text}. On the first "
+            f"token, as Gu et al. 2025 measure it: {self.first_share:.0%} of the heads sink "
+            f"({round(self.first_share * n)} of {n})."
         )
 
 
