@@ -9,13 +9,14 @@ import streamlit as st
 
 import mhsa
 from mhsa import plots
-from ui import page
+from ui import explain_section, page
 from ui.state import (
     Param,
     bounded_int,
     choice,
     head_label_param,
     md_escape,
+    search_param,
     word_param,
 )
 from ui.views import atlas as views
@@ -30,6 +31,8 @@ PARAMS = {
     "atlas_key": Param("", word_param),
     "atlas_offset": Param("", word_param),
     "atlas_position": Param(-1, bounded_int(-1, 4095)),  # -1: the example's query token
+    "explain_program": Param("", search_param),  # a hypothesis (ui.explain_section)
+    "explain_text": Param(0, bounded_int(0, 10_000_000)),
 }
 INTRO = (
     "A head over a whole corpus, not one sentence: its strongest (query, key) pairs, samples, "
@@ -238,6 +241,7 @@ with page.run("Head atlas", PARAMS, kinds=True) as query:  # its heads say their
             md_escape(f"This atlas is of {atlas.model!r}; the sidebar's model is {query.model!r}.")
         )
     head = _pick_head(atlas)
+    explain_section.show(atlas, st.session_state["atlas"], head)
     _examples(atlas, st.session_state["atlas"], head)
     _samples(atlas, head)
     _histograms(atlas, head)
