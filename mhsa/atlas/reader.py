@@ -14,6 +14,7 @@ import pandas as pd
 from mhsa.atlas.build import FORMAT
 from mhsa.atlas.collect import DETECTORS, KEY_KINDS, MAX_OFFSET, WEIGHT_BINS
 from mhsa.atlas.index import ZCodes, exact_neighbours, search_index
+from mhsa.atlas.tags import NO_TAG, UNIVERSAL_TAGS, check_tag
 from mhsa.engine.result import html_view
 from mhsa.errors import InputError
 
@@ -92,6 +93,7 @@ class Atlas:
         self.offsets = np.load(folder / "text_offsets.npy")
         self.strongest_key = load(folder / "strongest_key.npy")
         self.strongest_weight = load(folder / "strongest_weight.npy")
+        self.tag_ids = self._load_tags(folder, manifest)
         with np.load(folder / "z_ranges.npz") as f:
             bounds = f["bounds"] if "bounds" in f.files else np.zeros(1, np.int64)  # format 1
             self.z = ZCodes(load(folder / "z4.npy"), f["lo"], f["step"], bounds)
@@ -302,11 +304,20 @@ class Atlas:
         key_token: str | None = None,
         offset: int | None = None,
         k: int | None = 20,
+        query_tag: str | None = None,
+        key_tag: str | None = None,
     ) -> pd.DataFrame:
         """Every corpus token (the query) whose strongest key under ``head`` matches: the
         query is ``query_token``, the strongest key is ``key_token`` and lies at ``offset``
-        (``key - query``: -1 is the token before); any left None is not checked. Strongest
-        first (ties by corpus order); ``k`` rows (None: all). Exact."""
+        (``key - query``: -1 is the token before); the query's part of speech is
+        ``query_tag`` and the key's ``key_tag`` (Universal tags, ``mhsa.atlas.tags``; exBERT's
+        search by tag); any left None is not checked. Strongest first (ties by corpus order);
+        ``k`` rows (None: all). Exact.
+
+        Raises:
+            InputError: an unknown head, token or tag; a tag on an atlas without tags.
+        """
+        wanted_tags = self._tag_filter(query_tag, key_tag)
         i = self.head(head)
         if k is not None:
             k = self._check_k(k, self.tokens)
@@ -327,6 +338,10 @@ class Atlas:
             keep &= np.isin(self.token_ids[self.offsets[text] + key], wanted)
         if offset is not None:
             keep &= (key - query) == offset
+        if wanted_tags[0] is not None:
+            keep &= self.tag_ids[candidates] == wanted_tags[0]
+        if wanted_tags[1] is not None:
+            keep &= self.tag_ids[self.offsets[text] + key] == wanted_tags[1]
         candidates, text, query, key = candidates[keep], text[keep], query[keep], key[keep]
         weight = self.strongest_weight[i][candidates].astype(np.float32)
         order = np.lexsort((candidates, -weight))[:k]
@@ -385,6 +400,99 @@ class Atlas:
         import faiss
 
         return faiss.read_index(str(self.folder / "index.faiss"))
+
+    # --- part-of-speech tags ---------------------------------------------------------------
+
+    @staticmethod
+    def _load_tags(folder: Path, manifest: dict[str, Any]) -> np.ndarray | None:
+        """The atlas's tag id per token (``tags.npy``), None for an atlas without tags (an
+        untagged corpus, or one built before atlases kept tags)."""
+        names = manifest.get("tags")
+        if not names or not (folder / "tags.npy").is_file():
+            return None
+        if list(names) != list(UNIVERSAL_TAGS):
+            raise InputError(
+                f"The atlas in {str(folder)!r} keeps tags of another tagset ({names!r}): build "
+                "it again."
+            )
+        return np.load(folder / "tags.npy", mmap_mode="r")
+
+    @property
+    def has_tags(self) -> bool:
+        """Whether the atlas keeps each token's part of speech (a tagged corpus: the Brown
+        Corpus's own tags, mapped to the Universal tagset and aligned to the word pieces)."""
+        return self.tag_ids is not None
+
+    def _no_tags(self) -> InputError:
+        return InputError(
+            f"The atlas of {self.model!r} over {self.manifest['plan']['source']!r} has no "
+            "part-of-speech tags: its corpus had none (build it on a tagged corpus, such as "
+            "the Brown Corpus, for tags)."
+        )
+
+    def tags(self, text_id: int, head: str | None = None) -> list[str | None]:
+        """Text ``text_id``'s Universal tag per token, one per ``text_tokens(text_id)``: the
+        tag of the corpus word that covers the token's first character; None for special
+        tokens (``head``: checked, as in ``text_tokens``).
+
+        Raises:
+            InputError: an atlas without tags, a text it lacks.
+        """
+        if head is not None:
+            self.head(head)
+        if self.tag_ids is None:
+            raise self._no_tags()
+        self._check_text(text_id)
+        a, b = self.offsets[text_id], self.offsets[text_id + 1]
+        return [None if t == NO_TAG else UNIVERSAL_TAGS[t] for t in self.tag_ids[a:b].tolist()]
+
+    def _tag_filter(self, query_tag: str | None, key_tag: str | None) -> tuple[int | None, ...]:
+        """The tag ids a search asks of the query and of the key (None: any)."""
+        if query_tag is None and key_tag is None:
+            return (None, None)
+        ids = tuple(
+            None if t is None else UNIVERSAL_TAGS.index(check_tag(t, what))
+            for t, what in ((query_tag, "query tag"), (key_tag, "key tag"))
+        )
+        if self.tag_ids is None:
+            raise self._no_tags()
+        return ids
+
+    def tag_histogram(self, frame: pd.DataFrame, head: str | None = None) -> pd.DataFrame:
+        """exBERT's histograms (Hoover et al. 2020): how many of a frame's examples (``top``,
+        ``sample`` or ``search``: its ``text_id``, ``query`` and ``key`` columns) have a query,
+        and a key, of each Universal tag; one row per tag in ``UNIVERSAL_TAGS`` order and a
+        last row ``"none"`` for special tokens (``head``: which part's tokens, for an
+        encoder-decoder's atlas).
+
+        Raises:
+            InputError: an atlas without tags, a frame without those columns or with a token
+                the atlas lacks.
+        """
+        if head is not None:
+            self.head(head)
+        if self.tag_ids is None:
+            raise self._no_tags()
+        missing = [c for c in ("text_id", "query", "key") if c not in getattr(frame, "columns", [])]
+        if missing:
+            raise InputError(
+                f"tag_histogram reads a frame of examples with columns text_id, query and key "
+                f"(as top, sample and search return), missing {', '.join(missing)}."
+            )
+        text = frame["text_id"].to_numpy(np.int64)
+        texts = len(self.offsets) - 1
+        if len(text) and (text.min() < 0 or text.max() >= texts):
+            raise InputError(f"The frame names a text the atlas lacks (it has 0 to {texts - 1}).")
+        starts, ends = self.offsets[text], self.offsets[text + 1]
+        counts = {}
+        for column in ("query", "key"):
+            position = frame[column].to_numpy(np.int64)
+            if len(position) and ((position < 0).any() or (starts + position >= ends).any()):
+                raise InputError(f"The frame's {column} column names a token its text lacks.")
+            ids = np.asarray(self.tag_ids[starts + position]).astype(np.int64)
+            ids[ids == NO_TAG] = len(UNIVERSAL_TAGS)
+            counts[column] = np.bincount(ids, minlength=len(UNIVERSAL_TAGS) + 1)
+        return pd.DataFrame(counts, index=pd.Index([*UNIVERSAL_TAGS, "none"], name="tag"))
 
     # --- checks ----------------------------------------------------------------------------
 
@@ -476,8 +584,28 @@ class AtlasParts(Atlas):
         key_token: str | None = None,
         offset: int | None = None,
         k: int | None = 20,
+        query_tag: str | None = None,
+        key_tag: str | None = None,
     ) -> pd.DataFrame:
-        return self.part(head).search(head, query_token, key_token, offset, k)
+        return self.part(head).search(
+            head, query_token, key_token, offset, k, query_tag=query_tag, key_tag=key_tag
+        )
+
+    @property
+    def has_tags(self) -> bool:
+        """Whether the encoder's part keeps tags (the decoder's reads its teacher-forced
+        target, which has no character offsets: never)."""
+        return next(iter(self.parts.values())).has_tags
+
+    def tags(self, text_id: int, head: str | None = None) -> list[str | None]:
+        """Text ``text_id``'s tag per token of ``head``'s part (None: the encoder's)."""
+        atlas = next(iter(self.parts.values())) if head is None else self.part(head)
+        return atlas.tags(text_id)
+
+    def tag_histogram(self, frame: pd.DataFrame, head: str | None = None) -> pd.DataFrame:
+        """As ``Atlas.tag_histogram`` over ``head``'s part's tokens (None: the encoder's)."""
+        atlas = next(iter(self.parts.values())) if head is None else self.part(head)
+        return atlas.tag_histogram(frame)
 
     def similar(
         self, text_id: int, position: int, head: str | list[str] | None = None, k: int | None = 10

@@ -16,13 +16,16 @@ from mhsa.atlas.build import (
     PARTS,
     SAMPLE_SIZE,
     AtlasPlan,
+    Tagged,
     build_shard,
     merge_shards,
     plan_atlas,
-    read_texts,
+    read_corpus,
     save_atomic,
     shard_path,
+    tags_digest,
 )
+from mhsa.atlas.corpora import TaggedText
 from mhsa.atlas.reader import Atlas, open_atlas
 from mhsa.engine.models.loading import get_model
 from mhsa.errors import InputError
@@ -33,7 +36,7 @@ Progress = Callable[[int, int, int], None]  # (texts done, texts, tokens done)
 
 
 def build_atlas(
-    corpus: str | Path | Sequence[str],
+    corpus: str | Path | Sequence[str] | Sequence[TaggedText],
     out: str | Path,
     *,
     model: str = "default",
@@ -52,8 +55,10 @@ def build_atlas(
     """Build the head atlas of ``model`` over ``corpus`` into the folder ``out``.
 
     Args:
-        corpus: a text file (one text a line; ``text_id`` is the line's 0-based number) or a
-            list of strings.
+        corpus: a text file (one text a line; ``text_id`` is the line's 0-based number), a
+            list of strings, or a tagged corpus: a list of ``TaggedText`` or a ``.jsonl`` file
+            of ``{"text", "words", "tags"}`` records (``read_corpus``; the atlas then keeps
+            each token's Universal tag, ``Atlas.tags``).
         out: the atlas's folder (created; an atlas already there for the same model, corpus and
             settings is reused).
         model: a model name as everywhere (``"default"``, ``"toy:induction"``, a folder...).
@@ -77,7 +82,7 @@ def build_atlas(
         InputError: bad corpus, settings or folder (nothing is written).
         UnsupportedModelError: a model whose attention atlases do not cover.
     """
-    texts, source = read_texts(corpus)
+    texts, source, tagged = read_corpus(corpus)
     lm = get_model(model)
     if lm.is_encoder_decoder and part is None:
         settings = {
@@ -93,7 +98,13 @@ def build_atlas(
             "sample_size": sample_size,
             "shard_texts": shard_texts,
         }
-        return _build_parts(texts, Path(out), settings)
+        records: list[str] | list[TaggedText] = texts
+        if tagged is not None:
+            records = [
+                TaggedText(t, *(g if g is not None else ((), ())))
+                for t, g in zip(texts, tagged, strict=True)
+            ]
+        return _build_parts(records, Path(out), settings)
     plan = plan_atlas(
         texts,
         source,
@@ -106,6 +117,7 @@ def build_atlas(
         sample_size=sample_size,
         shard_texts=shard_texts,
         part=part,
+        tags_sha256=tags_digest(tagged),
     )
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
@@ -123,10 +135,10 @@ def build_atlas(
         report = _Report(progress, plan)
         report(plan.shards - len(todo))
         if ray:
-            _on_ray(plan, texts, folder, todo, workers, report)
+            _on_ray(plan, texts, tagged, folder, todo, workers, report)
         else:
             for s in todo:
-                save_atomic(shard_path(folder, s), build_shard(lm, plan, texts, s))
+                save_atomic(shard_path(folder, s), build_shard(lm, plan, texts, s, tagged))
                 report(1)
         report.close()
         merge_shards(folder, plan, texts, time.perf_counter() - start, {"ray": bool(ray)})
@@ -134,7 +146,7 @@ def build_atlas(
         return open_atlas(folder)
 
 
-def _build_parts(texts: list[str], out: Path, settings: dict[str, Any]) -> Atlas:
+def _build_parts(texts: list[str] | list[TaggedText], out: Path, settings: dict[str, Any]) -> Atlas:
     """An encoder-decoder's atlas: its encoder's and its decoder's, each in a subfolder, and
     a manifest naming them (written last, as a single atlas's)."""
     if out.exists() and not out.is_dir():
@@ -159,8 +171,13 @@ def _finished(folder: Path, plan: AtlasPlan) -> Atlas | None:
         atlas = open_atlas(folder)
     except InputError:
         return None
-    if atlas.manifest.get("plan") == plan.json():
+    built = atlas.manifest.get("plan")
+    if built == plan.json():
         return atlas
+    if plan.tags_sha256 is not None and built == {
+        k: v for k, v in plan.json().items() if k != "tags_sha256"
+    }:
+        return None  # the same atlas without the corpus's tags: built again, with them
     raise InputError(
         f"{str(folder)!r} holds an atlas of other settings or another corpus: choose another "
         "folder, or remove it to build again."
@@ -205,7 +222,13 @@ class _Report:
 
 
 def _on_ray(
-    plan: AtlasPlan, texts: list[str], folder: Path, todo: list[int], workers: int, report: _Report
+    plan: AtlasPlan,
+    texts: list[str],
+    tagged: list[Tagged] | None,
+    folder: Path,
+    todo: list[int],
+    workers: int,
+    report: _Report,
 ) -> None:
     """The shards computed by ``workers`` Ray actors (one model each), written where the
     local build writes them."""
@@ -219,7 +242,7 @@ def _on_ray(
         started = False
     ray = connect(None)
     try:
-        _run_actors(ray, plan, texts, folder, todo, workers, report)
+        _run_actors(ray, plan, (texts, tagged), folder, todo, workers, report)
     finally:
         if started:
             ray.shutdown()
@@ -228,7 +251,7 @@ def _on_ray(
 def _run_actors(
     ray: Any,
     plan: AtlasPlan,
-    texts: list[str],
+    texts: tuple[list[str], list[Tagged] | None],
     folder: Path,
     todo: list[int],
     workers: int,
@@ -245,7 +268,9 @@ def _run_actors(
             self.lm = get_model(model)
 
         def run(self, shard: int, texts_ref: Any) -> int:
-            save_atomic(shard_path(folder, shard), build_shard(self.lm, plan, texts_ref, shard))
+            plain, tagged = texts_ref
+            arrays = build_shard(self.lm, plan, plain, shard, tagged)
+            save_atomic(shard_path(folder, shard), arrays)
             return shard
 
     actors = [ShardActor.remote(plan.model) for _ in range(max(1, workers))]
