@@ -257,6 +257,7 @@ LAYERS = [
     "training",
     "corpus",
     "atlas",
+    "explain",
     "plots",
     "front",
     "cli",
