@@ -11,7 +11,7 @@ from ui.state import md_escape
 
 with page.run("Lessons"):
     st.caption(
-        "Five short lessons, in order. Each step is one sentence and a link that opens the page "
+        "Six short lessons, in order. Each step is one sentence and a link that opens the page "
         "set up for it (model, text, layer, test) in a new tab; they use only the built-in "
         "models."
     )
