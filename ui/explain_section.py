@@ -56,7 +56,7 @@ def _number(value: object, digits: int = 2) -> str:
     return f"{number:.{digits}f}" if math.isfinite(number) else "—"
 
 
-def _scores(row: pd.Series) -> None:
+def _scores(row: pd.Series, *, typed: bool = False) -> None:
     """IoU, accuracy against the baseline, AUC and faithfulness as four metrics, the baseline
     named and the held-out texts counted under them (values shown literally)."""
     iou, acc, auc, faith = st.columns(4)
@@ -72,7 +72,7 @@ def _scores(row: pd.Series) -> None:
     auc.metric("AUC", _number(row.get("auc", math.nan)), help=_SCORES_HELP["auc"])
     faithfulness = row.get("faithfulness", math.nan)
     faith.metric("Faithfulness", _number(faithfulness), help=_SCORES_HELP["faithfulness"])
-    words = views.faithfulness_words(row)
+    words = "not computed for a typed hypothesis" if typed else views.faithfulness_words(row)
     texts = row.get("texts")
     known = texts is not None and not pd.isna(texts)
     texts_words = f"{int(texts):,} held-out texts" if known else "the atlas's held-out texts"
@@ -159,7 +159,7 @@ def _build(atlas: mhsa.atlas.Atlas) -> None:
         names = views.KINDS[kind]
         if state["explain_name"] not in names:
             state["explain_name"] = names[0]
-        cols[1].selectbox("Program", names, key="explain_name")
+        cols[1].selectbox("Which program", names, key="explain_name")
         if state["explain_name"] == "offset":
             cols[2].number_input("Offset (key − query)", -16, 16, key="explain_offset")
     built = views.build_program(
@@ -201,7 +201,7 @@ def _hypothesis(atlas: mhsa.atlas.Atlas, name: str, head: str) -> None:
         return
     program = mhsa.explain.parse_program(typed)
     st.markdown(f"**{md_escape(head)}**, if it {md_escape(program.describe())}:")
-    _scores(scores)
+    _scores(scores, typed=True)
 
 
 def _head_map(explanations: object, name: str) -> None:

@@ -140,5 +140,5 @@ def explanation_map(table: pd.DataFrame, *, score: str = "iou", title: str) -> g
         autorange="reversed",
         showgrid=False,
     )
-    fig.update_layout(legend={"orientation": "h", "y": -0.2})
+    fig.update_layout(legend={"title": {"text": "kind"}})  # on the right, clear of the axes
     return apply_layout(fig, title, height=200 + 36 * len(layers))
