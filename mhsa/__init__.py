@@ -21,6 +21,7 @@ from mhsa import (
     circuits,
     compat,  # old names and module paths kept for a release (mhsa.deprecation)
     engine,
+    explain,
     training,
 )
 from mhsa.analysis.roles import detect_heads
@@ -101,6 +102,7 @@ __all__ = [
     "corpus",
     "detect_heads",
     "engine",
+    "explain",
     "from_attention",
     "head_label",
     "head_similarity",

@@ -40,7 +40,17 @@ pruning_curve qk_attribution qk_positional_scores save_model scaled_dot_product_
 show sink_value_norms streamed_head_similarity streamed_head_stats strongest_inputs
 top_attended top_edges toy_model_path train""".split()
 
-SUBPACKAGES = ["analysis", "atlas", "causal", "circuits", "corpus", "engine", "plots", "training"]
+SUBPACKAGES = [
+    "analysis",
+    "atlas",
+    "causal",
+    "circuits",
+    "corpus",
+    "engine",
+    "explain",
+    "plots",
+    "training",
+]
 
 
 def _resolve(dotted: str) -> object:

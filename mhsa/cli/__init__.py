@@ -16,6 +16,7 @@ from mhsa.cli import (
     atlas,
     attend,
     circuit,
+    explain,
     flow,
     importance,
     info,
@@ -46,6 +47,7 @@ COMMANDS = (
     flow,
     circuit,
     atlas,
+    explain,
     store,
 )
 

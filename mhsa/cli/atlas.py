@@ -16,6 +16,7 @@ EXAMPLES = (
     "toy:induction on its task",
     "python -m mhsa atlas top atlases/minilm L3H4 --by norm",
     "python -m mhsa atlas search atlases/minilm L3H4 --query-token the --offset -1",
+    "python -m mhsa atlas search atlases/minilm L3H4 --query-tag NOUN --key-tag DET",
     "python -m mhsa atlas similar atlases/minilm 12 3 --head L3H4",
 )
 HELP = "head atlases: what each head does over a whole corpus (build, top, search, similar)"
@@ -60,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     search.add_argument("--query-token", default=None)
     search.add_argument("--key-token", default=None)
     search.add_argument("--offset", type=int, default=None, help="key - query (-1: previous)")
+    search.add_argument(
+        "--query-tag", default=None, help="the query's part of speech (Universal tag: NOUN, ...)"
+    )
+    search.add_argument("--key-tag", default=None, help="the strongest key's part of speech")
     search.add_argument("-k", type=int, default=20)
     similar = actions.add_parser("similar", help="contexts whose head outputs are nearest")
     _reader(similar)
@@ -96,6 +101,8 @@ def run(args: argparse.Namespace) -> None:
             key_token=args.key_token,
             offset=args.offset,
             k=args.k,
+            query_tag=args.query_tag,
+            key_tag=args.key_tag,
         )
     else:
         heads = None if not args.head else (args.head[0] if len(args.head) == 1 else args.head)

@@ -15,6 +15,8 @@ positions it is scored on (``mhsa.causal.metrics``, as head importance measures 
 
 - a toy model trained on a repeat (``REPEAT_TASKS``): the next-token cross-entropy over the
   tokens an induction head can predict (``repeat-loss``: its task's scored positions);
+- a toy model of a task with a separator (copy, reverse, sort): the cross-entropy of the output
+  after ``[SEP]`` (``output-loss``: its task's scored positions, ``TaskSpec.scored``);
 - other causal language models: every next token's cross-entropy (``lm-loss``);
 - encoders: 1 - cosine between the sentence embedding (the attention-mask-weighted mean of the
   last hidden state, as sentence-transformers pool MiniLM) of the run and of the intact model
@@ -38,6 +40,8 @@ number wherever the layers move ``m`` at all.
 from __future__ import annotations
 
 import math
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -77,8 +81,9 @@ FAITHFULNESS_TEXTS = 16
 #: no number below this share of the heads' layers' own effect (see the module's docstring)
 MIN_EFFECT = 0.05
 
-#: what ``m`` can be (``task=``), by ``mhsa.causal.metrics.TARGET_SPECS`` name
-FAITHFULNESS_TASKS = ("repeat-loss", "lm-loss", "embedding")
+#: what ``m`` can be (``task=``): ``mhsa.causal.metrics.TARGET_SPECS`` names, and
+#: ``output-loss``, the loss on a separator task's output (the tokens after its first [SEP])
+FAITHFULNESS_TASKS = ("repeat-loss", "output-loss", "lm-loss", "embedding")
 
 Head = tuple[int, int]
 
@@ -123,16 +128,28 @@ def uniform_pattern(n: int, causal: bool) -> np.ndarray:
     return visible / visible.sum(1, keepdims=True)
 
 
+def _toy_measure(toy: str | None) -> str | None:
+    """The measure of a toy task's scored positions, or None (not a toy task)."""
+    if toy is None:
+        return None
+    if toy in REPEAT_TASKS:
+        return "repeat-loss"
+    from mhsa.training.tasks import TASKS
+
+    spec = TASKS.get(toy)
+    return "output-loss" if spec is not None and spec.separator else None
+
+
 def default_task(lm: LoadedModel) -> str:
-    """``m``'s default for ``lm``: ``repeat-loss`` for a toy model trained on a repeat,
-    ``lm-loss`` for another causal language model, else ``embedding``."""
+    """``m``'s default for ``lm``: a toy model's task's scored positions (``repeat-loss``,
+    ``output-loss``), ``lm-loss`` for another causal language model, else ``embedding``."""
     if lm.lm_head == "causal":
-        return "repeat-loss" if toy_task(lm.name) in REPEAT_TASKS else "lm-loss"
+        return _toy_measure(toy_task(lm.name)) or "lm-loss"
     return "embedding"
 
 
 def _check_task(lm: LoadedModel, task: str | None) -> str:
-    task = default_task(lm) if task is None else task
+    task = default_task(lm) if task is None else _toy_measure(task) or task
     if task not in FAITHFULNESS_TASKS:
         raise InputError(
             f"Faithfulness measures one of {', '.join(FAITHFULNESS_TASKS)}, not {task!r}."
@@ -162,6 +179,35 @@ class _Text:
 
 
 @dataclass
+class _Memo:
+    """What does not change between calls on the same texts: the clean pass's readouts and
+    ``m`` with each set of whole layers uniform."""
+
+    clean: list[torch.Tensor] | None = None
+    layers: dict[frozenset[int], float] = field(default_factory=dict)
+
+
+#: per model, the memos of the last few sets of texts (a call per head, as ``explain_heads``
+#: makes, then costs its own two passes a text); dropped with the model
+_MEMOS: weakref.WeakKeyDictionary[LoadedModel, OrderedDict[tuple, _Memo]] = (
+    weakref.WeakKeyDictionary()
+)
+_MEMOS_KEPT = 4
+
+
+def _memo(lm: LoadedModel, key: tuple) -> _Memo:
+    """The memo of ``key`` (texts, task, sizes) for ``lm``; caller holds ``lm.lock``."""
+    memos = _MEMOS.setdefault(lm, OrderedDict())
+    if key in memos:
+        memos.move_to_end(key)
+        return memos[key]
+    memos[key] = _Memo()
+    while len(memos) > _MEMOS_KEPT:
+        memos.popitem(last=False)
+    return memos[key]
+
+
+@dataclass
 class _Runs:
     """The passes of one model over one set of texts: the clean pass's readouts, the layers
     made uniform (each set once), and ``m`` of any replacement. Holds ``lm.lock`` while used."""
@@ -171,8 +217,7 @@ class _Runs:
     texts: list[_Text]
     blocks: list[OurBlock] = field(init=False)
     causal: bool = field(init=False)
-    _clean: list[torch.Tensor] | None = None
-    _layers: dict[frozenset[int], float] = field(default_factory=dict)
+    memo: _Memo = field(default_factory=lambda: _Memo())
 
     def __post_init__(self) -> None:
         self.blocks = our_blocks(self.lm)
@@ -215,9 +260,9 @@ class _Runs:
         return (hidden * weight).sum(0) / weight.sum()
 
     def clean(self) -> list[torch.Tensor]:
-        if self._clean is None:
-            self._clean = [self.readout(t, {}) for t in self.texts]
-        return self._clean
+        if self.memo.clean is None:
+            self.memo.clean = [self.readout(t, {}) for t in self.texts]
+        return self.memo.clean
 
     def m(self, replace_of: Callable[[int], dict[str, Callable]]) -> float:
         """``m`` with each text ``i`` run under ``replace_of(i)``."""
@@ -237,14 +282,16 @@ class _Runs:
         return float(np.mean(distances))
 
     def m_clean(self) -> float:
+        if self.task == "embedding":
+            return 0.0  # the intact model's distance from itself
         return self.measure(self.clean())
 
     def layers_uniform(self, layers: frozenset[int]) -> float:
         """``m`` with every head of ``layers`` uniform (each set measured once)."""
-        if layers not in self._layers:
+        if layers not in self.memo.layers:
             every = {layer: list(range(self.heads)) for layer in layers}
-            self._layers[layers] = self.m(lambda i: self._uniform(every))
-        return self._layers[layers]
+            self.memo.layers[layers] = self.m(lambda i: self._uniform(every))
+        return self.memo.layers[layers]
 
     def _uniform(self, heads: Mapping[int, Sequence[int]]) -> dict[str, Callable]:
         return {f"L{layer}.pattern": _uniform_heads(hs, self.causal) for layer, hs in heads.items()}
@@ -333,11 +380,28 @@ def _check_pattern(pattern: object, head: Head, t: int) -> np.ndarray:
     return p
 
 
+def _output_only(lm: LoadedModel, item: Item, i: int) -> Item:
+    """The labels of a separator task's output: the tokens after the first ``[SEP]``."""
+    ids = item.scored[0]["input_ids"][0]
+    sep = lm.tokenizer.convert_tokens_to_ids("[SEP]")
+    where = (ids == sep).nonzero().flatten().tolist()
+    if not where or where[0] + 1 >= len(ids):
+        raise InputError(
+            f"Text {i + 1} has no output after [SEP] to score (a sequence of the task: input "
+            "symbols, [SEP], the output)."
+        )
+    labels = item.labels.clone()
+    labels[0, : where[0] + 1] = -100
+    return Item(item.encoded, item.scored, labels, item.stacked, item.rows)
+
+
 def _prepare(lm: LoadedModel, texts: Sequence[str], task: str, sizes: Sequence[int]) -> list[_Text]:
-    spec = target_spec(task)
+    spec = target_spec("lm-loss" if task == "output-loss" else task)
     out = []
     for i, (text, n) in enumerate(zip(texts, sizes, strict=True)):
         item = prepare(lm, Entry(f"texts:{i + 1}", text), spec, n)
+        if task == "output-loss":
+            item = _output_only(lm, item, i)
         got = item.scored[0]["input_ids"].shape[1]
         if got != n:
             raise InputError(
@@ -370,7 +434,8 @@ def _runs(
                     f"{p.shape[0]}; another head's is {sizes[t]} x {sizes[t]}."
                 )
     task = _check_task(lm, task)
-    runs = _Runs(lm, task, _prepare(lm, texts, task, sizes))
+    memo = _memo(lm, (tuple(texts), task, tuple(sizes)))
+    runs = _Runs(lm, task, _prepare(lm, texts, task, sizes), memo)
     layers, per_layer = len(runs.blocks), runs.heads
     for layer, head in checked:
         if not (0 <= layer < layers and 0 <= head < per_layer):
@@ -443,6 +508,7 @@ def _faithfulness(runs: _Runs, patterns: Mapping[Head, list[torch.Tensor]]) -> F
 def _what(task: str) -> str:
     return {
         "repeat-loss": "loss on the repeat",
+        "output-loss": "loss on the task's output",
         "lm-loss": "next-token loss",
         "embedding": "sentence embedding's distance from the intact model's (1 - cosine)",
     }[task]
@@ -474,9 +540,10 @@ def pattern_faithfulness(
             the text's ``n`` tokens, each row summing to 1 (0: the head writes nothing there),
             with no weight on keys a query may not see. Several heads: replaced together (a
             layer's heads, the best-explained quarter of the model's heads).
-        task: what ``m`` is: ``"repeat-loss"``, ``"lm-loss"`` or ``"embedding"``
-            (``FAITHFULNESS_TASKS``); None: ``repeat-loss`` for a toy model trained on a repeat,
-            ``lm-loss`` for another causal language model, ``embedding`` for encoders.
+        task: what ``m`` is (``FAITHFULNESS_TASKS``): ``"repeat-loss"``, ``"output-loss"``,
+            ``"lm-loss"`` or ``"embedding"``, or a toy task's name (``"induction"``: its scored
+            positions); None: a toy model's task's scored positions, ``lm-loss`` for another
+            causal language model, ``embedding`` for encoders.
 
     Returns:
         The ``Faithfulness``; ``value`` NaN with ``reason`` where the heads made uniform move

@@ -1,0 +1,86 @@
+"""``python -m mhsa explain``: a toy atlas's heads explained and one typed program scored, each
+equal to what the library gives on the same atlas; bad input in one line with exit code 2 and
+nothing written."""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import mhsa
+from mhsa.__main__ import main
+from mhsa.atlas.corpora import task_corpus
+from tests.test_cli_analyses import exits_2_with_one_line
+
+
+@pytest.fixture(scope="module")
+def toy_atlas(tmp_path_factory) -> Path:
+    """An atlas of toy:induction over 24 of its task's sequences."""
+    out = tmp_path_factory.mktemp("explain") / "atlas"
+    mhsa.atlas.build_atlas(
+        task_corpus("induction", count=24, seed=4), out, model="toy:induction", progress=False
+    )
+    return out
+
+
+def _files(folder: Path) -> set[Path]:
+    return {p for p in folder.rglob("*")}
+
+
+def test_a_typed_program_is_scored_as_the_library_scores_it(toy_atlas, tmp_path, capsys) -> None:
+    from mhsa.explain import score_program
+
+    out = tmp_path / "one.csv"
+    argv = ["explain", str(toy_atlas), "--head", "L0H3", "--program", "offset(-1)"]
+    assert main([*argv, "--out", str(out)]) == 0
+    got = pd.read_csv(out)
+    assert list(got["head"]) == ["L0H3"] and list(got["program"]) == ["offset(-1)"]
+    want = score_program(mhsa.atlas.open_atlas(toy_atlas), "L0H3", "offset(-1)")
+    for column in ("iou", "accuracy", "baseline_accuracy", "auc"):
+        assert got[column][0] == pytest.approx(want[column], abs=1e-9), column
+    # toy:induction's previous-token head: its strongest key is the previous token (its IoU
+    # with offset(-1) is about 0.4: it keeps a quarter of its weight on itself)
+    assert got["accuracy"][0] > 0.9
+    assert math.isfinite(got["faithfulness"][0])  # asked by default on the command line
+    assert "L0H3:" in capsys.readouterr().err
+
+
+def test_some_heads_are_explained_and_not_saved(toy_atlas, capsys) -> None:
+    before = _files(toy_atlas)
+    argv = ["explain", str(toy_atlas), "--heads", "L0H3,L1H0", "--no-faithfulness"]
+    assert main(argv) == 0
+    table = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert list(table["head"]) == ["L0H3", "L1H0"]
+    assert {"program", "description", "iou", "accuracy", "baseline", "auc"} <= set(table.columns)
+    assert table["faithfulness"].isna().all()
+    assert _files(toy_atlas) == before  # a part of the heads is not saved over the whole
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--head", "L0H3", "--program", "offset(-1"], "offset(-1"),
+        (["--head", "L0H3", "--program", "pos(NOPE, left, nearest)"], "NOPE"),
+        (["--head", "L9H9", "--program", "offset(-1)"], "L9H9"),
+        (["--program", "offset(-1)"], "--program needs --head"),
+        (["--head", "L0H3"], "--head goes with --program"),
+        (["--heads", "L0H3,nope"], "nope"),
+        (["--heads", "L0H3", "--head", "L0H3", "--program", "first"], "not both"),
+        (["--held-out", "1.5"], "--held-out"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(
+    toy_atlas, tmp_path, capsys, options: list[str], message: str
+) -> None:
+    before = _files(toy_atlas)
+    out = tmp_path / "table.csv"
+    exits_2_with_one_line(["explain", str(toy_atlas), *options, "--out", str(out)], message, capsys)
+    assert not out.exists() and _files(toy_atlas) == before
+
+
+def test_an_atlas_that_is_not_there_lists_those_that_are(tmp_path, capsys) -> None:
+    exits_2_with_one_line(["explain", str(tmp_path / "none")], "No atlas", capsys)
