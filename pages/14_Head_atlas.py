@@ -9,7 +9,7 @@ import streamlit as st
 
 import mhsa
 from mhsa import plots
-from ui import explain_section, page
+from ui import atlas_tags, explain_section, page
 from ui.state import (
     Param,
     bounded_int,
@@ -33,6 +33,7 @@ PARAMS = {
     "atlas_position": Param(-1, bounded_int(-1, 4095)),  # -1: the example's query token
     "explain_program": Param("", search_param),  # a hypothesis (ui.explain_section)
     "explain_text": Param(0, bounded_int(0, 10_000_000)),
+    **atlas_tags.PARAMS,  # the search's part-of-speech boxes
 }
 INTRO = (
     "A head over a whole corpus, not one sentence: its strongest (query, key) pairs, samples, "
@@ -115,6 +116,7 @@ def _examples(atlas: mhsa.atlas.Atlas, name: str, head: str) -> None:
     )
     top = atlas.top(head, k=20, by=st.session_state["atlas_by"])
     page.table(top, f"atlas-top-{head}", label="Download the top pairs (.csv)", height=300)
+    atlas_tags.tag_histograms(atlas, head, top, "top", "these top pairs")
     if top.empty:
         return
     state = st.session_state
@@ -203,19 +205,20 @@ def _search(atlas: mhsa.atlas.Atlas, head: str) -> None:
     st.subheader("Search")
     st.caption(
         "Tokens whose strongest key under this head matches: the query token, the key "
-        "token, the offset key − query (-1: the token before). Leave a box empty to "
-        "match any."
+        "token, the offset key − query (-1: the token before), their parts of speech (a "
+        "tagged atlas). Leave a box empty to match any."
     )
     a, b, c = st.columns(3)
     a.text_input("Query token", key="atlas_query")
     b.text_input("Key token", key="atlas_key")
     c.text_input("Offset", key="atlas_offset")
+    query_tag, key_tag = atlas_tags.tag_search_boxes(atlas)
     state = st.session_state
     raw = state["atlas_offset"].strip()
     if raw and not raw.lstrip("+-").isdigit():
         st.warning("The offset must be a whole number, as -1.")
         return
-    if not (state["atlas_query"] or state["atlas_key"] or raw):
+    if not (state["atlas_query"] or state["atlas_key"] or raw or query_tag or key_tag):
         return
     found = page.or_error(
         atlas.search,
@@ -224,10 +227,13 @@ def _search(atlas: mhsa.atlas.Atlas, head: str) -> None:
         state["atlas_key"] or None,
         int(raw) if raw else None,
         50,
+        query_tag,
+        key_tag,
     )
     if found is not None:
         st.caption(f"{len(found)} found (at most 50 shown, strongest first).")
         page.table(found, f"atlas-search-{head}", label="Download the matches (.csv)", height=300)
+        atlas_tags.tag_histograms(atlas, head, found, "search", "these matches")
 
 
 with page.run("Head atlas", PARAMS, kinds=True) as query:  # its heads say their attention

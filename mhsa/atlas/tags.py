@@ -43,6 +43,7 @@ from mhsa.errors import InputError
 __all__ = [
     "BROWN_BASE",
     "NO_TAG",
+    "TAG_MEANINGS",
     "UNIVERSAL_TAGS",
     "align_tags",
     "brown_to_universal",
@@ -66,6 +67,23 @@ UNIVERSAL_TAGS: tuple[str, ...] = (
     ".",
     "X",
 )
+#: each tag in words, as Petrov, Das and McDonald gloss them (``"none"``: a token without a
+#: tag, as ``Atlas.tag_histogram`` names it)
+TAG_MEANINGS: dict[str, str] = {
+    "NOUN": "noun (common and proper)",
+    "VERB": "verb (all tenses and modes)",
+    "ADJ": "adjective",
+    "ADV": "adverb",
+    "PRON": "pronoun",
+    "DET": "determiner, article",
+    "ADP": "adposition (preposition, postposition)",
+    "NUM": "numeral",
+    "CONJ": "conjunction",
+    "PRT": "particle or other function word",
+    ".": "punctuation",
+    "X": "other (foreign word, typo, abbreviation)",
+    "none": "no tag (special token)",
+}
 #: the tag id an atlas stores for a token without a tag (a special token, a piece no word covers)
 NO_TAG = 255
 

@@ -9,7 +9,7 @@ streamlit; the only part of ``mhsa`` that imports plotly.
 - one module per page: ``heads``, ``line_view``, ``similarity``, ``statistics``,
   ``importance``, ``roles``, ``patching``, ``rollout``, ``classroom`` (Inside MHSA),
   ``training`` (Train heads), ``flow`` (Information flow), ``circuits`` (Circuits), ``weights``
-  (OV/QK circuits and "Why here?"), ``atlas`` and ``explain`` (Head atlas).
+  (OV/QK circuits and "Why here?"), ``atlas``, ``tags`` and ``explain`` (Head atlas).
 
 Every public name is re-exported here: ``from mhsa.plots import head_heatmap``.
 """
@@ -71,6 +71,7 @@ from mhsa.plots.rollout import rollout_figure
 from mhsa.plots.similarity import head_map_figure, similarity_figure
 from mhsa.plots.sizing import PRESENTATION_FONT, enlarge_fonts
 from mhsa.plots.statistics import stat_grid
+from mhsa.plots.tags import tag_histogram_figure
 from mhsa.plots.training import (
     head_scores_figure,
     probe_mosaic,
@@ -155,6 +156,7 @@ __all__ = [
     "snapshot_scores",
     "stat_grid",
     "step_heatmap",
+    "tag_histogram_figure",
     "token_focus",
     "training_curves",
 ]
