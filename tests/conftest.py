@@ -48,7 +48,7 @@ def explained_toy_atlas(tmp_path_factory: pytest.TempPathFactory) -> str:
     root = tmp_path_factory.mktemp("explained-atlases")
     texts = default_corpus("toy:induction", TOY_ATLAS_TEXTS)[:TOY_ATLAS_TEXTS]
     atlas = build_atlas(texts, root / "toy-induction", model="toy:induction", progress=False)
-    mhsa.explain.explain_heads(atlas, progress=False).save(atlas.folder)
+    mhsa.explain.explain_heads(atlas, progress=False, save=True)
     return str(root)
 
 

@@ -87,7 +87,7 @@ def _scores(row: pd.Series, *, typed: bool = False) -> None:
 
 def _explanation(atlas: mhsa.atlas.Atlas, name: str, head: str, row: pd.Series) -> None:
     """The head's sentence and program, its scores, and its pattern beside the head's."""
-    st.markdown(f"**{md_escape(head)}** {md_escape(row['description'])}")
+    st.markdown(f"**{md_escape(head)}**: {md_escape(row['description'])}")
     st.code(str(row["program"]), language=None)
     _scores(row)
     _patterns(atlas, name, head, str(row["program"]))
@@ -200,7 +200,8 @@ def _hypothesis(atlas: mhsa.atlas.Atlas, name: str, head: str) -> None:
     if scores is None:
         return
     program = mhsa.explain.parse_program(typed)
-    st.markdown(f"**{md_escape(head)}**, if it {md_escape(program.describe())}:")
+    said = f"{head}, if it is {program}: {program.describe()}"
+    st.markdown(f"**{md_escape(said)}**")
     _scores(scores, typed=True)
 
 
@@ -253,9 +254,9 @@ def head_line(model: str, head: str) -> None:
         return
     link = "Head_atlas?" + urlencode({"model": model, "atlas": name, "atlas_head": head})
     st.markdown(
-        f"**{md_escape(head)}** {md_escape(row['description'])} "
-        f"({md_escape(row['program'])}; IoU {_number(row['iou'])}, accuracy "
+        f"**{md_escape(head)}**: {md_escape(row['description'])} "
+        f"Program {md_escape(row['program'])}: IoU {_number(row['iou'])}, accuracy "
         f"{_number(row['accuracy'])} against {_number(row.get('baseline_accuracy', math.nan))} "
-        f"for {md_escape(row.get('baseline', '?'))}) "
+        f"for {md_escape(row.get('baseline', '?'))}. "
         f"[See it in the Head atlas →]({link})"
     )

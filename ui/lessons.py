@@ -261,13 +261,13 @@ LESSONS: tuple[Lesson, ...] = (
         "your own.",
         (
             Step(
-                "The search over programs explains toy:induction's L0H3 by offset(-1), the "
-                "previous token: on the atlas's held-out texts the head's strongest key is the "
-                "one the program names for over nine queries in ten.",
+                "The search over programs explains toy:induction's L0H3 mostly by offset(-1), "
+                "the previous token: on the atlas's held-out texts the head's strongest key is "
+                "one its program names for over nine queries in ten.",
                 "Head_atlas",
                 {**_TOY_ATLAS, "atlas_head": "L0H3"},
                 (
-                    Claim("explanation", "L0H3", equals="offset(-1)"),
+                    Claim("explanation's main part", "L0H3", equals="offset(-1)"),
                     Claim("explanation accuracy", "L0H3", at_least=0.9),
                 ),
             ),
@@ -278,7 +278,7 @@ LESSONS: tuple[Lesson, ...] = (
                 "Head_atlas",
                 {**_TOY_ATLAS, "atlas_head": "L1H3"},
                 (
-                    Claim("explanation", "L1H3", equals="induction"),
+                    Claim("explanation's main part", "L1H3", equals="induction"),
                     Claim("accuracy over the baseline", "L1H3", at_least=0.2),
                 ),
             ),

@@ -38,7 +38,7 @@ def test_the_head_atlas_explains_a_head_and_scores_a_typed_hypothesis(
     wait_for_app(page, plots=PLOTS, timeout_ms=120_000)
     assert page.locator("[data-testid='stException']").count() == 0
     main = page.locator("[data-testid='stMain']")
-    assert main.get_by_text(f"L0H3 {row['description']}").count() >= 1
+    assert main.get_by_text(f"L0H3: {row['description']}").count() >= 1
     assert _metric_values(page, "IoU") == [f"{row['iou']:.2f}"]
     assert main.locator("[data-testid='stCode']").first.inner_text().strip() == row["program"]
     page.screenshot(path=str(tmp_path / "explain-lead.png"), full_page=False)

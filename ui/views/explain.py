@@ -75,12 +75,10 @@ def compute(name: str, progress: Progress) -> str:
     """Explain every head of the atlas ``name`` and save the explanations in its folder (a heavy
     job: ``progress`` reports heads done). Returns ``name``."""
     atlas = atlas_views.open_named(name)
-
-    def report(done: int, total: int, *_: Any) -> None:
-        progress(done, total)
-
-    found = mhsa.explain.explain_heads(atlas, progress=report)
-    found.save(atlas.folder)
+    heads = len(atlas.labels)
+    progress(0, heads)  # the search reports no steps of its own to the page: begun, then done
+    mhsa.explain.explain_heads(atlas, progress=False, save=True)
+    progress(heads, heads)
     _saved.clear()
     return name
 
@@ -102,9 +100,9 @@ def faithfulness_words(row: pd.Series) -> str:
     value = float(row.get("faithfulness", math.nan))
     if math.isfinite(value):
         return f"{value:.2f}"
-    reason = str(row.get("faithfulness_reason", row.get("reason", "")) or "")
-    if reason in ("", "nan"):
-        reason = "not computed for this atlas"
+    reason = str(row.get("faithfulness_note", "") or "")
+    if reason in ("", "nan", "not asked"):
+        reason = "not computed for these explanations"
     return f"none: {reason}"
 
 
@@ -113,7 +111,8 @@ def head_map_table(explanations: Any) -> pd.DataFrame:
     table = explanations.table
     columns = [c for c in ("head", "program", "iou", "accuracy", "baseline", "auc") if c in table]
     frame = table[columns].copy()
-    frame.insert(2, "kind", [kind_of(str(p)) for p in frame["program"]])
+    kinds = table["kind"] if "kind" in table else [kind_of(str(p)) for p in frame["program"]]
+    frame.insert(2, "kind", list(kinds))
     return frame.reset_index(drop=True)
 
 

@@ -194,8 +194,17 @@ def _atlas_explanation(settings: Settings, subject: str) -> pd.Series:
     return row
 
 
-def _explanation_program(settings: Settings, subject: str) -> str:
-    return str(_atlas_explanation(settings, subject)["program"])
+def _main_part(settings: Settings, subject: str) -> str:
+    """The part of the head's program with the most weight: a mix's heavier part (``mix(a, b,
+    w)`` is ``w a + (1 - w) b``), a fallback's first (``a | b``: b only where a has no key),
+    else the program itself."""
+    program = mhsa.explain.parse_program(str(_atlas_explanation(settings, subject)["program"]))
+    while isinstance(program, mhsa.explain.Mix | mhsa.explain.Fallback):
+        if isinstance(program, mhsa.explain.Fallback):
+            program = program.first
+        else:
+            program = program.a if program.w >= 0.5 else program.b
+    return str(program)
 
 
 def _explanation_accuracy(settings: Settings, subject: str) -> float:
@@ -251,8 +260,9 @@ MEASURES: dict[str, Measure] = {
     "pruning jump": Measure(
         "the pruning curve's step when the last of the layer's heads goes off", _pruning_jump
     ),
-    "explanation": Measure(
-        "the program the atlas's search explains the head by", _explanation_program
+    "explanation's main part": Measure(
+        "the part with the most weight of the program the atlas's search explains it by",
+        _main_part,
     ),
     "explanation accuracy": Measure(
         "share of held-out queries whose strongest key the head's program names (Clark et al.)",
