@@ -277,3 +277,24 @@ def test_every_universal_tag_has_words_to_describe_it() -> None:
     from mhsa.explain.programs import TAG_NAMES
 
     assert tuple(TAG_NAMES) == UNIVERSAL_TAGS
+
+
+def test_a_weight_is_kept_to_the_digits_it_prints() -> None:
+    program = Mix(Atom("self"), Atom("first"), 1 / 3)
+    assert parse_program(str(program)) == program and str(program).endswith("0.333333)")
+
+
+def test_program_pattern_on_a_text(tiny_bert_path) -> None:
+    """The model's tokens ([CLS] the dog [SEP]) and the tags given for them."""
+    from mhsa.explain import program_pattern
+
+    got = program_pattern("offset(-1) | first", "the dog", model=tiny_bert_path)
+    assert np.array_equal(got, [[1, 0, 0, 0], [1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]])
+    tags = [None, "DET", "NOUN", None]
+    program = "when(NOUN, pos(DET, left, nearest))"
+    got = program_pattern(program, "the dog", model=tiny_bert_path, tags=tags)
+    assert np.array_equal(got, [[0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0]])
+    with pytest.raises(ProgramError, match="this text has none"):
+        program_pattern(program, "the dog", model=tiny_bert_path)
+    with pytest.raises(ProgramError, match="3 tags for 4 tokens"):
+        program_pattern(program, "the dog", model=tiny_bert_path, tags=tags[:3])

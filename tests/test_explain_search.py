@@ -24,9 +24,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def toy_atlas(tmp_path_factory) -> mhsa.atlas.Atlas:
-    """toy:induction over 60 of its task's sequences (a decoder, no tags)."""
+    """toy:induction over 60 of its task's sequences and a blank text (a decoder, no tags)."""
     out = tmp_path_factory.mktemp("explain-toy") / "atlas"
-    texts = task_corpus("induction", count=60, seed=11)
+    texts = [*task_corpus("induction", count=60, seed=11), ""]
     return mhsa.atlas.build_atlas(texts, out, model="toy:induction", top_k=4, progress=False)
 
 
@@ -88,6 +88,23 @@ def test_the_attention_is_the_models(toy_atlas) -> None:
     assert list(item.features.tokens) == toy_atlas.text_tokens(5)
 
 
+def test_a_pattern_example_is_the_head_beside_the_program(toy_atlas) -> None:
+    example = mhsa.explain.pattern_example(toy_atlas, "L0H3", "offset(-1)", text_id=5)
+    result = mhsa.attend(toy_atlas.text(5), model="toy:induction", engine="transformers")
+    assert np.allclose(example.attention, result.attention[0, 3], atol=1e-5)
+    n = len(example.tokens)
+    assert np.array_equal(example.pattern, np.eye(n, k=-1))  # row q: key q - 1
+    first = mhsa.explain.pattern_example(toy_atlas, "L0H3", "first")
+    assert first.text_id in split_texts(toy_atlas)[1]
+    with pytest.raises(InputError, match="two tokens or more"):
+        mhsa.explain.pattern_example(toy_atlas, "L0H3", "first", text_id=_one_token(toy_atlas))
+
+
+def _one_token(atlas) -> int:
+    lengths = np.diff(np.asarray(atlas.offsets))
+    return int(np.flatnonzero(lengths < 2)[0])
+
+
 def test_the_search_is_never_below_the_baselines(toy_atlas, toy_explained) -> None:
     search, _ = split_texts(toy_atlas)
     items = attention_of(toy_atlas, search)
@@ -109,6 +126,10 @@ def test_explanations_are_saved_and_read_back(toy_atlas, toy_explained) -> None:
     assert back.candidates("L1H0").equals(toy_explained.candidates("L1H0"))
     assert back.notices == toy_explained.notices
     assert back.settings["held_out_texts"] == toy_explained.settings["held_out_texts"]
+    # the atlas built again in its folder: the explanations of the old one are not its own
+    rebuilt = mhsa.atlas.open_atlas(toy_atlas.folder)
+    rebuilt.manifest["built"] = "2099-01-01T00:00:00Z"
+    assert saved(rebuilt) is None
 
 
 def _listing(folder: Path) -> set[Path]:

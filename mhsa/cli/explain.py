@@ -156,6 +156,9 @@ def run(args: argparse.Namespace) -> None:
         frame = explained.table
         for notice in explained.notices:
             print(notice, file=sys.stderr)
+        for row in explained.together.itertuples(index=False):
+            value = f"{row.faithfulness:.3f}" if row.faithfulness == row.faithfulness else row.note
+            print(f"{row.what} replaced at once: faithfulness {value}", file=sys.stderr)
     text = frame.to_json(orient="records", lines=True) if args.json else frame.to_csv(index=False)
     if args.out is None:
         sys.stdout.write(text)

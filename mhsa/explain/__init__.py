@@ -8,13 +8,21 @@ attention (soft IoU, Clark et al.'s accuracy, Transformer Debugger's ROC-AUC); `
 runs an atlas's model once over the texts scored; ``search`` finds each head's best program;
 ``faithfulness`` replaces heads' patterns by programs' in the real forward pass;
 ``explanations`` explains every head of an atlas (``explain_heads``), scores one typed
-hypothesis (``score_program``) and keeps the result beside the atlas (``saved``).
+hypothesis (``score_program``), gives a head's attention beside a program's pattern on one text
+(``pattern_example``) and keeps the result beside the atlas (``saved``).
 
 May import: ``mhsa.engine``, ``mhsa.analysis``, ``mhsa.causal``, ``mhsa.corpus``,
 ``mhsa.atlas`` and the shared top-level modules (``tests/test_layers.py``).
 """
 
-from mhsa.explain.explanations import HeadExplanations, explain_heads, saved, score_program
+from mhsa.explain.explanations import (
+    HeadExplanations,
+    PatternExample,
+    explain_heads,
+    pattern_example,
+    saved,
+    score_program,
+)
 from mhsa.explain.programs import (
     Atom,
     Fallback,
@@ -36,6 +44,7 @@ __all__ = [
     "HeadExplanations",
     "Mix",
     "Offset",
+    "PatternExample",
     "Pos",
     "Program",
     "ProgramError",
@@ -45,6 +54,7 @@ __all__ = [
     "auc",
     "explain_heads",
     "parse_program",
+    "pattern_example",
     "program_pattern",
     "saved",
     "score_program",

@@ -136,7 +136,7 @@ def _compute(atlas: Atlas, text_ids: Sequence[int]) -> list[TextAttention]:
 
 
 class _Cache:
-    """Per (atlas folder, text id) the text's ``TextAttention``, least recently used dropped
+    """Per (atlas, text id) the text's ``TextAttention``, least recently used dropped
     beyond ``CACHE_BYTES``; shared by threads (the app's sessions)."""
 
     def __init__(self) -> None:
@@ -145,7 +145,8 @@ class _Cache:
         self.lock = threading.Lock()
 
     def get(self, atlas: Atlas, text_ids: Sequence[int]) -> list[TextAttention]:
-        folder = str(atlas.folder.resolve())
+        # the build's time too: an atlas built again in the same folder is another atlas
+        folder = f"{atlas.folder.resolve()}@{atlas.manifest.get('built', '')}"
         with self.lock:
             found = {t: self.items.get((folder, t)) for t in text_ids}
             for t, item in found.items():

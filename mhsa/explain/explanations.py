@@ -14,8 +14,9 @@ in the atlas's folder (``explanations/``), which ``saved(atlas)`` reads back.
 (or on ``texts=``): their attention is computed once per process and kept, so a hypothesis
 costs its pattern and its scores alone.
 
-With ``MAX_TEXTS`` = 240 (180 search texts, 60 held out) the search over MiniLM's 72 heads on
-the default atlas takes well under the 2 minutes of CPU of its target (BENCHMARKS.md).
+``MAX_TEXTS`` bounds the cost whatever the atlas's size: the search's work grows with the
+texts' (query, key) pairs, and the default keeps MiniLM's 72 heads over the default atlas within
+the 2 minutes of CPU its target allows (without faithfulness).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -54,7 +56,9 @@ __all__ = [
     "MAX_TEXTS",
     "SEED",
     "HeadExplanations",
+    "PatternExample",
     "explain_heads",
+    "pattern_example",
     "saved",
     "score_program",
     "split_texts",
@@ -153,6 +157,11 @@ def _scores(items: Sequence[TextAttention], i: int, program: Program) -> dict[st
     }
 
 
+#: ``score_program``'s baselines, per (atlas, build, head, texts): a bounded dict, oldest first out
+_BASELINES: dict[tuple, tuple[str, float]] = {}
+_BASELINES_LOCK = threading.Lock()
+
+
 def _baseline(items: Sequence[TextAttention], i: int) -> tuple[str, float]:
     """The fixed program of highest accuracy on the texts (the first of ``BASELINES`` at a
     tie) and its accuracy."""
@@ -182,6 +191,19 @@ def _result(f: Faithfulness) -> tuple[float, str]:
     return float(f.value), ("" if np.isfinite(f.value) else str(f.reason))
 
 
+def _held_out(atlas: Atlas) -> list[int]:
+    """The held-out texts of the atlas's saved explanations (so that a typed hypothesis is
+    scored beside them on the same texts), else of the default split."""
+    meta = Path(atlas.folder) / FOLDER / "meta.json"
+    try:
+        settings = json.loads(meta.read_text())["settings"]
+        if settings["atlas_built"] != atlas.manifest.get("built", ""):
+            raise ValueError("made of an earlier build")
+        return _check_texts(atlas, [int(t) for t in settings["held_out_texts"]])
+    except (OSError, ValueError, KeyError, TypeError):
+        return split_texts(atlas)[1]
+
+
 def score_program(
     atlas: Atlas,
     head: str,
@@ -190,8 +212,9 @@ def score_program(
     texts: Sequence[int] | None = None,
     faithfulness: bool = False,
 ) -> pd.Series:
-    """One program's scores for one head of the atlas, on the held-out texts of
-    ``explain_heads``'s default split (or on the atlas's texts ``texts``).
+    """One program's scores for one head of the atlas, on the held-out texts of its saved
+    explanations (``explain_heads``; none saved: of the default split), or on the atlas's
+    texts ``texts``.
 
     Returns:
         A Series with ``program``, ``iou``, ``accuracy``, ``baseline`` (the best fixed
@@ -207,10 +230,18 @@ def score_program(
     _check_atlas(atlas)
     parsed = _check_program(atlas, program)
     i = atlas.head(head)
-    ids = split_texts(atlas)[1] if texts is None else _check_texts(atlas, texts)
+    ids = _held_out(atlas) if texts is None else _check_texts(atlas, texts)
     items = attention_of(atlas, ids)
     values: dict[str, Any] = {"program": str(parsed), **_scores(items, i, parsed)}
-    values["baseline"], values["baseline_accuracy"] = _baseline(items, i)
+    key = (str(atlas.folder), atlas.manifest.get("built", ""), i, tuple(ids))
+    found = _BASELINES.get(key)
+    if found is None:  # the same for every hypothesis typed for the head
+        found = _baseline(items, i)
+        with _BASELINES_LOCK:
+            while len(_BASELINES) >= 4096:
+                _BASELINES.pop(next(iter(_BASELINES)))
+            _BASELINES[key] = found
+    values["baseline"], values["baseline_accuracy"] = found
     values["faithfulness"], values["faithfulness_note"] = float("nan"), "not asked"
     if faithfulness:
         ids, patterns = _replacements({head: parsed}, items)
@@ -221,6 +252,45 @@ def score_program(
     values["texts"] = len(items)
     order = ["program", "iou", "accuracy", "baseline", "baseline_accuracy", "auc"]
     return pd.Series({k: values[k] for k in [*order, "faithfulness", "faithfulness_note", "texts"]})
+
+
+@dataclass(frozen=True)
+class PatternExample:
+    """A head's attention and a program's pattern on one text of the atlas, to be drawn side
+    by side.
+
+    Attributes:
+        text_id: the atlas's text.
+        tokens: its tokens.
+        attention: ``[n, n]``: the head's weights.
+        pattern: ``[n, n]``: the program's (a row of zeros: the program gives that query no
+            key).
+    """
+
+    text_id: int
+    tokens: tuple[str, ...]
+    attention: np.ndarray
+    pattern: np.ndarray
+
+
+def pattern_example(
+    atlas: Atlas, head: str, program: str | Program, *, text_id: int | None = None
+) -> PatternExample:
+    """The head's attention and the program's pattern on the atlas's text ``text_id`` (None:
+    the first held-out text ``score_program`` reads).
+
+    Raises:
+        ProgramError: as ``score_program``.
+        InputError: a head the atlas lacks, a text it does not have or of one token.
+    """
+    _check_atlas(atlas)
+    parsed = _check_program(atlas, program)
+    i = atlas.head(head)
+    chosen = _held_out(atlas)[0] if text_id is None else _check_texts(atlas, [text_id])[0]
+    item = attention_of(atlas, [chosen])[0]
+    return PatternExample(
+        chosen, item.features.tokens, item.weights[i].copy(), parsed.pattern(item.features)
+    )
 
 
 # --- every head ---------------------------------------------------------------------------------
@@ -311,10 +381,14 @@ class HeadExplanations:
 
 
 def saved(atlas: Atlas) -> HeadExplanations | None:
-    """The explanations saved in the atlas's folder, or None where there are none."""
+    """The explanations saved in the atlas's folder, or None where there are none (or they
+    were made of an earlier build of the atlas in the same folder)."""
     if not (Path(atlas.folder) / FOLDER / "meta.json").is_file():
         return None
-    return HeadExplanations.load(atlas.folder)
+    found = HeadExplanations.load(atlas.folder)
+    if found.settings.get("atlas_built", "") != atlas.manifest.get("built", ""):
+        return None
+    return found
 
 
 def _heads(atlas: Atlas, heads: Sequence[str] | str | None) -> list[str]:
@@ -453,6 +527,7 @@ def explain_heads(
         frame["faithfulness_note"] = [each[h][1] for h in frame["head"]]
     settings = {
         "model": atlas.model,
+        "atlas_built": atlas.manifest.get("built", ""),
         "seed": seed,
         "held_out": held_out,
         "max_texts": max_texts,

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from mhsa.causal.metrics import REPEAT_TASKS
 from mhsa.causal.targets import Item, prepare, target_spec
@@ -73,9 +74,9 @@ __all__ = [
     "uniform_pattern",
 ]
 
-#: how many texts faithfulness runs over by default (``explain_heads``: the first of its
+#: how many texts faithfulness is meant to run over (``explain_heads``: the first of its
 #: held-out texts): each head costs two passes a text (its program, its uniform), so 16 texts
-#: keep every one of MiniLM's 72 heads within a minute of CPU (``bench/bench_explain.py``)
+#: cost MiniLM's 72 heads about 53 s of CPU on the default atlas (BENCHMARKS.md)
 FAITHFULNESS_TEXTS = 16
 
 #: no number below this share of the heads' layers' own effect (see the module's docstring)
@@ -215,9 +216,16 @@ class _Runs:
     lm: LoadedModel
     task: str
     texts: list[_Text]
-    blocks: list[OurBlock] = field(init=False)
-    causal: bool = field(init=False)
     memo: _Memo = field(default_factory=lambda: _Memo())
+    blocks: list[OurBlock] = field(init=False)
+    #: decoders: a query sees itself and the keys before it
+    causal: bool = field(init=False)
+    #: heads a layer
+    heads: int = field(init=False)
+    #: the final norm the embedding reads through (models with one), else None
+    norm: nn.Module | None = field(init=False)
+    #: the point each pass keeps: the logits, or the last hidden state's input
+    read: list[str] = field(init=False)
 
     def __post_init__(self) -> None:
         self.blocks = our_blocks(self.lm)

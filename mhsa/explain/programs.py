@@ -457,7 +457,8 @@ class Mix(Program):
         w = self.w
         if isinstance(w, bool) or not isinstance(w, int | float) or not 0 < w < 1:
             raise ProgramError(f"mix's weight must be a number between 0 and 1, got {w!r}.")
-        object.__setattr__(self, "w", float(w))
+        # to the digits ``str`` prints, so that a program equals its text read back
+        object.__setattr__(self, "w", float(f"{float(w):g}"))
 
     def __str__(self) -> str:
         return f"mix({self.a}, {self.b}, {self.w:g})"

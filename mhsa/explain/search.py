@@ -177,10 +177,8 @@ class _Candidate:
     iou: float
 
 
-def _order(iou: np.ndarray, programs: Sequence[Program]) -> np.ndarray:
+def _order(iou: np.ndarray, sizes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Candidates best first: IoU (to 1e-9), then fewer nodes, then the shorter text."""
-    sizes = np.array([p.size for p in programs])
-    lengths = np.array([len(str(p)) for p in programs])
     return np.lexsort((lengths, sizes, -np.round(iou, 9)))
 
 
@@ -206,6 +204,7 @@ def search_heads(
     )
     programs = base + [When(t, p) for t in tags for p in base]
     cover_all = np.concatenate([cover, (masks[:, None] & cover[None]).reshape(-1, cover.shape[1])])
+    shape = (np.array([p.size for p in programs]), np.array([len(str(p)) for p in programs]))
     found = []
     for h in heads:
         mins = table.per_query(np.minimum(table.a[h][None], dense))  # [C, Q]
@@ -213,7 +212,9 @@ def search_heads(
         mins_all = np.concatenate([mins, (masks[:, None] * mins[None]).reshape(-1, mins.shape[1])])
         hit_all = np.concatenate([hit, (masks[:, None] & hit[None]).reshape(-1, hit.shape[1])])
         found.append(
-            _one_head(table, h, programs, base, dense, masks, mins_all, cover_all, hit_all, top)
+            _one_head(
+                table, h, programs, shape, base, dense, masks, mins_all, cover_all, hit_all, top
+            )
         )
         if progress is not None:
             progress()
@@ -233,6 +234,7 @@ def _one_head(
     table: PairTable,
     h: int,
     programs: list[Program],
+    shape: tuple[np.ndarray, np.ndarray],
     base: list[Program],
     dense: np.ndarray,
     masks: np.ndarray,
@@ -242,7 +244,8 @@ def _one_head(
     top: int,
 ) -> Found:
     ious = table.iou(mins, cover, h)
-    order = _order(ious, programs)
+    sizes, lengths = shape
+    order = _order(ious, sizes, lengths)
     pick = int(order[0])
 
     def candidate(i: int) -> _Candidate:
@@ -257,8 +260,6 @@ def _one_head(
 
     best = candidate(pick)
     kept = [best]
-    sizes = np.array([p.size for p in programs])
-    lengths = np.array([len(str(p)) for p in programs])
     for _ in range(MAX_FALLBACKS):  # best | c and c | best for every candidate c
         after = table.iou(np.where(best.cover, best.mins, mins), best.cover | cover, h)
         before = table.iou(np.where(cover, mins, best.mins), best.cover | cover, h)
@@ -266,7 +267,7 @@ def _one_head(
         size = np.tile(1 + best.program.size + sizes, 2)
         paren = 2 * isinstance(best.program, Fallback)
         length = np.concatenate([lengths + 3, lengths + 3 + paren]) + len(str(best.program))
-        j = int(np.lexsort((length, size, -np.round(gains, 9)))[0])
+        j = int(_order(gains, size, length)[0])
         if gains[j] - best.iou < MIN_GAIN:
             break
         c, prefix = j % len(programs), j >= len(programs)

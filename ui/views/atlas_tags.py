@@ -33,15 +33,16 @@ def tag_counts(atlas: mhsa.atlas.Atlas, frame: pd.DataFrame, head: str) -> pd.Da
 
 
 def tag_table(counts: pd.DataFrame) -> pd.DataFrame:
-    """``tag_counts`` as the page's table: each tag, its meaning, its counts and shares."""
+    """``tag_counts`` as the page's table: each tag, its counts and shares, its meaning (last:
+    the numbers stay in view in a narrow column)."""
     total = max(int(counts["query"].sum()), 1)
     return pd.DataFrame(
         {
             "tag": list(counts.index),
-            "meaning": [TAG_MEANINGS[t] for t in counts.index],
             "queries": counts["query"].to_numpy(),
             "keys": counts["key"].to_numpy(),
             "query share": counts["query"].to_numpy() / total,
             "key share": counts["key"].to_numpy() / total,
+            "meaning": [TAG_MEANINGS[t] for t in counts.index],
         }
     )
