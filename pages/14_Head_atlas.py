@@ -32,7 +32,7 @@ PARAMS = {
     "atlas_offset": Param("", word_param),
     "atlas_position": Param(-1, bounded_int(-1, 4095)),  # -1: the example's query token
     "explain_program": Param("", search_param),  # a hypothesis (ui.explain_section)
-    "explain_text": Param(0, bounded_int(0, 10_000_000)),
+    "explain_text": Param(-1, bounded_int(-1, 10_000_000)),  # -1: the first held-out text
     **atlas_tags.PARAMS,  # the search's part-of-speech boxes
 }
 INTRO = (

@@ -95,16 +95,22 @@ def _explanation(atlas: mhsa.atlas.Atlas, name: str, head: str, row: pd.Series) 
 
 def _patterns(atlas: mhsa.atlas.Atlas, name: str, head: str, program: str) -> None:
     """The program's pattern beside the head's own attention on one atlas text."""
-    texts = int(atlas.manifest["plan"]["texts"])
+    held = views.held_out_texts(name)
     state = st.session_state
-    state[TEXT_KEY] = min(max(0, int(state[TEXT_KEY])), texts - 1)
-    st.number_input("Example text (its number in the atlas)", 0, texts - 1, key=TEXT_KEY)
-    weights, pattern, tokens = views.example_patterns(name, head, program, state[TEXT_KEY])
+    if state[TEXT_KEY] not in held:  # a link's text that is not held out: the first that is
+        state[TEXT_KEY] = held[0]
+    st.selectbox(
+        "Example (a held-out text of the atlas)",
+        held,
+        key=TEXT_KEY,
+        format_func=lambda t: f"text {t}: {atlas.text(t)[:60]}",
+    )
+    weights, pattern, tokens, text_id = views.example_patterns(name, head, program, state[TEXT_KEY])
     head_fig, program_fig = plots.pattern_pair(
         weights,
         pattern,
         tokens,
-        head_title=f"{head}'s attention on text {state[TEXT_KEY]}",
+        head_title=f"{head}'s attention on text {text_id}",
         program_title=f"The pattern of {program}",
     )
     left, right = st.columns(2)

@@ -16,6 +16,7 @@ import pytest
 
 import mhsa
 import mhsa.explain
+from mhsa.explain.explanations import split_texts
 from tests.app.test_importance_page import decode
 from tests.app.test_pages import run
 from ui.views import atlas as atlas_views
@@ -64,9 +65,12 @@ def test_the_page_leads_with_the_heads_saved_explanation(with_toy_atlas) -> None
     if math.isnan(row["faithfulness"]):  # no number: the reason instead
         assert _metrics(at)[3] == ("Faithfulness", "—")
         assert "Faithfulness: none: " in shown
-    # the head's own attention on text 0, from the model's eager attention (not our module)
+    # the head's own attention on the first held-out text, from the model's eager attention
+    # (not our module)
     atlas = mhsa.atlas.open_atlas(Path(with_toy_atlas) / "toy-induction")
-    result = mhsa.attend(atlas.text(0), model="toy:induction", engine="transformers")
+    first = split_texts(atlas)[1][0]
+    assert at.selectbox(key="explain_text").value == first
+    result = mhsa.attend(atlas.text(first), model="toy:induction", engine="transformers")
     head = _spec(at, "explain-head")
     n = len(result.tokens)
     drawn = decode(head["data"][0]["z"]).reshape(n, n)
@@ -195,8 +199,11 @@ def test_heads_and_head_roles_give_the_explanation_in_one_line_with_a_link(
 
 def test_a_link_opens_the_head_atlas_on_its_head_and_hypothesis(with_toy_atlas) -> None:
     """What the one line links to opens the head and, with a program, scores it."""
-    at = run(PAGE, **TOY, atlas_head="L1H3", explain_program="<b>first</b>")
+    held = split_texts(mhsa.atlas.open_atlas(Path(with_toy_atlas) / "toy-induction"))[1]
+    link = {"atlas_head": "L1H3", "explain_program": "<b>first</b>", "explain_text": held[1]}
+    at = run(PAGE, **TOY, **{k: str(v) for k, v in link.items()})
     assert not at.exception
     assert at.selectbox(key="atlas_head").value == "L1H3"
+    assert at.selectbox(key="explain_text").value == held[1]  # the example the link names
     shown = [e.value for e in at.error]
     assert len(shown) == 1 and "<b>first</b>" in shown[0].replace("\\", "")

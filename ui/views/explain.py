@@ -18,8 +18,8 @@ import streamlit as st
 
 import mhsa
 import mhsa.explain
-from mhsa.heads import parse_layer_head_label
-from ui.core import LIMITS, Progress, shared
+from mhsa.explain.explanations import split_texts
+from ui.core import Progress
 from ui.views import atlas as atlas_views
 
 __all__ = [
@@ -34,11 +34,11 @@ __all__ = [
     "faithfulness_words",
     "head_map_table",
     "head_row",
+    "held_out_texts",
     "hypothesis",
     "kind_of",
     "saved_for_model",
     "saved_named",
-    "tags_of",
 ]
 
 #: the builder's kinds of program, and for each the names it offers
@@ -116,40 +116,26 @@ def head_map_table(explanations: Any) -> pd.DataFrame:
     return frame.reset_index(drop=True)
 
 
-def tags_of(atlas: mhsa.atlas.Atlas, text_id: int) -> list[str | None] | None:
-    """The part-of-speech tags of an atlas text's tokens, or None for a corpus without tags."""
-    return atlas.tags(text_id) if getattr(atlas, "has_tags", False) else None
+def held_out_texts(name: str) -> list[int]:
+    """The atlas's held-out texts, those the explanations are scored on (never searched)."""
+    return list(split_texts(atlas_views.open_named(name))[1])
 
 
 def example_patterns(
-    name: str, head: str, program: str, text_id: int
-) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """The head's attention on the atlas text ``text_id`` (``mhsa.attend`` with the atlas's
-    model, kept in the shared cache) and the program's pattern on the same text, with its
-    tokens. An encoder-decoder's ``D..`` heads read its decoder's attention."""
-    atlas = atlas_views.open_named(name)
-    layer_name, h = parse_layer_head_label(head)
-    layer = int(layer_name[1:])
-    text = atlas.text(text_id)
-    whole = layer_name[0] != "L"
-
-    def attend() -> Any:
-        chosen = None if whole else layer
-        return mhsa.attend(text, model=atlas.model, layers=chosen, max_tokens=LIMITS.max_tokens)
-
-    result = shared(("atlas-text", atlas.model, text, None if whole else layer), attend)
-    if layer_name[0] == "D":
-        weights, tokens = result.decoder_attention[layer, h], list(result.decoder_tokens)
-    else:
-        weights, tokens = result.attention[layer if whole else 0, h], list(result.tokens)
-
-    def pattern() -> np.ndarray:
-        return mhsa.explain.program_pattern(
-            program, text, model=atlas.model, tags=tags_of(atlas, text_id)
-        )
-
-    drawn = shared(("explain-pattern", name, program, text_id), pattern)
-    return np.asarray(weights, dtype=np.float64), np.asarray(drawn, dtype=np.float64), tokens
+    name: str, head: str, program: str, text_id: int | None
+) -> tuple[np.ndarray, np.ndarray, list[str], int]:
+    """The head's attention on an atlas text and the program's pattern on the same text, with
+    its tokens and the text's id (``text_id`` None: the first held-out text); the head's
+    attentions are the ones ``score_program`` reads, kept in the process."""
+    example = mhsa.explain.pattern_example(
+        atlas_views.open_named(name), head, program, text_id=text_id
+    )
+    return (
+        np.asarray(example.attention, dtype=np.float64),
+        np.asarray(example.pattern, dtype=np.float64),
+        list(example.tokens),
+        int(example.text_id),
+    )
 
 
 def hypothesis(name: str, head: str, program: str) -> pd.Series:
