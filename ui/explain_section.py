@@ -22,14 +22,18 @@ import mhsa
 from mhsa import plots
 from mhsa.atlas.tags import UNIVERSAL_TAGS
 from ui import page
-from ui.state import md_escape
+from ui.state import Param, bounded_int, md_escape, search_param
 from ui.views import explain as views
 
-__all__ = ["PROGRAM_KEY", "TEXT_KEY", "head_line", "show"]
+__all__ = ["PARAMS", "PROGRAM_KEY", "TEXT_KEY", "head_line", "show"]
 
-#: link keys the Head atlas page declares for this section (its ``PARAMS``)
+#: link keys of this section (the Head atlas page's ``PARAMS`` takes them in)
 PROGRAM_KEY = "explain_program"
 TEXT_KEY = "explain_text"
+PARAMS = {
+    PROGRAM_KEY: Param("", search_param),  # a hypothesis
+    TEXT_KEY: Param(-1, bounded_int(-1, 10_000_000)),  # the example; -1: the first held out
+}
 #: the builder's session keys and their first values
 _BUILDER = {
     "explain_kind": "positional",
