@@ -84,3 +84,24 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
 
 def test_an_atlas_that_is_not_there_lists_those_that_are(tmp_path, capsys) -> None:
     exits_2_with_one_line(["explain", str(tmp_path / "none")], "No atlas", capsys)
+
+
+def test_the_help_ends_with_the_examples(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["explain", "--help"])
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith("usage: python -m mhsa explain")
+    assert 'explain default --head L3H4 --program "when(NOUN, pos(DET, left, nearest))"' in out
+
+
+def test_an_atlas_is_named_by_folder_name_or_model(app_atlas, capsys) -> None:
+    """The app's atlas (conftest's, in MHSA_ATLAS_DIR) by its folder's name and by its model."""
+    from mhsa.cli.explain import open_atlas_named
+
+    by_name, by_model = open_atlas_named("minilm-brown"), open_atlas_named("default")
+    assert Path(by_name.folder) == Path(by_model.folder) == Path(app_atlas)
+    argv = ["explain", "default", "--head", "L0H2", "--program", "offset(-1)", "--no-faithfulness"]
+    assert main(argv) == 0
+    row = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert list(row["program"]) == ["offset(-1)"] and math.isnan(row["faithfulness"][0])

@@ -66,6 +66,11 @@ def test_every_form_prints_canonically_and_parses_back(program, text, kind) -> N
     assert parse_program(text) == program
     assert parse_program(str(parse_program(text))) == program
     assert program.kind == kind and kind in KINDS
+    assert program.needs_tags == ("pos(" in text or "when(" in text)
+    # one node per atom, per offset, pos, when and mix, and per "|"
+    assert program.size == text.count("|") + sum(text.count(a) for a in ATOMS) + sum(
+        text.count(f) for f in ("offset(", "pos(", "when(", "mix(")
+    )
     sentence = program.describe()
     assert sentence.startswith("Attends ") and sentence.endswith(".") and sentence.count(".") >= 1
 

@@ -150,7 +150,7 @@ def _listing(folder: Path) -> set[Path]:
         (lambda a: explain_heads(a, heads=["L0H3", "L9H9"]), InputError, "no head 'L9H9'"),
         (lambda a: explain_heads(a, held_out=1.5), InputError, "held_out must be"),
         (lambda a: explain_heads(a, top=0), InputError, "top must be"),
-        (lambda a: score_program(a, "L0H3", "first", texts=[10_000]), InputError, "text_id"),
+        (lambda a: score_program(a, "L0H3", "first", texts=[10_000]), InputError, "text ids of"),
     ],
 )
 def test_bad_input_gets_one_message_and_writes_nothing(toy_atlas, call, error, message) -> None:
@@ -259,3 +259,22 @@ def test_a_planted_head_is_recovered_exactly(tmp_path, tiny_bert_path, monkeypat
         "Attends from a noun to the nearest determiner on its left; otherwise to the first token."
     )
     assert not explained.notices
+
+
+def test_an_encoder_with_tags_explained_with_faithfulness(tmp_path, tiny_bert_path) -> None:
+    """The tiny BERT's own attention over the tagged corpus: every head gets a program and a
+    faithfulness or the reason for none; each layer and the best quarter replaced at once."""
+    atlas = mhsa.atlas.build_atlas(
+        _planted_corpus(40, seed=5), tmp_path / "bert", model=tiny_bert_path, progress=False
+    )
+    explained = explain_heads(atlas, progress=False)
+    table = explained.table
+    assert list(table["head"]) == atlas.labels
+    assert set(table["kind"]) <= set(mhsa.explain.programs.KINDS)
+    for _, row in table.iterrows():
+        assert np.isfinite(row["faithfulness"]) or row["faithfulness_note"], row["head"]
+        assert 0 <= row["iou"] <= 1 and 0 <= row["accuracy"] <= 1
+    assert list(explained.together["what"]) == ["L0", "L1", "best quarter"]
+    assert explained.together["heads"].iloc[-1].count(",") == 1  # a quarter of 8 heads: 2
+    assert saved(atlas).together.equals(explained.together)
+    assert not explained.notices  # tagged: linguistic programs were tried

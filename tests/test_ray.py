@@ -136,3 +136,20 @@ def test_an_atlas_built_on_ray_equals_the_local_one(local_ray, tmp_path) -> None
     _same(local, on_ray, exact=False)
     mine, theirs = open_atlas(local).top("L1H0", 4), atlas.top("L1H0", 4)
     assert mine[["text_id", "query", "key"]].equals(theirs[["text_id", "query", "key"]])
+
+
+def test_a_tagged_atlas_built_on_ray_keeps_the_same_tags(
+    local_ray, tmp_path, tiny_bert_path
+) -> None:
+    """The actors receive the corpus's words and tags with its texts: the same tag per token
+    as the local build (``tests/test_atlas_tags.py``'s hand-tagged texts)."""
+    from mhsa.atlas import build_atlas
+    from tests.test_atlas_tags import CORPUS, HAND
+
+    settings = {"model": tiny_bert_path, "top_k": 4, "progress": False, "shard_texts": 2}
+    local = build_atlas(CORPUS, tmp_path / "local", **settings)
+    on_ray = build_atlas(CORPUS, tmp_path / "ray", ray=True, workers=2, **settings)
+    assert on_ray.manifest["ray"] is True and on_ray.has_tags
+    for t in range(len(CORPUS)):
+        assert on_ray.tags(t) == local.tags(t)
+    assert on_ray.tags(4) == HAND[4]

@@ -25,7 +25,12 @@ HELP = "head atlases: what each head does over a whole corpus (build, top, searc
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     build = actions.add_parser("build", help="build an atlas (resumes a stopped build)")
-    build.add_argument("corpus", nargs="?", type=Path, help="text file, one text a line")
+    build.add_argument(
+        "corpus",
+        nargs="?",
+        type=Path,
+        help='text file, one text a line; or .jsonl of {"text", "words", "tags"} (tagged)',
+    )
     build.add_argument("--out", type=Path, help="the atlas's folder")
     build.add_argument(
         "--default", action="store_true", help="build the app's atlases into MHSA_ATLAS_DIR"

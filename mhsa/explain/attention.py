@@ -33,7 +33,15 @@ from mhsa.engine.runs.swap import our_blocks
 from mhsa.errors import InputError, UnsupportedModelError
 from mhsa.explain.programs import TextFeatures
 
-__all__ = ["CACHE_BYTES", "TextAttention", "atlas_features", "attention_of", "clear_cache"]
+__all__ = [
+    "CACHE_BYTES",
+    "TextAttention",
+    "atlas_features",
+    "atlas_tags",
+    "attention_of",
+    "check_atlas",
+    "clear_cache",
+]
 
 #: bytes of attention kept per process across atlases (least recently used dropped first)
 CACHE_BYTES = 512 * 2**20
@@ -60,7 +68,12 @@ class TextAttention:
         return int(self.weights.nbytes + self.norms.nbytes)
 
 
-def _check_atlas(atlas: Atlas) -> None:
+def check_atlas(atlas: Atlas) -> None:
+    """Explanations read one self-attention: an encoder's or a decoder's atlas.
+
+    Raises:
+        UnsupportedModelError: an encoder-decoder's atlas of two parts.
+    """
     if isinstance(atlas, AtlasParts):
         raise UnsupportedModelError(
             "Explanations cover the self-attention of encoders and decoders; an "
@@ -84,7 +97,7 @@ def atlas_features(atlas: Atlas, text_id: int, encoded: Encoded | None = None) -
         InputError: the tokenizer no longer gives the atlas's tokens (built by another version:
             build the atlas again).
     """
-    _check_atlas(atlas)
+    check_atlas(atlas)
     if encoded is None:
         lm = get_model(atlas.model)
         with lm.lock:
@@ -177,7 +190,7 @@ def attention_of(atlas: Atlas, text_ids: Sequence[int]) -> list[TextAttention]:
     Raises:
         UnsupportedModelError: an encoder-decoder's atlas (one part's atlas is accepted).
     """
-    _check_atlas(atlas)
+    check_atlas(atlas)
     return _CACHE.get(atlas, [int(t) for t in text_ids])
 
 

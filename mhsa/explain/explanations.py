@@ -37,7 +37,7 @@ import pandas as pd
 from mhsa.atlas.reader import Atlas
 from mhsa.engine.models.loading import get_model
 from mhsa.errors import InputError
-from mhsa.explain.attention import TextAttention, _check_atlas, attention_of
+from mhsa.explain.attention import TextAttention, attention_of, check_atlas
 from mhsa.explain.faithfulness import (
     FAITHFULNESS_TEXTS,
     Faithfulness,
@@ -134,7 +134,10 @@ def _check_texts(atlas: Atlas, texts: Sequence[int]) -> list[int]:
     lengths = np.diff(np.asarray(atlas.offsets))
     out = []
     for t in texts:
-        atlas._check_text(t)
+        if isinstance(t, bool) or not isinstance(t, int | np.integer) or not 0 <= t < len(lengths):
+            raise InputError(
+                f"texts must be text ids of the atlas, 0 to {len(lengths) - 1}, got {t!r}."
+            )
         if lengths[int(t)] >= 2:
             out.append(int(t))
     if not out:
@@ -227,7 +230,7 @@ def score_program(
             atlas does not have.
         InputError: a head the atlas lacks, or text ids it does not have.
     """
-    _check_atlas(atlas)
+    check_atlas(atlas)
     parsed = _check_program(atlas, program)
     i = atlas.head(head)
     ids = _held_out(atlas) if texts is None else _check_texts(atlas, texts)
@@ -283,7 +286,7 @@ def pattern_example(
         ProgramError: as ``score_program``.
         InputError: a head the atlas lacks, a text it does not have or of one token.
     """
-    _check_atlas(atlas)
+    check_atlas(atlas)
     parsed = _check_program(atlas, program)
     i = atlas.head(head)
     chosen = _held_out(atlas)[0] if text_id is None else _check_texts(atlas, [text_id])[0]
@@ -466,7 +469,7 @@ def explain_heads(
         InputError: a head the atlas lacks, a bad ``held_out`` or ``top``, too few texts;
             nothing is written then.
     """
-    _check_atlas(atlas)
+    check_atlas(atlas)
     labels = _heads(atlas, heads)
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise InputError(f"top must be a whole number of at least 1, got {top!r}.")

@@ -216,13 +216,19 @@ class Program:
         raise NotImplementedError
 
     @property
+    def parts(self) -> tuple[Program, ...]:
+        """The programs this one is made of (none for an atom)."""
+        return ()
+
+    @property
     def size(self) -> int:
         """The number of nodes: the search prefers the smaller of two equal programs."""
-        return 1
+        return 1 + sum(p.size for p in self.parts)
 
     @property
     def needs_tags(self) -> bool:
-        return False
+        """Whether it reads part-of-speech tags (a ``pos`` or ``when`` in it)."""
+        return any(p.needs_tags for p in self.parts)
 
     def phrase(self) -> str:
         """Where a query attends, as a phrase ("to the previous token")."""
@@ -398,8 +404,8 @@ class When(Program):
         return "linguistic"
 
     @property
-    def size(self) -> int:
-        return 1 + self.program.size
+    def parts(self) -> tuple[Program, ...]:
+        return (self.program,)
 
     @property
     def needs_tags(self) -> bool:
@@ -429,12 +435,8 @@ class Fallback(Program):
         return "combination"
 
     @property
-    def size(self) -> int:
-        return 1 + self.first.size + self.then.size
-
-    @property
-    def needs_tags(self) -> bool:
-        return self.first.needs_tags or self.then.needs_tags
+    def parts(self) -> tuple[Program, ...]:
+        return (self.first, self.then)
 
     def phrase(self) -> str:
         return f"{self.first.phrase()}; otherwise {self.then.phrase()}"
@@ -468,12 +470,8 @@ class Mix(Program):
         return "combination"
 
     @property
-    def size(self) -> int:
-        return 1 + self.a.size + self.b.size
-
-    @property
-    def needs_tags(self) -> bool:
-        return self.a.needs_tags or self.b.needs_tags
+    def parts(self) -> tuple[Program, ...]:
+        return (self.a, self.b)
 
     def phrase(self) -> str:
         share = round(100 * self.w)

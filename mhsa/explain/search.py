@@ -6,10 +6,14 @@ The candidates (``small_programs``): every atom (``offset(d)`` for ``1 <= |d| <=
 Universal tag present in the texts, and ``when(QTAG, p)`` of each of those with each tag present
 among the queries. The fixed baselines (``offset(d)`` for ``|d| <= 3``, ``first``, ``last``,
 ``self``) are among them, so the chosen program's IoU on the search texts is never below
-theirs. Then, greedily, up to ``MAX_FALLBACKS`` times, ``best | c`` for every candidate c (the
-best such), and once ``mix(best, c, w)`` for the ``MIX_PARTNERS`` best single candidates and
-``w`` in ``MIX_WEIGHTS``; a step is kept when it raises the IoU by at least ``MIN_GAIN`` (a
-longer program must earn its length). The objective is the soft IoU
+theirs. Then, greedily, up to ``MAX_FALLBACKS`` times, the best of ``best | c`` and
+``c | best`` over every candidate c (``c | best`` finds a narrow program in front of a broad
+one: ``when(NOUN, pos(DET, left, nearest)) | first`` from ``first``), and once
+``mix(best, c, w)`` for the ``MIX_PARTNERS`` best single candidates and ``w`` in
+``MIX_WEIGHTS``; a step is kept when it raises the IoU by at least ``MIN_GAIN`` (a longer
+program must earn its length). A query the program gives no key is a miss
+(``mhsa.explain.programs``), so a fallback is added only where its keys match the head better
+than saying nothing does. The objective is the soft IoU
 (``mhsa.explain.scores.soft_iou``); ties go to the smaller program, then the shorter text.
 
 All of it runs on the texts' visible pairs flattened into one array (``PairTable``): a program's
@@ -68,7 +72,7 @@ BASELINES: tuple[Program, ...] = (
 MAX_FALLBACKS = 2
 #: the single candidates a mix is tried with, and its weights
 MIX_PARTNERS = 6
-MIX_WEIGHTS = (0.25, 0.5, 0.75)
+MIX_WEIGHTS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 #: the IoU a combination must add to be kept
 MIN_GAIN = 0.01
 
