@@ -76,12 +76,17 @@ def test_the_page_leads_with_the_heads_saved_explanation(with_toy_atlas) -> None
     drawn = decode(head["data"][0]["z"]).reshape(n, n)
     np.testing.assert_allclose(drawn, result.attention[0, 3], atol=1e-5)
     assert head["data"][0]["x"] == [f"{t} #{i}" for i, t in enumerate(result.tokens)]
-    # the program's pattern by hand: each query on the token before it (and, for the mix the
-    # 120 texts find, a quarter on itself); the first query has no token before it
+    # the program's pattern by hand: each query on the token before it (the mix the search
+    # finds on 120 texts: w there, 1 - w on itself); the first query has no token before it
     program = decode(_spec(at, "explain-program")["data"][0]["z"]).reshape(n, n)
-    by_hand = {"offset(-1)": np.eye(n, k=-1), "mix(offset(-1), self, 0.75)": None}
-    by_hand["mix(offset(-1), self, 0.75)"] = 0.75 * np.eye(n, k=-1) + 0.25 * np.eye(n)
-    np.testing.assert_allclose(program[1:], by_hand[row["program"]][1:], atol=1e-6)
+    found = mhsa.explain.parse_program(row["program"])
+    if isinstance(found, mhsa.explain.Mix):
+        assert (str(found.a), str(found.b)) == ("offset(-1)", "self")
+        by_hand = found.w * np.eye(n, k=-1) + (1 - found.w) * np.eye(n)
+    else:
+        assert str(found) == "offset(-1)"
+        by_hand = np.eye(n, k=-1)
+    np.testing.assert_allclose(program[1:], by_hand[1:], atol=1e-6)
 
 
 def test_the_map_colours_every_head_by_its_kind_and_writes_code_and_score(
