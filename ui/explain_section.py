@@ -109,13 +109,13 @@ def _patterns(atlas: mhsa.atlas.Atlas, name: str, head: str, program: str) -> No
         key=TEXT_KEY,
         format_func=lambda t: f"text {t}: {atlas.text(t)[:60]}",
     )
-    weights, pattern, tokens, text_id = views.example_patterns(name, head, program, state[TEXT_KEY])
+    weights, pattern, tokens, _ = views.example_patterns(name, head, program, state[TEXT_KEY])
     head_fig, program_fig = plots.pattern_pair(
         weights,
         pattern,
         tokens,
-        head_title=f"{head}'s attention on text {text_id}",
-        program_title=f"The pattern of {program}",
+        head_title=f"{head}'s attention",  # one line each: the two maps' rows level
+        program_title="Program's pattern",
     )
     left, right = st.columns(2)
     with left:

@@ -36,12 +36,13 @@ def test_the_head_atlas_explains_a_head_and_scores_a_typed_hypothesis(
     row = mhsa.explain.saved(atlas).table.set_index("head").loc["L0H3"]
     page.goto(f"{app_url}/Head_atlas?model=toy:induction&atlas=toy-induction&atlas_head=L0H3")
     wait_for_app(page, plots=PLOTS, timeout_ms=120_000)
+    page.screenshot(path=str(tmp_path / "explain-lead.png"), full_page=False)
     assert page.locator("[data-testid='stException']").count() == 0
     main = page.locator("[data-testid='stMain']")
+    main.get_by_text("What L0H3 does").wait_for(timeout=30_000)
     assert main.get_by_text(f"L0H3: {row['description']}").count() >= 1
     assert _metric_values(page, "IoU") == [f"{row['iou']:.2f}"]
     assert main.locator("[data-testid='stCode']").first.inner_text().strip() == row["program"]
-    page.screenshot(path=str(tmp_path / "explain-lead.png"), full_page=False)
 
     box = page.get_by_label("Program", exact=True)
     box.fill("offset(-2)")
@@ -55,8 +56,8 @@ def test_the_head_atlas_explains_a_head_and_scores_a_typed_hypothesis(
     ious = _metric_values(page, "IoU")
     assert ious == [f"{row['iou']:.2f}", f"{scored['iou']:.2f}"]
     assert _metric_values(page, "Accuracy")[1] == f"{scored['accuracy']:.2f}"
-    heading = page.get_by_text("Your hypothesis")
-    heading.scroll_into_view_if_needed()
+    scores = page.locator("[data-testid='stMetric']").nth(4)  # the hypothesis's IoU
+    scores.evaluate("e => e.scrollIntoView({block: 'center'})")
     page.screenshot(path=str(tmp_path / "explain-hypothesis.png"), full_page=False)
     page.locator(".js-plotly-plot").nth(2).scroll_into_view_if_needed()
     page.screenshot(path=str(tmp_path / "explain-map.png"), full_page=False)
