@@ -6,7 +6,7 @@ import streamlit as st
 
 import mhsa
 from mhsa import plots
-from ui import core, head_weights, page
+from ui import core, explain_section, head_weights, page
 from ui.core import Query
 from ui.state import Param, bounded_int, choice, flag, head_label_param, text_param
 from ui.views import repeats
@@ -214,6 +214,7 @@ def _composition(query: Query) -> None:
         state["role_head"] = labels[-1]
     st.selectbox("Head", labels, key="role_head")
     page.atlas_button(state["role_head"], key="role-to-atlas")
+    explain_section.head_line(query.model, state["role_head"])  # where one is saved
     page.table(
         role_views.strongest_inputs(query, state["role_head"]),
         f"inputs-{state['role_head']}",

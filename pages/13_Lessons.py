@@ -12,7 +12,7 @@ from ui.views.lessons import step_text
 
 with page.run("Lessons"):
     st.caption(
-        "Five short lessons, in order. Each step is one sentence and a link that opens the page "
+        "Six short lessons, in order. Each step is one sentence and a link that opens the page "
         "set up for it (model, text, layer, test) in a new tab; they use only the built-in "
         "models. Every number in a sentence is measured on the page it opens, as it opens."
     )

@@ -1,7 +1,7 @@
-"""Head atlas: what one head does over a whole corpus (``mhsa.atlas``): its strongest pairs by
-norm and by weight (as OpenAI's Transformer Debugger shows a head), random and per-decile
-samples, histograms and corpus-wide scores, a search by token and offset, and similar contexts
-(exBERT's search)."""
+"""Head atlas: what one head does over a whole corpus (``mhsa.atlas``): the program explaining
+it (``mhsa.explain``), its strongest pairs by norm and by weight (as OpenAI's Transformer
+Debugger shows a head), random and per-decile samples, histograms and corpus-wide scores, a
+search by token and offset, and similar contexts (exBERT's search)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,8 @@ import streamlit as st
 
 import mhsa
 from mhsa import plots
-from ui import atlas_build, atlas_tags, page
-from ui.state import (
-    Param,
-    bounded_int,
-    choice,
-    head_label_param,
-    md_escape,
-    word_param,
-)
+from ui import atlas_build, atlas_tags, explain_section, page
+from ui.state import Param, bounded_int, choice, head_label_param, md_escape, word_param
 from ui.views import atlas as views
 
 PARAMS = {
@@ -31,6 +24,7 @@ PARAMS = {
     "atlas_key": Param("", word_param),
     "atlas_offset": Param("", word_param),
     "atlas_position": Param(-1, bounded_int(-1, 4095)),  # -1: the example's query token
+    **explain_section.PARAMS,  # the explanation's hypothesis and example text
     **atlas_tags.PARAMS,  # the search's part-of-speech boxes
 }
 INTRO = (
@@ -225,6 +219,7 @@ with page.run("Head atlas", PARAMS, kinds=True) as query:  # its heads say their
             md_escape(f"This atlas is of {atlas.model!r}; the sidebar's model is {query.model!r}.")
         )
     head = _pick_head(atlas)
+    explain_section.show(atlas, st.session_state["atlas"], head)
     _examples(atlas, st.session_state["atlas"], head)
     _samples(atlas, head)
     _histograms(atlas, head)

@@ -8,7 +8,7 @@ import mhsa
 from mhsa import plots
 from mhsa.causal.targets import TARGET_SPECS
 from mhsa.heads import head_label, kind_head_label
-from ui import core, head_weights, page
+from ui import core, explain_section, head_weights, page
 from ui.core import Query
 from ui.state import Param, bounded_int, choice, clamp, heads_param, index_param
 from ui.views import importance, long_inputs
@@ -169,9 +169,9 @@ with page.run("Heads", PARAMS, kinds=True) as query:
         page.figure(fig, f"{name}-{view}", key="head-large", selection_mode="points", **clicks)
         head_weights.why_here_panel(query, result, result.layers[layer], result.heads[head])
     at = (result.layers[layer], result.heads[head])  # an encoder-decoder's: E0H1, D0H1, C0H1
-    page.atlas_button(
-        name if result.kind is None else kind_head_label(result.kind, *at), "to-atlas"
-    )
+    atlas_head = name if result.kind is None else kind_head_label(result.kind, *at)
+    page.atlas_button(atlas_head, "to-atlas")
+    explain_section.head_line(query.model, atlas_head)  # its explanation, where one is saved
     if window is not None:
         page.figure(
             plots.head_zoom(result, layer, head, *window, values=values),

@@ -32,6 +32,26 @@ def app_atlas() -> str:
     return str(folder)
 
 
+#: texts of the explained toy atlas (``explained_toy_atlas``): enough held-out texts to score on
+TOY_ATLAS_TEXTS = 120
+
+
+@pytest.fixture(scope="session")
+def explained_toy_atlas(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A folder of atlases holding ``toy-induction`` (the shipped atlas's name) over the first
+    ``TOY_ATLAS_TEXTS`` texts of its task, with every head explained and saved, apart from the
+    session's atlas folder (``with_toy_atlas`` lists it first)."""
+    import mhsa.explain
+    from mhsa.atlas import build_atlas
+    from mhsa.atlas.corpora import default_corpus
+
+    root = tmp_path_factory.mktemp("explained-atlases")
+    texts = default_corpus("toy:induction", TOY_ATLAS_TEXTS)[:TOY_ATLAS_TEXTS]
+    atlas = build_atlas(texts, root / "toy-induction", model="toy:induction", progress=False)
+    mhsa.explain.explain_heads(atlas, progress=False, save=True)
+    return str(root)
+
+
 @pytest.fixture(scope="session")
 def minilm() -> mhsa.engine.LoadedModel:
     return mhsa.load_model("default", device="cpu")

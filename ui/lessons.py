@@ -97,6 +97,8 @@ _INDUCTION = model_examples("toy:induction")[0].text
 _REVERSE = model_examples("toy:reverse-seq2seq")[0]
 _TOY = {"model": "toy:induction", "text": _INDUCTION}
 _SEQ2SEQ = {"model": "toy:reverse-seq2seq", "text": _REVERSE.text}
+_TOY_ATLAS = {"model": "toy:induction", "atlas": "toy-induction"}
+_MINILM_ATLAS = {"model": "default", "atlas": "minilm-brown"}
 
 
 LESSONS: tuple[Lesson, ...] = (
@@ -264,6 +266,50 @@ LESSONS: tuple[Lesson, ...] = (
             ),
         ),
     ),
+    Lesson(
+        "What does this head do?",
+        "Explain a head by a small program, scored on texts the search never saw, and test "
+        "your own.",
+        (
+            Step(
+                "The search over programs explains toy:induction's L0H3 mostly by offset(-1), "
+                "the previous token: on the atlas's held-out texts the head's strongest key is "
+                "one its program names for over nine queries in ten.",
+                "Head_atlas",
+                {**_TOY_ATLAS, "atlas_head": "L0H3"},
+                (
+                    Claim("explanation's main part", "L0H3", equals="offset(-1)"),
+                    Claim("explanation accuracy", "L0H3", at_least=0.9),
+                ),
+            ),
+            Step(
+                "Its layer-1 head L1H3 is explained by induction, the token after an earlier "
+                "copy of the query's token, and beats the best fixed-offset baseline by more "
+                "than 20 points of accuracy.",
+                "Head_atlas",
+                {**_TOY_ATLAS, "atlas_head": "L1H3"},
+                (
+                    Claim("explanation's main part", "L1H3", equals="induction"),
+                    Claim("accuracy over the baseline", "L1H3", at_least=0.2),
+                ),
+            ),
+            Step(
+                "A real model: typed into the hypothesis box, offset(-1) explains MiniLM's "
+                "L0H2 too, its strongest key being the previous token for over eight queries "
+                "in ten.",
+                "Head_atlas",
+                {**_MINILM_ATLAS, "atlas_head": "L0H2", "explain_program": "offset(-1)"},
+                (Claim("hypothesis accuracy", "L0H2", at_least=0.8),),
+            ),
+            Step(
+                "Now your own hypothesis: offset(1), the next token, explains the same head "
+                "for fewer than one query in five; change the box and compare.",
+                "Head_atlas",
+                {**_MINILM_ATLAS, "atlas_head": "L0H2", "explain_program": "offset(1)"},
+                (Claim("hypothesis accuracy", "L0H2", at_most=0.2),),
+            ),
+        ),
+    ),
 )
 
 #: every page in the order a first visit takes them, each with what it is for in one line
@@ -272,7 +318,10 @@ PAGE_GUIDE: tuple[tuple[str, str], ...] = (
     ("Lessons", "short lessons, each step a link that opens a page set up for it"),
     ("Heads", "one head's attention as a heatmap; every head of a layer; a token's focus"),
     ("Line_view", "the same weights as lines between tokens"),
-    ("Head_atlas", "one head over a whole corpus: its strongest pairs, samples and a search"),
+    (
+        "Head_atlas",
+        "one head over a whole corpus: what it does as a program, its strongest pairs, a search",
+    ),
     ("Inside_MHSA", "one head's computation step by step, from X to the output"),
     ("Head_statistics", "every head measured: entropy, distance, previous / next / self"),
     ("Head_similarity", "which heads look alike, as a map and clusters"),

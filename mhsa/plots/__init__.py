@@ -9,7 +9,7 @@ streamlit; the only part of ``mhsa`` that imports plotly.
 - one module per page: ``heads``, ``line_view``, ``similarity``, ``statistics``,
   ``importance``, ``roles``, ``patching``, ``rollout``, ``classroom`` (Inside MHSA),
   ``training`` (Train heads), ``flow`` (Information flow), ``circuits`` (Circuits), ``weights``
-  (OV/QK circuits and "Why here?"), ``atlas`` and ``tags`` (Head atlas).
+  (OV/QK circuits and "Why here?"), ``atlas``, ``tags`` and ``explain`` (Head atlas).
 
 Every public name is re-exported here: ``from mhsa.plots import head_heatmap``.
 """
@@ -33,6 +33,7 @@ from mhsa.plots.common import (
     label,
     matrix_heatmap,
 )
+from mhsa.plots.explain import PROGRAM_KINDS, explanation_map, pattern_pair
 from mhsa.plots.export import figure_data
 from mhsa.plots.flow import attribution_figure, flow_figure, logit_lens_figure
 from mhsa.plots.heads import (
@@ -98,6 +99,7 @@ __all__ = [
     "LINE_TOP_K",
     "MAX_TICKS",
     "PRESENTATION_FONT",
+    "PROGRAM_KINDS",
     "SIGNED_COLORSCALE",
     "TEMPLATE",
     "WEIGHTED_BY_NORM",
@@ -114,6 +116,7 @@ __all__ = [
     "downsample",
     "enlarge_fonts",
     "example_heatmap",
+    "explanation_map",
     "faithfulness_figure",
     "figure_data",
     "fit_margins",
@@ -140,6 +143,7 @@ __all__ = [
     "patching_maps",
     "patching_positions_figure",
     "patching_scatter",
+    "pattern_pair",
     "positional_figure",
     "probe_mosaic",
     "pruning_figure",

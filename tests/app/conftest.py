@@ -36,3 +36,23 @@ def tiny_bert(tiny_bert_path: str, monkeypatch: pytest.MonkeyPatch) -> str:
     it as ``model=`` where the model is not what a page test tests."""
     monkeypatch.setenv("MHSA_ALLOWED_MODELS", tiny_bert_path)
     return tiny_bert_path
+
+
+@pytest.fixture
+def with_toy_atlas(explained_toy_atlas: str, monkeypatch: pytest.MonkeyPatch):
+    """The app's atlases with the explained toy atlas listed first (the session's MiniLM atlas,
+    without explanations, after it); the pages' listings read afresh before and after."""
+    import os
+
+    from ui.views import atlas as atlas_views
+    from ui.views import explain as explain_views
+
+    others = os.environ.get("MHSA_ATLAS_DIR", "")
+    monkeypatch.setenv(
+        "MHSA_ATLAS_DIR", os.pathsep.join(p for p in (explained_toy_atlas, others) if p)
+    )
+    atlas_views._listing.clear()
+    explain_views._saved.clear()
+    yield explained_toy_atlas
+    atlas_views._listing.clear()
+    explain_views._saved.clear()

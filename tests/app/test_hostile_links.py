@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -65,9 +66,26 @@ def page_param_names(page: str) -> dict[str, tuple[str, ...]]:
             isinstance(t, ast.Name) and t.id == "PARAMS" for t in node.targets
         ):
             for key, value in zip(node.value.keys, node.value.values, strict=True):
+                if key is None:  # ``**section.PARAMS``: a section module's own link keys
+                    names |= _spread_params(tree, value)
+                    continue
                 old = [kw.value for kw in value.keywords if kw.arg == "old_keys"]
                 names[key.value] = ast.literal_eval(old[0]) if old else ()
     return names
+
+
+def _spread_params(tree: ast.Module, value: ast.expr) -> dict[str, tuple[str, ...]]:
+    """The link keys of a ``**module.PARAMS`` in a page's ``PARAMS``: that module's (imported
+    by the page as ``from package import module``), each with its old names."""
+    assert isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name), ast.dump(value)
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == value.value.id:
+                    module = importlib.import_module(f"{node.module}.{alias.name}")
+                    params = getattr(module, value.attr)
+                    return {key: param.old_keys for key, param in params.items()}
+    raise AssertionError(f"{value.value.id} is not imported by the page")
 
 
 def own_link_keys(page: str) -> set[str]:

@@ -6,7 +6,9 @@ The definitions are the field's: a head's share of attention on the previous tok
 (Clark et al. 2019, ``mhsa.analysis.stats``); the detection scores of TransformerLens's
 ``detect_head`` (``mhsa.analysis.roles``); the induction pattern's share on the repeat (Olsson et
 al. 2022); the anti-diagonal score of cross attention (``mhsa.training.scores``); knock-out
-importance and the pruning curve (Michel et al. 2019, ``mhsa.causal``).
+importance and the pruning curve (Michel et al. 2019, ``mhsa.causal``); a head's program and its
+accuracy against the best fixed program (Clark et al. 2019; Hayes, Li & Andreas 2026,
+``mhsa.explain``).
 """
 
 from __future__ import annotations
@@ -16,14 +18,17 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import numpy as np
+import pandas as pd
 
 import mhsa
+import mhsa.explain
 from mhsa.analysis import claims as said
 from mhsa.heads import parse_head_label
 from mhsa.training.scores import anti_diagonal_scores
 from ui.core import Query, attention
 from ui.lessons import Claim, Step
-from ui.views import importance, roles
+from ui.views import atlas as atlas_views
+from ui.views import explain, importance, roles
 from ui.views.classroom import classroom
 from ui.views.statistics import head_stats
 
@@ -201,6 +206,51 @@ def _pruning_jump(settings: Settings, subject: str) -> float:
     return float(curve["metric"][last] - curve["metric"][last - 1])
 
 
+def _atlas_explanation(settings: Settings, subject: str) -> pd.Series:
+    """The head's explanation as the Head atlas page shows it: the atlas's saved row, or, for
+    an atlas without saved explanations, the search run for that head alone."""
+    name = settings["atlas"]
+    found = explain.saved_named(name)
+    row = None if found is None else explain.head_row(found, subject)
+    if row is None:
+        atlas = atlas_views.open_named(name)
+        found = mhsa.explain.explain_heads(
+            atlas, heads=[subject], faithfulness=False, progress=False
+        )
+        row = explain.head_row(found, subject)
+    return row
+
+
+def _main_part(settings: Settings, subject: str) -> str:
+    """The part of the head's program with the most weight: a mix's heavier part (``mix(a, b,
+    w)`` is ``w a + (1 - w) b``), a fallback's first (``a | b``: b only where a has no key),
+    else the program itself."""
+    program = mhsa.explain.parse_program(str(_atlas_explanation(settings, subject)["program"]))
+    while isinstance(program, mhsa.explain.Mix | mhsa.explain.Fallback):
+        if isinstance(program, mhsa.explain.Fallback):
+            program = program.first
+        else:
+            program = program.a if program.w >= 0.5 else program.b
+    return str(program)
+
+
+def _explanation_accuracy(settings: Settings, subject: str) -> float:
+    return float(_atlas_explanation(settings, subject)["accuracy"])
+
+
+def _over_baseline(settings: Settings, subject: str) -> float:
+    """The program's accuracy less the best fixed program's (Clark et al. 2019)."""
+    row = _atlas_explanation(settings, subject)
+    return float(row["accuracy"]) - float(row["baseline_accuracy"])
+
+
+def _hypothesis_accuracy(settings: Settings, subject: str) -> float:
+    """The typed program's accuracy on the atlas's held-out texts, as the hypothesis box
+    scores it."""
+    scores = explain.hypothesis(settings["atlas"], subject, settings["explain_program"])
+    return float(scores["accuracy"])
+
+
 #: every measure a claim can name
 MEASURES: dict[str, Measure] = {
     "previous-token share": Measure(
@@ -244,6 +294,21 @@ MEASURES: dict[str, Measure] = {
     ),
     "pruning jump": Measure(
         "the pruning curve's step when the last of the layer's heads goes off", _pruning_jump
+    ),
+    "explanation's main part": Measure(
+        "the part with the most weight of the program the atlas's search explains it by",
+        _main_part,
+    ),
+    "explanation accuracy": Measure(
+        "share of held-out queries whose strongest key the head's program names (Clark et al.)",
+        _explanation_accuracy,
+    ),
+    "accuracy over the baseline": Measure(
+        "the head's program's accuracy less the best fixed program's", _over_baseline
+    ),
+    "hypothesis accuracy": Measure(
+        "share of held-out queries whose strongest key the typed program names",
+        _hypothesis_accuracy,
     ),
 }
 
