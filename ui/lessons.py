@@ -272,9 +272,9 @@ LESSONS: tuple[Lesson, ...] = (
         "your own.",
         (
             Step(
-                "The search over programs explains toy:induction's L0H3 mostly by offset(-1), "
-                "the previous token: on the atlas's held-out texts the head's strongest key is "
-                "one its program names for over nine queries in ten.",
+                "The search over programs explains toy:induction's L0H3 mostly by {0}, the "
+                "previous token: on the atlas's held-out texts the head's strongest key is one "
+                "its program names for {1} of the queries.",
                 "Head_atlas",
                 {**_TOY_ATLAS, "atlas_head": "L0H3"},
                 (
@@ -283,9 +283,8 @@ LESSONS: tuple[Lesson, ...] = (
                 ),
             ),
             Step(
-                "Its layer-1 head L1H3 is explained by induction, the token after an earlier "
-                "copy of the query's token, and beats the best fixed-offset baseline by more "
-                "than 20 points of accuracy.",
+                "Its layer-1 head L1H3 is explained by {0}, the token after an earlier copy "
+                "of the query's token, and beats the best fixed program's accuracy by {1}.",
                 "Head_atlas",
                 {**_TOY_ATLAS, "atlas_head": "L1H3"},
                 (
@@ -295,15 +294,14 @@ LESSONS: tuple[Lesson, ...] = (
             ),
             Step(
                 "A real model: typed into the hypothesis box, offset(-1) explains MiniLM's "
-                "L0H2 too, its strongest key being the previous token for over eight queries "
-                "in ten.",
+                "L0H2 too, its strongest key being the previous token for {0} of the queries.",
                 "Head_atlas",
                 {**_MINILM_ATLAS, "atlas_head": "L0H2", "explain_program": "offset(-1)"},
                 (Claim("hypothesis accuracy", "L0H2", at_least=0.8),),
             ),
             Step(
                 "Now your own hypothesis: offset(1), the next token, explains the same head "
-                "for fewer than one query in five; change the box and compare.",
+                "for only {0} of the queries; change the box and compare.",
                 "Head_atlas",
                 {**_MINILM_ATLAS, "atlas_head": "L0H2", "explain_program": "offset(1)"},
                 (Claim("hypothesis accuracy", "L0H2", at_most=0.2),),

@@ -152,6 +152,10 @@ CHANGED = {
     (4, 2): {"text": _INDUCTION[1].text},
     (4, 3): {"text": _REVERSE.text, "target_text": _REVERSE.target or ""},
     (5, 3): {"text": _INDUCTION[1].text},
+    (6, 1): {"model": "default", "atlas": "minilm-brown"},  # MiniLM's L0H3: another program
+    (6, 2): {"model": "default", "atlas": "minilm-brown"},
+    (6, 3): {"explain_program": "offset(1)"},  # the next token: not L0H2's key
+    (6, 4): {"explain_program": "mix(offset(1), offset(-1), 0.5)"},  # names L0H2's keys too
 }
 CLAIMED = [
     ((li, si), step)
@@ -166,10 +170,14 @@ def test_every_step_with_a_claim_has_other_numbers_to_try() -> None:
 
 
 @pytest.mark.parametrize(("where", "step"), CLAIMED, ids=[f"{w[0]}.{w[1]}" for w, _ in CLAIMED])
-def test_a_steps_sentence_follows_its_numbers(where: tuple[int, int], step) -> None:
+def test_a_steps_sentence_follows_its_numbers(
+    where: tuple[int, int], step, request: pytest.FixtureRequest
+) -> None:
     """The sentence is rendered from the numbers its check reads: on other settings (another
     text, model or step) it says the other numbers, or, where a claim no longer holds, says
     that instead of the sentence."""
+    if step.page == "Head_atlas":
+        request.getfixturevalue("with_toy_atlas")
     sentence = step_sentence(step)
     assert sentence.made and sentence.support == sentence.of == len(step.claims)
     changed = dataclasses.replace(step, settings={**step.settings, **CHANGED[where]})

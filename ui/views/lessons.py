@@ -298,17 +298,22 @@ MEASURES: dict[str, Measure] = {
     "explanation's main part": Measure(
         "the part with the most weight of the program the atlas's search explains it by",
         _main_part,
+        str,
     ),
     "explanation accuracy": Measure(
         "share of held-out queries whose strongest key the head's program names (Clark et al.)",
         _explanation_accuracy,
+        _share,
     ),
     "accuracy over the baseline": Measure(
-        "the head's program's accuracy less the best fixed program's", _over_baseline
+        "the head's program's accuracy less the best fixed program's",
+        _over_baseline,
+        lambda value: f"{100 * float(value):.0f} points",
     ),
     "hypothesis accuracy": Measure(
         "share of held-out queries whose strongest key the typed program names",
         _hypothesis_accuracy,
+        _share,
     ),
 }
 
