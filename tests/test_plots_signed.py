@@ -108,6 +108,7 @@ UNSIGNED = {
     "atlas_histogram", "example_heatmap", "positional_figure", "clickable_cells",
     "qk_terms_figure",  # bars from 0, not a map
     "head_style",  # a head's colour and dash
+    "alt_text", "describe_attention", "set_alt",  # a figure's text alternative
 }  # fmt: skip
 
 

@@ -63,4 +63,21 @@
       },
     );
   }
+
+  // 3. A skip link (WCAG 2.4.1): the first stop of Tab, shown when focused; Enter moves the
+  // focus to the page's main content, past the sidebar's page links and settings.
+  if (!document.getElementById("mhsa-skip")) {
+    const skip = document.createElement("a");
+    skip.id = "mhsa-skip";
+    skip.href = "#";
+    skip.textContent = "Skip to main content";
+    skip.addEventListener("click", (event) => {
+      event.preventDefault();
+      const main = document.querySelector('[data-testid="stMain"]');
+      if (!main) return;
+      main.setAttribute("tabindex", "-1");
+      main.focus();
+    });
+    document.body.prepend(skip);
+  }
 })();
