@@ -61,6 +61,7 @@ __all__ = [
     "figure",
     "file_stem",
     "finish",
+    "frame",
     "heavy",
     "heavy_or_stop",
     "link_params",
@@ -112,15 +113,17 @@ button { height: auto !important; }
 </style>"""
 
 
-#: What the theme cannot set (WCAG 2.1 AA, docs/accessibility.md): captions and other faded
-#: text at ``CAPTION_COLOR`` (Streamlit's #828180 is 3.88:1 on white, under the 4.5:1 of
-#: 1.4.3; this is at least 4.5:1 on the page's white and the sidebar's grey, tests/test_palette.py),
-#: and the skip link (page_script.js) out of sight until it has the focus.
+#: What the theme cannot set (WCAG 2.1 AA, docs/accessibility.md): captions at
+#: ``CAPTION_COLOR`` and full opacity (Streamlit draws them at 0.6 opacity: #828180 on white,
+#: 3.88:1, under the 4.5:1 of 1.4.3; this colour is at least 4.5:1 on the page's white and on
+#: the sidebar's grey, tests/test_palette.py), and the skip link (page_script.js) out of sight
+#: until it has the focus.
 CAPTION_COLOR = "#5c5d66"
 A11Y_CSS = (
     '[data-testid="stCaptionContainer"], [data-testid="stCaptionContainer"] *,'
     ' [data-testid="stWidgetLabel"] [data-testid="stCaptionContainer"],'
     f" .stTooltipIcon, small {{ color: {CAPTION_COLOR} !important; }}"
+    ' [data-testid="stCaptionContainer"] { opacity: 1 !important; }'  # Streamlit's is 0.6
     " #mhsa-skip { position: fixed; left: 0.5rem; top: -4rem; z-index: 1000100;"
     " padding: 0.5rem 1rem; background: #ffffff; color: #0b5cad; border: 2px solid #0b5cad;"
     " border-radius: 0.25rem; font-weight: 600; }"
@@ -469,7 +472,7 @@ def table(
         # the data grid draws on a canvas that page styles cannot enlarge: in presentation
         # mode the rows are an HTML table, whose cells PRESENTATION_CSS sizes like the text
         with st.container(height=height + 200):
-            st.table(frame_shown)
+            st.table(_html_table(frame_shown, "name"))
     else:
         st.dataframe(frame_shown, width="stretch", height=height)
     st.download_button(
@@ -478,6 +481,26 @@ def table(
         file_name=f"{name}.csv",
         mime="text/csv",
     )
+
+
+def _html_table(frame: pd.DataFrame, index_name: str, *, hide_index: bool = False) -> Any:
+    """``frame`` for ``st.table``: its index named ``index_name`` when it has no name (an
+    empty header cell names nothing to a screen reader: axe-core's empty-table-header), or
+    hidden."""
+    if hide_index:
+        return frame.style.hide(axis="index")
+    return frame if frame.index.name is not None else frame.rename_axis(index_name)
+
+
+def frame(data: pd.DataFrame, *, hide_index: bool = False, **kwargs: Any) -> None:
+    """A table of a page (no download: ``table`` has one): Streamlit's data grid, or in
+    presentation mode an HTML table whose text ``PRESENTATION_CSS`` enlarges with the page's
+    (the grid draws on a canvas that page styles cannot reach). ``kwargs`` go to
+    ``st.dataframe`` (the grid's widths and column formats)."""
+    if st.session_state.get("presentation"):
+        st.table(_html_table(pd.DataFrame(data), "row", hide_index=hide_index))
+    else:
+        st.dataframe(data, hide_index=hide_index, **kwargs)
 
 
 def figure(
