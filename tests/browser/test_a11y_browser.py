@@ -21,7 +21,11 @@ pytestmark = pytest.mark.browser
 AXE = Path(axe_playwright_python.__file__).with_name("axe.min.js")
 TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
 #: the three ways every page is checked: the link's query
-MODES = {"default model": "", "toy:induction": "model=toy:induction", "presentation": "presentation=1"}
+MODES = {
+    "default model": "",
+    "toy:induction": "model=toy:induction",
+    "presentation": "presentation=1",
+}
 RUN_AXE = """(tags) => axe.run(document, {
     runOnly: {type: 'tag', values: tags}, resultTypes: ['violations']})"""
 #: every chart's accessible name (Streamlit puts ``alt`` on the chart's element, role figure)
@@ -127,7 +131,9 @@ OVERFLOW = """() => {
 def test_at_320_px_and_200_percent_nothing_is_cut(browser, app_url, width, scale) -> None:
     """WCAG 1.4.10: at 320 CSS px no horizontal scrolling of the page and no text outside
     it; 1.4.4: a 1280 px window at 200% zoom is 640 CSS px at 2 device pixels each."""
-    context = browser.new_context(viewport={"width": width, "height": 800}, device_scale_factor=scale)
+    context = browser.new_context(
+        viewport={"width": width, "height": 800}, device_scale_factor=scale
+    )
     page = context.new_page()
     try:
         for name in REFLOW:
