@@ -17,7 +17,7 @@ def head_picker(table: pd.DataFrame, key: str, opened: str) -> None:
     click on the head's cell does, and reruns (the page opens it)."""
     if table.empty or not {"layer", "head"} <= set(table.columns):
         return
-    heads = {str(name): (int(row.layer), int(row.head)) for name, row in table.iterrows()}
+    heads = {str(name): (int(row["layer"]), int(row["head"])) for name, row in table.iterrows()}
     left, right = st.columns([2, 1], vertical_alignment="bottom")
     left.selectbox("Head to open (or click it on the map)", list(heads), key=key)
     if right.button("Open it on the Heads page", key=f"{key}-open"):
