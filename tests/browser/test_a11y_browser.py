@@ -38,6 +38,9 @@ CHART_NAMES = """() => [...document.querySelectorAll('[data-testid="stPlotlyChar
 WAITING = {"Head atlas", "Head importance"}
 
 
+STALE = '[data-testid="stElementContainer"][data-stale="true"]'
+
+
 def _settle(page, name: str, query: str) -> None:
     """The page's run finished (twice over: a first visit reruns into the navigation) and
     its charts drawn (on the default model, as many as ``PAGE_PLOTS`` says; elsewhere every
@@ -47,6 +50,9 @@ def _settle(page, name: str, query: str) -> None:
     wait_for_app(page, plots=PAGE_PLOTS[name] if default else 0, timeout_ms=180_000)
     page.wait_for_timeout(300)
     wait_for_app(page, plots=PAGE_PLOTS[name] if default else 0, timeout_ms=180_000)
+    # no element of an earlier run still shown faded (Streamlit's stale elements: their
+    # lowered opacity is no colour of the page)
+    page.wait_for_function(f"() => !document.querySelector('{STALE}')", timeout=60_000)
     page.wait_for_function(
         """() => [...document.querySelectorAll('.js-plotly-plot')]
             .every(p => p.querySelector('.main-svg'))""",
@@ -61,7 +67,8 @@ def serious_violations(page) -> list[str]:
         page.add_script_tag(path=str(AXE))
     found = page.evaluate(RUN_AXE, TAGS)["violations"]
     return [
-        f"{v['id']} ({v['impact']}, {len(v['nodes'])}x): {v['nodes'][0]['html'][:200]}"
+        f"{v['id']} ({v['impact']}, {len(v['nodes'])}x): {v['nodes'][0]['html'][:200]} "
+        f"{v['nodes'][0].get('failureSummary', '')[-200:]}"
         for v in found
         if v["impact"] in ("critical", "serious")
     ]
