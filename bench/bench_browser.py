@@ -20,6 +20,7 @@ import urllib.parse
 
 from bench.browser import PAGE_PLOTS, PAGES, chromium, streamlit_server, wait_for_app
 from bench.common import print_table
+from ui.navigation import NAV_KEY
 
 WORDS = (
     "the quick brown fox jumps over a lazy dog while attention heads watch every "
@@ -151,7 +152,7 @@ def long_input_pages(browser, rounds: int = ROUNDS) -> list[dict]:
             wait_for_page(page, "Overview")
             for name in [*list(PAGES)[1:], "Overview"]:
                 received[0] = 0
-                link = page.locator("[data-testid='stSidebarNav'] a").filter(has_text=name).first
+                link = page.locator(f".st-key-{NAV_KEY} a").filter(has_text=name).first
                 start = time.perf_counter()
                 link.click()
                 page.wait_for_url(f"**/{PAGES[name]}?**" if PAGES[name] else f"{url}/?**")

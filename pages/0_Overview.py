@@ -29,7 +29,7 @@ def _uploaded(shown: uploads.Imported) -> None:
     with heads:
         components.html(shown.view_html, height=shown.height, scrolling=True)
     with stats:
-        st.dataframe(shown.stats, width="stretch")
+        page.frame(shown.stats, width="stretch")
     with similar:
         _figure(plots.similarity_figure(shown.similarity, shown.order), "similarity")
         st.caption("Heads ordered by hierarchical clustering (average linkage).")
@@ -80,14 +80,14 @@ with page.run("MHSA Explorer") as query:
     if note:
         st.info(note)
     st.subheader("Tokens as the model sees them")
-    st.dataframe(token_table(result), width="stretch")
+    page.frame(token_table(result), width="stretch")
     if result.is_encoder_decoder:
         st.subheader("The decoder's tokens (the target)")
         st.caption(
             "What the decoder reads: the typed target (or the sentence itself when there is "
             "none) or the target the model wrote, its start token first."
         )
-        st.dataframe(token_table(result.of_kind("decoder")), width="stretch")
+        page.frame(token_table(result.of_kind("decoder")), width="stretch")
     st.subheader("Model")
     cols = st.columns(6)
     for col, (name, value) in zip(
@@ -128,7 +128,7 @@ with page.run("MHSA Explorer") as query:
             "MultiHeadSelfAttention (each layer's output feeding the next), then once more "
             "through the model's own attention. Largest absolute differences:"
         )
-        st.dataframe(
+        page.frame(
             agreement_table(result),
             hide_index=True,
             column_config={"max |ours - model|": st.column_config.NumberColumn(format="%.1e")},

@@ -9,7 +9,7 @@ import streamlit as st
 
 import mhsa
 from mhsa import plots
-from ui import core, page
+from ui import core, keyboard, page
 from ui.state import (
     DEFAULT_TEXT,
     Param,
@@ -202,6 +202,7 @@ with page.run("Circuits", PARAMS) as sidebar:
         on_select=_clicked,
         selection_mode="points",
     )
+    keyboard.edge_picker(drawn, "circuit-edge-pick", "_circuit_edge")
     edge = state.get("_circuit_edge")
     if edge is not None:
         try:

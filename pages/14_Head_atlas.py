@@ -157,7 +157,7 @@ def _samples(atlas: mhsa.atlas.Atlas, head: str) -> None:
 def _histograms(atlas: mhsa.atlas.Atlas, head: str) -> None:
     st.subheader("Over the corpus")
     summary = atlas.summary(head)
-    st.dataframe(views.scores_table(atlas, head), hide_index=True)
+    page.frame(views.scores_table(atlas, head), hide_index=True)
     figures = [
         (summary["weight_histogram"], "Weights of every pair", "weight from", "pairs"),
         (summary["offset_histogram"], "Where the attention goes", "key − query", "share"),

@@ -140,6 +140,11 @@ with page.run("Heads", PARAMS, kinds=True) as query:
     values = plots.WEIGHTED_BY_NORM if query.norms else plots.WEIGHTS
     layer, head = long_inputs.focused_head(result)  # positions; the link holds the model's
     token = clamp("token", 0, result.num_queries - 1)
+    # the layer and head boxes before the grid: the first stops of Tab on the page, not after
+    # the grid's mode bar (a click on the grid sets them too)
+    left, mid, right = st.columns([1, 1, 2])
+    layer, head = long_inputs.focus_inputs(result, left, mid)
+    right.radio("Show", list(VIEWS), key="view", format_func=VIEWS.get, horizontal=True)
     page.figure(
         plots.head_grid(result, selected=(layer, head)),
         "all-heads",
@@ -147,9 +152,6 @@ with page.run("Heads", PARAMS, kinds=True) as query:
         on_select=_select_from_grid,
         selection_mode="points",
     )
-    left, mid, right = st.columns([1, 1, 2])
-    layer, head = long_inputs.focus_inputs(result, left, mid)
-    right.radio("Show", list(VIEWS), key="view", format_func=VIEWS.get, horizontal=True)
     view = st.session_state["view"]
     name = result.label(layer, head)
     window = long_inputs.zoom_window(result) if view == "head" else None

@@ -10,7 +10,7 @@ from mhsa import plots
 from mhsa.analysis.stats import STAT_COLUMNS
 from mhsa.causal.importance import METHODS, rank_correlation
 from mhsa.causal.targets import TARGET_SPECS
-from ui import page
+from ui import keyboard, page
 from ui.state import Param, bounded_int, choice, flag, text_param
 from ui.views import importance
 
@@ -163,6 +163,7 @@ with page.run("Head importance", PARAMS, kinds=True) as query:  # every attentio
         on_select=_open_head,
         selection_mode="points",
     )
+    keyboard.head_picker(table, "importance-pick", "_open_head")
     page.table(table, "head-importance", label="Download importance (.csv)", height=300)
     page.figure(
         plots.pruning_figure(curve, target.metric),

@@ -130,6 +130,30 @@ def test_head_colours_have_3_to_1_contrast_on_white() -> None:
         assert (1.0 + 0.05) / (_luminance(color) + 0.05) >= 3.0, color
 
 
+def _contrast(a: str, b: str) -> float:
+    """WCAG 2.1's contrast ratio (L1 + 0.05) / (L2 + 0.05), L1 the lighter."""
+    la, lb = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (la + 0.05) / (lb + 0.05)
+
+
+def test_the_contrast_ratio_matches_wcags_reference_values() -> None:
+    """Black on white is 21:1; Streamlit's caption grey #828180 on white the 3.88:1 axe-core
+    reported (under 4.5:1)."""
+    assert _contrast("#000000", "#ffffff") == pytest.approx(21.0)
+    assert _contrast("#828180", "#ffffff") == pytest.approx(3.88, abs=0.01)
+
+
+def test_captions_and_the_skip_link_have_4_5_to_1_contrast() -> None:
+    """WCAG 2.1 1.4.3: text at least 4.5:1 against the page's white and the sidebar's grey
+    (Streamlit's light theme, secondaryBackgroundColor #f0f2f6)."""
+    from ui.page import A11Y_CSS, CAPTION_COLOR
+
+    for background in ("#ffffff", "#f0f2f6"):
+        assert _contrast(CAPTION_COLOR, background) >= 4.5, background
+    assert f"color: {CAPTION_COLOR}" in A11Y_CSS
+    assert _contrast("#0b5cad", "#ffffff") >= 4.5  # the skip link's text on its white
+
+
 def test_heads_beyond_the_colours_get_a_dash_of_their_own() -> None:
     """A 12-head layer: heads 0 and 8 share a colour and differ in dash, no two heads alike."""
     styles = [head_style(h) for h in range(12)]

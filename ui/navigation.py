@@ -57,6 +57,10 @@ FAVICON = (
     "</svg>"
 )
 
+#: the key of the sidebar's container of page links (``app.py``; its class is
+#: ``st-key-mhsa-nav``, which the browser tests and benchmarks find it by)
+NAV_KEY = "mhsa-nav"
+
 #: the home page's address besides the root: ``/Overview?model=...`` opens it (hidden in the menu)
 HOME_ALIAS = "Overview"
 

@@ -61,6 +61,7 @@ __all__ = [
     "figure",
     "file_stem",
     "finish",
+    "frame",
     "heavy",
     "heavy_or_stop",
     "link_params",
@@ -112,6 +113,24 @@ button { height: auto !important; }
 </style>"""
 
 
+#: What the theme cannot set (WCAG 2.1 AA, docs/accessibility.md): captions at
+#: ``CAPTION_COLOR`` and full opacity (Streamlit draws them at 0.6 opacity: #828180 on white,
+#: 3.88:1, under the 4.5:1 of 1.4.3; this colour is at least 4.5:1 on the page's white and on
+#: the sidebar's grey, tests/test_palette.py), and the skip link (page_script.js) out of sight
+#: until it has the focus.
+CAPTION_COLOR = "#5c5d66"
+A11Y_CSS = (
+    '[data-testid="stCaptionContainer"], [data-testid="stCaptionContainer"] *,'
+    ' [data-testid="stWidgetLabel"] [data-testid="stCaptionContainer"],'
+    f" .stTooltipIcon, small {{ color: {CAPTION_COLOR} !important; }}"
+    ' [data-testid="stCaptionContainer"] { opacity: 1 !important; }'  # Streamlit's is 0.6
+    " #mhsa-skip { position: fixed; left: 0.5rem; top: -4rem; z-index: 1000100;"
+    " padding: 0.5rem 1rem; background: #ffffff; color: #0b5cad; border: 2px solid #0b5cad;"
+    " border-radius: 0.25rem; font-weight: 600; }"
+    " #mhsa-skip:focus { top: 0.5rem; }"
+)
+
+
 def _use_the_navigation() -> None:
     """Streamlit runs an app that has a ``pages/`` folder the old way (every file a page, the
     entry point called "app") until ``app.py`` has called ``st.navigation`` once in the
@@ -140,7 +159,7 @@ def _page_script() -> str:
     script = Path(__file__).with_name("page_script.js").read_text(encoding="utf-8")
     script = script.replace("PLOTLY_CHUNK", json.dumps(chunk and chunk.name))
     hide = '[data-testid="stElementContainer"]:has(#mhsa-page-script) { display: none; }'
-    return f'<script id="mhsa-page-script">{script}</script><style>{hide}</style>'
+    return f'<script id="mhsa-page-script">{script}</script><style>{hide}{A11Y_CSS}</style>'
 
 
 #: see page_script.js: faster first drawings of large figures
@@ -460,7 +479,7 @@ def table(
         # the data grid draws on a canvas that page styles cannot enlarge: in presentation
         # mode the rows are an HTML table, whose cells PRESENTATION_CSS sizes like the text
         with st.container(height=height + 200):
-            st.table(frame_shown)
+            st.table(_html_table(frame_shown, "name"))
     else:
         st.dataframe(frame_shown, width="stretch", height=height, column_config=column_config)
     st.download_button(
@@ -469,6 +488,26 @@ def table(
         file_name=f"{name}.csv",
         mime="text/csv",
     )
+
+
+def _html_table(frame: pd.DataFrame, index_name: str, *, hide_index: bool = False) -> Any:
+    """``frame`` for ``st.table``: its index named ``index_name`` when it has no name (an
+    empty header cell names nothing to a screen reader: axe-core's empty-table-header), or
+    hidden."""
+    if hide_index:
+        return frame.style.hide(axis="index")
+    return frame if frame.index.name is not None else frame.rename_axis(index_name)
+
+
+def frame(data: pd.DataFrame, *, hide_index: bool = False, **kwargs: Any) -> None:
+    """A table of a page (no download: ``table`` has one): Streamlit's data grid, or in
+    presentation mode an HTML table whose text ``PRESENTATION_CSS`` enlarges with the page's
+    (the grid draws on a canvas that page styles cannot reach). ``kwargs`` go to
+    ``st.dataframe`` (the grid's widths and column formats)."""
+    if st.session_state.get("presentation"):
+        st.table(_html_table(pd.DataFrame(data), "row", hide_index=hide_index))
+    else:
+        st.dataframe(data, hide_index=hide_index, **kwargs)
 
 
 def figure(
@@ -482,8 +521,9 @@ def figure(
 ) -> Any:
     """A plotly chart whose camera button saves exactly what is on screen as PNG (4x) or SVG
     (the sidebar's choice); the page's zip (``finish``) holds it as standalone HTML and its
-    data as CSV. File names say the sentence (hash), the model and ``name`` (which says the
-    layer and head). Margins fit the labels (``plots.fit_margins``).
+    data as CSV. Its ``alt`` (a screen reader's name of the chart) is ``plots.alt_text``'s
+    sentence unless given. File names say the sentence (hash), the model and ``name`` (which
+    says the layer and head). Margins fit the labels (``plots.fit_margins``).
     ``decorate``: box the found token and mark the generated text (figures of the page's
     sentence; off for figures of another one). ``download``: in the page's zip (off for a
     figure redrawn every second while a job runs)."""
@@ -496,6 +536,9 @@ def figure(
             "scale": 4,
         },
         "displaylogo": False,
+        # four buttons a figure, not eight to twelve: fewer Tab stops before the next control
+        # (pan, box and lasso select stay on the mouse; zooming by button works by keyboard)
+        "modeBarButtons": [["toImage", "zoomIn2d", "zoomOut2d", "resetScale2d"]],
     }
     found = st.session_state.get(_FOUND)
     generated_from = st.session_state.get(_GENERATED_FROM)
@@ -505,6 +548,10 @@ def figure(
         plots.enlarge_fonts(fig)  # every tick, title, colour bar and hover: at least 20 px
     fig.update_layout(template=plots.TEMPLATE)  # real colours, none for the browser to fill in
     plots.fit_margins(fig)  # one drawing in the browser, not a second for automargin
+    # the chart's text alternative (WCAG 1.1.1): one sentence from its numbers, which the
+    # figure function stored or ``alt_text`` makes from its data; its numbers are in the
+    # page's zip of figures (CSV), a table a screen reader reads
+    kwargs.setdefault("alt", plots.alt_text(fig))
     event = st.plotly_chart(fig, key=key, config=config, **kwargs)
     if download:
         st.session_state.setdefault(_FIGURES, []).append((stem, fig))  # for the page's zip

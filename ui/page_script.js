@@ -63,4 +63,46 @@
       },
     );
   }
+
+  // 3. A skip link (WCAG 2.4.1): the first stop of Tab, shown when focused; Enter moves the
+  // focus to the page's main content, past the sidebar's page links and settings.
+  if (!document.getElementById("mhsa-skip")) {
+    const skip = document.createElement("a");
+    skip.id = "mhsa-skip";
+    skip.href = "#";
+    skip.textContent = "Skip to main content";
+    skip.addEventListener("click", (event) => {
+      event.preventDefault();
+      const main = document.querySelector('[data-testid="stMain"]');
+      if (!main) return;
+      main.setAttribute("tabindex", "-1");
+      main.focus();
+    });
+    document.body.prepend(skip);
+  }
+
+  // 4. Boxes that scroll (a table in presentation mode: ui/page.py, table) take the focus, so
+  // that the keyboard scrolls them too (WCAG 2.1.1; axe-core's scrollable-region-focusable):
+  // marked as each arrives, once per tab however many pages follow.
+  if (!status.scrollers) {
+    status.scrollers = true;
+    const boxes = '[data-testid="stVerticalBlock"][overflow="auto"], [data-testid="stTable"] > div';
+    let queued = false;
+    const mark = () => {
+      queued = false;
+      for (const box of document.querySelectorAll(boxes)) {
+        if (box.hasAttribute("tabindex")) continue;
+        box.tabIndex = 0;
+        box.setAttribute("role", "region");
+        box.setAttribute("aria-label", "Table (scrolls)");
+      }
+    };
+    new MutationObserver(() => {
+      if (!queued) {
+        queued = true;
+        requestAnimationFrame(mark);
+      }
+    }).observe(document.body, { childList: true, subtree: true });
+    mark();
+  }
 })();

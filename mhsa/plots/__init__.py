@@ -6,6 +6,7 @@ streamlit; the only part of ``mhsa`` that imports plotly.
 - ``marks``: the found token and the start of generated text on any figure of tokens
   (``decorate``);
 - ``export``: the numbers a figure draws, as a table (``figure_data``);
+- ``alt``: each figure's text alternative, one sentence from its numbers (``alt_text``);
 - one module per page: ``heads``, ``line_view``, ``similarity``, ``statistics``,
   ``importance``, ``roles``, ``patching``, ``rollout``, ``classroom`` (Inside MHSA),
   ``training`` (Train heads), ``flow`` (Information flow), ``circuits`` (Circuits), ``weights``
@@ -14,6 +15,7 @@ streamlit; the only part of ``mhsa`` that imports plotly.
 Every public name is re-exported here: ``from mhsa.plots import head_heatmap``.
 """
 
+from mhsa.plots.alt import alt_text, describe_attention, set_alt
 from mhsa.plots.atlas import atlas_histogram, example_heatmap
 from mhsa.plots.circuits import (
     circuit_figure,
@@ -104,6 +106,7 @@ __all__ = [
     "TEMPLATE",
     "WEIGHTED_BY_NORM",
     "WEIGHTS",
+    "alt_text",
     "atlas_histogram",
     "attribution_figure",
     "circuit_figure",
@@ -112,6 +115,7 @@ __all__ = [
     "composition_figure",
     "copying_figure",
     "decorate",
+    "describe_attention",
     "detection_pattern_figure",
     "downsample",
     "enlarge_fonts",
@@ -150,6 +154,7 @@ __all__ = [
     "qk_terms_figure",
     "role_maps",
     "rollout_figure",
+    "set_alt",
     "similarity_figure",
     "sink_map",
     "snapshot_history",

@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 
 from mhsa.circuits import FaithfulnessCurve
 from mhsa.heads import parse_head_label
+from mhsa.plots.alt import plain, set_alt
 from mhsa.plots.common import (
     PAGE_PX,
     apply_layout,
@@ -254,7 +255,18 @@ def circuit_figure(
         },
     )
     shown = title or f"Circuit: the top {len(edges)} edges ({support_legend(metric)})"
-    return apply_layout(fig, shown, height=_height(layers))
+    apply_layout(fig, shown, height=_height(layers))
+    if not len(scores):
+        return set_alt(fig, f"{plain(shown)}: no edge to draw.")
+    top = edges.iloc[int(np.argmax(np.abs(scores)))]
+    into = f" ({top['input']})" if top["input"] else ""
+    helping = int((scores < 0).sum())
+    return set_alt(
+        fig,
+        f"{plain(shown)}: {len(scores)} edges, {helping} of them carrying the clean answer "
+        f"(support above 0); the strongest, {top['source']} → {top['target']}{into}, has score "
+        f"{float(top['score']):.3g}.",
+    )
 
 
 def faithfulness_figure(curve: FaithfulnessCurve, chosen: int | None = None) -> go.Figure:

@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 
 from mhsa.causal.attribution import HeadAttribution, LogitLens
 from mhsa.causal.flow import FlowGraph, FlowNode
+from mhsa.plots.alt import plain, set_alt
 from mhsa.plots.common import apply_layout, label, signed_scale
 
 __all__ = ["attribution_figure", "flow_figure", "logit_lens_figure"]
@@ -115,7 +116,17 @@ def flow_figure(graph: FlowGraph, *, title: str | None = None) -> go.Figure:
     last = graph.outputs == (t - 1,)
     where = "the last token" if last else to
     shown = title or f"Information flow to {where} (threshold {graph.threshold:g}, {how})"
-    return apply_layout(fig, shown, height=min(900, 160 + 70 * (2 * graph.layers + 1)))
+    apply_layout(fig, shown, height=min(900, 160 + 70 * (2 * graph.layers + 1)))
+    if not graph.edges:
+        return set_alt(fig, f"{plain(shown)}: no route above the threshold.")
+    top = max(graph.edges, key=lambda e: e.weight)
+    kinds = sorted({e.kind for e in graph.edges})
+    return set_alt(
+        fig,
+        f"{plain(shown)}: {len(graph.edges)} edges ({', '.join(kinds)}) between "
+        f"{len(graph.nodes)} nodes; the strongest, {top.kind} from {top.source.name} "
+        f"({graph.tokens[top.source.token]!r}) to {top.target.name}, carries {top.weight:.2f}.",
+    )
 
 
 def attribution_figure(attribution: HeadAttribution) -> go.Figure:

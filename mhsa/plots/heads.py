@@ -9,6 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from mhsa.engine.result import AttentionResult
+from mhsa.plots.alt import describe_attention, set_alt
 from mhsa.plots.common import (
     COLORSCALE,
     apply_layout,
@@ -85,6 +86,9 @@ def head_heatmap(
         columns=columns,
         **_axis_titles(result),
     )
+    what = f"Head L{real_layer}H{real_head}'s {values[0]}s{_kind_note(result)}"
+    pattern = result.attention[layer, head]
+    set_alt(fig, describe_attention(pattern, result.queries, result.tokens, what=what))
     return mark_token_axes(fig)
 
 
@@ -144,7 +148,12 @@ def head_zoom(
         ticks = fig.layout[f"{axis}axis"].tickvals
         position = {old: new for old, new in zip(fig.data[0][axis], categories, strict=True)}
         fig.layout[f"{axis}axis"].tickvals = [position.get(t, t) for t in ticks]
-    return fig
+    what = (
+        f"Head L{result.layers[layer]}H{result.heads[head]}'s {values[0]}s, tokens "
+        f"{rows.start}-{rows.stop - 1}"
+    )
+    queries, keys = result.queries[rows], result.tokens[cols]
+    return set_alt(fig, describe_attention(matrix, queries, keys, what=what))
 
 
 def mark_window(fig: go.Figure, result: AttentionResult, start: int, stop: int) -> go.Figure:
@@ -227,7 +236,23 @@ def head_grid(
     fig.update_layout(clickmode="event+select", dragmode=False)
     note = f" (each {m}x{n} head shown at {r}x{c})" if (r, c) != (m, n) else ""
     what = "All heads" if result.kind is None else f"All heads, {result.kind} attention"
-    return apply_layout(fig, f"{what}{note}: click one to enlarge", height=80 + 70 * layers)
+    apply_layout(fig, f"{what}{note}: click one to enlarge", height=80 + 70 * layers)
+    return set_alt(fig, _grid_alt(result, what))
+
+
+def _grid_alt(result: AttentionResult, what: str) -> str:
+    """The grid's finding: the sharpest and the most diffuse head, by the mean weight each
+    head's queries put on their strongest key."""
+    a = result.attention
+    peak = np.nanmax(a, axis=-1).mean(-1)  # (L, H): mean over queries of each row's largest
+    sharp = np.unravel_index(np.nanargmax(peak), peak.shape)
+    flat = np.unravel_index(np.nanargmin(peak), peak.shape)
+    name = [f"L{result.layers[li]}H{result.heads[h]}" for li, h in (sharp, flat)]
+    return (
+        f"{what} ({a.shape[0]} layers of {a.shape[1]} heads) on {result.num_tokens} tokens: "
+        f"the sharpest is {name[0]}, whose queries put {float(peak[sharp]):.2f} on their "
+        f"strongest key on average, the most spread out {name[1]} ({float(peak[flat]):.2f})."
+    )
 
 
 def _mosaic(small: np.ndarray, cell: int) -> np.ndarray:
@@ -317,6 +342,17 @@ def token_focus(
         zmax=values[1],
         height=min(1400, 120 + 12 * len(rows)),
     )
+    flat = a.reshape(-1, a.shape[-1])
+    h, k = np.unravel_index(np.nanargmax(flat), flat.shape)
+    mean = np.nanmean(flat, axis=0)
+    common = int(np.nanargmax(mean))
+    set_alt(
+        fig,
+        f"Where {result.queries[token]!r} (token {token}) attends in each of {len(rows)} "
+        f"heads{_kind_note(result)}: most in {rows[h]}, on {result.tokens[k]!r} "
+        f"({float(flat[h, k]):.2f}); over all heads its strongest key is "
+        f"{result.tokens[common]!r} ({float(mean[common]):.2f} on average).",
+    )
     return mark_token_axes(fig, rows=False)
 
 
@@ -344,4 +380,6 @@ def mean_heatmap(
         height=square_height(max(result.num_queries, result.num_tokens)),
         **_axis_titles(result),
     )
+    what = f"{title}{_kind_note(result)} ({values[0]}s)"
+    set_alt(fig, describe_attention(matrix, result.queries, result.tokens, what=what))
     return mark_token_axes(fig)

@@ -9,6 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from mhsa.engine.result import AttentionResult
+from mhsa.plots.alt import describe_attention, set_alt
 from mhsa.plots.common import apply_layout, label
 from mhsa.plots.palette import head_style
 
@@ -100,10 +101,27 @@ def line_view(
         dragmode=False,
         meta={"line_view": True},
     )
-    return apply_layout(
+    apply_layout(
         fig,
         f"Layer {result.layers[layer]}, {what}: opacity = weight (weights ≥ {min_weight:g}{dense})",
         height=min(4000, max(480, 140 + (22 if n <= LINE_DENSE else 14) * n)),
+    )
+    return set_alt(fig, _line_alt(result, layer, heads, token))
+
+
+def _line_alt(result: AttentionResult, layer: int, heads: list[int], token: int | None) -> str:
+    """The line view's finding: the mean pattern of the heads drawn (``describe_attention``),
+    or, for one token's lines, the head and key of its strongest line."""
+    shown = result.attention[layer, heads]  # (heads, queries, keys)
+    where = f"Layer {result.layers[layer]}'s lines, {len(heads)} heads"
+    if token is None:
+        mean = shown.mean(0)
+        return describe_attention(mean, result.queries, result.tokens, what=f"{where} averaged")
+    row = shown[:, token, :]
+    h, k = np.unravel_index(np.nanargmax(row), row.shape)
+    return (
+        f"{where}, the lines of {result.queries[token]!r} (token {token}): its strongest is "
+        f"head {result.heads[heads[h]]}'s to {result.tokens[k]!r} ({float(row[h, k]):.2f})."
     )
 
 

@@ -16,7 +16,8 @@ def mark_token_axes(
     fig: go.Figure, *, rows: bool = True, cols: bool = True, height: int | None = None
 ) -> go.Figure:
     """Mark ``fig`` as a heatmap with tokens on its rows and/or columns (``decorate`` reads it)."""
-    meta = {"token_axes": ("y" if rows else "") + ("x" if cols else "")}
+    meta = fig.layout.meta if isinstance(fig.layout.meta, dict) else {}
+    meta = {**meta, "token_axes": ("y" if rows else "") + ("x" if cols else "")}
     fig.update_layout({"meta": meta} | ({"height": height} if height is not None else {}))
     return fig
 

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from mhsa.plots.alt import set_alt
 from mhsa.plots.common import PAGE_PX, apply_layout, boxes_overlap, matrix_heatmap, text_box
 from mhsa.plots.palette import LAYER_COLORSCALE
 from mhsa.plots.sizing import PRESENTATION_FONT
@@ -112,4 +113,22 @@ def head_map_figure(
     )
     fig.update_xaxes(showticklabels=False, title="MDS 1")
     fig.update_yaxes(showticklabels=False, title="MDS 2", scaleanchor="x")
-    return apply_layout(fig, "Map of heads (similar heads lie close together)", height=620)
+    apply_layout(fig, "Map of heads (similar heads lie close together)", height=620)
+    return set_alt(fig, _map_alt(coords))
+
+
+def _map_alt(coords: pd.DataFrame) -> str:
+    """The map's finding: its closest and its farthest pair of heads."""
+    names = [str(h) for h in coords.index]
+    if len(names) < 2:
+        return f"Map of {len(names)} head: nothing to compare."
+    xy = coords[["x", "y"]].to_numpy(float)
+    d = np.sqrt(((xy[:, None] - xy[None]) ** 2).sum(-1))
+    far = np.unravel_index(np.argmax(d), d.shape)
+    d[np.eye(len(d), dtype=bool)] = np.inf
+    near = np.unravel_index(np.argmin(d), d.shape)
+    return (
+        f"Map of {len(names)} heads, similar heads close together: the closest pair is "
+        f"{names[near[0]]} and {names[near[1]]} ({d[near]:.2g} apart), the farthest "
+        f"{names[far[0]]} and {names[far[1]]} ({d[far] if np.isfinite(d[far]) else 0:.2g})."
+    )

@@ -18,6 +18,7 @@ import pytest
 
 from bench.browser import PAGE_PLOTS, PAGES, streamlit_server, tick_labels, wait_for_app
 from tests.hostile import PLACEHOLDER
+from ui.navigation import NAV_KEY
 
 pytestmark = pytest.mark.browser
 DOCS = Path(os.environ.get("MHSA_SCREENSHOTS") or tempfile.mkdtemp(prefix="mhsa-shots-"))
@@ -185,13 +186,9 @@ def test_navigation_is_named_grouped_and_old_links_still_work(page) -> None:
 def _first_visit_by_a_page_link(app_url, page) -> None:
     page.goto(f"{app_url}/Head_similarity?metric=cosine")  # a link made before the navigation
     wait_for_app(page, plots=PAGE_PLOTS["Head similarity"])
-    headers = page.locator("[data-testid='stNavSectionHeader']").all_text_contents()
-    assert [h.replace("expand_more", "").strip() for h in headers] == [
-        "Explore",
-        "Analyse",
-        "Teach",
-    ]
-    nav = page.locator("[data-testid='stSidebarNav']")
+    nav = page.locator(f".st-key-{NAV_KEY}")  # app.py's page links (Streamlit's menu hidden)
+    headers = nav.locator("strong").all_text_contents()
+    assert headers == ["Explore", "Analyse", "Teach"]
     links = [t.strip() for t in nav.locator("a").all_text_contents()]  # icon name + title
     assert len(links) == len(PAGES)
     for link, title in zip(links, ["Overview", "Heads", "Line view"], strict=False):
