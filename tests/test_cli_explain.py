@@ -105,3 +105,21 @@ def test_an_atlas_is_named_by_folder_name_or_model(app_atlas, capsys) -> None:
     assert main(argv) == 0
     row = pd.read_csv(io.StringIO(capsys.readouterr().out))
     assert list(row["program"]) == ["offset(-1)"] and math.isnan(row["faithfulness"][0])
+
+
+def test_the_shipped_atlases_are_built_explained(tmp_path, monkeypatch, capsys) -> None:
+    """``atlas build --default`` (what scripts/run-app.sh runs) leaves every head of the atlas
+    explained, so the Head atlas page opens with them; ``--no-explain`` leaves none."""
+    monkeypatch.setenv("MHSA_ATLAS_DIR", str(tmp_path / "plain"))
+    argv = ["atlas", "build", "--default", "--only", "toy:induction", "--sentences", "40"]
+    assert main([*argv, "--no-explain"]) == 0
+    assert mhsa.explain.saved(mhsa.atlas.open_atlas(tmp_path / "plain" / "toy-induction")) is None
+    monkeypatch.setenv("MHSA_ATLAS_DIR", str(tmp_path / "explained"))
+    assert main(argv) == 0
+    atlas = mhsa.atlas.open_atlas(tmp_path / "explained" / "toy-induction")
+    found = mhsa.explain.saved(atlas)
+    assert found is not None and list(found.table["head"]) == atlas.labels
+    assert "offset(-1)" in found.table.set_index("head").loc["L0H3", "program"]
+    assert "every head explained" in capsys.readouterr().err
+    assert main(argv) == 0  # built and explained: both reused
+    assert "every head explained" not in capsys.readouterr().err

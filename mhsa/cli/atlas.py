@@ -53,6 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     build.add_argument("--as-background", action="store_true", help=argparse.SUPPRESS)
     build.add_argument(
+        "--no-explain",
+        action="store_true",
+        help="with --default: do not explain the atlas's heads after the build (by default they "
+        "are, with mhsa.explain, so that the Head atlas page opens with them)",
+    )
+    build.add_argument(
         "--sentences",
         type=int,
         default=None,
@@ -147,6 +153,8 @@ def _build(args: argparse.Namespace) -> None:
         if args.as_background:  # the process build_in_background starts
             for model in args.only or []:
                 run_background_build(model, args.sentences)
+                if not args.no_explain:
+                    _explain_shipped(model)
             return
         if args.background:
             for model in args.only or ["default"]:
@@ -155,6 +163,8 @@ def _build(args: argparse.Namespace) -> None:
             return
         built = build_default_atlases(sentences=args.sentences, models=args.only)
         for name, folder in built.items():
+            if not args.no_explain:
+                _explain_shipped(name)
             print(f"{name}: {folder}", file=sys.stderr)
         return
     if args.corpus is None or args.out is None:
@@ -173,3 +183,16 @@ def _build(args: argparse.Namespace) -> None:
         part=args.part,
     )
     print(f"wrote {args.out}: {atlas}", file=sys.stderr)
+
+
+def _explain_shipped(model: str) -> None:
+    """Explain every head of the shipped atlas of ``model`` (``mhsa.explain.explain_heads``,
+    saved in its folder) unless explanations of this build are there already."""
+    import mhsa.explain
+    from mhsa.atlas import open_atlas
+    from mhsa.atlas.shipped import DEFAULT_ATLASES, atlas_dir
+
+    atlas = open_atlas(atlas_dir() / DEFAULT_ATLASES[model])
+    if mhsa.explain.saved(atlas) is None:
+        mhsa.explain.explain_heads(atlas, progress=False, save=True)
+        print(f"{model}: every head explained", file=sys.stderr)
