@@ -284,6 +284,21 @@ def test_every_universal_tag_has_words_to_describe_it() -> None:
     assert tuple(TAG_NAMES) == UNIVERSAL_TAGS
 
 
+@pytest.mark.parametrize(
+    ("text", "main"),
+    [
+        ("offset(-1)", "offset(-1)"),
+        ("mix(offset(-1), self, 0.7)", "offset(-1)"),
+        ("mix(offset(-1), self, 0.3)", "self"),
+        ("induction | special", "induction"),
+        ("mix(first, induction | self, 0.4)", "induction"),
+        ("when(NOUN, pos(DET, left, nearest)) | first", "when(NOUN, pos(DET, left, nearest))"),
+    ],
+)
+def test_a_programs_main_part_is_its_heaviest(text, main) -> None:
+    assert str(parse_program(text).main) == main
+
+
 def test_a_weight_is_kept_to_the_digits_it_prints() -> None:
     program = Mix(Atom("self"), Atom("first"), 1 / 3)
     assert parse_program(str(program)) == program and str(program).endswith("0.333333)")

@@ -230,6 +230,13 @@ class Program:
         """Whether it reads part-of-speech tags (a ``pos`` or ``when`` in it)."""
         return any(p.needs_tags for p in self.parts)
 
+    @property
+    def main(self) -> Program:
+        """The part with the most weight: a mix's heavier part (``mix(a, b, w)`` is
+        ``w a + (1 - w) b``: ``a`` when w >= 0.5), a fallback's first (``a | b``: b only where
+        a has no key), followed down; an atom, ``pos`` or ``when`` itself."""
+        return self
+
     def phrase(self) -> str:
         """Where a query attends, as a phrase ("to the previous token")."""
         raise NotImplementedError
@@ -438,6 +445,10 @@ class Fallback(Program):
     def parts(self) -> tuple[Program, ...]:
         return (self.first, self.then)
 
+    @property
+    def main(self) -> Program:
+        return self.first.main
+
     def phrase(self) -> str:
         return f"{self.first.phrase()}; otherwise {self.then.phrase()}"
 
@@ -472,6 +483,10 @@ class Mix(Program):
     @property
     def parts(self) -> tuple[Program, ...]:
         return (self.a, self.b)
+
+    @property
+    def main(self) -> Program:
+        return (self.a if self.w >= 0.5 else self.b).main
 
     def phrase(self) -> str:
         share = round(100 * self.w)

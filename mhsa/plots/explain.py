@@ -67,7 +67,9 @@ def explanation_map(table: pd.DataFrame, *, score: str = "iou", title: str) -> g
 
     Args:
         table: one row per head with ``head`` (its label), ``program``, ``kind`` (a key of
-            ``PROGRAM_KINDS``) and the ``score`` column.
+            ``PROGRAM_KINDS``), optionally ``mostly`` (the kind of the program's heaviest
+            part: a combination is drawn in its colour, its code followed by "+") and the
+            ``score`` column.
         score: the column written in each cell and shown on hover (``iou``: soft IoU).
         title: the figure's title.
     """
@@ -77,11 +79,18 @@ def explanation_map(table: pd.DataFrame, *, score: str = "iou", title: str) -> g
     codes = list(PROGRAM_KINDS)
     z = np.full((len(layers), width), np.nan)
     xs, ys, texts, colours, hovers = [], [], [], [], []
+    drawn: set[str] = set()  # the kinds of colour drawn, and whether a "+" is: the legend's
+    combined = False
     for (name, h), (_, row) in zip(parsed, table.iterrows(), strict=True):
         kind = row["kind"] if row["kind"] in PROGRAM_KINDS else "combination"
-        code, colour = PROGRAM_KINDS[kind]
+        mostly = row.get("mostly", kind)
+        mostly = mostly if mostly in PROGRAM_KINDS else kind
+        code, colour = PROGRAM_KINDS[mostly]
+        code += "+" if kind == "combination" and mostly != kind else ""
         r = layers.index(name)
-        z[r, h] = codes.index(kind)
+        z[r, h] = codes.index(mostly)
+        drawn.add(mostly)
+        combined = combined or code.endswith("+")
         value = float(row[score])
         xs.append(h)
         ys.append(r)
@@ -122,6 +131,8 @@ def explanation_map(table: pd.DataFrame, *, score: str = "iou", title: str) -> g
         )
     )
     for kind, (code, colour) in PROGRAM_KINDS.items():  # the legend: code, colour, name
+        if kind not in drawn:
+            continue
         fig.add_trace(
             go.Scatter(
                 x=[None],
@@ -140,5 +151,11 @@ def explanation_map(table: pd.DataFrame, *, score: str = "iou", title: str) -> g
         autorange="reversed",
         showgrid=False,
     )
+    if combined:  # a combination: its heaviest part's colour and code, and a "+"
+        fig.add_trace(
+            go.Scatter(
+                x=[None], y=[None], mode="markers", marker={"opacity": 0}, name="+: combined"
+            )
+        )
     fig.update_layout(legend={"title": {"text": "kind"}})  # on the right, clear of the axes
     return apply_layout(fig, title, height=200 + 36 * len(layers))

@@ -89,6 +89,17 @@ def test_the_page_leads_with_the_heads_saved_explanation(with_toy_atlas) -> None
     np.testing.assert_allclose(program[1:], by_hand[1:], atol=1e-6)
 
 
+def _heaviest(program):
+    """The part of a program with the most weight, walked by hand: a mix's heavier part, a
+    fallback's first."""
+    while isinstance(program, mhsa.explain.Mix | mhsa.explain.Fallback):
+        if isinstance(program, mhsa.explain.Fallback):
+            program = program.first
+        else:
+            program = program.a if program.w >= 0.5 else program.b
+    return program
+
+
 def test_the_map_colours_every_head_by_its_kind_and_writes_code_and_score(
     with_toy_atlas,
 ) -> None:
@@ -101,18 +112,24 @@ def test_the_map_colours_every_head_by_its_kind_and_writes_code_and_score(
     cells, text = spec["data"][0], spec["data"][1]
     z = decode(cells["z"]).reshape(2, 4) if isinstance(cells["z"], dict) else np.array(cells["z"])
     kinds = list(PROGRAM_KINDS)
+    drawn, combined = set(), False
     for layer in range(2):
         for h in range(4):
             program = table.loc[f"L{layer}H{h}", "program"]
-            kind = mhsa.explain.parse_program(program).kind
-            assert kinds[int(z[layer][h])] == kind
+            parsed = mhsa.explain.parse_program(program)
+            heaviest = _heaviest(parsed)
+            assert kinds[int(z[layer][h])] == heaviest.kind
             i = layer * 4 + h
             assert (text["x"][i], text["y"][i]) == (h, layer)
-            code = PROGRAM_KINDS[kind][0]
+            code = PROGRAM_KINDS[heaviest.kind][0] + ("+" if heaviest is not parsed else "")
             assert text["text"][i] == f"{code} {table.loc[f'L{layer}H{h}', 'iou']:.2f}"
             assert program in text["hovertext"][i]
+            drawn.add(heaviest.kind)
+            combined |= heaviest is not parsed
     legend = [t["name"] for t in spec["data"][2:]]
-    assert legend == ["P: positional", "T: token", "L: linguistic", "C: combination"]
+    want = [f"{code}: {kind}" for kind, (code, _) in PROGRAM_KINDS.items() if kind in drawn]
+    assert legend == want + (["+: combined"] if combined else [])
+    assert combined  # the toy's previous-token head mixes offset(-1) with self
     frame = next(d.value for d in at.dataframe if "kind" in d.value.columns)
     assert list(frame["head"]) == list(table.index)
 

@@ -113,6 +113,10 @@ def head_map_table(explanations: Any) -> pd.DataFrame:
     frame = table[columns].copy()
     kinds = table["kind"] if "kind" in table else [kind_of(str(p)) for p in frame["program"]]
     frame.insert(2, "kind", list(kinds))
+    # a combination is drawn in the colour of its heaviest part's kind (most heads of a real
+    # model mix a positional or token program with the first token)
+    mostly = [mhsa.explain.parse_program(str(p)).main.kind for p in frame["program"]]
+    frame.insert(3, "mostly", mostly)
     return frame.reset_index(drop=True)
 
 

@@ -226,12 +226,7 @@ def _main_part(settings: Settings, subject: str) -> str:
     w)`` is ``w a + (1 - w) b``), a fallback's first (``a | b``: b only where a has no key),
     else the program itself."""
     program = mhsa.explain.parse_program(str(_atlas_explanation(settings, subject)["program"]))
-    while isinstance(program, mhsa.explain.Mix | mhsa.explain.Fallback):
-        if isinstance(program, mhsa.explain.Fallback):
-            program = program.first
-        else:
-            program = program.a if program.w >= 0.5 else program.b
-    return str(program)
+    return str(program.main)
 
 
 def _explanation_accuracy(settings: Settings, subject: str) -> float:
