@@ -203,11 +203,8 @@ def _composition(query: Query) -> None:
     columns = st.columns(len(composition.kinds))
     for column, kind in zip(columns, composition.kinds, strict=True):
         with column:
-            page.figure(
-                plots.composition_figure(composition.scores[kind], kind, columns=len(columns)),
-                f"composition-{kind}",
-                key=f"composition-{kind}",
-            )
+            figure = plots.composition_figure(composition.scores[kind], kind, columns=len(columns))
+            page.figure(figure, f"composition-{kind}", key=f"composition-{kind}")
     labels = composition.later_heads
     state = st.session_state
     if state["role_head"] not in labels:  # none yet, or one this model lacks: as clamp does

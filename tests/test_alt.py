@@ -248,6 +248,29 @@ def _catalogue() -> dict[str, object]:
             a[0, 0, :3, :4], list("abc"), list("abcd"), title="L0H0 around text 3"
         ),
         "positional_figure": plots.positional_figure(a[1, 1], "L1H1"),
+        "pattern_pair": plots.pattern_pair(
+            a[1, 1],
+            np.eye(6, k=-1) + np.eye(6, 1, 0) * (np.arange(6) == 0)[:, None],
+            list("abcdef"),
+            head_title="L1H1",
+            program_title="offset(-1)",
+        )[0],
+        "explanation_map": plots.explanation_map(
+            pd.DataFrame(
+                {
+                    "head": ["L0H0", "L0H1", "L1H0", "L1H1"],
+                    "program": ["offset(-1)", "mix(first, self, 0.6)", "induction", "first"],
+                    "kind": ["positional", "combination", "token", "positional"],
+                    "mostly": ["positional", "positional", "token", "positional"],
+                    "iou": [0.81, 0.47, 0.62, 0.35],
+                }
+            ),
+            title="Heads by their program",
+        ),
+        "tag_histogram_figure": plots.tag_histogram_figure(
+            pd.DataFrame({"query": [12, 3, 0], "key": [2, 9, 4]}, index=["NOUN", "DET", "ADP"]),
+            title="Tags of the top pairs",
+        ),
         "qk_terms_figure": plots.qk_terms_figure(
             pd.DataFrame({"pair": ["q1 · k1", "q2 · k2"], "key": ["a", "b"], "score": [1.5, -0.4]}),
             title="Why here",
@@ -265,7 +288,8 @@ def _catalogue() -> dict[str, object]:
 NOT_FIGURES = {
     "COLORSCALE", "COLORWAY", "GRID_THUMB", "HEAD_COLORS", "LAYER_COLORSCALE", "LINE_BINS",
     "LINE_BUDGET", "LINE_DENSE", "LINE_MIN_WEIGHT", "LINE_TOP_K", "MAX_TICKS",
-    "PRESENTATION_FONT", "SIGNED_COLORSCALE", "TEMPLATE", "WEIGHTED_BY_NORM", "WEIGHTS",
+    "PRESENTATION_FONT", "PROGRAM_KINDS", "SIGNED_COLORSCALE", "TEMPLATE", "WEIGHTED_BY_NORM",
+    "WEIGHTS",
     "alt_text", "circuit_node_xy", "clickable_cells", "decorate", "describe_attention",
     "downsample", "enlarge_fonts", "figure_data", "fit_margins", "head_style", "label",
     "line_pairs", "mark_window", "set_alt", "snapshot_history", "snapshot_scores",

@@ -109,6 +109,7 @@ UNSIGNED = {
     "qk_terms_figure",  # bars from 0, not a map
     "head_style",  # a head's colour and dash
     "tag_histogram_figure",  # counts of tags
+    "pattern_pair", "explanation_map",  # weights 0-1; kinds of program
     "alt_text", "describe_attention", "set_alt",  # a figure's text alternative
 }  # fmt: skip
 

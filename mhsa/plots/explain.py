@@ -14,6 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from mhsa.heads import parse_layer_head_label
+from mhsa.plots.alt import describe_attention, plain, set_alt
 from mhsa.plots.common import apply_layout, label, matrix_heatmap
 from mhsa.plots.palette import HEAD_COLORS
 
@@ -58,6 +59,7 @@ def pattern_pair(
                 columns=2,
             )
         )
+        set_alt(figures[-1], describe_attention(matrix, list(tokens), what=plain(title)))
     return figures[0], figures[1]
 
 
@@ -158,4 +160,21 @@ def explanation_map(table: pd.DataFrame, *, score: str = "iou", title: str) -> g
             )
         )
     fig.update_layout(legend={"title": {"text": "kind"}})  # on the right, clear of the axes
-    return apply_layout(fig, title, height=200 + 36 * len(layers))
+    fig = apply_layout(fig, title, height=200 + 36 * len(layers))
+    return set_alt(fig, _map_alt(table, score, title))
+
+
+def _map_alt(table: pd.DataFrame, score: str, title: str) -> str:
+    """The map in one sentence: how many heads each kind explains (by the heaviest part), and
+    the best-explained head with its score."""
+    mostly = table["mostly"] if "mostly" in table else table["kind"]
+    counts = mostly.value_counts()
+    kinds = ", ".join(f"{int(n)} {kind}" for kind, n in counts.items())
+    values = pd.to_numeric(table[score], errors="coerce")
+    if values.notna().any():
+        best = table.loc[values.idxmax()]
+        top = f"; the best explained is {best['head']}, {best['program']}"
+        top += f" ({score} {values.max():.2f})"
+    else:
+        top = ""
+    return f"{plain(title)}: {len(table)} heads by their program's main kind: {kinds}{top}."
