@@ -228,11 +228,21 @@ def _head_map(explanations: object, name: str) -> None:
             decorate=False,
         )
         st.caption(
-            "Each cell: the kind of the head's program (P positional, T token, L linguistic, "
-            "C combination) and its IoU on held-out texts."
+            "Each cell: the kind of the head's program (P positional, T token, L linguistic; "
+            "a combination in the kind of its heaviest part, followed by +) and its IoU on "
+            "held-out texts."
         )
     with right:
         page.table(frame, f"explanations-{name}", label="Download the programs (.csv)", height=360)
+    together = views.together_table(explanations)
+    if together is not None:
+        st.markdown("**Heads replaced by their programs together**")
+        st.caption(
+            "Faithfulness with every head of a layer replaced at once, and with the "
+            "best-explained quarter of the model's heads (by held-out IoU) at once: 1 is the "
+            "model's own loss, 0 what the same heads made uniform give."
+        )
+        page.table(together, f"explanations-together-{name}", label="Download (.csv)")
 
 
 def show(atlas: mhsa.atlas.Atlas, name: str, head: str) -> None:

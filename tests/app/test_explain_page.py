@@ -229,3 +229,21 @@ def test_a_link_opens_the_head_atlas_on_its_head_and_hypothesis(with_toy_atlas) 
     assert at.selectbox(key="explain_text").value == held[1]  # the example the link names
     shown = [e.value for e in at.error]
     assert len(shown) == 1 and "<b>first</b>" in shown[0].replace("\\", "")
+
+
+def test_the_heads_replaced_together_are_listed_with_their_faithfulness(with_toy_atlas) -> None:
+    """Under the map: each layer's heads replaced at once and the best-explained quarter (2 of
+    the toy's 8 heads: the two of highest held-out IoU), each with its saved faithfulness."""
+    at = run(PAGE, **TOY, atlas_head="L0H3")
+    assert not at.exception, at.exception
+    frame = next(d.value for d in at.dataframe if "heads replaced" in d.value.columns)
+    assert list(frame["heads replaced"]) == ["L0", "L1", "best quarter"]
+    assert list(frame["heads"]) == [4, 4, 2]
+    found = mhsa.explain.saved(mhsa.atlas.open_atlas(Path(with_toy_atlas) / "toy-induction"))
+    saved = found.together.set_index("what")
+    for what, shown in zip(frame["heads replaced"], frame["faithfulness"], strict=True):
+        value = float(saved.loc[what, "faithfulness"])
+        assert shown == (f"{value:.2f}" if math.isfinite(value) else shown)
+        assert math.isfinite(value) or shown.startswith("none: ")
+    best = found.table.sort_values("iou", ascending=False)["head"][:2]
+    assert set(saved.loc["best quarter", "heads"].split(",")) == set(best)

@@ -120,6 +120,23 @@ def head_map_table(explanations: Any) -> pd.DataFrame:
     return frame.reset_index(drop=True)
 
 
+def together_table(explanations: Any) -> pd.DataFrame | None:
+    """The heads replaced together (each whole layer, the best-explained quarter): what,
+    how many heads, faithfulness or why none; None when the explanations have no such rows."""
+    together = getattr(explanations, "together", None)
+    if together is None or together.empty:
+        return None
+    heads = [len([h for h in str(v).split(",") if h]) for v in together["heads"]]
+    values = pd.to_numeric(together["faithfulness"], errors="coerce")
+    shown = [
+        f"{v:.2f}" if math.isfinite(v) else f"none: {str(note) or 'not computed'}"
+        for v, note in zip(values, together["note"].fillna(""), strict=True)
+    ]
+    return pd.DataFrame(
+        {"heads replaced": list(together["what"]), "heads": heads, "faithfulness": shown}
+    )
+
+
 def held_out_texts(name: str) -> list[int]:
     """The atlas's held-out texts, those the explanations are scored on (never searched)."""
     return list(split_texts(atlas_views.open_named(name))[1])
