@@ -1,6 +1,6 @@
 """The heads' true outputs, recomputed for the few corpus texts that a query needs: the atlas
 keeps its texts and names its model, so a context search (exBERT's, Hoover et al. 2020) can rank
-its candidates by the model's own values rather than by their 4-bit codes.
+its candidates by the model's own values rather than by their 5-bit codes.
 
 A head's output z at a token is its context before the output projection W_O (TransformerLens's
 ``hook_z``: ``z_h = A_h V_h``, Vaswani et al. 2017), here taken at the input of our module's
