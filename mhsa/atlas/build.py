@@ -31,7 +31,6 @@ from mhsa.atlas.index import (
     build_index,
     code_bytes,
     projection_matrix,
-    recode,
 )
 from mhsa.atlas.tags import NO_TAG, UNIVERSAL_TAGS, align_tags, check_tag, tag_id
 from mhsa.engine.encoding import Encoded, encode, encode_many
@@ -607,9 +606,7 @@ def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, e
             special[a:b] = f["special"]
             key[:, a:b] = f["strongest_key"]
             weight[:, a:b] = f["strongest_weight"]
-            # a shard written by an earlier version (a resumed build) keeps 4-bit codes: the
-            # same numbers in 5 bits, against its own ranges
-            z[:, a:b] = f[f"z{BITS}"] if f"z{BITS}" in f.files else recode(f["z4"], plan.d_head)
+            z[:, a:b] = f[f"z{BITS}"]  # shards of another format are redone (``run._start``)
             z_lo[s], z_step[s] = f["z_lo"], f["z_step"]
             projected[a:b] = f["projected"]
             if tag_ids is not None:

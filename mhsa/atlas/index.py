@@ -37,7 +37,6 @@ __all__ = [
     "code_bytes",
     "exact_neighbours",
     "projection_matrix",
-    "recode",
     "search_index",
 ]
 
@@ -83,12 +82,6 @@ def _pack(q: torch.Tensor, bits: int) -> np.ndarray:
 def code_bytes(dh: int, bits: int) -> int:
     """Bytes of one head's codes at one token (``_pack``'s layout)."""
     return -(-dh // 2) if bits == 4 else 5 * -(-dh // 8)
-
-
-def recode(codes: np.ndarray, dh: int) -> np.ndarray:
-    """4-bit codes ``[Hs, n, bytes]`` as 5-bit ones of the same numbers (the same ranges)."""
-    q = torch.from_numpy(_unpack(np.asarray(codes), 4, dh).astype(np.uint8))
-    return _pack(q, 5)
 
 
 def _unpack(codes: np.ndarray, bits: int, dh: int) -> np.ndarray:
