@@ -241,6 +241,7 @@ def true_recall(
         "recall_true_per_head_min": round(per_head_recall[worst], 3),
         "recall_true_per_head_min_head": worst,
         "heads_below_0.95": sorted(h for h, r in per_head_recall.items() if r < 0.95),
+        "recall_true_each_head": {h: round(r, 3) for h, r in per_head_recall.items()},
         "recall_true_all_heads": round(float(np.mean(every)), 3),
         "codes_alone_recall_true_per_head_mean": round(
             float(np.mean(list(per_head_coded.values()))), 3

@@ -51,7 +51,7 @@ def trial(atlas, queries, bits: int, sub_dims: int, iterations: int, probes: int
 
     z = atlas.z
     n = z.tokens
-    dims = z.codes.shape[0] * z.codes.shape[2] * 2
+    dims = z.lo.shape[1] * z.lo.shape[2]
     m = next(m for m in range(max(1, dims // sub_dims), dims + 1) if dims % m == 0)
     lists = int(min(256, max(16, math.sqrt(n))))
     index = faiss.IndexIVFPQ(

@@ -203,14 +203,17 @@ def _hooked_z(texts: list[str], model) -> np.ndarray:
 
 
 def test_minilm_similar_searches_the_stored_outputs_of_the_hooked_z(minilm_atlas) -> None:
-    """The stored head outputs are the model's (from plain hooks) within half a 4-bit step;
+    """The stored head outputs are the model's (from plain hooks) within half a 5-bit step;
     ``similar(exact=False)`` ranks exactly as a search over those stored values decoded here by
     hand (``similar`` itself ranks by the true outputs: ``tests/test_atlas_exact.py``)."""
     atlas, _ = minilm_atlas
     z = _hooked_z(TEXTS, "default")  # [N, L * 384]: heads in label order
     assert z.shape == (atlas.tokens, 6 * 384)
-    codes = np.asarray(atlas.z.codes)  # [72, N, 16]
-    nibbles = np.stack([codes & 15, codes >> 4], axis=-1).reshape(72, atlas.tokens, 32)
+    assert atlas.manifest["format"] == 3 and (atlas.folder / "z5.npy").is_file()
+    codes = np.asarray(atlas.z.codes).astype(np.int64)  # [72, N, 20]: 8 numbers in 5 bytes
+    groups = codes.reshape(72, atlas.tokens, 4, 5)
+    word = sum(groups[..., b] << (8 * b) for b in range(5))  # [72, N, 4] 40-bit integers
+    nibbles = np.stack([(word >> (5 * i)) & 31 for i in range(8)], -1).reshape(72, -1, 32)
     # each token's shard (its text's, by the plan's texts a shard) coded it against its ranges
     text_of = np.searchsorted(atlas.offsets, np.arange(atlas.tokens), side="right") - 1
     shard = text_of // atlas.manifest["plan"]["shard_texts"]
@@ -560,6 +563,63 @@ def test_shards_are_sized_by_the_head_outputs_they_hold() -> None:
     assert shard_texts_for([document] * 50, minilm) == pytest.approx(short / 25, rel=0.01)
     assert shard_texts_for([document] * 50, 16 * 2048) == 16  # a 1B model's long texts
     assert shard_texts_for(["a"] * 50, minilm) == 4096
+
+
+def test_five_bit_codes_are_eight_numbers_in_five_bytes_within_half_a_step() -> None:
+    """Numbers coded by hand (codes 0..31 on 32 steps from each dimension's minimum), packed
+    as 40-bit little-endian integers, decode back exactly; every decoded value is within half
+    a step (the range over 31) of the original; 12 dimensions take 10 bytes (padded to 16)."""
+    import torch
+
+    from mhsa.atlas.index import ZCodes
+
+    rng = np.random.default_rng(5)
+    z = rng.normal(size=(2, 40, 12)).astype(np.float32)
+    codes, lo, step = ZCodes.quantise(torch.from_numpy(z.copy()), 5)
+    assert codes.shape == (2, 40, 10)
+    np.testing.assert_allclose(step, (z.max(1) - z.min(1)) / 31, rtol=1e-6)
+    decoded = ZCodes(codes, lo, step, bits=5).decode(slice(None))
+    assert (np.abs(decoded - z) <= step[:, None] / 2 + 1e-6).all()
+    # the first token's first head by hand: eight 5-bit numbers in the low bits first
+    by_hand = np.rint((z[0, 0] - lo[0]) / step[0]).astype(np.int64)
+    padded = np.concatenate([by_hand, np.zeros(4, np.int64)])
+    expected = []
+    for group in padded.reshape(2, 8):
+        word = sum(int(v) << (5 * i) for i, v in enumerate(group))
+        expected += [(word >> (8 * b)) & 255 for b in range(5)]
+    assert codes[0, 0].tolist() == expected
+    # a 4-bit atlas's codes read as they were: 0x21 is 1 then 2
+    four = ZCodes(np.array([[[0x21]]], np.uint8), np.zeros((1, 2)), np.ones((1, 2)), bits=4)
+    np.testing.assert_allclose(four.decode(slice(None))[0], [[1, 2]])
+
+
+def test_an_atlas_of_format_2_is_still_read(indexed_atlas, tmp_path) -> None:
+    """An atlas of format 2 (4-bit codes in ``z4.npy``, per shard), made here from the new one
+    by hand, opens, decodes each number as ``lo + nibble * step`` and searches by its codes."""
+    import shutil
+
+    from mhsa.atlas import open_atlas
+
+    old = tmp_path / "old2"
+    shutil.copytree(indexed_atlas.folder, old)
+    (old / "z5.npy").unlink()
+    values = indexed_atlas.z.decode(slice(None))  # [Hs, N, Dh]
+    lo, hi = values.min(1), values.max(1)
+    step = (hi - lo) / 15
+    q = np.clip(np.rint((values - lo[:, None]) / step[:, None]), 0, 15).astype(np.uint8)
+    np.save(old / "z4.npy", q[..., 0::2] | (q[..., 1::2] << 4))
+    np.savez(old / "z_ranges.npz", lo=lo[None], step=step[None], bounds=np.zeros(1, np.int64))
+    manifest = json.loads((old / "manifest.json").read_text())
+    manifest["format"] = 2
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    atlas = open_atlas(old)
+    assert atlas.z.bits == 4
+    token = 1234
+    np.testing.assert_allclose(
+        atlas.z.decode(np.array([token]))[:, 0], lo + q[:, token] * step, rtol=1e-5, atol=1e-6
+    )
+    got = atlas.similar(3, 2, head="L1H2", k=5, exact=False)
+    assert len(got) == 5 and got["similarity"].is_monotonic_decreasing
 
 
 def test_stored_outputs_decode_through_each_tokens_own_range_in_any_order() -> None:

@@ -24,7 +24,14 @@ import torch
 
 from mhsa.atlas.collect import BatchLayout, HeadSummaries
 from mhsa.atlas.corpora import TaggedText
-from mhsa.atlas.index import PROJECTION_DIMS, ZCodes, build_index, projection_matrix
+from mhsa.atlas.index import (
+    BITS,
+    PROJECTION_DIMS,
+    ZCodes,
+    build_index,
+    code_bytes,
+    projection_matrix,
+)
 from mhsa.atlas.tags import NO_TAG, UNIVERSAL_TAGS, align_tags, check_tag, tag_id
 from mhsa.engine.encoding import Encoded, encode, encode_many
 from mhsa.engine.models.loading import LoadedModel, get_model
@@ -50,9 +57,10 @@ __all__ = [
     "shard_texts_for",
 ]
 
-#: the atlas folder's format; a reader refuses a newer one (2: head outputs coded per shard,
-#: the all-heads index a random projection; format-1 atlases are still read)
-FORMAT = 2
+#: the atlas folder's format; a reader refuses a newer one (3: head outputs in 5 bits,
+#: ``z5.npy``; 2: in 4 bits, coded per shard, the all-heads index a random projection; 1: one
+#: range; formats 1 and 2 are still read)
+FORMAT = 3
 #: texts per shard where the corpus's own size does not set it (the unit of resuming and of
 #: Ray's work; by default a build sizes its shards by ``SHARD_BYTES``)
 SHARD_TEXTS = 512
@@ -429,7 +437,7 @@ def build_shard(
         "special": special,
         "strongest_key": strongest_key,
         "strongest_weight": strongest_weight,
-        "z4": codes,
+        f"z{BITS}": codes,
         "z_lo": lo,
         "z_step": step,
         "projected": projected.numpy().astype(np.float16),
@@ -583,7 +591,7 @@ def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, e
     special = mm(work / "special.npy", "w+", bool, (n,))
     key = mm(work / "strongest_key.npy", "w+", np.uint16, (hs, n))
     weight = mm(work / "strongest_weight.npy", "w+", np.float16, (hs, n))
-    z = mm(work / "z4.npy", "w+", np.uint8, (hs, n, plan.d_head // 2))
+    z = mm(work / f"z{BITS}.npy", "w+", np.uint8, (hs, n, code_bytes(plan.d_head, BITS)))
     projected = mm(work / ".projected.npy", "w+", np.float16, (n, PROJECTION_DIMS))
     tag_ids = mm(work / "tags.npy", "w+", np.uint8, (n,)) if plan.tagged else None
     z_lo = np.zeros((plan.shards, hs, plan.d_head), np.float32)
@@ -598,7 +606,7 @@ def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, e
             special[a:b] = f["special"]
             key[:, a:b] = f["strongest_key"]
             weight[:, a:b] = f["strongest_weight"]
-            z[:, a:b] = f["z4"]
+            z[:, a:b] = f[f"z{BITS}"]  # shards of another format are redone (``run._start``)
             z_lo[s], z_step[s] = f["z_lo"], f["z_step"]
             projected[a:b] = f["projected"]
             if tag_ids is not None:

@@ -1,6 +1,6 @@
 """The heads' true outputs, recomputed for the few corpus texts that a query needs: the atlas
 keeps its texts and names its model, so a context search (exBERT's, Hoover et al. 2020) can rank
-its candidates by the model's own values rather than by their 4-bit codes.
+its candidates by the model's own values rather than by their 5-bit codes.
 
 A head's output z at a token is its context before the output projection W_O (TransformerLens's
 ``hook_z``: ``z_h = A_h V_h``, Vaswani et al. 2017), here taken at the input of our module's
@@ -12,11 +12,15 @@ the build read them (``mhsa.atlas.build``), so the tokens are the atlas's.
   time, until no candidate left could enter the top k (what ``Atlas.similar`` calls).
 
 A candidate's coded cosine differs from its true one by the codes' error: each stored number is
-within half a step of the model's (``mhsa.atlas.index.ZCodes``), so with the error of a number
-uniform on that interval (standard deviation ``step / sqrt(12)``) the cosine's error has about
-``sigma = sqrt(sum_d q_d^2 step_d^2 / 12) * (1 + |cos|) / ||c||`` (q the unit query, c the coded
-vector: the error along q, and the norm's error scaling the cosine). A candidate is re-ranked
-while its coded cosine plus ``MARGIN * sigma`` reaches the k-th true cosine found so far.
+within half a step of the model's (``mhsa.atlas.index.ZCodes``); take the error ``e`` of a
+number as uniform on that interval (standard deviation ``step / sqrt(12)``). The cosine of the
+unit query q and a vector c is ``q . c / ||c||``; its first-order change under ``e`` is
+``w . e / ||c||`` with ``w = q - cos * c / ||c||``, the part of q orthogonal to c (the gradient
+of the cosine), so ``sigma = sqrt(sum_d w_d^2 step_d^2 / 12) / ||c||``: small for a candidate
+nearly parallel to the query, where ``||w|| = sin(angle)``. The second-order change is at most
+about ``||e||^2 / ||c||^2`` (the cosine's curvature), ``sum_d step_d^2 / 12 / ||c||^2`` on
+average. A candidate is re-ranked while its coded cosine plus ``MARGIN * sigma`` plus
+``CURVATURE`` times that second-order term reaches the k-th true cosine found so far.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from mhsa.engine.stream.hooks import before, hooked
 
 __all__ = [
     "CANDIDATES",
+    "CURVATURE",
     "MARGIN",
     "MAX_TEXTS",
     "MIN_CANDIDATES",
@@ -53,6 +58,8 @@ MIN_CANDIDATES = 320
 #: standard deviations of the codes' cosine error a candidate may be below the k-th true cosine
 #: and still be re-ranked (``bench/bench_atlas.py --recall`` measures the recall it keeps)
 MARGIN = 3.0
+#: multiples of the codes' mean second-order cosine error added to that margin
+CURVATURE = 0.25
 #: texts recomputed at a time (one padded batch each round)
 ROUND_TEXTS = 12
 #: texts recomputed at most per query besides its own: the time a query may take (a forward
@@ -136,13 +143,18 @@ def _run(
 def code_error(
     unit_query: np.ndarray, steps: np.ndarray, coded: np.ndarray, cosines: np.ndarray
 ) -> np.ndarray:
-    """The standard deviation of each candidate's coded cosine about its true one (see the
-    module's docstring): ``unit_query [dims]``, ``steps [spans, dims]`` (the codes' steps of
-    the heads asked, each span's), ``coded [n, dims]`` the candidates' coded vectors,
-    ``cosines [n]`` their coded cosines. The widest span's steps are taken: a bound for all."""
-    along = float(np.sqrt(((unit_query[None] * steps) ** 2).sum(1).max() / 12.0))
+    """How far above its coded cosine each candidate's true cosine may lie (see the module's
+    docstring): ``MARGIN`` standard deviations of the first-order error plus ``CURVATURE``
+    times the mean second-order one. ``unit_query [dims]``, ``steps [spans, dims]`` (the
+    codes' steps of the heads asked, each span's), ``coded [n, dims]`` the candidates' coded
+    vectors, ``cosines [n]`` their coded cosines. The widest span's steps are taken: a bound
+    for all."""
+    widest = steps[np.argmax((steps**2).sum(1))]
     norms = np.maximum(np.linalg.norm(coded, axis=1), 1e-12)
-    return along * (1.0 + np.abs(cosines)) / norms
+    gradient = unit_query[None] - cosines[:, None] * (coded / norms[:, None])  # [n, dims]
+    first = np.sqrt(((gradient * widest[None]) ** 2).sum(1) / 12.0) / norms
+    second = float((widest**2).sum() / 12.0) / norms**2
+    return MARGIN * first + CURVATURE * second
 
 
 def rerank(

@@ -1,10 +1,11 @@
 """The atlas's context search (exBERT's, Hoover et al. 2020): corpus tokens whose head outputs z
 are nearest a chosen token's by cosine similarity.
 
-The heads' outputs are kept in 4 bits per number (``ZCodes``: per shard of the build, head and
-dimension, 16 even steps from the shard's minimum to its maximum, so every stored value is
-within half a step of the model's; 1,152 bytes per token for MiniLM's 72 heads of 32
-dimensions, against 4,608 in float16). A shard codes its own values, so merging shards copies
+The heads' outputs are kept in 5 bits per number (``ZCodes``: per shard of the build, head and
+dimension, 32 even steps from the shard's minimum to its maximum, so every stored value is
+within half a step of the model's; 1,440 bytes per token for MiniLM's 72 heads of 32
+dimensions, against 4,608 in float16). Atlases of format 2 and before keep 4 bits (16 steps,
+twice as wide) and are read as they were. A shard codes its own values, so merging shards copies
 bytes. Over one head or a few, search is exhaustive over the stored values. Over every head at
 once (exBERT's concatenation) it is exhaustive too up to ``EXACT_UP_TO`` tokens; above, each
 token's unit concatenation, projected by a fixed random Gaussian matrix to ``PROJECTION_DIMS``
@@ -28,10 +29,12 @@ import numpy as np
 import torch
 
 __all__ = [
+    "BITS",
     "EXACT_UP_TO",
     "PROJECTION_DIMS",
     "ZCodes",
     "build_index",
+    "code_bytes",
     "exact_neighbours",
     "projection_matrix",
     "search_index",
@@ -48,7 +51,8 @@ PROBES = 64
 PROJECTION_DIMS, PROJECTION_SEED = 128, 48
 #: rows decoded at a time (memory stays flat)
 CHUNK = 16_384
-LEVELS = 15  # 4 bits: codes 0..15
+#: bits a stored number: 5 (format 3); atlases of format 2 and before keep 4
+BITS = 5
 
 
 @functools.lru_cache(maxsize=4)
@@ -61,17 +65,54 @@ def projection_matrix(dims: int) -> torch.Tensor:
     return torch.from_numpy(matrix.astype(np.float32))
 
 
+def _pack(q: torch.Tensor, bits: int) -> np.ndarray:
+    """Codes ``q [Hs, n, Dh]`` (uint8, each below ``2 ** bits``) packed: 4 bits, two a byte,
+    the low nibble first; 5 bits, each 8 numbers (Dh padded with zeros to a multiple of 8) as
+    one 40-bit little-endian integer in 5 bytes, the first number in the lowest bits."""
+    hs, n, dh = q.shape
+    if bits == 4:
+        q = torch.nn.functional.pad(q, (0, dh % 2))
+        return (q[..., 0::2] | (q[..., 1::2] << 4)).numpy()
+    q = torch.nn.functional.pad(q, (0, -dh % 8)).view(hs, n, -1, 8).to(torch.int64)
+    packed = (q << (torch.arange(8) * 5)).sum(-1)  # [Hs, n, groups]: 40 bits each
+    out = torch.stack([(packed >> (8 * b)) & 255 for b in range(5)], -1)
+    return out.to(torch.uint8).reshape(hs, n, -1).numpy()
+
+
+def code_bytes(dh: int, bits: int) -> int:
+    """Bytes of one head's codes at one token (``_pack``'s layout)."""
+    return -(-dh // 2) if bits == 4 else 5 * -(-dh // 8)
+
+
+def _unpack(codes: np.ndarray, bits: int, dh: int) -> np.ndarray:
+    """``_pack`` undone: ``[Hs, n, Dh]`` float32 codes."""
+    hs, n = codes.shape[:2]
+    if bits == 4:
+        q = np.empty((hs, n, codes.shape[2] * 2), np.float32)
+        q[..., 0::2] = codes & 15
+        q[..., 1::2] = codes >> 4
+        return q[..., :dh]
+    groups = codes.reshape(hs, n, -1, 5).astype(np.uint64)
+    packed = groups[..., 0]
+    for b in range(1, 5):
+        packed |= groups[..., b] << np.uint64(8 * b)
+    shifts = (np.arange(8, dtype=np.uint64) * np.uint64(5))[None, None, None]
+    q = ((packed[..., None] >> shifts) & np.uint64(31)).astype(np.float32)
+    return q.reshape(hs, n, -1)[..., :dh]
+
+
 @dataclass
 class ZCodes:
-    """The heads' outputs of every token, 4 bits a number: ``codes [Hs, N, Dh / 2]`` (two
-    numbers a byte, the low nibble first); ``lo`` and ``step`` ``[S, Hs, Dh]``, the ranges of
-    S spans of tokens, span s from token ``bounds[s]`` (a format-1 atlas: one span, given as
-    ``[Hs, Dh]``)."""
+    """The heads' outputs of every token, ``bits`` (4 or 5) a number: ``codes [Hs, N, bytes]``
+    (``_pack``'s layout: 4 bits two a byte, 5 bits eight in 5 bytes); ``lo`` and ``step``
+    ``[S, Hs, Dh]``, the ranges of S spans of tokens, span s from token ``bounds[s]`` (a
+    format-1 atlas: one span, given as ``[Hs, Dh]``); a number is ``lo + code * step``."""
 
     codes: np.ndarray
     lo: np.ndarray
     step: np.ndarray
     bounds: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    bits: int = 4
 
     def __post_init__(self) -> None:
         if self.lo.ndim == 2:
@@ -83,30 +124,24 @@ class ZCodes:
         return int(self.codes.shape[1])
 
     @staticmethod
-    def quantise(z: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``z [Hs, n, Dh]`` as ``(codes [Hs, n, Dh / 2], lo [Hs, Dh], step [Hs, Dh])`` against
-        its own per-dimension ranges."""
+    def quantise(z: torch.Tensor, bits: int = BITS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``z [Hs, n, Dh]`` as ``(codes [Hs, n, bytes], lo [Hs, Dh], step [Hs, Dh])`` against
+        its own per-dimension ranges, ``2 ** bits`` even steps from minimum to maximum."""
         hs, n, dh = z.shape
+        levels = 2**bits - 1
         if n == 0:
-            return (
-                np.zeros((hs, 0, dh // 2), np.uint8),
-                np.zeros((hs, dh), np.float32),
-                np.ones((hs, dh), np.float32),
-            )
+            empty = torch.zeros((hs, 0, dh), dtype=torch.uint8)
+            return _pack(empty, bits), np.zeros((hs, dh), np.float32), np.ones((hs, dh), np.float32)
         z = z.float()
         lo = z.amin(1)
-        step = ((z.amax(1) - lo) / LEVELS).clamp_(min=1e-12)
-        q = z.sub_(lo[:, None]).div_(step[:, None]).round_().clamp_(0, LEVELS).to(torch.uint8)
-        codes = q[..., 0::2] | (q[..., 1::2] << 4)
-        return codes.numpy(), lo.numpy(), step.numpy()
+        step = ((z.amax(1) - lo) / levels).clamp_(min=1e-12)
+        q = z.sub_(lo[:, None]).div_(step[:, None]).round_().clamp_(0, levels).to(torch.uint8)
+        return _pack(q, bits), lo.numpy(), step.numpy()
 
     def decode(self, tokens: np.ndarray | slice, heads: list[int] | None = None) -> np.ndarray:
         """The stored values of ``heads`` (None: all) at ``tokens``: ``[Hs, n, Dh]`` float32."""
         chosen = self.codes[:, tokens] if heads is None else self.codes[heads][:, tokens]
-        chosen = np.asarray(chosen)
-        q = np.empty((*chosen.shape[:2], chosen.shape[2] * 2), np.float32)
-        q[..., 0::2] = chosen & 15
-        q[..., 1::2] = chosen >> 4
+        q = _unpack(np.asarray(chosen), self.bits, self.lo.shape[-1])
         where = np.arange(self.tokens)[tokens] if isinstance(tokens, slice) else tokens
         span = np.searchsorted(self.bounds, np.asarray(where), side="right") - 1
         lo = self.lo if heads is None else self.lo[:, heads]

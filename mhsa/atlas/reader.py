@@ -96,7 +96,8 @@ class Atlas:
         self.tag_ids = self._load_tags(folder, manifest)
         with np.load(folder / "z_ranges.npz") as f:
             bounds = f["bounds"] if "bounds" in f.files else np.zeros(1, np.int64)  # format 1
-            self.z = ZCodes(load(folder / "z4.npy"), f["lo"], f["step"], bounds)
+            bits = 5 if int(manifest["format"]) >= 3 else 4  # format 3; 2 and before: 4
+            self.z = ZCodes(load(folder / f"z{bits}.npy"), f["lo"], f["step"], bounds, bits)
         with np.load(folder / "heads.npz") as f:
             self.summaries = {k: f[k] for k in f.files}
         vocab = json.loads((folder / "vocab.json").read_text())
@@ -369,7 +370,7 @@ class Atlas:
         (None: exBERT's concatenation); the token itself left out, ties by corpus order.
 
         ``exact`` (the default) ranks by the heads' true outputs: the nearest tokens by the
-        stored 4-bit codes (``mhsa.atlas.exact.candidate_count``; over every head, from the
+        stored codes (``mhsa.atlas.exact.candidate_count``; over every head, from the
         approximate index above ``EXACT_UP_TO`` tokens) propose the texts that hold them, the
         model runs on those texts (and on the query's) up to the deepest head asked, and every
         token of them is ranked by its true z (``mhsa.atlas.exact``); ``k`` None: every token
@@ -457,13 +458,13 @@ class Atlas:
         steps = self.z.step if heads is None else self.z.step[:, heads]  # [S, Hs, Dh]
         vectors = self.z.decode(near, heads)  # [Hs, n, Dh]
         vectors = np.ascontiguousarray(vectors.transpose(1, 0, 2)).reshape(len(near), -1)
-        sigma = exact.code_error(unit, steps.reshape(len(steps), -1), vectors, coded)
+        margin = exact.code_error(unit, steps.reshape(len(steps), -1), vectors, coded)
         return exact.rerank(
             query,
             token,
             k,
             near,
-            coded + exact.MARGIN * sigma,
+            coded + margin,
             np.searchsorted(self.offsets, near, side="right") - 1,
             recompute,
             seed,
