@@ -8,6 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from mhsa.cli.common import write_frame
 from mhsa.errors import MHSAError
 
 EXAMPLES = (
@@ -135,12 +136,7 @@ def run(args: argparse.Namespace) -> None:
     else:
         heads = None if not args.head else (args.head[0] if len(args.head) == 1 else args.head)
         frame = atlas.similar(args.text_id, args.position, head=heads, k=args.k)
-    text = frame.to_json(orient="records", lines=True) if args.json else frame.to_csv(index=False)
-    if args.out is None:
-        sys.stdout.write(text)
-    else:
-        args.out.write_text(text)
-        print(f"wrote {args.out} ({len(frame)} rows)", file=sys.stderr)
+    write_frame(frame, args.out, as_json=args.json)
 
 
 def _build(args: argparse.Namespace) -> None:

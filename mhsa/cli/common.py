@@ -8,9 +8,12 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mhsa.errors import MHSAError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "OUTPUTS",
@@ -265,3 +268,13 @@ def check_outputs(args: argparse.Namespace) -> None:
 def wrote(path: Path, what: str) -> None:
     """The summary line of a written file."""
     print(f"wrote {path} ({what})")
+
+
+def write_frame(frame: pd.DataFrame, out: Path | None, *, as_json: bool = False) -> None:
+    """A result table to ``out`` (CSV, or JSON lines), or to standard output when None."""
+    text = frame.to_json(orient="records", lines=True) if as_json else frame.to_csv(index=False)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text)
+        print(f"wrote {out} ({len(frame)} rows)", file=sys.stderr)

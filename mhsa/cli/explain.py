@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from mhsa.cli.common import write_frame
 from mhsa.errors import MHSAError
 
 EXAMPLES = (
@@ -159,9 +160,4 @@ def run(args: argparse.Namespace) -> None:
         for row in explained.together.itertuples(index=False):
             value = f"{row.faithfulness:.3f}" if row.faithfulness == row.faithfulness else row.note
             print(f"{row.what} replaced at once: faithfulness {value}", file=sys.stderr)
-    text = frame.to_json(orient="records", lines=True) if args.json else frame.to_csv(index=False)
-    if args.out is None:
-        sys.stdout.write(text)
-    else:
-        args.out.write_text(text)
-        print(f"wrote {args.out} ({len(frame)} rows)", file=sys.stderr)
+    write_frame(frame, args.out, as_json=args.json)
