@@ -73,6 +73,11 @@ def test_clicking_a_head_in_the_grid_enlarges_it(app_url, page) -> None:
         f"?.textContent === 'Layer {layer}, head {head}'",
         timeout=60_000,
     )
+    # the link is written at the end of the rerun, after the figure's title: wait for it too
+    page.wait_for_function(
+        "() => /[?&]layer=2(&|$)/.test(location.search) && /[?&]head=5(&|$)/.test(location.search)",
+        timeout=30_000,
+    )
     assert re.search(r"layer=2", page.url) and re.search(r"head=5", page.url)
     page.screenshot(path=str(DOCS / "Heads-selected.png"))
 
