@@ -3,7 +3,7 @@
 # Needs Debian's chromium and nginx for the browser tests: installed here when missing (as root).
 # --fast (first argument): the inner loop, everything but the browser and load tests
 # (tests/browser), without installing the browser, on two pytest-xdist workers of one torch
-# thread each (4.3 minutes on 2 cores, 8 in one process); further arguments go to pytest.
+# thread each (under 9 minutes on 2 cores); further arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fast=0
