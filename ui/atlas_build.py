@@ -56,35 +56,37 @@ def build_offer(model: str) -> None:
     missing = views.brown_copy_missing(model)
     if missing is not None:
         st.warning(md_escape(missing), icon=":material/cloud_off:")
-        if st.button("Build on the project's own sentences", key="atlas-build-sentences"):
-            st.session_state["_atlas_build_sentences"] = model
-        if st.session_state.get("_atlas_build_sentences") == model:
-            name = page.heavy_or_stop(
-                "atlas-build",
-                ("atlas-build-sentences", model),
-                lambda progress: views.build_on_project_sentences(model, "auto", progress),
-                f"Building the atlas of {model} on the project's sentences",
-                unit="texts",
-            )
-            st.session_state.pop("_atlas_build_sentences", None)
-            st.session_state["atlas"] = name
-            st.rerun()
+        _build_button(
+            model,
+            "Build on the project's own sentences",
+            "atlas-build-sentences",
+            lambda progress: views.build_on_project_sentences(model, "auto", progress),
+            f"Building the atlas of {model} on the project's sentences",
+        )
     st.info(
         f"This server holds no atlas of {model!r} yet. Build one here (on "
         f"{views.BUILD_SENTENCES:,} sentences of the Brown Corpus; toy models on their task), "
         "or on the command line: python -m mhsa atlas build --default",
         icon=":material/info:",
     )
-    if st.button("Build an atlas of this model", key="atlas-build"):
-        st.session_state["_atlas_build"] = model
-    if st.session_state.get("_atlas_build") == model:
-        query = page.heavy_or_stop(
-            "atlas-build",
-            ("atlas-build", model),
-            lambda progress: views.build(model, "auto", progress),
-            f"Building the atlas of {model}",
-            unit="texts",
-        )
-        st.session_state.pop("_atlas_build", None)
-        st.session_state["atlas"] = query
+    _build_button(
+        model,
+        "Build an atlas of this model",
+        "atlas-build",
+        lambda progress: views.build(model, "auto", progress),
+        f"Building the atlas of {model}",
+    )
+
+
+def _build_button(model: str, label: str, key: str, build, what: str) -> None:
+    """A button that builds an atlas of ``model`` through the heavy queue (``build(progress)``
+    returns the atlas's name), then opens it; the request is kept across reruns under
+    ``_{key}`` (with ``-`` as ``_``) until the build is done."""
+    flag = "_" + key.replace("-", "_")
+    if st.button(label, key=key):
+        st.session_state[flag] = model
+    if st.session_state.get(flag) == model:
+        name = page.heavy_or_stop("atlas-build", (key, model), build, what, unit="texts")
+        st.session_state.pop(flag, None)
+        st.session_state["atlas"] = name
         st.rerun()
