@@ -23,9 +23,12 @@ def app_url(explained_toy_atlas):
         yield url
 
 
-def _metric_values(page, label: str) -> list[str]:
-    """The values of every metric called ``label``, in the page's order."""
+def _metric_values(page, label: str, at_least: int = 1) -> list[str]:
+    """The values of every metric called ``label``, in the page's order, once ``at_least`` of
+    them are drawn (a rerun writes the page's elements one by one: the figures may be there
+    before the metrics below them)."""
     metrics = page.locator("[data-testid='stMetric']").filter(has_text=label)
+    metrics.nth(at_least - 1).locator("[data-testid='stMetricValue']").wait_for(timeout=30_000)
     return [m.locator("[data-testid='stMetricValue']").inner_text().strip() for m in metrics.all()]
 
 
@@ -53,9 +56,9 @@ def test_the_head_atlas_explains_a_head_and_scores_a_typed_hypothesis(
     )
     wait_for_app(page, plots=PLOTS)
     scored = mhsa.explain.score_program(atlas, "L0H3", "offset(-2)")
-    ious = _metric_values(page, "IoU")
+    ious = _metric_values(page, "IoU", at_least=2)
     assert ious == [f"{row['iou']:.2f}", f"{scored['iou']:.2f}"]
-    assert _metric_values(page, "Accuracy")[1] == f"{scored['accuracy']:.2f}"
+    assert _metric_values(page, "Accuracy", at_least=2)[1] == f"{scored['accuracy']:.2f}"
     scores = page.locator("[data-testid='stMetric']").nth(4)  # the hypothesis's IoU
     scores.evaluate("e => e.scrollIntoView({block: 'center'})")
     page.screenshot(path=str(tmp_path / "explain-hypothesis.png"), full_page=False)
