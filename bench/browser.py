@@ -152,6 +152,21 @@ def wait_for_app(page, *, plots: int = 0, timeout_ms: int = 60_000) -> None:
     )
 
 
+def wait_for_link(page, *parts: str, timeout_ms: int = 60_000) -> None:
+    """Wait until the page's address holds every one of ``parts`` (each as written, or any one
+    of a tuple's spellings): the app writes its link at the end of a rerun, after the figures
+    are drawn. Fails (a timeout naming the address) when it never does."""
+    wanted = [[p] if isinstance(p, str) else list(p) for p in parts]
+    try:
+        page.wait_for_function(
+            "(w) => w.every(any => any.some(p => window.location.href.includes(p)))",
+            arg=wanted,
+            timeout=timeout_ms,
+        )
+    except Exception as e:
+        raise AssertionError(f"the address {page.url!r} never held {wanted}") from e
+
+
 def tick_labels(page, chart: int, axis: str = "x") -> list[str]:
     """The tick labels plotly actually rendered on one chart's axis."""
     return page.eval_on_selector_all(

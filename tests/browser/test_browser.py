@@ -16,7 +16,14 @@ from urllib.parse import quote
 
 import pytest
 
-from bench.browser import PAGE_PLOTS, PAGES, streamlit_server, tick_labels, wait_for_app
+from bench.browser import (
+    PAGE_PLOTS,
+    PAGES,
+    streamlit_server,
+    tick_labels,
+    wait_for_app,
+    wait_for_link,
+)
 from tests.hostile import PLACEHOLDER
 from ui.navigation import NAV_KEY
 
@@ -58,7 +65,7 @@ def test_typing_a_sentence_updates_the_heatmaps(app_url, page) -> None:
     assert labels[:4] == ["[CLS]", "dogs", "<", "b"]  # tags shown as literal characters
     assert "bark" in labels and labels[-1] == "[SEP]"
     assert page.locator(".js-plotly-plot b").count() == 0  # no <b> element was created
-    assert "text=Dogs" in page.url
+    wait_for_link(page, "text=Dogs")
 
 
 def test_clicking_a_head_in_the_grid_enlarges_it(app_url, page) -> None:
@@ -166,7 +173,7 @@ def test_clicking_the_importance_map_opens_that_head(app_url, page) -> None:
     wait_for_app(page, plots=PAGE_PLOTS["Heads"])
     title = page.locator(".js-plotly-plot >> nth=1 >> .gtitle").text_content()
     assert title == f"Layer {layer}, head {head}"
-    assert "layer=3" in page.url and "head=7" in page.url
+    wait_for_link(page, "layer=3", "head=7")
 
 
 def test_knock_outs_on_the_heads_page(app_url, page) -> None:

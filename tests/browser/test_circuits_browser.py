@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.browser import wait_for_app
+from bench.browser import wait_for_app, wait_for_link
 from tests.browser.steps import chart_titles
 
 pytestmark = pytest.mark.browser
@@ -39,7 +39,7 @@ def test_the_toy_induction_example_draws_the_circuit_and_patches_a_clicked_edge(
         ".js-plotly-plot >> nth=0 >> .scatterlayer text", "els => els.map(e => e.textContent)"
     )
     assert "k" in labels and "L1H3" in labels
-    assert "model=toy%3Ainduction" in page.url and "answer=lo" in page.url
+    wait_for_link(page, "model=toy%3Ainduction", "answer=lo")
     # a click on an edge's label point path-patches that edge
     point = page.locator(".js-plotly-plot >> nth=0 >> .scatterlayer .trace.scatter .point").first
     point.click(force=True)

@@ -7,7 +7,7 @@ from urllib.parse import quote
 
 import pytest
 
-from bench.browser import PAGE_PLOTS, streamlit_server, wait_for_app
+from bench.browser import PAGE_PLOTS, streamlit_server, wait_for_app, wait_for_link
 
 pytestmark = pytest.mark.browser
 
@@ -58,4 +58,4 @@ def test_cross_line_view_draws_decoder_left_and_encoder_right(
         timeout=60_000,
     )
     assert _columns(page) == [DECODER, DECODER]
-    assert "kind=decoder" in page.url
+    wait_for_link(page, "kind=decoder")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.browser import wait_for_link
 from tests.browser.steps import titles_after_click
 
 pytestmark = pytest.mark.browser
@@ -29,4 +30,4 @@ def test_the_switch_to_the_toy_model_draws_the_flow(app_url, page) -> None:
         ".js-plotly-plot >> nth=2 >> .heatmaplayer text", "els => els.map(e => e.textContent)"
     )
     assert "di" in written
-    assert "model=toy%3Ainduction" in page.url and "answer=di" in page.url
+    wait_for_link(page, "model=toy%3Ainduction", "answer=di")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.browser import PAGE_PLOTS, wait_for_app
+from bench.browser import PAGE_PLOTS, wait_for_app, wait_for_link
 
 pytestmark = pytest.mark.browser
 TOY = Path(__file__).resolve().parents[2] / "data" / "toy" / "induction"
@@ -39,4 +39,4 @@ def test_toy_example_draws_exact_and_attribution_maps(app_url, page) -> None:
         ".js-plotly-plot .xtick text", "els => els.map(e => e.textContent)"
     )
     assert "di → ra" in ticks  # the per-position view names the swapped symbol
-    assert "model=toy%3Ainduction" in page.url or "model=toy:induction" in page.url
+    wait_for_link(page, ("model=toy%3Ainduction", "model=toy:induction"))

@@ -8,7 +8,7 @@ from urllib.parse import quote
 
 import pytest
 
-from bench.browser import PAGE_PLOTS, streamlit_server, wait_for_app
+from bench.browser import PAGE_PLOTS, streamlit_server, wait_for_app, wait_for_link
 
 pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,4 +69,4 @@ def test_repeat_random_tokens_finds_the_toy_induction_head(app_url, page) -> Non
         " return Array.from(p._fullData[i].z, row => Array.from(row)); }"
     )
     assert len(z) == 2 and max(z[1]) > 0.5 and max(z[0]) < 0.5
-    assert "random_tokens=1" in page.url
+    wait_for_link(page, "random_tokens=1")

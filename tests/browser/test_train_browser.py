@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from bench.browser import PAGE_PLOTS, tick_labels, wait_for_app
+from bench.browser import PAGE_PLOTS, tick_labels, wait_for_app, wait_for_link
 
 pytestmark = pytest.mark.browser
 #: a tiny two-layer model: 30 steps take a second or two
@@ -43,7 +43,7 @@ def test_train_30_steps_then_explore_the_model_on_heads(app_url, page) -> None:
     assert page.locator("[data-testid='stAlertContentError']").count() == 0
     model_box = page.locator("[data-testid='stSidebar'] input[aria-label='Model']")
     assert model_box.input_value() == name
-    assert "model=trained" in page.url
+    wait_for_link(page, "model=trained")
     ticks = tick_labels(page, 1)
     assert ticks[0] == "[BOS]" and len(ticks) > 10  # the probe sequence, not the cat
 
