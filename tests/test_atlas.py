@@ -203,26 +203,40 @@ def _hooked_z(texts: list[str], model) -> np.ndarray:
 
 
 def test_minilm_similar_searches_the_stored_outputs_of_the_hooked_z(minilm_atlas) -> None:
-    """The stored head outputs are the model's (from plain hooks) within half a 5-bit step;
+    """The stored head outputs are the model's (from plain hooks) within half their cell's
+    width, each cell the midpoint of two of its shard's quantiles (cells of equal count);
     ``similar(exact=False)`` ranks exactly as a search over those stored values decoded here by
     hand (``similar`` itself ranks by the true outputs: ``tests/test_atlas_exact.py``)."""
     atlas, _ = minilm_atlas
     z = _hooked_z(TEXTS, "default")  # [N, L * 384]: heads in label order
     assert z.shape == (atlas.tokens, 6 * 384)
-    assert atlas.manifest["format"] == 3 and (atlas.folder / "z5.npy").is_file()
+    assert atlas.manifest["format"] == 4 and (atlas.folder / "z5.npy").is_file()
     codes = np.asarray(atlas.z.codes).astype(np.int64)  # [72, N, 20]: 8 numbers in 5 bytes
     groups = codes.reshape(72, atlas.tokens, 4, 5)
     word = sum(groups[..., b] << (8 * b) for b in range(5))  # [72, N, 4] 40-bit integers
-    nibbles = np.stack([(word >> (5 * i)) & 31 for i in range(8)], -1).reshape(72, -1, 32)
-    # each token's shard (its text's, by the plan's texts a shard) coded it against its ranges
+    cell = np.stack([(word >> (5 * i)) & 31 for i in range(8)], -1).reshape(72, -1, 32)
+    # each token's shard (its text's, by the plan's texts a shard) coded it in its own cells
     text_of = np.searchsorted(atlas.offsets, np.arange(atlas.tokens), side="right") - 1
     shard = text_of // atlas.manifest["plan"]["shard_texts"]
-    assert len(set(shard)) > 1  # the ranges of several shards are used
-    lo, step = atlas.z.lo[shard].transpose(1, 0, 2), atlas.z.step[shard].transpose(1, 0, 2)
-    stored = lo + nibbles * step  # [72, N, 32]
-    stored = stored.transpose(1, 0, 2).reshape(atlas.tokens, -1)
-    half = step.transpose(1, 0, 2).reshape(atlas.tokens, -1) / 2
+    assert len(set(shard)) > 1  # the cells of several shards are used
+    with np.load(atlas.folder / "z_ranges.npz") as f:
+        edges = f["edges"]  # [S, 72, 32, 33]
+    h, d = np.arange(72)[:, None, None], np.arange(32)[None, None]
+    below = edges[shard[None, :, None], h, d, cell]  # [72, N, 32]
+    above = edges[shard[None, :, None], h, d, cell + 1]
+    stored = ((below + above) / 2).transpose(1, 0, 2).reshape(atlas.tokens, -1)
+    half = ((above - below) / 2).transpose(1, 0, 2).reshape(atlas.tokens, -1)
     assert (np.abs(stored - z) <= half + 2e-3 * np.abs(z) + 1e-4).all()
+    # the cells of each shard hold (nearly) equal counts of its numbers, from the least to the
+    # greatest (``test_cells_of_equal_count_...``: the edges by hand)
+    first = shard == 0
+    for head, dim in [(0, 0), (31, 7), (71, 31)]:
+        values = z[first, head * 32 + dim]
+        inside = np.bincount(cell[head, first, dim], minlength=32)
+        assert inside.max() - inside.min() <= 2 and inside.sum() == first.sum() >= 32
+        np.testing.assert_allclose(
+            edges[0, head, dim, [0, 32]], [values.min(), values.max()], atol=2e-3
+        )
     text_id, position = 3, 2
     token = int(atlas.offsets[text_id]) + position
 
@@ -591,6 +605,84 @@ def test_five_bit_codes_are_eight_numbers_in_five_bytes_within_half_a_step() -> 
     # a 4-bit atlas's codes read as they were: 0x21 is 1 then 2
     four = ZCodes(np.array([[[0x21]]], np.uint8), np.zeros((1, 2)), np.ones((1, 2)), bits=4)
     np.testing.assert_allclose(four.decode(slice(None))[0], [[1, 2]])
+
+
+def _five_bit_by_hand(codes: np.ndarray, dims: int) -> np.ndarray:
+    """5-bit codes ``[Hs, n, bytes]`` (8 numbers in 5 bytes, little-endian, the first in the
+    lowest bits) as integers ``[Hs, n, dims]``."""
+    hs, n, size = codes.shape
+    groups = codes.astype(np.int64).reshape(hs, n, size // 5, 5)
+    word = sum(groups[..., b] << (8 * b) for b in range(5))
+    return np.stack([(word >> (5 * i)) & 31 for i in range(8)], -1).reshape(hs, n, -1)[..., :dims]
+
+
+def test_cells_of_equal_count_are_the_quantiles_and_each_number_lies_in_its_own() -> None:
+    """``quantise_cells``: each head's and dimension's inner edge c is the first point of its
+    grid (``GRID`` even steps from the minimum to the maximum, the ends) with at least c/32 of
+    the numbers below it, counted here by hand; every number lies between its cell's edges
+    (decoded: the midpoint, within half the width); the 32 cells of 321 numbers hold 9 to 12
+    each; a skewed dimension (most numbers near 0, a few far out) gets narrow cells where its
+    numbers crowd, far narrower than 32 even steps."""
+    import torch
+
+    from mhsa.atlas.index import FLOAT16_ERROR, GRID, ZCodes
+
+    rng = np.random.default_rng(7)
+    z = rng.normal(size=(2, 321, 12)).astype(np.float32)
+    crowd = rng.random(321) < 0.95
+    z[1, :, 3] = np.where(crowd, 0.1 * z[1, :, 3], 10 * z[1, :, 3])
+    codes, edges = ZCodes.quantise_cells(torch.from_numpy(z.copy()), 5)
+    assert codes.shape == (2, 321, 10) and edges.shape == (2, 12, 33)
+    for h in range(2):
+        for d in range(12):
+            x = z[h, :, d]
+            np.testing.assert_allclose(edges[h, d, [0, 32]], [x.min(), x.max()])
+            grid = (x.max() - x.min()) / GRID
+            for c in range(1, 32):
+                assert (x < edges[h, d, c] + 1e-6).sum() >= c * 321 / 32
+                assert (x < edges[h, d, c] - grid - 1e-6).sum() < c * 321 / 32
+    coded = ZCodes(codes, bounds=np.zeros(1, np.int64), bits=5, edges=edges[None])
+    decoded, widths = coded.decode(slice(None)), coded.widths(slice(None))
+    assert (np.abs(decoded - z) <= widths / 2 + 1e-6).all()
+    # the widths are the cells' own, widened by the float16 error of their ends
+    cell = _five_bit_by_hand(codes, 12)  # [2, 321, 12]
+    lo, hi = edges[0, 0, cell[0, 5, 0]], edges[0, 0, cell[0, 5, 0] + 1]
+    assert lo <= z[0, 5, 0] <= hi
+    assert widths[0, 5, 0] == pytest.approx(hi - lo + 2 * FLOAT16_ERROR * max(abs(lo), abs(hi)))
+    held = np.stack([np.bincount(c, minlength=32) for c in cell[0].T])  # the normal head's
+    assert held.min() >= 9 and held.max() <= 12
+    even = (z[1, :, 3].max() - z[1, :, 3].min()) / 31
+    assert np.median(widths[1, crowd, 3]) < even / 20
+
+
+def test_an_atlas_of_format_3_is_still_read(indexed_atlas, tmp_path) -> None:
+    """An atlas of format 3 (5-bit codes on 32 even steps per shard), made here from the new
+    one by hand, opens, decodes each number as ``lo + code * step`` and ranks by its true
+    outputs as exactly as the new one (the bound from its steps)."""
+    import shutil
+
+    import torch
+
+    from mhsa.atlas import open_atlas
+    from mhsa.atlas.index import ZCodes
+
+    old = tmp_path / "old3"
+    shutil.copytree(indexed_atlas.folder, old)
+    values = indexed_atlas.z.decode(slice(None))  # [Hs, N, Dh]
+    codes, lo, step = ZCodes.quantise(torch.from_numpy(values.copy()), 5)
+    np.save(old / "z5.npy", codes)
+    np.savez(old / "z_ranges.npz", lo=lo[None], step=step[None], bounds=np.zeros(1, np.int64))
+    manifest = json.loads((old / "manifest.json").read_text())
+    manifest["format"] = 3
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    atlas = open_atlas(old)
+    assert atlas.z.edges is None and atlas.z.bits == 5
+    token = 1234
+    by_hand = lo + np.rint((values[:, token] - lo) / step) * step
+    np.testing.assert_allclose(atlas.z.decode(np.array([token]))[:, 0], by_hand, atol=1e-5)
+    new = indexed_atlas.similar(3, 2, head="L1H2", k=5)
+    got = atlas.similar(3, 2, head="L1H2", k=5)
+    assert got[["text_id", "position"]].equals(new[["text_id", "position"]])
 
 
 def test_an_atlas_of_format_2_is_still_read(indexed_atlas, tmp_path) -> None:

@@ -57,10 +57,11 @@ __all__ = [
     "shard_texts_for",
 ]
 
-#: the atlas folder's format; a reader refuses a newer one (3: head outputs in 5 bits,
-#: ``z5.npy``; 2: in 4 bits, coded per shard, the all-heads index a random projection; 1: one
-#: range; formats 1 and 2 are still read)
-FORMAT = 3
+#: the atlas folder's format; a reader refuses a newer one (4: head outputs in 5 bits,
+#: ``z5.npy``, in cells of equal count, their edges in ``z_ranges.npz``; 3: in 5 bits, even
+#: steps; 2: in 4 bits, coded per shard, the all-heads index a random projection; 1: one range;
+#: formats 1 to 3 are still read)
+FORMAT = 4
 #: texts per shard where the corpus's own size does not set it (the unit of resuming and of
 #: Ray's work; by default a build sizes its shards by ``SHARD_BYTES``)
 SHARD_TEXTS = 512
@@ -385,10 +386,11 @@ def build_shard(
     tagged: Sequence[Tagged] | None = None,
 ) -> dict:
     """The arrays of one shard of the corpus (text ids ``shard * plan.shard_texts`` on): its
-    summaries, its tokens, and per head and token the strongest key and the output z (coded
-    against the shard's own ranges, ``ZCodes.quantise``), and per token the random projection
-    of its unit concatenation of every head's z (``mhsa.atlas.index``); with the corpus's
-    words and tags (``tagged``, where ``plan.tagged``), each token's tag id (``tag_ids``)."""
+    summaries, its tokens, and per head and token the strongest key and the output z (coded in
+    the shard's own cells of equal count, ``ZCodes.quantise_cells``), and per token the random
+    projection of its unit concatenation of every head's z (``mhsa.atlas.index``); with the
+    corpus's words and tags (``tagged``, where ``plan.tagged``), each token's tag id
+    (``tag_ids``)."""
     first = shard * plan.shard_texts
     chunk = texts[first : first + plan.shard_texts]
     with lm.lock:
@@ -423,7 +425,7 @@ def build_shard(
             summaries,
             (strongest_key, strongest_weight, z, projected, squares),
         )
-    codes, lo, step = ZCodes.quantise(z)
+    codes, edges = ZCodes.quantise_cells(z)
     projected /= squares.sqrt_().clamp_(min=1e-12)[:, None]
     truncated = [(first + i, e.truncated) for i, e in enumerate(encoded) if e and e.truncated]
     extra = {}
@@ -438,8 +440,7 @@ def build_shard(
         "strongest_key": strongest_key,
         "strongest_weight": strongest_weight,
         f"z{BITS}": codes,
-        "z_lo": lo,
-        "z_step": step,
+        "z_edges": edges,
         "projected": projected.numpy().astype(np.float16),
         "truncated": np.array(truncated, np.int64).reshape(-1, 2),
     }
@@ -594,8 +595,7 @@ def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, e
     z = mm(work / f"z{BITS}.npy", "w+", np.uint8, (hs, n, code_bytes(plan.d_head, BITS)))
     projected = mm(work / ".projected.npy", "w+", np.float16, (n, PROJECTION_DIMS))
     tag_ids = mm(work / "tags.npy", "w+", np.uint8, (n,)) if plan.tagged else None
-    z_lo = np.zeros((plan.shards, hs, plan.d_head), np.float32)
-    z_step = np.ones_like(z_lo)
+    z_edges = np.zeros((plan.shards, hs, plan.d_head, 2**BITS + 1), np.float32)
     summaries: HeadSummaries | None = None
     truncated = []
     bounds = offsets[np.arange(plan.shards) * plan.shard_texts]
@@ -607,7 +607,7 @@ def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, e
             key[:, a:b] = f["strongest_key"]
             weight[:, a:b] = f["strongest_weight"]
             z[:, a:b] = f[f"z{BITS}"]  # shards of another format are redone (``run._start``)
-            z_lo[s], z_step[s] = f["z_lo"], f["z_step"]
+            z_edges[s] = f["z_edges"]
             projected[a:b] = f["projected"]
             if tag_ids is not None:
                 tag_ids[a:b] = f["tag_ids"]
@@ -621,7 +621,7 @@ def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, e
         tag_ids.flush()
     del token_ids, special, key, weight, z, tag_ids
     np.save(work / "text_offsets.npy", offsets)
-    np.savez(work / "z_ranges.npz", lo=z_lo, step=z_step, bounds=bounds)
+    np.savez(work / "z_ranges.npz", edges=z_edges, bounds=bounds)
     np.savez(work / "heads.npz", **summaries.arrays())
     cut = np.concatenate(truncated) if truncated else np.zeros((0, 2), np.int64)
     vocab = _vocabulary(plan, np.load(work / "token_ids.npy", mmap_mode="r"))

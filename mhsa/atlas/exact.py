@@ -12,13 +12,14 @@ the build read them (``mhsa.atlas.build``), so the tokens are the atlas's.
   time, until no candidate left could enter the top k (what ``Atlas.similar`` calls).
 
 A candidate's coded cosine differs from its true one by the codes' error: each stored number is
-within half a step of the model's (``mhsa.atlas.index.ZCodes``); take the error ``e`` of a
-number as uniform on that interval (standard deviation ``step / sqrt(12)``). The cosine of the
-unit query q and a vector c is ``q . c / ||c||``; its first-order change under ``e`` is
+within half its width of the model's (``mhsa.atlas.index.ZCodes.widths``: in an atlas of format
+4 its cell's width, narrow where outputs crowd; before, its span's step); take the error ``e``
+of a number as uniform on that interval (standard deviation ``width / sqrt(12)``). The cosine of
+the unit query q and a vector c is ``q . c / ||c||``; its first-order change under ``e`` is
 ``w . e / ||c||`` with ``w = q - cos * c / ||c||``, the part of q orthogonal to c (the gradient
-of the cosine), so ``sigma = sqrt(sum_d w_d^2 step_d^2 / 12) / ||c||``: small for a candidate
+of the cosine), so ``sigma = sqrt(sum_d w_d^2 width_d^2 / 12) / ||c||``: small for a candidate
 nearly parallel to the query, where ``||w|| = sin(angle)``. The second-order change is at most
-about ``||e||^2 / ||c||^2`` (the cosine's curvature), ``sum_d step_d^2 / 12 / ||c||^2`` on
+about ``||e||^2 / ||c||^2`` (the cosine's curvature), ``sum_d width_d^2 / 12 / ||c||^2`` on
 average. A candidate is re-ranked while its coded cosine plus ``MARGIN * sigma`` plus
 ``CURVATURE`` times that second-order term reaches the k-th true cosine found so far.
 """
@@ -33,9 +34,8 @@ import torch
 
 from mhsa.engine.models.loading import LoadedModel
 from mhsa.engine.runs.batches import length_batches, pad_inputs
-from mhsa.engine.runs.forward import run_until
-from mhsa.engine.runs.swap import OurBlock, OurPass, our_blocks
-from mhsa.engine.stream.hooks import before, hooked
+from mhsa.engine.runs.swap import OurBlock, OurPass, our_blocks, run_with_our_blocks
+from mhsa.engine.stream.hooks import before, hooked, stop_before
 
 __all__ = [
     "CANDIDATES",
@@ -46,18 +46,20 @@ __all__ = [
     "ROUND_TEXTS",
     "candidate_count",
     "code_error",
+    "cosine_bound",
     "exact_top",
     "rerank",
     "true_outputs",
 ]
 
-#: the codes' nearest tokens a query considers, per result asked
-CANDIDATES = 32
+#: the codes' nearest tokens a query considers, per result asked (their bounds decide which
+#: texts are recomputed: many candidates cost a decode, not a model run)
+CANDIDATES = 200
 #: and at least this many
-MIN_CANDIDATES = 320
+MIN_CANDIDATES = 2000
 #: standard deviations of the codes' cosine error a candidate may be below the k-th true cosine
 #: and still be re-ranked (``bench/bench_atlas.py --recall`` measures the recall it keeps)
-MARGIN = 3.0
+MARGIN = 2.0
 #: multiples of the codes' mean second-order cosine error added to that margin
 CURVATURE = 0.25
 #: texts recomputed at a time (one padded batch each round)
@@ -135,26 +137,37 @@ def _run(
         chosen: list[OurBlock] = [b for b in blocks if b.kind == part]
         wanted = [chosen[layer] for layer in layers]
         hooks = [before(b.ours.out, keep(b.index, b.ours.num_heads, b.ours.d_head)) for b in wanted]
-        with hooked(hooks):
-            run_until(lm, blocks, OurPass(need_weights=False), pad_inputs(lm, inputs), wanted[-1])
+        # the deepest head's z is the input of its layer's output projection: nothing after
+        # it (that projection, the layer's MLP, the layers above) is run
+        hooks.append(stop_before(wanted[-1].ours.out))
+        with hooked(hooks, stop=True):
+            run_with_our_blocks(lm, blocks, OurPass(need_weights=False), pad_inputs(lm, inputs))
     return seen
+
+
+def cosine_bound(
+    unit_query: np.ndarray, widths: np.ndarray, coded: np.ndarray, cosines: np.ndarray
+) -> np.ndarray:
+    """How far above its coded cosine each candidate's true cosine may lie (see the module's
+    docstring): ``MARGIN`` standard deviations of the first-order error plus ``CURVATURE``
+    times the mean second-order one. ``unit_query [dims]``; ``widths [n, dims]``, each
+    candidate's numbers' widths (``ZCodes.widths``; or ``[dims]``, one for all); ``coded
+    [n, dims]`` the candidates' coded vectors; ``cosines [n]`` their coded cosines."""
+    norms = np.maximum(np.linalg.norm(coded, axis=1), 1e-12)
+    widths = np.broadcast_to(widths, coded.shape)
+    gradient = unit_query[None] - cosines[:, None] * (coded / norms[:, None])  # [n, dims]
+    first = np.sqrt(((gradient * widths) ** 2).sum(1) / 12.0) / norms
+    second = (widths**2).sum(1) / 12.0 / norms**2
+    return MARGIN * first + CURVATURE * second
 
 
 def code_error(
     unit_query: np.ndarray, steps: np.ndarray, coded: np.ndarray, cosines: np.ndarray
 ) -> np.ndarray:
-    """How far above its coded cosine each candidate's true cosine may lie (see the module's
-    docstring): ``MARGIN`` standard deviations of the first-order error plus ``CURVATURE``
-    times the mean second-order one. ``unit_query [dims]``, ``steps [spans, dims]`` (the
-    codes' steps of the heads asked, each span's), ``coded [n, dims]`` the candidates' coded
-    vectors, ``cosines [n]`` their coded cosines. The widest span's steps are taken: a bound
-    for all."""
+    """``cosine_bound`` with one width for every candidate: the widest of ``steps [spans,
+    dims]`` (the even steps of an atlas of format 3 or before, each span's), a bound for all."""
     widest = steps[np.argmax((steps**2).sum(1))]
-    norms = np.maximum(np.linalg.norm(coded, axis=1), 1e-12)
-    gradient = unit_query[None] - cosines[:, None] * (coded / norms[:, None])  # [n, dims]
-    first = np.sqrt(((gradient * widest[None]) ** 2).sum(1) / 12.0) / norms
-    second = float((widest**2).sum() / 12.0) / norms**2
-    return MARGIN * first + CURVATURE * second
+    return cosine_bound(unit_query, widest, coded, cosines)
 
 
 def rerank(

@@ -1,19 +1,23 @@
 """The atlas's context search (exBERT's, Hoover et al. 2020): corpus tokens whose head outputs z
 are nearest a chosen token's by cosine similarity.
 
-The heads' outputs are kept in 5 bits per number (``ZCodes``: per shard of the build, head and
-dimension, 32 even steps from the shard's minimum to its maximum, so every stored value is
-within half a step of the model's; 1,440 bytes per token for MiniLM's 72 heads of 32
-dimensions, against 4,608 in float16). Atlases of format 2 and before keep 4 bits (16 steps,
-twice as wide) and are read as they were. A shard codes its own values, so merging shards copies
-bytes. Over one head or a few, search is exhaustive over the stored values. Over every head at
-once (exBERT's concatenation) it is exhaustive too up to ``EXACT_UP_TO`` tokens; above, each
-token's unit concatenation, projected by a fixed random Gaussian matrix to ``PROJECTION_DIMS``
-numbers (Johnson and Lindenstrauss: inner products kept up to a small error; computed by the
-build from the model's own values, layer by layer, as they are made), is scanned whole in a
-faiss ``IndexScalarQuantizer`` of float16 numbers (256 bytes a token; no training, so shards,
-resumed builds and Ray workers need nothing from each other), and its ``RERANK`` best
-candidates per result are re-ranked on the stored values (recall@10 against exhaustive search:
+The heads' outputs are kept in 5 bits per number (``ZCodes``): per shard of the build, head and
+dimension, 32 cells of equal count (the edges are the shard's quantiles 0, 1/32, ..., 1 of that
+dimension: an equal-probability quantizer, Gray and Neuhoff 1998, "Quantization", IEEE Trans.
+Inf. Theory 44(6), section II), so a number decodes to its cell's midpoint and lies within half
+the cell's width of it; the cells are narrow where the values crowd, which is where a context
+search must tell near-equal outputs apart (``mhsa.atlas.exact``). 1,440 bytes per token for
+MiniLM's 72 heads of 32 dimensions, against 4,608 in float16. Atlases of format 3 keep 32 even
+steps from each dimension's minimum to its maximum, format 2 and before 16 (4 bits), and are
+read as they were. A shard codes its own values, so merging shards copies bytes. Over one head
+or a few, search is exhaustive over the stored values. Over every head at once (exBERT's
+concatenation) it is exhaustive too up to ``EXACT_UP_TO`` tokens; above, each token's unit
+concatenation, projected by a fixed random Gaussian matrix to ``PROJECTION_DIMS`` numbers
+(Johnson and Lindenstrauss: inner products kept up to a small error; computed by the build from
+the model's own values, layer by layer, as they are made), is scanned whole in a faiss
+``IndexScalarQuantizer`` of float16 numbers (256 bytes a token; no training, so shards, resumed
+builds and Ray workers need nothing from each other), and its ``RERANK`` best candidates per
+result are re-ranked on the stored values (recall@10 against exhaustive search:
 ``bench/bench_atlas.py`` and the tests). Atlases written before (format 1) keep their one range
 and their faiss ``IndexIVFPQ``, and are read as they were.
 """
@@ -51,8 +55,15 @@ PROBES = 64
 PROJECTION_DIMS, PROJECTION_SEED = 128, 48
 #: rows decoded at a time (memory stays flat)
 CHUNK = 16_384
-#: bits a stored number: 5 (format 3); atlases of format 2 and before keep 4
+#: bits a stored number: 5 (formats 3 and 4); atlases of format 2 and before keep 4
 BITS = 5
+#: the relative error of the float16 outputs the build codes (half a unit in the last place,
+#: 2 ** -11): a stored number's cell is widened by it on each side, so that the model's own
+#: float32 value lies within it too
+FLOAT16_ERROR = 2.0**-11
+#: even steps from a dimension's minimum to its maximum on which the cells' edges lie
+#: (``ZCodes.quantise_cells``): 128 times finer than 32 even steps
+GRID = 4096
 
 
 @functools.lru_cache(maxsize=4)
@@ -104,20 +115,37 @@ def _unpack(codes: np.ndarray, bits: int, dh: int) -> np.ndarray:
 @dataclass
 class ZCodes:
     """The heads' outputs of every token, ``bits`` (4 or 5) a number: ``codes [Hs, N, bytes]``
-    (``_pack``'s layout: 4 bits two a byte, 5 bits eight in 5 bytes); ``lo`` and ``step``
-    ``[S, Hs, Dh]``, the ranges of S spans of tokens, span s from token ``bounds[s]`` (a
-    format-1 atlas: one span, given as ``[Hs, Dh]``); a number is ``lo + code * step``."""
+    (``_pack``'s layout: 4 bits two a byte, 5 bits eight in 5 bytes) over S spans of tokens,
+    span s from token ``bounds[s]``. Either ``edges [S, Hs, Dh, 2 ** bits + 1]``, each span's,
+    head's and dimension's cell edges (format 4: a number is its cell's midpoint,
+    ``(edges[c] + edges[c + 1]) / 2``), or ``lo`` and ``step`` ``[S, Hs, Dh]`` (formats 1 to 3:
+    a number is ``lo + code * step``; a format-1 atlas: one span, given as ``[Hs, Dh]``)."""
 
     codes: np.ndarray
-    lo: np.ndarray
-    step: np.ndarray
+    lo: np.ndarray | None = None
+    step: np.ndarray | None = None
     bounds: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
     bits: int = 4
+    edges: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        if self.lo.ndim == 2:
-            self.lo, self.step = self.lo[None], self.step[None]
+        if self.edges is None:
+            if self.lo is None or self.step is None:
+                raise ValueError("ZCodes needs either edges or lo and step")
+            if self.lo.ndim == 2:
+                self.lo, self.step = self.lo[None], self.step[None]
+        else:
+            self.edges = np.asarray(self.edges, np.float32)
+            # each cell's midpoint and width, [S, Hs, Dh, cells]
+            self._mids = (self.edges[..., 1:] + self.edges[..., :-1]) / 2
+            ends = np.maximum(np.abs(self.edges[..., 1:]), np.abs(self.edges[..., :-1]))
+            self._widths = self.edges[..., 1:] - self.edges[..., :-1] + 2 * FLOAT16_ERROR * ends
         self.bounds = np.asarray(self.bounds, np.int64)
+
+    @property
+    def dims(self) -> int:
+        """Numbers of one head's output (``Dh``)."""
+        return int((self.edges if self.edges is not None else self.lo[..., None]).shape[-2])
 
     @property
     def tokens(self) -> int:
@@ -138,12 +166,92 @@ class ZCodes:
         q = z.sub_(lo[:, None]).div_(step[:, None]).round_().clamp_(0, levels).to(torch.uint8)
         return _pack(q, bits), lo.numpy(), step.numpy()
 
+    @staticmethod
+    def quantise_cells(z: torch.Tensor, bits: int = BITS) -> tuple[np.ndarray, np.ndarray]:
+        """``z [Hs, n, Dh]`` as ``(codes [Hs, n, bytes], edges [Hs, Dh, 2 ** bits + 1])``:
+        ``2 ** bits`` cells of (nearly) equal count per head and dimension. The edges lie on a
+        grid of ``GRID`` even steps from the minimum to the maximum (the ends): cell c starts
+        at the first grid step where at least ``c / 2 ** bits`` of the numbers lie below (the
+        quantile ``c / 2 ** bits``, to a grid step), so counting a histogram replaces a sort.
+        Each number's code is its cell ``c``, ``edges[c] <= x <= edges[c + 1]``; where many
+        numbers share one grid step, cells are left empty (zero width, no number)."""
+        hs, n, dh = z.shape
+        cells = 2**bits
+        if n == 0:
+            empty = torch.zeros((hs, 0, dh), dtype=torch.uint8)
+            return _pack(empty, bits), np.zeros((hs, dh, cells + 1), np.float32)
+        codes = torch.empty((hs, n, dh), dtype=torch.uint8)
+        edges = torch.empty((hs, dh, cells + 1), dtype=torch.float32)
+        targets = torch.arange(1, cells, dtype=torch.float64) * (n / cells)  # [cells - 1]
+        rows = torch.arange(dh)[:, None] * GRID
+        for h in range(hs):  # a head at a time: the grid's indices stay small
+            values = z[h].float().T  # [Dh, n]
+            lo, hi = values.amin(1), values.amax(1)
+            step = ((hi - lo) / GRID).clamp_(min=1e-30)
+            fine = ((values - lo[:, None]) / step[:, None]).floor_().clamp_(0, GRID - 1).long()
+            counts = torch.bincount((fine + rows).reshape(-1), minlength=dh * GRID).view(dh, GRID)
+            below = counts.cumsum(1).double()  # numbers up to and including each grid step
+            # cell c's first grid step: the one after the first step that brings c / cells of
+            # the numbers
+            first = torch.searchsorted(below, targets.expand(dh, -1).contiguous())
+            first = (first + 1).clamp_(max=GRID)
+            table = torch.zeros((dh, GRID + 1), dtype=torch.int64)
+            table.scatter_add_(1, first, torch.ones_like(first))
+            table = table.cumsum(1)[:, :GRID].clamp_(max=cells - 1)  # grid step -> cell
+            codes[h] = table.gather(1, fine).T.to(torch.uint8)
+            edges[h, :, 0], edges[h, :, cells] = lo, hi
+            edges[h, :, 1:cells] = torch.minimum(lo[:, None] + first * step[:, None], hi[:, None])
+        return _pack(codes, bits), edges.numpy()
+
+    def _spans(self, tokens: np.ndarray | slice) -> np.ndarray:
+        """The span of each of ``tokens``."""
+        where = np.arange(self.tokens)[tokens] if isinstance(tokens, slice) else tokens
+        return np.searchsorted(self.bounds, np.asarray(where), side="right") - 1
+
+    def _cells(
+        self, table: np.ndarray, tokens: np.ndarray | slice, heads: list[int] | None
+    ) -> np.ndarray:
+        """``table [S, Hs, Dh, cells]`` (midpoints or widths) looked up at each code of
+        ``heads`` at ``tokens``: ``[Hs, n, Dh]`` float32."""
+        chosen = self.codes[:, tokens] if heads is None else self.codes[heads][:, tokens]
+        dh = self.dims
+        q = _unpack(np.asarray(chosen), self.bits, dh).astype(np.intp)  # [Hs, n, Dh]
+        table = table if heads is None else table[:, heads]
+        hs, cells = table.shape[1], table.shape[-1]
+        # flat index of (head, dimension, cell) in one span's table
+        base = (np.arange(hs)[:, None, None] * dh + np.arange(dh)[None, None]) * cells
+        q += base
+        span = self._spans(tokens)
+        if len(span) == 0 or span.min() == span.max():
+            first = int(span[0]) if len(span) else 0
+            return table[first].reshape(-1).take(q)
+        out = np.empty(q.shape, np.float32)
+        for s in np.unique(span):
+            mine = span == s
+            out[:, mine] = table[s].reshape(-1).take(q[:, mine])
+        return out
+
+    def widths(self, tokens: np.ndarray | slice, heads: list[int] | None = None) -> np.ndarray:
+        """How far apart the model's own value of each stored number may lie from the
+        decoded one, at most: ``[Hs, n, Dh]``, twice the bound (a number lies within half its
+        width of its decoded value). Format 4: its cell's width; before, its span's step. Each
+        widened by ``FLOAT16_ERROR`` of the value on each side (the build codes float16)."""
+        if self.edges is not None:
+            return self._cells(self._widths, tokens, heads)
+        span = self._spans(tokens)
+        step = self.step if heads is None else self.step[:, heads]
+        lo = self.lo if heads is None else self.lo[:, heads]
+        ends = np.maximum(np.abs(lo), np.abs(lo + step * (2**self.bits - 1)))  # [S, Hs, Dh]
+        wide = step + 2 * FLOAT16_ERROR * ends
+        return np.ascontiguousarray(wide[span].transpose(1, 0, 2), np.float32)
+
     def decode(self, tokens: np.ndarray | slice, heads: list[int] | None = None) -> np.ndarray:
         """The stored values of ``heads`` (None: all) at ``tokens``: ``[Hs, n, Dh]`` float32."""
+        if self.edges is not None:
+            return self._cells(self._mids, tokens, heads)
         chosen = self.codes[:, tokens] if heads is None else self.codes[heads][:, tokens]
         q = _unpack(np.asarray(chosen), self.bits, self.lo.shape[-1])
-        where = np.arange(self.tokens)[tokens] if isinstance(tokens, slice) else tokens
-        span = np.searchsorted(self.bounds, np.asarray(where), side="right") - 1
+        span = self._spans(tokens)
         lo = self.lo if heads is None else self.lo[:, heads]
         step = self.step if heads is None else self.step[:, heads]
         if len(span) == 0 or span.min() == span.max():  # one span (a chunk of a shard)

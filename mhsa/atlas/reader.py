@@ -96,8 +96,12 @@ class Atlas:
         self.tag_ids = self._load_tags(folder, manifest)
         with np.load(folder / "z_ranges.npz") as f:
             bounds = f["bounds"] if "bounds" in f.files else np.zeros(1, np.int64)  # format 1
-            bits = 5 if int(manifest["format"]) >= 3 else 4  # format 3; 2 and before: 4
-            self.z = ZCodes(load(folder / f"z{bits}.npy"), f["lo"], f["step"], bounds, bits)
+            bits = 5 if int(manifest["format"]) >= 3 else 4  # formats 3, 4; 2 and before: 4
+            codes = load(folder / f"z{bits}.npy")
+            if "edges" in f.files:  # format 4: cells of equal count
+                self.z = ZCodes(codes, bounds=bounds, bits=bits, edges=f["edges"])
+            else:
+                self.z = ZCodes(codes, f["lo"], f["step"], bounds, bits)
         with np.load(folder / "heads.npz") as f:
             self.summaries = {k: f[k] for k in f.files}
         vocab = json.loads((folder / "vocab.json").read_text())
@@ -455,10 +459,12 @@ class Atlas:
         unit = query / max(float(np.linalg.norm(query)), 1e-12)
         count = min(exact.candidate_count(k), self.tokens - 1)
         near, coded = self._similar_coded(unit, token, heads, count, pool=RERANK * 11)
-        steps = self.z.step if heads is None else self.z.step[:, heads]  # [S, Hs, Dh]
-        vectors = self.z.decode(near, heads)  # [Hs, n, Dh]
-        vectors = np.ascontiguousarray(vectors.transpose(1, 0, 2)).reshape(len(near), -1)
-        margin = exact.code_error(unit, steps.reshape(len(steps), -1), vectors, coded)
+
+        def flat(values: np.ndarray) -> np.ndarray:  # [Hs, n, Dh] -> [n, Hs Dh]
+            return np.ascontiguousarray(values.transpose(1, 0, 2)).reshape(len(near), -1)
+
+        vectors, widths = flat(self.z.decode(near, heads)), flat(self.z.widths(near, heads))
+        margin = exact.cosine_bound(unit, widths, vectors, coded)
         return exact.rerank(
             query,
             token,
