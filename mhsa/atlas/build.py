@@ -58,9 +58,9 @@ __all__ = [
 ]
 
 #: the atlas folder's format; a reader refuses a newer one (4: head outputs in 5 bits,
-#: ``z5.npy``, in cells of equal count, their edges in ``z_ranges.npz``; 3: in 5 bits, even
-#: steps; 2: in 4 bits, coded per shard, the all-heads index a random projection; 1: one range;
-#: formats 1 to 3 are still read)
+#: ``z5.npy``, in cells placed by the values' density, their edges in ``z_ranges.npz``; 3: in
+#: 5 bits, even steps; 2: in 4 bits, coded per shard, the all-heads index a random projection;
+#: 1: one range; formats 1 to 3 are still read)
 FORMAT = 4
 #: texts per shard where the corpus's own size does not set it (the unit of resuming and of
 #: Ray's work; by default a build sizes its shards by ``SHARD_BYTES``)
@@ -387,9 +387,9 @@ def build_shard(
 ) -> dict:
     """The arrays of one shard of the corpus (text ids ``shard * plan.shard_texts`` on): its
     summaries, its tokens, and per head and token the strongest key and the output z (coded in
-    the shard's own cells of equal count, ``ZCodes.quantise_cells``), and per token the random
-    projection of its unit concatenation of every head's z (``mhsa.atlas.index``); with the
-    corpus's words and tags (``tagged``, where ``plan.tagged``), each token's tag id
+    the shard's own cells, placed by its density: ``ZCodes.quantise_cells``), and per token the
+    random projection of its unit concatenation of every head's z (``mhsa.atlas.index``); with
+    the corpus's words and tags (``tagged``, where ``plan.tagged``), each token's tag id
     (``tag_ids``)."""
     first = shard * plan.shard_texts
     chunk = texts[first : first + plan.shard_texts]

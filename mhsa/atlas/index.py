@@ -2,11 +2,12 @@
 are nearest a chosen token's by cosine similarity.
 
 The heads' outputs are kept in 5 bits per number (``ZCodes``): per shard of the build, head and
-dimension, 32 cells of equal count (the edges are the shard's quantiles 0, 1/32, ..., 1 of that
-dimension: an equal-probability quantizer, Gray and Neuhoff 1998, "Quantization", IEEE Trans.
-Inf. Theory 44(6), section II), so a number decodes to its cell's midpoint and lies within half
-the cell's width of it; the cells are narrow where the values crowd, which is where a context
-search must tell near-equal outputs apart (``mhsa.atlas.exact``). 1,440 bytes per token for
+dimension, 32 cells placed by the values' density (``ZCodes.quantise_cells``: as many cells in a
+stretch as the cube root of the density there, the companding rule of least squared error;
+Gray and Neuhoff 1998, "Quantization", IEEE Trans. Inf. Theory 44(6), section V), so a number
+decodes to its cell's midpoint and lies within half the cell's width of it; the cells are
+narrow where the values crowd, which is where a context search must tell near-equal outputs
+apart (``mhsa.atlas.exact``). 1,440 bytes per token for
 MiniLM's 72 heads of 32 dimensions, against 4,608 in float16. Atlases of format 3 keep 32 even
 steps from each dimension's minimum to its maximum, format 2 and before 16 (4 bits), and are
 read as they were. A shard codes its own values, so merging shards copies bytes. Over one head
@@ -64,6 +65,12 @@ FLOAT16_ERROR = 2.0**-11
 #: even steps from a dimension's minimum to its maximum on which the cells' edges lie
 #: (``ZCodes.quantise_cells``): 128 times finer than 32 even steps
 GRID = 4096
+#: the cells' density as a power of the numbers' density: 1/3 gives the least mean squared
+#: error for many cells (Bennett 1948, "Spectra of quantized signals", Bell Syst. Tech. J.
+#: 27(3); Panter and Dite 1951; Gray and Neuhoff 1998, section V): narrow cells where outputs
+#: crowd, yet tails not as coarse as equal counts make them (a token with one number in a wide
+#: tail cell is ranked by the codes far from its true place). Measured: ``BENCHMARKS.md`` §24
+POINT_DENSITY = 1 / 3
 
 
 @functools.lru_cache(maxsize=4)
@@ -167,14 +174,18 @@ class ZCodes:
         return _pack(q, bits), lo.numpy(), step.numpy()
 
     @staticmethod
-    def quantise_cells(z: torch.Tensor, bits: int = BITS) -> tuple[np.ndarray, np.ndarray]:
+    def quantise_cells(
+        z: torch.Tensor, bits: int = BITS, power: float = POINT_DENSITY
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``z [Hs, n, Dh]`` as ``(codes [Hs, n, bytes], edges [Hs, Dh, 2 ** bits + 1])``:
-        ``2 ** bits`` cells of (nearly) equal count per head and dimension. The edges lie on a
-        grid of ``GRID`` even steps from the minimum to the maximum (the ends): cell c starts
-        at the first grid step where at least ``c / 2 ** bits`` of the numbers lie below (the
-        quantile ``c / 2 ** bits``, to a grid step), so counting a histogram replaces a sort.
-        Each number's code is its cell ``c``, ``edges[c] <= x <= edges[c + 1]``; where many
-        numbers share one grid step, cells are left empty (zero width, no number)."""
+        ``2 ** bits`` cells per head and dimension, as many of them in a stretch of values as
+        the ``power`` of the numbers' density there (1: cells of equal count, the quantiles;
+        ``POINT_DENSITY``, 1/3: the least squared error, see there). The density is a
+        histogram on a grid of ``GRID`` even steps from the minimum to the maximum (the ends),
+        so counting replaces a sort: cell c starts after the first grid step where the sum of
+        the steps' counts to the ``power`` reaches ``c / 2 ** bits`` of its whole. Each
+        number's code is its cell ``c``, ``edges[c] <= x <= edges[c + 1]``; where many numbers
+        share one grid step, cells are left empty (zero width, no number)."""
         hs, n, dh = z.shape
         cells = 2**bits
         if n == 0:
@@ -182,7 +193,7 @@ class ZCodes:
             return _pack(empty, bits), np.zeros((hs, dh, cells + 1), np.float32)
         codes = torch.empty((hs, n, dh), dtype=torch.uint8)
         edges = torch.empty((hs, dh, cells + 1), dtype=torch.float32)
-        targets = torch.arange(1, cells, dtype=torch.float64) * (n / cells)  # [cells - 1]
+        steps = torch.arange(1, cells, dtype=torch.float64) / cells  # [cells - 1]
         rows = torch.arange(dh)[:, None] * GRID
         for h in range(hs):  # a head at a time: the grid's indices stay small
             values = z[h].float().T  # [Dh, n]
@@ -190,10 +201,11 @@ class ZCodes:
             step = ((hi - lo) / GRID).clamp_(min=1e-30)
             fine = ((values - lo[:, None]) / step[:, None]).floor_().clamp_(0, GRID - 1).long()
             counts = torch.bincount((fine + rows).reshape(-1), minlength=dh * GRID).view(dh, GRID)
-            below = counts.cumsum(1).double()  # numbers up to and including each grid step
+            below = counts.double().pow_(power).cumsum(1)  # up to and including each grid step
+            targets = steps[None] * below[:, -1:]
             # cell c's first grid step: the one after the first step that brings c / cells of
             # the numbers
-            first = torch.searchsorted(below, targets.expand(dh, -1).contiguous())
+            first = torch.searchsorted(below, targets.contiguous())
             first = (first + 1).clamp_(max=GRID)
             table = torch.zeros((dh, GRID + 1), dtype=torch.int64)
             table.scatter_add_(1, first, torch.ones_like(first))
