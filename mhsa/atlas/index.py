@@ -141,6 +141,13 @@ class ZCodes:
                 raise ValueError("ZCodes needs either edges or lo and step")
             if self.lo.ndim == 2:
                 self.lo, self.step = self.lo[None], self.step[None]
+            # even steps as cells: code c's value ``lo + c * step``, every cell a step wide
+            # (the float16 slack from the span's largest value)
+            levels = np.arange(2**self.bits, dtype=np.float32)
+            self._mids = self.lo[..., None] + levels * self.step[..., None]
+            ends = np.maximum(np.abs(self.lo), np.abs(self._mids[..., -1]))  # [S, Hs, Dh]
+            wide = (self.step + 2 * FLOAT16_ERROR * ends)[..., None]
+            self._widths = np.repeat(wide, len(levels), axis=-1).astype(np.float32)
         else:
             self.edges = np.asarray(self.edges, np.float32)
             # each cell's midpoint and width, [S, Hs, Dh, cells]
@@ -152,7 +159,7 @@ class ZCodes:
     @property
     def dims(self) -> int:
         """Numbers of one head's output (``Dh``)."""
-        return int((self.edges if self.edges is not None else self.lo[..., None]).shape[-2])
+        return int(self._mids.shape[-2])
 
     @property
     def tokens(self) -> int:
@@ -221,26 +228,26 @@ class ZCodes:
         return np.searchsorted(self.bounds, np.asarray(where), side="right") - 1
 
     def _cells(
-        self, table: np.ndarray, tokens: np.ndarray | slice, heads: list[int] | None
-    ) -> np.ndarray:
-        """``table [S, Hs, Dh, cells]`` (midpoints or widths) looked up at each code of
-        ``heads`` at ``tokens``: ``[Hs, n, Dh]`` float32."""
+        self, tables: tuple[np.ndarray, ...], tokens: np.ndarray | slice, heads: list[int] | None
+    ) -> list[np.ndarray]:
+        """Each of ``tables`` (``[S, Hs, Dh, cells]``: midpoints, widths) looked up at each
+        code of ``heads`` at ``tokens``, the codes unpacked once: ``[Hs, n, Dh]`` float32 each."""
         chosen = self.codes[:, tokens] if heads is None else self.codes[heads][:, tokens]
         dh = self.dims
         q = _unpack(np.asarray(chosen), self.bits, dh).astype(np.intp)  # [Hs, n, Dh]
-        table = table if heads is None else table[:, heads]
-        hs, cells = table.shape[1], table.shape[-1]
+        tables = tuple(t if heads is None else t[:, heads] for t in tables)
+        hs, cells = tables[0].shape[1], tables[0].shape[-1]
         # flat index of (head, dimension, cell) in one span's table
-        base = (np.arange(hs)[:, None, None] * dh + np.arange(dh)[None, None]) * cells
-        q += base
+        q += (np.arange(hs)[:, None, None] * dh + np.arange(dh)[None, None]) * cells
         span = self._spans(tokens)
-        if len(span) == 0 or span.min() == span.max():
+        if len(span) == 0 or span.min() == span.max():  # one span (a chunk of a shard)
             first = int(span[0]) if len(span) else 0
-            return table[first].reshape(-1).take(q)
-        out = np.empty(q.shape, np.float32)
+            return [t[first].reshape(-1).take(q) for t in tables]
+        out = [np.empty(q.shape, np.float32) for _ in tables]
         for s in np.unique(span):
             mine = span == s
-            out[:, mine] = table[s].reshape(-1).take(q[:, mine])
+            for o, t in zip(out, tables, strict=True):
+                o[:, mine] = t[s].reshape(-1).take(q[:, mine])
         return out
 
     def widths(self, tokens: np.ndarray | slice, heads: list[int] | None = None) -> np.ndarray:
@@ -248,31 +255,18 @@ class ZCodes:
         decoded one, at most: ``[Hs, n, Dh]``, twice the bound (a number lies within half its
         width of its decoded value). Format 4: its cell's width; before, its span's step. Each
         widened by ``FLOAT16_ERROR`` of the value on each side (the build codes float16)."""
-        if self.edges is not None:
-            return self._cells(self._widths, tokens, heads)
-        span = self._spans(tokens)
-        step = self.step if heads is None else self.step[:, heads]
-        lo = self.lo if heads is None else self.lo[:, heads]
-        ends = np.maximum(np.abs(lo), np.abs(lo + step * (2**self.bits - 1)))  # [S, Hs, Dh]
-        wide = step + 2 * FLOAT16_ERROR * ends
-        return np.ascontiguousarray(wide[span].transpose(1, 0, 2), np.float32)
+        return self._cells((self._widths,), tokens, heads)[0]
 
     def decode(self, tokens: np.ndarray | slice, heads: list[int] | None = None) -> np.ndarray:
         """The stored values of ``heads`` (None: all) at ``tokens``: ``[Hs, n, Dh]`` float32."""
-        if self.edges is not None:
-            return self._cells(self._mids, tokens, heads)
-        chosen = self.codes[:, tokens] if heads is None else self.codes[heads][:, tokens]
-        q = _unpack(np.asarray(chosen), self.bits, self.lo.shape[-1])
-        span = self._spans(tokens)
-        lo = self.lo if heads is None else self.lo[:, heads]
-        step = self.step if heads is None else self.step[:, heads]
-        if len(span) == 0 or span.min() == span.max():  # one span (a chunk of a shard)
-            first = int(span[0]) if len(span) else 0
-            return q.__imul__(step[first][:, None]).__iadd__(lo[first][:, None])
-        for s in np.unique(span):
-            mine = span == s
-            q[:, mine] = lo[s][:, None] + q[:, mine] * step[s][:, None]
-        return q
+        return self._cells((self._mids,), tokens, heads)[0]
+
+    def decode_with_widths(
+        self, tokens: np.ndarray | slice, heads: list[int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``decode`` and ``widths`` at once, the codes unpacked once."""
+        values, widths = self._cells((self._mids, self._widths), tokens, heads)
+        return values, widths
 
     def rows(self, tokens: np.ndarray | slice, heads: list[int] | None = None) -> np.ndarray:
         """Unit-length concatenations of ``heads``' values at ``tokens``: ``[n, Hs Dh]``."""

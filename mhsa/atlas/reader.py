@@ -463,7 +463,7 @@ class Atlas:
         def flat(values: np.ndarray) -> np.ndarray:  # [Hs, n, Dh] -> [n, Hs Dh]
             return np.ascontiguousarray(values.transpose(1, 0, 2)).reshape(len(near), -1)
 
-        vectors, widths = flat(self.z.decode(near, heads)), flat(self.z.widths(near, heads))
+        vectors, widths = map(flat, self.z.decode_with_widths(near, heads))
         margin = exact.cosine_bound(unit, widths, vectors, coded)
         return exact.rerank(
             query,
