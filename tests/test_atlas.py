@@ -614,6 +614,55 @@ def _five_bit_by_hand(codes: np.ndarray, dims: int) -> np.ndarray:
     return np.stack([(word >> (5 * i)) & 31 for i in range(8)], -1).reshape(hs, n, -1)[..., :dims]
 
 
+@pytest.mark.parametrize("bits", [4, 5])
+def test_the_compiled_scans_read_each_code_from_its_bits_and_its_own_spans_cells(bits) -> None:
+    """``ZCodes.decode``, ``widths`` and ``cosines`` (``mhsa.atlas.kernels``) against the codes
+    read by hand: each row of bytes as one little-endian Python integer, code i its bits
+    ``i * bits`` on; a dimension count that is not a multiple of 8 (padding), two spans with
+    cell tables of their own, a random subset of heads and tokens in an unsorted order."""
+    from mhsa.atlas.exact import MARGIN, CURVATURE, cosine_bound
+    from mhsa.atlas.index import FLOAT16_ERROR, ZCodes, code_bytes, exact_neighbours
+
+    assert (MARGIN, CURVATURE) == (2.0, 0.25)  # the values the bounds below are given
+
+    rng = np.random.default_rng(7)
+    hs, n, dh, cells = 3, 41, 13, 2**bits
+    codes = rng.integers(0, 256, (hs, n, code_bytes(dh, bits)), dtype=np.uint8)
+    edges = np.sort(rng.normal(size=(2, hs, dh, cells + 1)), axis=-1).astype(np.float32)
+    coded = ZCodes(codes, bounds=np.array([0, 17]), bits=bits, edges=edges)
+
+    def by_hand(h: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+        word = int.from_bytes(codes[h, t].tobytes(), "little")
+        c = [(word >> (i * bits)) & (cells - 1) for i in range(dh)]
+        e = edges[int(t >= 17), h, np.arange(dh)]
+        lo, hi = e[np.arange(dh), c], e[np.arange(dh), np.array(c) + 1]
+        ends = np.maximum(np.abs(lo), np.abs(hi))
+        return (lo + hi) / 2, hi - lo + 2 * FLOAT16_ERROR * ends
+
+    heads, tokens = [2, 0], np.array([40, 3, 17, 16, 29])
+    values, widths = coded.decode_with_widths(tokens, heads)
+    for j, h in enumerate(heads):
+        for i, t in enumerate(tokens):
+            mid, width = by_hand(h, int(t))
+            np.testing.assert_allclose(values[j, i], mid, rtol=1e-6)
+            np.testing.assert_allclose(widths[j, i], width, rtol=1e-6)
+    every = np.stack([np.concatenate([by_hand(h, t)[0] for h in heads]) for t in range(n)])
+    query = rng.normal(size=len(heads) * dh).astype(np.float32)
+    query /= np.linalg.norm(query)
+    truth = every @ query / np.linalg.norm(every, axis=1)
+    np.testing.assert_allclose(coded.cosines(query, heads=heads), truth, atol=1e-5)
+    np.testing.assert_allclose(coded.cosines(query, tokens, heads), truth[tokens], atol=1e-5)
+    found, _ = exact_neighbours(coded, heads, query, 5, exclude=int(np.argmax(truth)))
+    assert found.tolist() == np.argsort(-truth)[1:6].tolist()
+    # each candidate's bound in one pass, against exact.cosine_bound over the decoded values
+    flat = [v.transpose(1, 0, 2).reshape(len(tokens), -1) for v in (values, widths)]
+    cos, bound = coded.cosine_bounds(query, tokens, heads, 2.0, 0.25)
+    np.testing.assert_allclose(cos, truth[tokens], atol=1e-5)
+    expected = cosine_bound(query, flat[1], flat[0], truth[tokens])
+    assert expected.min() > 0
+    np.testing.assert_allclose(bound, expected, rtol=1e-4)
+
+
 def test_cells_of_equal_count_are_the_quantiles_and_each_number_lies_in_its_own() -> None:
     """``quantise_cells``: each head's and dimension's inner edge c is the first point of its
     grid (``GRID`` even steps from the minimum to the maximum, the ends) with at least c/32 of

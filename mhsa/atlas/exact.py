@@ -49,6 +49,7 @@ __all__ = [
     "cosine_bound",
     "exact_top",
     "rerank",
+    "text_budget",
     "true_outputs",
 ]
 
@@ -64,9 +65,11 @@ MARGIN = 2.0
 CURVATURE = 0.25
 #: texts recomputed at a time (one padded batch each round)
 ROUND_TEXTS = 12
-#: texts recomputed at most per query besides its own: the time a query may take (a forward
-#: pass up to the deepest head asked over each); a query whose candidates within the margin lie
-#: in more texts is ranked exactly among the nearest candidates' texts
+#: texts recomputed at most per query besides its own, for heads of the model's last layer:
+#: the time a query may take (a forward pass up to the deepest head asked over each: shallower
+#: heads get as many more texts as their pass is shorter, ``text_budget``); a query whose
+#: candidates within the margin lie in more texts is ranked exactly among the nearest
+#: candidates' texts
 MAX_TEXTS = 36
 #: padded tokens of one batch of recomputed texts (batches of like length: little padding)
 BATCH_TOKENS = 1024
@@ -76,6 +79,17 @@ def candidate_count(k: int) -> int:
     """How many of the codes' nearest tokens are re-ranked on their true outputs for a query
     of ``k`` results (``bench/bench_atlas.py`` measures the recall this keeps)."""
     return max(MIN_CANDIDATES, CANDIDATES * k)
+
+
+def text_budget(lm: LoadedModel, plan: dict[str, Any], heads: Sequence[int]) -> int:
+    """Texts a query of ``heads`` (atlas head indices) may recompute besides its own: a
+    recomputation runs the model's layers up to the deepest head's (``_run``), so the time of
+    ``MAX_TEXTS`` full passes buys ``MAX_TEXTS * layers / (deepest + 1)`` texts."""
+    part = plan.get("part", "self")
+    layers = sum(1 for b in our_blocks(lm) if b.kind == part)
+    per_layer = len(plan["heads"])
+    deepest = max(int(plan["layers"][i // per_layer]) for i in heads)
+    return max(MAX_TEXTS, MAX_TEXTS * layers // (deepest + 1))
 
 
 def true_outputs(
@@ -180,12 +194,13 @@ def rerank(
     recompute: Callable[[list[int]], tuple[np.ndarray, np.ndarray]],
     seed: tuple[np.ndarray, np.ndarray],
     seed_texts: Sequence[int],
+    max_texts: int = MAX_TEXTS,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` nearest tokens to ``query`` (a true output, not unit) by true cosine among
     every token of the texts recomputed, ``exclude`` left out: ``(tokens, similarities)``.
     Texts are recomputed, the nearest candidates' first, until no candidate whose bound
-    reaches the k-th true cosine found is left in a text not yet recomputed, or ``MAX_TEXTS``
-    texts are done.
+    reaches the k-th true cosine found is left in a text not yet recomputed, or ``max_texts``
+    texts are done (``text_budget``).
 
     Args:
         query: the query token's true output over the heads asked.
@@ -197,6 +212,7 @@ def rerank(
         recompute: texts -> ``(tokens, rows)``: every token of those texts and its true output.
         seed: ``(tokens, rows)`` already recomputed (the query's own text).
         seed_texts: the texts of ``seed``.
+        max_texts: texts recomputed at most besides ``seed_texts``.
     """
     tokens, rows = [seed[0]], [seed[1]]
     done = set(int(t) for t in seed_texts)
@@ -208,7 +224,7 @@ def rerank(
             for t, b in zip(text_of, bounds, strict=True)
             if b >= tenth and int(t) not in done
         ]
-        room = MAX_TEXTS + len(seed_texts) - len(done)
+        room = max_texts + len(seed_texts) - len(done)
         if not pending or room <= 0:
             return found, sims
         batch = list(dict.fromkeys(pending))[: min(ROUND_TEXTS, room)]  # nearest texts first

@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from mhsa.atlas.kernels import cosine_bounds, cosines, lookup
+
 __all__ = [
     "BITS",
     "EXACT_UP_TO",
@@ -100,23 +102,6 @@ def _pack(q: torch.Tensor, bits: int) -> np.ndarray:
 def code_bytes(dh: int, bits: int) -> int:
     """Bytes of one head's codes at one token (``_pack``'s layout)."""
     return -(-dh // 2) if bits == 4 else 5 * -(-dh // 8)
-
-
-def _unpack(codes: np.ndarray, bits: int, dh: int) -> np.ndarray:
-    """``_pack`` undone: ``[Hs, n, Dh]`` float32 codes."""
-    hs, n = codes.shape[:2]
-    if bits == 4:
-        q = np.empty((hs, n, codes.shape[2] * 2), np.float32)
-        q[..., 0::2] = codes & 15
-        q[..., 1::2] = codes >> 4
-        return q[..., :dh]
-    groups = codes.reshape(hs, n, -1, 5).astype(np.uint64)
-    packed = groups[..., 0]
-    for b in range(1, 5):
-        packed |= groups[..., b] << np.uint64(8 * b)
-    shifts = (np.arange(8, dtype=np.uint64) * np.uint64(5))[None, None, None]
-    q = ((packed[..., None] >> shifts) & np.uint64(31)).astype(np.float32)
-    return q.reshape(hs, n, -1)[..., :dh]
 
 
 @dataclass
@@ -231,24 +216,14 @@ class ZCodes:
         self, tables: tuple[np.ndarray, ...], tokens: np.ndarray | slice, heads: list[int] | None
     ) -> list[np.ndarray]:
         """Each of ``tables`` (``[S, Hs, Dh, cells]``: midpoints, widths) looked up at each
-        code of ``heads`` at ``tokens``, the codes unpacked once: ``[Hs, n, Dh]`` float32 each."""
-        chosen = self.codes[:, tokens] if heads is None else self.codes[heads][:, tokens]
-        dh = self.dims
-        q = _unpack(np.asarray(chosen), self.bits, dh).astype(np.intp)  # [Hs, n, Dh]
-        tables = tuple(t if heads is None else t[:, heads] for t in tables)
-        hs, cells = tables[0].shape[1], tables[0].shape[-1]
-        # flat index of (head, dimension, cell) in one span's table
-        q += (np.arange(hs)[:, None, None] * dh + np.arange(dh)[None, None]) * cells
-        span = self._spans(tokens)
-        if len(span) == 0 or span.min() == span.max():  # one span (a chunk of a shard)
-            first = int(span[0]) if len(span) else 0
-            return [t[first].reshape(-1).take(q) for t in tables]
-        out = [np.empty(q.shape, np.float32) for _ in tables]
-        for s in np.unique(span):
-            mine = span == s
-            for o, t in zip(out, tables, strict=True):
-                o[:, mine] = t[s].reshape(-1).take(q[:, mine])
-        return out
+        code of ``heads`` at ``tokens``, read from the packed codes in one compiled pass
+        (``mhsa.atlas.kernels.lookup``): ``[Hs, n, Dh]`` float32 each."""
+        where = np.arange(self.tokens)[tokens] if isinstance(tokens, slice) else tokens
+        where = np.asarray(where, np.int64).reshape(-1)
+        chosen = np.arange(self.codes.shape[0]) if heads is None else np.asarray(heads)
+        stacked = tables[0][None] if len(tables) == 1 else np.stack(tables)
+        out = lookup(self.codes, chosen, where, self._spans(where), stacked, self.bits)
+        return list(out)
 
     def widths(self, tokens: np.ndarray | slice, heads: list[int] | None = None) -> np.ndarray:
         """How far apart the model's own value of each stored number may lie from the
@@ -267,6 +242,33 @@ class ZCodes:
         """``decode`` and ``widths`` at once, the codes unpacked once."""
         values, widths = self._cells((self._mids, self._widths), tokens, heads)
         return values, widths
+
+    def cosines(
+        self, query: np.ndarray, tokens: np.ndarray | None = None, heads: list[int] | None = None
+    ) -> np.ndarray:
+        """The cosine of ``heads``' values (None: all, concatenated) at ``tokens`` (None:
+        every token) with the unit vector ``query``, in one compiled scan of the codes that
+        decodes nothing (``mhsa.atlas.kernels.cosines``): ``[n]`` float32, ``rows(tokens,
+        heads) @ query``."""
+        chosen = np.arange(self.codes.shape[0]) if heads is None else np.asarray(heads)
+        return cosines(self.codes, chosen, self.bounds, self._mids, query, self.bits, tokens)
+
+    def cosine_bounds(
+        self,
+        query: np.ndarray,
+        tokens: np.ndarray,
+        heads: list[int] | None,
+        margin: float,
+        curvature: float,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``cosines(query, tokens, heads)`` and, for each token, how far above its coded
+        cosine its true one may lie by its own cells' widths (``mhsa.atlas.exact.cosine_bound``
+        over ``decode_with_widths``, in one compiled pass that decodes nothing)."""
+        chosen = np.arange(self.codes.shape[0]) if heads is None else np.asarray(heads)
+        tables = (self._mids, self._widths)
+        return cosine_bounds(
+            self.codes, chosen, self.bounds, tables, query, self.bits, tokens, margin, curvature
+        )
 
     def rows(self, tokens: np.ndarray | slice, heads: list[int] | None = None) -> np.ndarray:
         """Unit-length concatenations of ``heads``' values at ``tokens``: ``[n, Hs Dh]``."""
@@ -318,7 +320,7 @@ def search_index(
         probe = index.reconstruct(int(token))
     _, cand = index.search(probe[None].astype(np.float32), pool or k * RERANK)
     cand = np.unique(cand[0][cand[0] >= 0])
-    sims = z.rows(cand) @ query
+    sims = z.cosines(query, cand)
     order = np.lexsort((cand, -sims))[:k]
     return cand[order], sims[order]
 
@@ -328,11 +330,7 @@ def exact_neighbours(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exhaustive cosine search over ``heads``' stored values (None: all): ``(tokens,
     similarities)`` of the ``k`` nearest (None: all), ``exclude`` left out, ties by token."""
-    n = z.tokens
-    sims = np.empty(n, np.float32)
-    for start in range(0, n, CHUNK):
-        stop = min(n, start + CHUNK)
-        sims[start:stop] = z.rows(slice(start, stop), heads) @ query
+    sims = z.cosines(query, heads=heads)
     sims[exclude] = -np.inf
     found = np.flatnonzero(np.isfinite(sims))
     if k is not None and k < len(found):

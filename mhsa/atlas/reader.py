@@ -458,13 +458,8 @@ class Atlas:
             return exact.exact_top(both[1], both[0], query, self.tokens, token)
         unit = query / max(float(np.linalg.norm(query)), 1e-12)
         count = min(exact.candidate_count(k), self.tokens - 1)
-        near, coded = self._similar_coded(unit, token, heads, count, pool=RERANK * 11)
-
-        def flat(values: np.ndarray) -> np.ndarray:  # [Hs, n, Dh] -> [n, Hs Dh]
-            return np.ascontiguousarray(values.transpose(1, 0, 2)).reshape(len(near), -1)
-
-        vectors, widths = map(flat, self.z.decode_with_widths(near, heads))
-        margin = exact.cosine_bound(unit, widths, vectors, coded)
+        near, _ = self._similar_coded(unit, token, heads, count, pool=RERANK * 11)
+        coded, margin = self.z.cosine_bounds(unit, near, heads, exact.MARGIN, exact.CURVATURE)
         return exact.rerank(
             query,
             token,
@@ -475,6 +470,7 @@ class Atlas:
             recompute,
             seed,
             [text_id],
+            exact.text_budget(lm, plan, chosen),
         )
 
     @functools.cached_property
