@@ -270,6 +270,39 @@ def true_recall(
     }
 
 
+def similar_latency(folder: Path, per_head: int, all_heads: int, seed: int = 1) -> dict:
+    """``similar``'s time per query alone (wall clock and this process's CPU time, p50 and
+    p95): ``per_head`` random tokens for each head, ``all_heads`` for the concatenation, with
+    no truth beside it in memory (``true_recall``'s 4 bytes a number of every head's outputs
+    compete with the atlas's memory-mapped codes for the page cache on a large atlas)."""
+    from mhsa.atlas import open_atlas
+
+    atlas = open_atlas(folder)
+    rng = np.random.default_rng(seed)
+
+    def query(token: int) -> tuple[int, int]:
+        text = int(np.searchsorted(atlas.offsets, token, side="right") - 1)
+        return text, int(token - atlas.offsets[text])
+
+    atlas.similar(*query(0), head=atlas.labels[-1], k=10)  # warm: the model's first run
+    atlas.similar(*query(0), k=10)
+    found: dict[str, list[float]] = {"head": [], "head_cpu": [], "all": [], "all_cpu": []}
+    plan = [(label, t) for label in atlas.labels for t in rng.choice(atlas.tokens, per_head)]
+    plan += [(None, t) for t in rng.choice(atlas.tokens, all_heads)]
+    for label, token in plan:
+        t, c = time.perf_counter(), time.process_time()
+        atlas.similar(*query(int(token)), head=label, k=10)
+        name = "head" if label else "all"
+        found[name].append(time.perf_counter() - t)
+        found[f"{name}_cpu"].append(time.process_time() - c)
+    return {
+        f"similar_{name}_p50_p95_ms": [
+            round(1000 * float(np.percentile(v, q)), 1) for q in (50, 95)
+        ]
+        for name, v in found.items()
+    } | {"atlas_tokens": atlas.tokens, "queries": [len(found["head"]), len(found["all"])]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sentences", type=int, default=2000)
@@ -288,7 +321,13 @@ def main() -> None:
     parser.add_argument("--per-head", type=int, default=5, help="--recall: queries per head")
     parser.add_argument("--all-heads", type=int, default=60, help="--recall: all-heads queries")
     parser.add_argument("--truth", type=Path, default=None, help="--recall: true outputs kept")
+    parser.add_argument(
+        "--latency", type=Path, default=None, help="an atlas: similar's time alone, no truth"
+    )
     args = parser.parse_args()
+    if args.latency is not None:
+        print(json.dumps(similar_latency(args.latency, args.per_head, args.all_heads), indent=1))
+        return
     if args.recall is not None:
         found = true_recall(args.recall, args.per_head, args.all_heads, truth_file=args.truth)
         print(json.dumps(found, indent=1))

@@ -620,7 +620,7 @@ def test_the_compiled_scans_read_each_code_from_its_bits_and_its_own_spans_cells
     read by hand: each row of bytes as one little-endian Python integer, code i its bits
     ``i * bits`` on; a dimension count that is not a multiple of 8 (padding), two spans with
     cell tables of their own, a random subset of heads and tokens in an unsorted order."""
-    from mhsa.atlas.exact import MARGIN, CURVATURE, cosine_bound
+    from mhsa.atlas.exact import CURVATURE, MARGIN, cosine_bound
     from mhsa.atlas.index import FLOAT16_ERROR, ZCodes, code_bytes, exact_neighbours
 
     assert (MARGIN, CURVATURE) == (2.0, 0.25)  # the values the bounds below are given
@@ -661,6 +661,26 @@ def test_the_compiled_scans_read_each_code_from_its_bits_and_its_own_spans_cells
     expected = cosine_bound(query, flat[1], flat[0], truth[tokens])
     assert expected.min() > 0
     np.testing.assert_allclose(bound, expected, rtol=1e-4)
+
+
+def test_the_compiled_scans_called_from_many_threads_at_once_give_each_its_own_answer() -> None:
+    """Streamlit serves each session on a thread: eight threads scanning at once (numba's
+    thread pool behind one lock, whatever its layer) each get the cosines of their own query,
+    as computed alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mhsa.atlas.index import ZCodes, code_bytes
+
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 256, (4, 5000, code_bytes(32, 5)), dtype=np.uint8)
+    edges = np.sort(rng.normal(size=(1, 4, 32, 33)), axis=-1).astype(np.float32)
+    coded = ZCodes(codes, bits=5, edges=edges)
+    queries = rng.normal(size=(8, 128)).astype(np.float32)
+    alone = [coded.cosines(q) for q in queries]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(coded.cosines, [q for q in queries for _ in range(4)]))
+    for i, got in enumerate(together):
+        np.testing.assert_array_equal(got, alone[i // 4])
 
 
 def test_cells_of_equal_count_are_the_quantiles_and_each_number_lies_in_its_own() -> None:

@@ -7,19 +7,20 @@ The codes' layout is ``mhsa.atlas.index._pack``'s, one head at one token a row o
 ``i`` of a row lies at bits ``i * bits`` to ``(i + 1) * bits`` of the row read as one
 little-endian number (4 bits: two a byte, the low nibble first; 5 bits: eight in 5 bytes).
 
-- ``cosine_bounds(...)``: the same for candidates, with each one's bound on its codes' error
-  (``mhsa.atlas.exact``'s re-ranking), in the same single pass.
 - ``lookup(codes, heads, tokens, spans, tables)``: the tables' entries at each code of
   ``heads`` at ``tokens`` (a decode: midpoints; widths).
-- ``cosines(codes, heads, bounds, mids, query, tokens=None)``: each token's cosine with ``query`` over
-  ``heads``' decoded values, as an asymmetric scan (Jegou et al. 2011, "Product quantization
-  for nearest neighbor search", IEEE TPAMI 33(1), section 4.1: the query's products with every
-  cell's midpoint are tabled once, then each token sums its codes' entries): the cosine of the
-  concatenation is ``sum_h q_h . c_h / sqrt(sum_h ||c_h||^2)``.
+- ``cosines(codes, heads, bounds, mids, query, tokens=None)``: each token's cosine with
+  ``query`` over ``heads``' decoded values, as an asymmetric scan (Jegou et al. 2011, "Product
+  quantization for nearest neighbor search", IEEE TPAMI 33(1), section 4.1: the query's
+  products with every cell's midpoint are tabled once, then each token sums its codes'
+  entries): the cosine of the concatenation is ``sum_h q_h . c_h / sqrt(sum_h ||c_h||^2)``.
+- ``cosine_bounds(...)``: the same for candidates, with each one's bound on its codes' error
+  (``mhsa.atlas.exact``'s re-ranking), in the same single pass.
 
-The loops run on every core (numba's ``prange``). numba's default thread pool may not be
-entered by two threads at once, and Streamlit serves each session on a thread of its own, so
-every call holds one lock (``_LOCK``): calls wait for each other, each uses all cores.
+The loops run on every core (numba's ``prange``). Where numba finds neither OpenMP nor TBB its
+thread pool is its "workqueue", which may not be entered by two threads at once, and Streamlit
+serves each session on a thread of its own, so every call holds one lock (``_LOCK``): calls
+wait for each other, each uses all cores.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ os.environ.setdefault(
     ),
 )
 
-import numba  # noqa: E402  (after its cache folder is set)
+import numba
 
 __all__ = ["cosine_bounds", "cosines", "lookup", "warm"]
 
