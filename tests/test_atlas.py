@@ -681,6 +681,20 @@ def test_the_compiled_scans_called_from_many_threads_at_once_give_each_its_own_a
         together = list(pool.map(coded.cosines, [q for q in queries for _ in range(4)]))
     for i, got in enumerate(together):
         np.testing.assert_array_equal(got, alone[i // 4])
+    # and a process's first scan leaves the calling thread's torch threads as they were (the
+    # service runs a page's work on one core fewer; a launch on OpenMP's pool resets them)
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\nfrom mhsa.atlas import kernels\nkernels.warm()\n"
+        "print(torch.get_num_threads())"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    env["OMP_NUM_THREADS"] = "1"
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["1"]
 
 
 def test_cells_of_equal_count_are_the_quantiles_and_each_number_lies_in_its_own() -> None:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mhsa.atlas.kernels import cosine_bounds, cosines, lookup
+from mhsa.atlas.kernels import cells_of, cosine_bounds, cosines, lookup, pack
 
 __all__ = [
     "BITS",
@@ -85,18 +85,13 @@ def projection_matrix(dims: int) -> torch.Tensor:
     return torch.from_numpy(matrix.astype(np.float32))
 
 
-def _pack(q: torch.Tensor, bits: int) -> np.ndarray:
+def _pack(q: torch.Tensor | np.ndarray, bits: int) -> np.ndarray:
     """Codes ``q [Hs, n, Dh]`` (uint8, each below ``2 ** bits``) packed: 4 bits, two a byte,
     the low nibble first; 5 bits, each 8 numbers (Dh padded with zeros to a multiple of 8) as
-    one 40-bit little-endian integer in 5 bytes, the first number in the lowest bits."""
-    hs, n, dh = q.shape
-    if bits == 4:
-        q = torch.nn.functional.pad(q, (0, dh % 2))
-        return (q[..., 0::2] | (q[..., 1::2] << 4)).numpy()
-    q = torch.nn.functional.pad(q, (0, -dh % 8)).view(hs, n, -1, 8).to(torch.int64)
-    packed = (q << (torch.arange(8) * 5)).sum(-1)  # [Hs, n, groups]: 40 bits each
-    out = torch.stack([(packed >> (8 * b)) & 255 for b in range(5)], -1)
-    return out.to(torch.uint8).reshape(hs, n, -1).numpy()
+    one 40-bit little-endian integer in 5 bytes, the first number in the lowest bits (both:
+    code i at bits ``i * bits`` on of its row read as one little-endian number;
+    ``mhsa.atlas.kernels.pack``)."""
+    return pack(q.cpu().numpy() if isinstance(q, torch.Tensor) else q, bits)
 
 
 def code_bytes(dh: int, bits: int) -> int:
@@ -183,29 +178,11 @@ class ZCodes:
         if n == 0:
             empty = torch.zeros((hs, 0, dh), dtype=torch.uint8)
             return _pack(empty, bits), np.zeros((hs, dh, cells + 1), np.float32)
-        codes = torch.empty((hs, n, dh), dtype=torch.uint8)
-        edges = torch.empty((hs, dh, cells + 1), dtype=torch.float32)
-        steps = torch.arange(1, cells, dtype=torch.float64) / cells  # [cells - 1]
-        rows = torch.arange(dh)[:, None] * GRID
-        for h in range(hs):  # a head at a time: the grid's indices stay small
-            values = z[h].float().T  # [Dh, n]
-            lo, hi = values.amin(1), values.amax(1)
-            step = ((hi - lo) / GRID).clamp_(min=1e-30)
-            fine = ((values - lo[:, None]) / step[:, None]).floor_().clamp_(0, GRID - 1).long()
-            counts = torch.bincount((fine + rows).reshape(-1), minlength=dh * GRID).view(dh, GRID)
-            below = counts.double().pow_(power).cumsum(1)  # up to and including each grid step
-            targets = steps[None] * below[:, -1:]
-            # cell c's first grid step: the one after the first step that brings c / cells of
-            # the numbers
-            first = torch.searchsorted(below, targets.contiguous())
-            first = (first + 1).clamp_(max=GRID)
-            table = torch.zeros((dh, GRID + 1), dtype=torch.int64)
-            table.scatter_add_(1, first, torch.ones_like(first))
-            table = table.cumsum(1)[:, :GRID].clamp_(max=cells - 1)  # grid step -> cell
-            codes[h] = table.gather(1, fine).T.to(torch.uint8)
-            edges[h, :, 0], edges[h, :, cells] = lo, hi
-            edges[h, :, 1:cells] = torch.minimum(lo[:, None] + first * step[:, None], hi[:, None])
-        return _pack(codes, bits), edges.numpy()
+        codes = np.empty((hs, n, dh), np.uint8)
+        edges = np.empty((hs, dh, cells + 1), np.float32)
+        for h in range(hs):  # a head at a time, in one compiled pass (mhsa.atlas.kernels)
+            codes[h], edges[h] = cells_of(z[h].float().cpu().numpy(), GRID, power, cells)
+        return _pack(codes, bits), edges
 
     def _spans(self, tokens: np.ndarray | slice) -> np.ndarray:
         """The span of each of ``tokens``."""

@@ -16,17 +16,23 @@ little-endian number (4 bits: two a byte, the low nibble first; 5 bits: eight in
   entries): the cosine of the concatenation is ``sum_h q_h . c_h / sqrt(sum_h ||c_h||^2)``.
 - ``cosine_bounds(...)``: the same for candidates, with each one's bound on its codes' error
   (``mhsa.atlas.exact``'s re-ranking), in the same single pass.
+- ``cells_of(values, grid, power, cells)`` and ``pack(codes, bits)``: the build's coding
+  (``ZCodes.quantise_cells``: each dimension's histogram, its cells and every number's code in
+  one pass) and packing.
 
 The loops run on every core (numba's ``prange``). Where numba finds neither OpenMP nor TBB its
 thread pool is its "workqueue", which may not be entered by two threads at once, and Streamlit
 serves each session on a thread of its own, so every call holds one lock (``_LOCK``): calls
-wait for each other, each uses all cores.
+wait for each other, each uses all cores. On OpenMP (numba's choice where torch has loaded
+it) a launch sets the calling thread's torch threads, so each call restores them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -39,12 +45,26 @@ os.environ.setdefault(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mhsa-explorer", "numba"
     ),
 )
+import numba  # after its cache folder is set
+import torch
 
-import numba
-
-__all__ = ["cosine_bounds", "cosines", "lookup", "warm"]
+__all__ = ["cells_of", "cosine_bounds", "cosines", "lookup", "pack", "warm"]
 
 _LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _launch() -> Iterator[None]:
+    """One compiled loop at a time (``_LOCK``), and the calling thread's torch threads as they
+    were after it: numba's OpenMP pool shares torch's OpenMP runtime, and a launch sets the
+    calling thread's thread count (the service runs a page's work on one core fewer)."""
+    with _LOCK:
+        threads = torch.get_num_threads()
+        try:
+            yield
+        finally:
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
 
 
 @numba.njit(inline="always")
@@ -145,6 +165,81 @@ def _bounds_at(
         bound[t] = margin * first + curvature * ww / 12.0 / length**2
 
 
+@numba.njit(parallel=True, cache=True)
+def _pack_rows(codes, bits, out):  # pragma: no cover - compiled
+    hs, n, dh = codes.shape
+    for r in numba.prange(hs * n):
+        h, t = r // n, r % n
+        for b in range(out.shape[2]):
+            out[h, t, b] = 0
+        for i in range(dh):
+            bit = i * bits
+            byte, shift = bit >> 3, bit & 7
+            value = np.int64(codes[h, t, i]) << shift
+            out[h, t, byte] |= np.uint8(value & 255)
+            if shift + bits > 8:
+                out[h, t, byte + 1] |= np.uint8(value >> 8)
+
+
+@numba.njit(parallel=True, cache=True)
+def _cells_of(values, grid, power, cells, codes, edges):  # pragma: no cover - compiled
+    n, dh = values.shape
+    for d in numba.prange(dh):
+        lo, hi = values[0, d], values[0, d]
+        for t in range(n):
+            lo = min(lo, values[t, d])
+            hi = max(hi, values[t, d])
+        step = max((hi - lo) / np.float32(grid), np.float32(1e-30))
+        fine = np.empty(n, np.int64)
+        counts = np.zeros(grid, np.float64)
+        for t in range(n):
+            f = np.floor((values[t, d] - lo) / step)
+            g = min(max(np.int64(f), 0), grid - 1)
+            fine[t] = g
+            counts[g] += 1.0
+        below = np.cumsum(counts**power)  # up to and including each grid step
+        table = np.zeros(grid + 1, np.int64)
+        edges[d, 0], edges[d, cells] = lo, hi
+        for c in range(1, cells):
+            # cell c's first grid step: the one after the first that brings c / cells
+            first = min(np.searchsorted(below, c / cells * below[grid - 1]) + 1, grid)
+            table[first] += 1
+            edges[d, c] = min(lo + np.float32(first) * step, hi)
+        seen = 0
+        for g in range(grid):  # grid step -> cell
+            seen += table[g]
+            table[g] = min(seen, cells - 1)
+        for t in range(n):
+            codes[t, d] = table[fine[t]]
+
+
+def pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Codes ``[Hs, n, Dh]`` (uint8, each below ``2 ** bits``) packed as rows of bytes, code
+    ``i`` of a row at bits ``i * bits`` on (``mhsa.atlas.index._pack``'s layout)."""
+    hs, n, dh = codes.shape
+    size = -(-dh // 2) if bits == 4 else 5 * -(-dh // 8)
+    out = np.empty((hs, n, size), np.uint8)
+    if out.size:
+        with _launch():
+            _pack_rows(np.ascontiguousarray(codes, np.uint8), bits, out)
+    return out
+
+
+def cells_of(
+    values: np.ndarray, grid: int, power: float, cells: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """One head's numbers ``values [n, Dh]`` (float32) in ``cells`` cells a dimension placed
+    on a grid of ``grid`` even steps by the ``power`` of their density
+    (``mhsa.atlas.index.ZCodes.quantise_cells``): ``(codes [n, Dh] uint8, edges [Dh, cells +
+    1] float32)``."""
+    values = np.ascontiguousarray(values, np.float32)
+    codes = np.empty(values.shape, np.uint8)
+    edges = np.empty((values.shape[1], cells + 1), np.float32)
+    with _launch():
+        _cells_of(values, grid, float(power), cells, codes, edges)
+    return codes, edges
+
+
 def lookup(
     codes: np.ndarray,
     heads: np.ndarray,
@@ -159,7 +254,7 @@ def lookup(
     tables = np.ascontiguousarray(tables, np.float32)
     out = np.empty((tables.shape[0], len(heads), len(tokens), tables.shape[3]), np.float32)
     if out.size:
-        with _LOCK:
+        with _launch():
             _lookup(
                 codes,
                 np.asarray(heads, np.int64),
@@ -194,7 +289,7 @@ def cosines(
     out = np.empty(codes.shape[1] if tokens is None else len(tokens), np.float32)
     if not out.size:
         return out
-    with _LOCK:
+    with _launch():
         if tokens is None:
             _cosines(codes, heads, bounds, products, squares, bits, out)
         else:
@@ -226,7 +321,7 @@ def cosine_bounds(
     cos, bound = np.empty(len(tokens), np.float32), np.empty(len(tokens), np.float32)
     if len(tokens):
         q = np.ascontiguousarray(query, np.float64)
-        with _LOCK:
+        with _launch():
             _bounds_at(
                 codes, np.asarray(heads, np.int64), tokens, spans, mids, widths, q, bits,
                 float(margin), float(curvature), cos, bound,
@@ -245,3 +340,6 @@ def warm() -> None:
     cosines(codes, [0], [0], mids, np.ones(8, np.float32), 5, np.array([1]))
     lookup(codes, np.array([0]), np.array([1]), np.array([0]), mids[None], 5)
     cosine_bounds(codes, [0], [0], (mids, mids), np.ones(8), 5, np.array([1]), 2.0, 0.25)
+    cells_of(np.zeros((2, 8), np.float32), 4096, 1 / 3, 32)
+    pack(np.zeros((1, 2, 8), np.uint8), 5)
+    pack(np.zeros((1, 2, 8), np.uint8), 4)
