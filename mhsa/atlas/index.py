@@ -91,7 +91,8 @@ def _pack(q: torch.Tensor | np.ndarray, bits: int) -> np.ndarray:
     one 40-bit little-endian integer in 5 bytes, the first number in the lowest bits (both:
     code i at bits ``i * bits`` on of its row read as one little-endian number;
     ``mhsa.atlas.kernels.pack``)."""
-    return pack(q.cpu().numpy() if isinstance(q, torch.Tensor) else q, bits)
+    codes = q.cpu().numpy() if isinstance(q, torch.Tensor) else q
+    return pack(codes, bits, code_bytes(codes.shape[2], bits))
 
 
 def code_bytes(dh: int, bits: int) -> int:

@@ -16,7 +16,7 @@ little-endian number (4 bits: two a byte, the low nibble first; 5 bits: eight in
   entries): the cosine of the concatenation is ``sum_h q_h . c_h / sqrt(sum_h ||c_h||^2)``.
 - ``cosine_bounds(...)``: the same for candidates, with each one's bound on its codes' error
   (``mhsa.atlas.exact``'s re-ranking), in the same single pass.
-- ``cells_of(values, grid, power, cells)`` and ``pack(codes, bits)``: the build's coding
+- ``cells_of(values, grid, power, cells)`` and ``pack(codes, bits, size)``: the build's coding
   (``ZCodes.quantise_cells``: each dimension's histogram, its cells and every number's code in
   one pass) and packing.
 
@@ -93,38 +93,33 @@ def _lookup(codes, heads, tokens, spans, tables, bits, out):  # pragma: no cover
                     out[k, j, t, d] = tables[k, span, h, d, c]
 
 
+@numba.njit(inline="always")
+def _cosine(codes, heads, token, span, products, squares, bits):  # pragma: no cover
+    """One token's cosine from the query's product and square tables of its span."""
+    dot = 0.0
+    norm = 0.0
+    for j in range(heads.shape[0]):
+        row = codes[heads[j], token]
+        for d in range(products.shape[2]):
+            c = _code(row, d, bits)
+            dot += products[span, j, d, c]
+            norm += squares[span, j, d, c]
+    return dot / max(np.sqrt(norm), 1e-12)
+
+
 @numba.njit(parallel=True, cache=True)
 def _cosines(codes, heads, bounds, products, squares, bits, out):  # pragma: no cover
-    dh = products.shape[2]
     for s in range(bounds.shape[0]):
         first = bounds[s]
         last = bounds[s + 1] if s + 1 < bounds.shape[0] else codes.shape[1]
         for token in numba.prange(first, last):
-            dot = 0.0
-            norm = 0.0
-            for j in range(heads.shape[0]):
-                row = codes[heads[j], token]
-                for d in range(dh):
-                    c = _code(row, d, bits)
-                    dot += products[s, j, d, c]
-                    norm += squares[s, j, d, c]
-            out[token] = dot / max(np.sqrt(norm), 1e-12)
+            out[token] = _cosine(codes, heads, token, s, products, squares, bits)
 
 
 @numba.njit(parallel=True, cache=True)
 def _cosines_at(codes, heads, tokens, spans, products, squares, bits, out):  # pragma: no cover
-    dh = products.shape[2]
     for t in numba.prange(tokens.shape[0]):
-        token, span = tokens[t], spans[t]
-        dot = 0.0
-        norm = 0.0
-        for j in range(heads.shape[0]):
-            row = codes[heads[j], token]
-            for d in range(dh):
-                c = _code(row, d, bits)
-                dot += products[span, j, d, c]
-                norm += squares[span, j, d, c]
-        out[t] = dot / max(np.sqrt(norm), 1e-12)
+        out[t] = _cosine(codes, heads, tokens[t], spans[t], products, squares, bits)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -213,11 +208,11 @@ def _cells_of(values, grid, power, cells, codes, edges):  # pragma: no cover - c
             codes[t, d] = table[fine[t]]
 
 
-def pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """Codes ``[Hs, n, Dh]`` (uint8, each below ``2 ** bits``) packed as rows of bytes, code
-    ``i`` of a row at bits ``i * bits`` on (``mhsa.atlas.index._pack``'s layout)."""
-    hs, n, dh = codes.shape
-    size = -(-dh // 2) if bits == 4 else 5 * -(-dh // 8)
+def pack(codes: np.ndarray, bits: int, size: int) -> np.ndarray:
+    """Codes ``[Hs, n, Dh]`` (uint8, each below ``2 ** bits``) packed as rows of ``size``
+    bytes, code ``i`` of a row at bits ``i * bits`` on (``mhsa.atlas.index._pack``'s layout;
+    ``size``: ``index.code_bytes``)."""
+    hs, n, _ = codes.shape
     out = np.empty((hs, n, size), np.uint8)
     if out.size:
         with _launch():
@@ -341,5 +336,5 @@ def warm() -> None:
     lookup(codes, np.array([0]), np.array([1]), np.array([0]), mids[None], 5)
     cosine_bounds(codes, [0], [0], (mids, mids), np.ones(8), 5, np.array([1]), 2.0, 0.25)
     cells_of(np.zeros((2, 8), np.float32), 4096, 1 / 3, 32)
-    pack(np.zeros((1, 2, 8), np.uint8), 5)
-    pack(np.zeros((1, 2, 8), np.uint8), 4)
+    pack(np.zeros((1, 2, 8), np.uint8), 5, 5)
+    pack(np.zeros((1, 2, 8), np.uint8), 4, 4)
