@@ -697,6 +697,83 @@ def test_the_compiled_scans_called_from_many_threads_at_once_give_each_its_own_a
     assert run.stdout.split() == ["1"]
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_compiled_layer_summaries_equal_each_definition_counted_pair_by_pair(causal) -> None:
+    """``kernels.summarise_layer`` against loops over every (row, head, query, key) here: a
+    padded batch (rows of 1, 5 and 9 tokens in 9 positions, the padding filled with large
+    weights that must never count), repeated tokens for the duplicate and induction patterns,
+    special and punctuation keys; the weight bins of the ranked pairs only, mass by offset
+    folded at +-3, per text the detection scores divided by the text's length, the strongest
+    key the first of the largest (a tie planted), and the top lists' candidates at or above
+    each head's limit (one head's limit above every pair: none; a cap that one row and head
+    overflows: counted, the first kept)."""
+    from mhsa.atlas.kernels import summarise_layer
+
+    rng = np.random.default_rng(5)
+    b, hs, t = 3, 2, 9
+    lengths = np.array([5, 9, 1])
+    ids = rng.integers(0, 3, (b, t))
+    flags = rng.random((b, t, 2)) < 0.3
+    w = rng.random((b, hs, t, t)).astype(np.float32)
+    w[0, 1, 2, [1, 3]] = 0.97  # a tie for the strongest key: the first wins
+    w[0, 1, 2, 0] = 0.0  # a zero weight: no entropy
+    pad = np.ones((b, t, t), bool)
+    for r, n in enumerate(lengths):
+        keys = np.tril(np.ones((n, n), bool)) if causal else np.ones((n, n), bool)
+        pad[r, :n, :n] = ~keys
+    w[np.broadcast_to(pad[:, None], w.shape)] = 50.0  # never read
+    vn = (rng.random((b, hs, t)) * 2).astype(np.float32)
+    limits = np.array([[0.9, 2.0], [0.5, 1.0]], np.float32)  # [list, head]
+    cap = 3
+    got = summarise_layer(w, vn, lengths, ids, flags, causal, limits, cap, 20, 3)
+    assert (w[np.broadcast_to(pad[:, None], w.shape)] == 50.0).all()  # the input as it was
+    for r in range(b):
+        n = lengths[r]
+        for h in range(hs):
+            hist, folded = np.zeros(20, int), np.zeros(7)
+            dist = first = spec = punct = prev = own = ent = 0.0
+            det = np.zeros(3)
+            hits = [[], []]
+            for q in range(n):
+                keys = list(range(q + 1)) if causal else list(range(n))
+                row = [float(w[r, h, q, k]) for k in keys]
+                best = max(row)
+                assert got["best_key"][r, h, q] == row.index(best)
+                assert got["best_weight"][r, h, q] == np.float32(best)
+                for k, x in zip(keys, row, strict=True):
+                    if len(keys) > 1:
+                        hist[min(int(np.float32(x) * np.float32(20)), 19)] += 1
+                        norm = np.float32(x) * vn[r, h, k]
+                        for j, value in enumerate((np.float32(x), norm)):
+                            if value >= limits[j, h]:
+                                hits[j].append(q * t + k)
+                    folded[np.clip(k - q, -3, 3) + 3] += x
+                    dist += x * abs(k - q)
+                    first += x * (k == 0)
+                    spec += x * flags[r, k, 0]
+                    punct += x * flags[r, k, 1]
+                    prev += x * (k == q - 1)
+                    own += x * (k == q)
+                    ent -= x * np.log(x) if x > 0 else 0.0
+                    det[0] += x * (k == q - 1)
+                    det[1] += x * (k < q and ids[r, k] == ids[r, q])
+                    det[2] += x * (1 <= k <= q and ids[r, k - 1] == ids[r, q])
+            np.testing.assert_array_equal(got["hist"][r, h], hist)
+            np.testing.assert_allclose(got["folded"][r, h], folded, rtol=1e-6)
+            assert got["distance"][r, h] == pytest.approx(dist, rel=1e-6)
+            want = [first, spec, punct, prev, own]
+            np.testing.assert_allclose(got["kinds"][r, h], want, rtol=1e-6, atol=1e-9)
+            assert got["entropy"][r, h] == pytest.approx(ent, rel=1e-6)
+            np.testing.assert_allclose(got["detection"][r, h], det / n, rtol=1e-6, atol=1e-9)
+            for j in range(2):
+                assert got["hits"][j, r, h] == len(hits[j])
+                kept = min(len(hits[j]), cap)
+                assert got["at"][j, r, h, :kept].tolist() == hits[j][:kept]
+    assert got["hits"][0, :, 1].sum() == 0  # no weight reaches 2.0
+    assert got["hits"][1].max() > cap  # a row and head over the cap
+    assert got["best_key"][0, 1, 2] == 1
+
+
 def test_cells_of_equal_count_are_the_quantiles_and_each_number_lies_in_its_own() -> None:
     """``quantise_cells``: each head's and dimension's inner edge c is the first point of its
     grid (``GRID`` even steps from the minimum to the maximum, the ends) with at least c/32 of

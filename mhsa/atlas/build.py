@@ -523,13 +523,13 @@ def _run_batch(
     def sink(block: OurBlock, first_head: int) -> Callable[[torch.Tensor], None]:
         def take(weights: torch.Tensor) -> None:
             got = seen.pop(block.layer)
-            w = weights[:, heads].float().cpu()  # a copy (a list index): changed in place
-            norms = got["norms"][:, heads].float().cpu()
+            w = _chosen(weights, heads)
+            norms = _chosen(got["norms"], heads)
             keys, best = summaries.add_layer(first_head, layout, w, norms, sample, sampled)
             span = slice(first_head, first_head + len(heads))
             strongest_key[span, token_index] = keys.numpy().astype(np.uint16)
             strongest_weight[span, token_index] = best.numpy().astype(np.float16)
-            ctx = got["z"][:, heads].float().cpu()  # [B, Hs, T, Dh]
+            ctx = _chosen(got["z"], heads)  # [B, Hs, T, Dh]
             mine = ctx[layout.rows, :, layout.cols]  # [tokens, Hs, Dh]
             z_out[span, tokens] = mine.transpose(0, 1).half()
             flat = mine.reshape(len(mine), -1)
@@ -551,6 +551,14 @@ def _run_batch(
         inputs = pad_inputs(lm, [e.inputs for e, _ in items])
         run_until(lm, blocks, our_pass, inputs, chosen[-1])
     summaries.finish_batch(layout, sample, sampled)
+
+
+def _chosen(tensor: torch.Tensor, heads: list[int]) -> torch.Tensor:
+    """``tensor [B, H, ...]``'s ``heads`` as float32 on the CPU, to be read only (no copy where
+    they are every head in order)."""
+    if heads != list(range(tensor.shape[1])):
+        tensor = tensor[:, heads]
+    return tensor.float().cpu()
 
 
 # --- merging -----------------------------------------------------------------------------------

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from mhsa.atlas.kernels import summarise_layer
+
 __all__ = [
     "DETECTORS",
     "KEY_KINDS",
@@ -154,32 +156,38 @@ class BatchLayout:
         self.valid_pair = pair  # [B, T, T]
         choices = pair.sum(-1)  # keys each query may attend to
         self.ranked_pair = pair & (choices > 1)[:, :, None]  # [B, T, T]
-        self.offset = pos[None, :] - pos[:, None]  # [T, T]: key - query
-        same = (self.ids[:, :, None] == self.ids[:, None, :]) & pair
-        below = torch.ones(t, t, dtype=torch.bool).tril(-1)
-        duplicate = same & below
-        induction = torch.zeros_like(duplicate)
-        induction[:, :, 1:] = duplicate[:, :, :-1]
-        induction &= torch.ones(t, t, dtype=torch.bool).tril()
-        previous = (self.offset == -1)[None] & pair
-        patterns = (previous, duplicate, induction)  # as DETECTORS
-        self.pattern_columns = torch.stack([p.flatten(1).float() for p in patterns], -1)
-        self.valid_float = pair.float()
         self.ranked_count = int(self.ranked_pair.sum())
-        # pairs out of the weight histogram: the ones no query may attend to (weight 0, so in
-        # its first bin) and those of queries with one key (counted here by their weights)
-        self.unranked = (pair & ~self.ranked_pair).nonzero(as_tuple=True)
-        self.invalid_count = int(pair.numel() - pair.sum())
-        self.offset_index = (self.offset + (t - 1)).reshape(1, -1)  # [1, T T]: 0 .. 2T - 2
-        span = torch.arange(-(t - 1), t)
-        self.abs_offsets = span.abs().double()  # [2T - 1]
-        # each full offset's bin of the kept +-MAX_OFFSET
-        self.offset_fold = span.clamp(-MAX_OFFSET, MAX_OFFSET) + MAX_OFFSET
-        self.key_flags = torch.stack([self.special, self.punctuation], -1).float()  # [B, T, 2]
+        # what the compiled pass reads (mhsa.atlas.kernels.summarise_layer)
+        self.ids_np = self.ids.numpy().astype(np.int64)
+        self.key_flags = torch.stack([self.special, self.punctuation], -1).numpy()  # [B, T, 2]
         # the token arrays' index of every valid (row, position)
         rows, cols = self.valid_query.nonzero(as_tuple=True)
         self.rows, self.cols = rows, cols
         self.token_index = torch.from_numpy(self.starts)[rows] + cols
+
+
+class _Pairs:
+    """One layer's weights ``w [B, Hs, T, T]`` and value norms ``vn [B, Hs, T]`` of a batch: a
+    pair's weight and norm where they are looked at, every pair's only where a top list's
+    candidates need them all (``full``: the pairs no query may attend to at 0)."""
+
+    def __init__(self, w: torch.Tensor, vn: torch.Tensor, layout: BatchLayout) -> None:
+        self.w, self.vn, self.layout = w, vn, layout
+        self._full: dict[int, torch.Tensor] = {}
+
+    def at(self, row, head, q, k) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weights and norms of the pairs ``(row, head, q, k)``."""
+        weight = self.w[row, head, q, k]
+        return weight, weight * self.vn[row, head, k]
+
+    def full(self, j: int) -> torch.Tensor:
+        """Every pair's weight (``j`` 0) or norm (1), ``[B, Hs, T, T]``."""
+        if j not in self._full:
+            if 0 not in self._full:
+                self._full[0] = self.w.masked_fill(~self.layout.valid_pair[:, None], 0.0)
+            if j == 1:
+                self._full[1] = self._full[0] * self.vn[:, :, None, :]
+        return self._full[j]
 
 
 @dataclass
@@ -247,99 +255,102 @@ class HeadSummaries:
         sampled: dict[str, list[np.ndarray]],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Add one layer's selected heads of a batch: ``weights [B, Hs, T, T]`` (float32 on the
-        CPU), ``value_norms [B, Hs, T]``; the summaries of head ``first_head + i`` get head i.
-        The sample's pairs' values go to ``sampled`` (merged once the batch is done). Returns
-        the strongest key of every valid (row, position) per head, ``(keys, weights)`` as
-        ``[Hs, tokens]``. Every step is one pass over all the layer's heads at once."""
-        b, hs = weights.shape[:2]
+        CPU; the pairs no query may attend to are never read), ``value_norms [B, Hs, T]``; the
+        summaries of head ``first_head + i`` get head i. The sample's pairs' values go to
+        ``sampled`` (merged once the batch is done). Returns the strongest key of every valid
+        (row, position) per head, ``(keys, weights)`` as ``[Hs, tokens]``. The sums are one
+        compiled pass over the weights (``mhsa.atlas.kernels.summarise_layer``); a pair's norm
+        is ``weight * value_norms`` (Kobayashi et al.'s), made where it is looked at."""
+        hs = weights.shape[1]
         heads = slice(first_head, first_head + hs)
-        w = weights.mul_(layout.valid_float[:, None])  # padding queries' rows to 0 (a copy)
-        norms = w * value_norms[:, :, None, :]
-        for top, values in ((self.by_weight, w), (self.by_norm, norms)):
-            self._offer_top(top, first_head, layout, values, w, norms)
+        lists = (self.by_weight, self.by_norm)
+        # the candidates the pass keeps for a full list: the pairs at or above its last value
+        last = np.stack([top.value[heads, -1] for top in lists])
+        limits = np.where(np.isfinite(last).all(1, keepdims=True), last, np.inf)
+        w, vn = weights.float(), value_norms.float()
+        got = summarise_layer(
+            w.numpy(),
+            vn.numpy(),
+            layout.lengths.numpy(),
+            layout.ids_np,
+            layout.key_flags,
+            layout.causal,
+            limits,
+            self.top_k,
+            WEIGHT_BINS,
+            MAX_OFFSET,
+        )
+        pairs = _Pairs(w, vn, layout)
+        for j, top in enumerate(lists):
+            self._offer_top(top, first_head, layout, pairs, got, j)
         s_rows, s_q, s_k, _ = sample
-        sampled["weight"].append(w[s_rows, :, s_q, s_k].numpy())
-        sampled["norm"].append(norms[s_rows, :, s_q, s_k].numpy())
-        # weight histogram over the ranked pairs: every pair binned (16-bit bins, one range
-        # per head), then the pairs left out taken away (the invalid ones all in bin 0)
-        self.weight_hist[heads] += self._weight_counts(w, layout)
-        # attention mass by offset: each row's weights added into its offsets' bins (every
-        # offset), giving the mean distance and the kept +-MAX_OFFSET bins
-        span = layout.abs_offsets.numel()
-        index = layout.offset_index.expand(b * hs, -1)
-        mass = torch.zeros(b * hs, span).scatter_add_(1, index, w.reshape(b * hs, -1))
-        mass = mass.view(b, hs, span).sum(0).double()  # [Hs, 2T - 1]
-        self.distance[heads] += (mass @ layout.abs_offsets).numpy()
-        folded = torch.zeros(hs, 2 * MAX_OFFSET + 1, dtype=torch.float64)
-        folded.index_add_(1, layout.offset_fold, mass)
-        self.offset_mass[heads] += folded.numpy()
-        # mass on kinds of key (padding queries' rows are 0: sums over every query)
-        flags = torch.matmul(w, layout.key_flags[:, None])  # [B, Hs, T, 2]
-        kinds = [
-            w[..., 0].sum((0, 2)),
-            flags[..., 0].sum((0, 2)),
-            flags[..., 1].sum((0, 2)),
-            w.diagonal(offset=-1, dim1=2, dim2=3).sum((0, 2)),
-            w.diagonal(dim1=2, dim2=3).sum((0, 2)),
-        ]
-        self.kind_mass[heads] += torch.stack(kinds, 1).double().numpy()
-        # -w log w (0 where w is 0), in one pass
-        self.entropy[heads] += torch.special.entr(w).sum((0, 2, 3)).double().numpy()
-        # TransformerLens's detection scores, one per text, summed
-        n = layout.lengths.float()[:, None, None]  # total attention of a text: one per query
-        per_text = torch.bmm(w.reshape(b, hs, -1), layout.pattern_columns) / n  # [B, Hs, 3]
-        self.detection[heads] += per_text.sum(0).double().numpy()
-        # strongest key of every valid query
-        best_w, best_k = w.max(-1)  # [B, Hs, T]
+        s_w = w[s_rows, :, s_q, s_k]  # [m, Hs]
+        sampled["weight"].append(s_w.numpy())
+        sampled["norm"].append((s_w * vn[s_rows, :, s_k]).numpy())
+        self.weight_hist[heads] += got["hist"].sum(0)
+        self.offset_mass[heads] += got["folded"].sum(0)
+        self.distance[heads] += got["distance"].sum(0)
+        self.kind_mass[heads] += got["kinds"].sum(0)
+        self.entropy[heads] += got["entropy"].sum(0)
+        self.detection[heads] += got["detection"].sum(0)
         rows, cols = layout.rows, layout.cols
+        best_k = torch.from_numpy(got["best_key"])
+        best_w = torch.from_numpy(got["best_weight"])
         return best_k[rows, :, cols].T.contiguous(), best_w[rows, :, cols].T.contiguous()
-
-    @staticmethod
-    def _weight_counts(w: torch.Tensor, layout: BatchLayout) -> np.ndarray:
-        """``[Hs, WEIGHT_BINS]`` counts of the batch's ranked pairs' weights per head."""
-        hs = w.shape[1]
-        kind = torch.int16 if hs * WEIGHT_BINS < 2**15 else torch.int32
-        bins = (w * WEIGHT_BINS).to(kind).clamp_(max=WEIGHT_BINS - 1)
-        bins += (torch.arange(hs, dtype=kind) * WEIGHT_BINS)[None, :, None, None]
-        counts = torch.bincount(bins.reshape(-1), minlength=hs * WEIGHT_BINS).view(hs, -1)
-        counts[:, 0] -= layout.invalid_count
-        rows, q, k = layout.unranked
-        if len(rows):
-            left = (w[rows, :, q, k] * WEIGHT_BINS).long().clamp_(max=WEIGHT_BINS - 1)  # [u, Hs]
-            counts.scatter_add_(1, left.T, -torch.ones_like(left.T))
-        return counts.numpy()
 
     def _offer_top(
         self,
         top: TopList,
         first_head: int,
         layout: BatchLayout,
-        values: torch.Tensor,
-        w: torch.Tensor,
-        norms: torch.Tensor,
+        pairs: _Pairs,
+        got: dict[str, np.ndarray],
+        j: int,
     ) -> None:
-        """The batch's candidates for each head's top list (``_above``, else
-        ``_best_per_text``), offered to it."""
-        hs = values.shape[1]
+        """The batch's candidates for list ``j`` (0 by weight, 1 by norm) of each head: those
+        the compiled pass kept (``_kept``); else ``_above``; else ``_best_per_text``, both over
+        every pair's values (``pairs.full``), offered to it."""
+        hs = pairs.w.shape[1]
         if layout.ranked_count == 0:
             return
         last = torch.from_numpy(top.value[first_head : first_head + hs, -1])
-        found = self._above(values, layout, last) if bool(last.isfinite().all()) else None
+        found = None
+        if bool(last.isfinite().all()):
+            found = self._kept(pairs, got, j) or self._above(pairs.full(j), layout, last)
         if found is None:
-            found = self._best_per_text(values, layout, last)
-        row, head, q, k, best = found
+            found = self._best_per_text(pairs.full(j), layout, last)
+        row, head, q, k = found
+        weight, norm = pairs.at(row, head, q, k)
         cand = {
-            "value": best.numpy(),
+            "value": (weight if j == 0 else norm).numpy(),
             "text": layout.text[row.numpy()],
             "query": q.numpy().astype(np.int32),
             "key": k.numpy().astype(np.int32),
-            "weight": w[row, head, q, k].numpy(),
-            "norm": norms[row, head, q, k].numpy(),
+            "weight": weight.numpy(),
+            "norm": norm.numpy(),
         }
         head_np = head.numpy()
-        for i in range(hs):
+        for i in np.unique(head_np):  # a head with no candidate keeps its list as it is
             mine = head_np == i
-            top.offer(first_head + i, {c: v[mine] for c, v in cand.items()})
+            top.offer(first_head + int(i), {c: v[mine] for c, v in cand.items()})
+
+    def _kept(
+        self, pairs: _Pairs, got: dict[str, np.ndarray], j: int
+    ) -> tuple[torch.Tensor, ...] | None:
+        """The candidates the compiled pass kept for list ``j`` (every ranked pair at or above
+        each head's last value, ties kept), as ``_above`` finds them; None when some row and
+        head had more than it keeps or the batch more than ``_above`` takes."""
+        hits = got["hits"][j]
+        cap = got["at"].shape[-1]
+        if hits.max(initial=0) > cap or hits.sum() > 8 * self.top_k * pairs.w.shape[1]:
+            return None
+        row, head = np.nonzero(hits)
+        count = hits[row, head]
+        at = got["at"][j, row, head][np.arange(cap)[None, :] < count[:, None]]  # row by row
+        t = pairs.w.shape[-1]
+        row, head = (torch.from_numpy(np.repeat(x, count)) for x in (row, head))
+        at = torch.from_numpy(at.astype(np.int64))
+        return row, head, at // t, at % t
 
     def _above(
         self, values: torch.Tensor, layout: BatchLayout, last: torch.Tensor
@@ -351,8 +362,7 @@ class HeadSummaries:
         hit &= layout.ranked_pair[:, None]
         if int(hit.sum()) > 8 * self.top_k * values.shape[1]:
             return None
-        row, head, q, k = hit.nonzero(as_tuple=True)
-        return row, head, q, k, values[row, head, q, k]
+        return hit.nonzero(as_tuple=True)
 
     def _best_per_text(
         self, values: torch.Tensor, layout: BatchLayout, last: torch.Tensor
@@ -370,7 +380,7 @@ class HeadSummaries:
         ranked = best.masked_fill(~keep, -torch.inf).transpose(0, 1).reshape(hs, -1)
         kth = torch.topk(ranked, min(self.top_k, ranked.shape[1]), dim=-1).values[:, -1]
         keep &= best >= torch.maximum(kth, last)[None, :, None]
-        return row[keep], head[keep], q[keep], k[keep], best[keep]
+        return row[keep], head[keep], q[keep], k[keep]
 
     def finish_batch(
         self, layout: BatchLayout, sample: tuple[torch.Tensor, ...], sampled: dict

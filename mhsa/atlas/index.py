@@ -179,11 +179,9 @@ class ZCodes:
         if n == 0:
             empty = torch.zeros((hs, 0, dh), dtype=torch.uint8)
             return _pack(empty, bits), np.zeros((hs, dh, cells + 1), np.float32)
-        codes = np.empty((hs, n, dh), np.uint8)
-        edges = np.empty((hs, dh, cells + 1), np.float32)
-        for h in range(hs):  # a head at a time, in one compiled pass (mhsa.atlas.kernels)
-            codes[h], edges[h] = cells_of(z[h].float().cpu().numpy(), GRID, power, cells)
-        return _pack(codes, bits), edges
+        values = z.cpu() if z.dtype in (torch.float16, torch.float32) else z.float().cpu()
+        # a head to a core, read as stored (mhsa.atlas.kernels.cells_of)
+        return cells_of(values.numpy(), GRID, power, bits, code_bytes(dh, bits))
 
     def _spans(self, tokens: np.ndarray | slice) -> np.ndarray:
         """The span of each of ``tokens``."""

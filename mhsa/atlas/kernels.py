@@ -46,11 +46,22 @@ os.environ.setdefault(
     ),
 )
 import numba  # after its cache folder is set
+import numba.extending
 import torch
 
-__all__ = ["cells_of", "cosine_bounds", "cosines", "lookup", "pack", "warm"]
+__all__ = [
+    "cells_of",
+    "cosine_bounds",
+    "cosines",
+    "lookup",
+    "pack",
+    "summarise_layer",
+    "warm",
+]
 
 _LOCK = threading.Lock()
+#: every float16's value as float32, by its bits
+_HALVES = np.arange(2**16, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 
 @contextlib.contextmanager
@@ -164,48 +175,233 @@ def _bounds_at(
 def _pack_rows(codes, bits, out):  # pragma: no cover - compiled
     hs, n, dh = codes.shape
     for r in numba.prange(hs * n):
-        h, t = r // n, r % n
-        for b in range(out.shape[2]):
-            out[h, t, b] = 0
+        row = out[r // n, r % n]
+        for b in range(row.shape[0]):
+            row[b] = 0
         for i in range(dh):
-            bit = i * bits
-            byte, shift = bit >> 3, bit & 7
-            value = np.int64(codes[h, t, i]) << shift
-            out[h, t, byte] |= np.uint8(value & 255)
-            if shift + bits > 8:
-                out[h, t, byte + 1] |= np.uint8(value >> 8)
+            _put(row, i, bits, codes[r // n, r % n, i])
+
+
+def _number(x, halves):  # pragma: no cover - compiled through its overload
+    """A stored number as float32: a float16's bits (uint16) through the table of every
+    float16 (``halves``), a float32 as it is."""
+
+
+@numba.extending.overload(_number, inline="always")
+def _number_typed(x, halves):  # pragma: no cover - compiled
+    if isinstance(x, numba.types.Integer):
+        return lambda x, halves: halves[x]
+    return lambda x, halves: x
 
 
 @numba.njit(parallel=True, cache=True)
-def _cells_of(values, grid, power, cells, codes, edges):  # pragma: no cover - compiled
-    n, dh = values.shape
-    for d in numba.prange(dh):
-        lo, hi = values[0, d], values[0, d]
+def _cells_of(values, halves, grid, power, cells, bits, out, edges):  # pragma: no cover
+    hs, n, dh = values.shape
+    for h in numba.prange(hs):  # a head to a thread; its tokens in order, every dimension
+        lo, hi = np.empty(dh, np.float32), np.empty(dh, np.float32)
+        for d in range(dh):
+            lo[d] = hi[d] = _number(values[h, 0, d], halves)
         for t in range(n):
-            lo = min(lo, values[t, d])
-            hi = max(hi, values[t, d])
-        step = max((hi - lo) / np.float32(grid), np.float32(1e-30))
-        fine = np.empty(n, np.int64)
-        counts = np.zeros(grid, np.float64)
+            for d in range(dh):
+                x = _number(values[h, t, d], halves)
+                lo[d] = min(lo[d], x)
+                hi[d] = max(hi[d], x)
+        step = np.empty(dh, np.float32)
+        for d in range(dh):
+            step[d] = max((hi[d] - lo[d]) / np.float32(grid), np.float32(1e-30))
+        counts = np.zeros((dh, grid), np.int64)
+        fine = np.empty((n, dh), np.uint16)  # each number's grid step
         for t in range(n):
-            f = np.floor((values[t, d] - lo) / step)
-            g = min(max(np.int64(f), 0), grid - 1)
-            fine[t] = g
-            counts[g] += 1.0
-        below = np.cumsum(counts**power)  # up to and including each grid step
-        table = np.zeros(grid + 1, np.int64)
-        edges[d, 0], edges[d, cells] = lo, hi
-        for c in range(1, cells):
-            # cell c's first grid step: the one after the first that brings c / cells
-            first = min(np.searchsorted(below, c / cells * below[grid - 1]) + 1, grid)
-            table[first] += 1
-            edges[d, c] = min(lo + np.float32(first) * step, hi)
-        seen = 0
-        for g in range(grid):  # grid step -> cell
-            seen += table[g]
-            table[g] = min(seen, cells - 1)
-        for t in range(n):
-            codes[t, d] = table[fine[t]]
+            for d in range(dh):
+                g = _step_of(_number(values[h, t, d], halves), lo[d], step[d], grid)
+                fine[t, d] = g
+                counts[d, g] += 1
+        table = np.zeros((dh, grid + 1), np.uint8)  # grid step -> cell
+        for d in range(dh):
+            below = np.cumsum(counts[d].astype(np.float64) ** power)  # to each step, inclusive
+            starts = np.zeros(grid + 1, np.int64)
+            edges[h, d, 0], edges[h, d, cells] = lo[d], hi[d]
+            for c in range(1, cells):
+                # cell c's first grid step: the one after the first that brings c / cells
+                first = min(np.searchsorted(below, c / cells * below[grid - 1]) + 1, grid)
+                starts[first] += 1
+                edges[h, d, c] = min(lo[d] + np.float32(first) * step[d], hi[d])
+            seen = 0
+            for g in range(grid):
+                seen += starts[g]
+                table[d, g] = min(seen, cells - 1)
+        for t in range(n):  # the codes packed as they come, a byte written once it is full
+            row = out[h, t]
+            held, count, byte = np.int64(0), 0, 0
+            for d in range(dh):
+                held |= np.int64(table[d, fine[t, d]]) << count
+                count += bits
+                while count >= 8:
+                    row[byte] = held & 255
+                    held >>= 8
+                    count -= 8
+                    byte += 1
+            for b in range(byte, row.shape[0]):  # the last bits, then padding
+                row[b] = held & 255
+                held >>= 8
+
+
+@numba.njit(inline="always")
+def _step_of(x, lo, step, grid):  # pragma: no cover - compiled
+    """The grid step of number ``x`` (of a dimension from ``lo`` in ``step``s)."""
+    return min(max(np.int64(np.floor((x - lo) / step)), 0), grid - 1)
+
+
+@numba.njit(inline="always")
+def _put(row, i, bits, code):  # pragma: no cover - compiled
+    """Code ``i`` of a zeroed row of packed codes set to ``code``."""
+    bit = i * bits
+    byte, shift = bit >> 3, bit & 7
+    value = np.int64(code) << shift
+    row[byte] |= np.uint8(value & 255)
+    if shift + bits > 8:
+        row[byte + 1] |= np.uint8(value >> 8)
+
+
+@numba.njit(parallel=True, cache=True)
+def _summarise(
+    w,
+    value_norms,
+    lengths,
+    ids,
+    flags,
+    causal,
+    bins,
+    max_offset,
+    limits,
+    cap,
+    hist,
+    folded,
+    distance,
+    kinds,
+    entropy,
+    detection,
+    best_key,
+    best_weight,
+    hits,
+    at,
+):  # pragma: no cover - compiled
+    b_count, hs, t_count = w.shape[0], w.shape[1], w.shape[2]
+    for r in numba.prange(b_count * hs):  # a (row, head) a work item: its sums its own
+        b, h = r // hs, r % hs
+        n = lengths[b]
+        full = np.zeros(2 * t_count - 1, np.float64)  # mass by offset, key - query + T - 1
+        special = flags[b, :, 0].astype(np.float32)
+        punct = flags[b, :, 1].astype(np.float32)
+        text = ids[b]
+        first = on_special = on_punct = previous = itself = ent = 0.0
+        p_previous = p_duplicate = p_induction = 0.0
+        for q in range(t_count):
+            # the keys it may attend to (none for padding; later keys and padding never read)
+            keys = 0 if q >= n else (min(q + 1, n) if causal else n)
+            row, norm_of = w[b, h, q], value_norms[b, h]
+            if keys == 0:
+                best_key[b, h, q], best_weight[b, h, q] = 0, 0.0
+                continue
+            base = t_count - 1 - q
+            top_norm = np.float32(-1.0)
+            for k in range(keys):  # the sums with no branch
+                x = row[k]
+                top_norm = max(top_norm, x * norm_of[k])
+                full[base + k] += x
+                on_special += x * special[k]
+                on_punct += x * punct[k]
+            top_w, top_k = np.float32(-1.0), 0
+            ranked = keys > 1  # a query with one choice: in no list, sample or histogram
+            for k in range(keys):  # entropy, the strongest key (the first of the largest), bins
+                x = row[k]
+                if x > 0:
+                    ent -= x * np.log(x)
+                if x > top_w:
+                    top_w, top_k = x, k
+                if ranked:
+                    hist[b, h, min(np.int64(x * np.float32(bins)), bins - 1)] += 1
+            best_key[b, h, q], best_weight[b, h, q] = top_k, top_w
+            first += row[0]
+            itself += row[q] if q < keys else 0.0
+            if q >= 1:
+                previous += row[q - 1]
+            word = text[q]
+            for k in range(min(q, keys)):  # duplicate token: an earlier key, the same token
+                p_duplicate += row[k] * (text[k] == word)
+            for k in range(1, min(q + 1, keys)):  # induction: the key after an earlier one
+                p_induction += row[k] * (text[k - 1] == word)
+            if not ranked:
+                continue
+            for j in range(2):  # the top lists' candidates: at or above their last value
+                if (top_w if j == 0 else top_norm) < limits[j, h]:
+                    continue
+                for k in range(keys):
+                    if (row[k] if j == 0 else row[k] * norm_of[k]) >= limits[j, h]:
+                        if hits[j, b, h] < cap:
+                            at[j, b, h, hits[j, b, h]] = q * t_count + k
+                        hits[j, b, h] += 1
+        dist = 0.0
+        for o in range(2 * t_count - 1):
+            offset = o - (t_count - 1)
+            dist += full[o] * abs(offset)
+            folded[b, h, min(max(offset, -max_offset), max_offset) + max_offset] += full[o]
+        p_previous = previous
+        distance[b, h] = dist
+        kinds[b, h, 0], kinds[b, h, 1], kinds[b, h, 2] = first, on_special, on_punct
+        kinds[b, h, 3], kinds[b, h, 4] = previous, itself
+        entropy[b, h] = ent
+        per_query = max(n, 1)
+        detection[b, h, 0] = p_previous / per_query
+        detection[b, h, 1] = p_duplicate / per_query
+        detection[b, h, 2] = p_induction / per_query
+
+
+def summarise_layer(
+    w: np.ndarray,
+    value_norms: np.ndarray,
+    lengths: np.ndarray,
+    ids: np.ndarray,
+    flags: np.ndarray,
+    causal: bool,
+    limits: np.ndarray,
+    cap: int,
+    bins: int,
+    max_offset: int,
+) -> dict[str, np.ndarray]:
+    """One layer's heads of one padded batch summarised in one pass over its weights ``w [B,
+    Hs, T, T]`` (float32; the pairs no query may attend to are not read), as
+    ``mhsa.atlas.collect.HeadSummaries.add_layer`` defines each sum: per row and head, the
+    ranked pairs' weight histogram (``bins`` bins), the mass by offset ``key - query`` folded
+    at +-``max_offset`` and the distance, the mass on kinds of key (first, special,
+    punctuation, previous, self; ``flags [B, T, 2]``: special, punctuation), the entropy, the
+    three detection scores (TransformerLens's, over the text's ``ids [B, T]``), and per query
+    its strongest key (the first of the largest). The top lists' candidates: the ranked pairs
+    whose weight (norm ``alpha_ij * ||f(x_j)||``, ``value_norms [B, Hs, T]``) is at or above
+    ``limits[0, h]`` (``limits[1, h]``), counted in ``hits [2, B, Hs]``, the first ``cap`` of
+    each row and head in ``at`` as ``query * T + key``."""
+    b, hs, t, _ = w.shape
+    out = {
+        "hist": np.zeros((b, hs, bins), np.int64),
+        "folded": np.zeros((b, hs, 2 * max_offset + 1), np.float64),
+        "distance": np.empty((b, hs), np.float64),
+        "kinds": np.empty((b, hs, 5), np.float64),
+        "entropy": np.empty((b, hs), np.float64),
+        "detection": np.empty((b, hs, 3), np.float64),
+        "best_key": np.empty((b, hs, t), np.int64),
+        "best_weight": np.empty((b, hs, t), np.float32),
+        "hits": np.zeros((2, b, hs), np.int64),
+        "at": np.empty((2, b, hs, cap), np.int32),
+    }
+    if w.size:
+        with _launch():
+            _summarise(
+                np.asarray(w, np.float32), np.asarray(value_norms, np.float32),
+                np.asarray(lengths, np.int64), np.asarray(ids, np.int64),
+                np.ascontiguousarray(flags, np.bool_), bool(causal), int(bins), int(max_offset),
+                np.ascontiguousarray(limits, np.float32), int(cap), *out.values(),
+            )  # fmt: skip
+    return out
 
 
 def pack(codes: np.ndarray, bits: int, size: int) -> np.ndarray:
@@ -221,17 +417,24 @@ def pack(codes: np.ndarray, bits: int, size: int) -> np.ndarray:
 
 
 def cells_of(
-    values: np.ndarray, grid: int, power: float, cells: int
+    values: np.ndarray, grid: int, power: float, bits: int, size: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One head's numbers ``values [n, Dh]`` (float32) in ``cells`` cells a dimension placed
-    on a grid of ``grid`` even steps by the ``power`` of their density
-    (``mhsa.atlas.index.ZCodes.quantise_cells``): ``(codes [n, Dh] uint8, edges [Dh, cells +
-    1] float32)``."""
-    values = np.ascontiguousarray(values, np.float32)
-    codes = np.empty(values.shape, np.uint8)
-    edges = np.empty((values.shape[1], cells + 1), np.float32)
-    with _launch():
-        _cells_of(values, grid, float(power), cells, codes, edges)
+    """Heads' numbers ``values [Hs, n, Dh]`` (float16 or float32) in ``2 ** bits`` cells a head
+    and dimension placed on a grid of ``grid`` even steps by the ``power`` of their density
+    (``mhsa.atlas.index.ZCodes.quantise_cells``), each number's code packed as it is found
+    (``pack``'s layout, rows of ``size`` bytes): ``(codes [Hs, n, size] uint8, edges [Hs, Dh,
+    2 ** bits + 1] float32)``, a head to a core. float16 is read as it is stored (its bits
+    through a table of every float16's float32), with no float32 copy."""
+    if values.dtype == np.float16:
+        values, halves = np.ascontiguousarray(values).view(np.uint16), _HALVES
+    else:
+        values, halves = np.ascontiguousarray(values, np.float32), _HALVES[:0]
+    hs, n, dh = values.shape
+    codes = np.empty((hs, n, size), np.uint8)
+    edges = np.empty((hs, dh, 2**bits + 1), np.float32)
+    if n:
+        with _launch():
+            _cells_of(values, halves, grid, float(power), 2**bits, bits, codes, edges)
     return codes, edges
 
 
@@ -335,6 +538,7 @@ def warm() -> None:
     cosines(codes, [0], [0], mids, np.ones(8, np.float32), 5, np.array([1]))
     lookup(codes, np.array([0]), np.array([1]), np.array([0]), mids[None], 5)
     cosine_bounds(codes, [0], [0], (mids, mids), np.ones(8), 5, np.array([1]), 2.0, 0.25)
-    cells_of(np.zeros((2, 8), np.float32), 4096, 1 / 3, 32)
+    for kind in (np.float16, np.float32):
+        cells_of(np.zeros((1, 2, 8), kind), 4096, 1 / 3, 5, 5)
     pack(np.zeros((1, 2, 8), np.uint8), 5, 5)
     pack(np.zeros((1, 2, 8), np.uint8), 4, 4)
