@@ -32,6 +32,7 @@ from mhsa.atlas.index import (
     code_bytes,
     projection_matrix,
 )
+from mhsa.atlas.kernels import store_tokens
 from mhsa.atlas.tags import NO_TAG, UNIVERSAL_TAGS, align_tags, check_tag, tag_id
 from mhsa.engine.encoding import Encoded, encode, encode_many
 from mhsa.engine.models.loading import LoadedModel, get_model
@@ -508,6 +509,7 @@ def _run_batch(
     sampled: dict[str, list[np.ndarray]] = {"weight": [], "norm": []}
     heads = list(plan.heads)
     token_index = layout.token_index.numpy()
+    rows_np, cols_np = layout.rows.numpy(), layout.cols.numpy()
     tokens = layout.token_index
     seen: dict[int, dict[str, torch.Tensor]] = {}
 
@@ -523,19 +525,13 @@ def _run_batch(
     def sink(block: OurBlock, first_head: int) -> Callable[[torch.Tensor], None]:
         def take(weights: torch.Tensor) -> None:
             got = seen.pop(block.layer)
-            w = _chosen(weights, heads)
-            norms = _chosen(got["norms"], heads)
-            keys, best = summaries.add_layer(first_head, layout, w, norms, sample, sampled)
-            span = slice(first_head, first_head + len(heads))
-            strongest_key[span, token_index] = keys.numpy().astype(np.uint16)
-            strongest_weight[span, token_index] = best.numpy().astype(np.float16)
-            ctx = _chosen(got["z"], heads)  # [B, Hs, T, Dh]
-            mine = ctx[layout.rows, :, layout.cols]  # [tokens, Hs, Dh]
-            z_out[span, tokens] = mine.transpose(0, 1).half()
-            flat = mine.reshape(len(mine), -1)
-            dh = plan.d_head
-            projected[tokens] += flat @ projection[first_head * dh : span.stop * dh]
-            squares[tokens] += flat.pow(2).sum(1)
+            w, norms = _chosen(weights, heads), _chosen(got["norms"], heads)
+            best = summaries.add_layer(first_head, layout, w, norms, sample, sampled)
+            ctx = _chosen(got["z"], heads).numpy()  # [B, Hs, T, Dh]
+            shard = (z_out.numpy(), squares.numpy(), strongest_key, strongest_weight)
+            flat = store_tokens(ctx, rows_np, cols_np, token_index, first_head, best, shard)
+            dh, last = plan.d_head, first_head + len(heads)
+            projected[tokens] += torch.from_numpy(flat) @ projection[first_head * dh : last * dh]
 
         return take
 
@@ -565,31 +561,60 @@ def _chosen(tensor: torch.Tensor, heads: list[int]) -> torch.Tensor:
 
 
 def shard_path(out: Path, shard: int) -> Path:
-    return out / ".shards" / f"shard-{shard:05d}.npz"
+    """The folder of one shard's arrays (one ``.npy`` each)."""
+    return out / ".shards" / f"shard-{shard:05d}"
 
 
 def save_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """``arrays`` as ``path`` (an ``.npz``), which appears whole or not at all."""
+    """``arrays`` as the folder ``path``, one ``.npy`` each (read back memory-mapped, with no
+    archive to unpack), which appears whole or not at all: written beside it, then renamed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for name, array in arrays.items():
+        with open(tmp / f"{name}.npy", "wb") as f:
+            np.save(f, np.asarray(array))
+            f.flush()
+            os.fsync(f.fileno())
+    try:
+        os.replace(tmp, path)
+    except OSError:  # written meanwhile by another worker given the same shard: the same
+        if not path.is_dir():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
-def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, extra: dict) -> None:
+def load_shard(path: Path) -> dict[str, np.ndarray]:
+    """A shard's arrays (``save_atomic``'s folder), memory-mapped."""
+    return {f.stem: np.load(f, mmap_mode="r") for f in path.glob("*.npy")}
+
+
+def merge_shards(
+    out: Path,
+    plan: AtlasPlan,
+    texts: list[str],
+    seconds: float,
+    extra: dict,
+    held: dict[int, dict] | None = None,
+) -> None:
     """The shards' files merged into the atlas folder: token arrays in text order (head-major
-    per-token arrays, memory-mapped on reading), the summaries, the index, then the manifest."""
+    per-token arrays, memory-mapped on reading), the summaries, the index, then the manifest.
+    ``held``: shards' arrays still in memory (``build_shard``'s), taken instead of files."""
+    held = held or {}
+
+    def shard(s: int) -> dict:
+        return held[s] if s in held else load_shard(shard_path(out, s))
+
     merge_start = time.perf_counter()
     work = out / ".merge"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     lengths = []
     for s in range(plan.shards):  # first pass: the texts' lengths (a small array each)
-        with np.load(shard_path(out, s)) as f:
-            lengths.append(f["lengths"])
+        lengths.append(
+            held[s]["lengths"] if s in held else np.load(shard_path(out, s) / "lengths.npy")
+        )
     lengths_all = np.concatenate(lengths).astype(np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths_all)]).astype(np.int64)
     n, hs = int(offsets[-1]), len(plan.labels)
@@ -609,18 +634,18 @@ def merge_shards(out: Path, plan: AtlasPlan, texts: list[str], seconds: float, e
     bounds = offsets[np.arange(plan.shards) * plan.shard_texts]
     for s in range(plan.shards):  # then each shard's arrays copied into place
         a, b = bounds[s], offsets[min((s + 1) * plan.shard_texts, plan.texts)]
-        with np.load(shard_path(out, s)) as f:
-            token_ids[a:b] = f["token_ids"]
-            special[a:b] = f["special"]
-            key[:, a:b] = f["strongest_key"]
-            weight[:, a:b] = f["strongest_weight"]
-            z[:, a:b] = f[f"z{BITS}"]  # shards of another format are redone (``run._start``)
-            z_edges[s] = f["z_edges"]
-            projected[a:b] = f["projected"]
-            if tag_ids is not None:
-                tag_ids[a:b] = f["tag_ids"]
-            truncated.append(f["truncated"])
-            part = HeadSummaries.from_arrays(dict(f))
+        f = shard(s)
+        token_ids[a:b] = f["token_ids"]
+        special[a:b] = f["special"]
+        key[:, a:b] = f["strongest_key"]
+        weight[:, a:b] = f["strongest_weight"]
+        z[:, a:b] = f[f"z{BITS}"]  # shards of another format are redone (``run._start``)
+        z_edges[s] = f["z_edges"]
+        projected[a:b] = f["projected"]
+        if tag_ids is not None:
+            tag_ids[a:b] = f["tag_ids"]
+        truncated.append(f["truncated"])
+        part = HeadSummaries.from_arrays(dict(f))
         summaries = part if summaries is None else summaries.merge(part)
     assert summaries is not None
     for array in (token_ids, special, key, weight, z, projected):

@@ -253,12 +253,12 @@ class HeadSummaries:
         value_norms: torch.Tensor,
         sample: tuple[torch.Tensor, ...],
         sampled: dict[str, list[np.ndarray]],
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Add one layer's selected heads of a batch: ``weights [B, Hs, T, T]`` (float32 on the
         CPU; the pairs no query may attend to are never read), ``value_norms [B, Hs, T]``; the
         summaries of head ``first_head + i`` get head i. The sample's pairs' values go to
-        ``sampled`` (merged once the batch is done). Returns the strongest key of every valid
-        (row, position) per head, ``(keys, weights)`` as ``[Hs, tokens]``. The sums are one
+        ``sampled`` (merged once the batch is done). Returns each query's strongest key and its
+        weight, ``(keys, weights)`` as ``[B, Hs, T]`` (padding: 0). The sums are one
         compiled pass over the weights (``mhsa.atlas.kernels.summarise_layer``); a pair's norm
         is ``weight * value_norms`` (Kobayashi et al.'s), made where it is looked at."""
         hs = weights.shape[1]
@@ -293,10 +293,7 @@ class HeadSummaries:
         self.kind_mass[heads] += got["kinds"].sum(0)
         self.entropy[heads] += got["entropy"].sum(0)
         self.detection[heads] += got["detection"].sum(0)
-        rows, cols = layout.rows, layout.cols
-        best_k = torch.from_numpy(got["best_key"])
-        best_w = torch.from_numpy(got["best_weight"])
-        return best_k[rows, :, cols].T.contiguous(), best_w[rows, :, cols].T.contiguous()
+        return got["best_key"], got["best_weight"]
 
     def _offer_top(
         self,
@@ -451,7 +448,7 @@ class HeadSummaries:
         out = cls(heads, int(a["top_k"]), int(a["sample_size"]))
         out.queries, out.texts = int(a["queries"]), int(a["texts"])
         for prefix in ("by_weight", "by_norm"):
-            setattr(out, prefix, TopList(*(a[f"{prefix}_{c}"] for c in TOP_FIELDS)))
+            setattr(out, prefix, TopList(*(np.array(a[f"{prefix}_{c}"]) for c in TOP_FIELDS)))
         for name in SUMMED + SAMPLED:
             setattr(out, name, np.array(a[name]))
         return out

@@ -55,6 +55,7 @@ __all__ = [
     "cosines",
     "lookup",
     "pack",
+    "store_tokens",
     "summarise_layer",
     "warm",
 ]
@@ -209,7 +210,7 @@ def _cells_of(values, halves, grid, power, cells, bits, out, edges):  # pragma: 
         step = np.empty(dh, np.float32)
         for d in range(dh):
             step[d] = max((hi[d] - lo[d]) / np.float32(grid), np.float32(1e-30))
-        counts = np.zeros((dh, grid), np.int64)
+        counts = np.zeros((dh, grid), np.int32)
         fine = np.empty((n, dh), np.uint16)  # each number's grid step
         for t in range(n):
             for d in range(dh):
@@ -263,9 +264,29 @@ def _put(row, i, bits, code):  # pragma: no cover - compiled
         row[byte + 1] |= np.uint8(value >> 8)
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(inline="always")
+def _log_of_bits(i):  # pragma: no cover - compiled
+    """The natural log of the float32 whose bits are ``i`` (a positive normal number; 0 gives
+    -127 ln 2), in float64 arithmetic a loop can run several at a time: ``x = m 2^e`` with
+    ``m`` in [sqrt(1/2), sqrt(2)), ``ln m = 2 atanh(s)``, ``s = (m - 1) / (m + 1)``, by its
+    series to ``s^11`` (``|s| <= 0.172``: the next term is below 2e-11)."""
+    e = np.float64(((i >> 23) & 255) - 127)
+    m = 1.0 + np.float64(i & 0x7FFFFF) * (1.0 / 8388608.0)
+    big = m > 1.4142135623730951
+    m = m * 0.5 if big else m
+    e = e + 1.0 if big else e
+    s = (m - 1.0) / (m + 1.0)
+    s2 = s * s
+    series = 1.0 + s2 * (1 / 3 + s2 * (1 / 5 + s2 * (1 / 7 + s2 * (1 / 9 + s2 / 11))))
+    return e * 0.6931471805599453 + 2.0 * s * series
+
+
+# sums may be taken in any order (so that a loop runs several at a time); infinities and NaN
+# keep their meaning (a full list's limit may be +inf)
+@numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
 def _summarise(
     w,
+    bits,
     value_norms,
     lengths,
     ids,
@@ -311,16 +332,19 @@ def _summarise(
                 full[base + k] += x
                 on_special += x * special[k]
                 on_punct += x * punct[k]
-            top_w, top_k = np.float32(-1.0), 0
+            row_bits = bits[b, h, q]
+            for k in range(keys):  # -w log w: 0 where w is 0 (its log is finite here)
+                ent -= row[k] * _log_of_bits(row_bits[k])
+            top_w = np.float32(-1.0)
             ranked = keys > 1  # a query with one choice: in no list, sample or histogram
-            for k in range(keys):  # entropy, the strongest key (the first of the largest), bins
+            for k in range(keys):  # the largest weight, the bins
                 x = row[k]
-                if x > 0:
-                    ent -= x * np.log(x)
-                if x > top_w:
-                    top_w, top_k = x, k
+                top_w = max(top_w, x)
                 if ranked:
                     hist[b, h, min(np.int64(x * np.float32(bins)), bins - 1)] += 1
+            top_k = 0
+            while row[top_k] != top_w:  # the strongest key: the first of the largest
+                top_k += 1
             best_key[b, h, q], best_weight[b, h, q] = top_k, top_w
             first += row[0]
             itself += row[q] if q < keys else 0.0
@@ -396,12 +420,101 @@ def summarise_layer(
     if w.size:
         with _launch():
             _summarise(
-                np.asarray(w, np.float32), np.asarray(value_norms, np.float32),
+                np.asarray(w, np.float32), np.asarray(w, np.float32).view(np.int32),
+                np.asarray(value_norms, np.float32),
                 np.asarray(lengths, np.int64), np.asarray(ids, np.int64),
                 np.ascontiguousarray(flags, np.bool_), bool(causal), int(bins), int(max_offset),
                 np.ascontiguousarray(limits, np.float32), int(cap), *out.values(),
             )  # fmt: skip
     return out
+
+
+@numba.njit(inline="always")
+def _half_bits(f):  # pragma: no cover - compiled
+    """The float16 bits of the float32 whose bits are ``f`` (uint32), rounded to the nearest,
+    ties to even, as numpy's ``npy_floatbits_to_halfbits`` (and torch's ``.half()``) round:
+    overflow to infinity, underflow to a subnormal or a signed zero, NaN kept a NaN."""
+    sign = (f & 0x80000000) >> 16
+    exp = f & 0x7F800000
+    if exp >= 0x47800000:  # too large, infinity or NaN
+        sig = f & 0x007FFFFF
+        if exp == 0x7F800000 and sig != 0:
+            nan = 0x7C00 + (sig >> 13)
+            return sign + (nan if nan != 0x7C00 else 0x7C01)
+        return sign + 0x7C00
+    if exp <= 0x38000000:  # a subnormal half or zero
+        if exp < 0x33000000:
+            return sign
+        shift = 113 - (exp >> 23)
+        sig = (0x00800000 + (f & 0x007FFFFF)) >> shift
+        if (sig & 0x3FFF) != 0x1000 or (f & 0x7FF) != 0:
+            sig += 0x1000
+        return sign + (sig >> 13)
+    sig = f & 0x007FFFFF
+    if (sig & 0x3FFF) != 0x1000:
+        sig += 0x1000
+    return sign + ((exp - 0x38000000) >> 13) + (sig >> 13)
+
+
+@numba.njit(parallel=True, cache=True)
+def _store_tokens(
+    ctx,
+    ctx_bits,
+    rows,
+    cols,
+    tokens,
+    first,
+    best_key,
+    best_weight_bits,
+    flat,
+    z_bits,
+    squares,
+    key_out,
+    weight_bits,
+):  # pragma: no cover - compiled
+    hs, dh = ctx.shape[1], ctx.shape[3]
+    for i in numba.prange(rows.shape[0]):
+        b, c, token = rows[i], cols[i], tokens[i]
+        total = 0.0
+        for h in range(hs):
+            for d in range(dh):
+                v = ctx[b, h, c, d]
+                flat[i, h * dh + d] = v
+                z_bits[first + h, token, d] = _half_bits(np.uint32(ctx_bits[b, h, c, d]))
+                total += np.float64(v) * v
+            key_out[first + h, token] = best_key[b, h, c]
+            weight_bits[first + h, token] = _half_bits(np.uint32(best_weight_bits[b, h, c]))
+        squares[token] += total
+
+
+def store_tokens(
+    ctx: np.ndarray,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    tokens: np.ndarray,
+    first: int,
+    best: tuple[np.ndarray, np.ndarray],
+    out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+) -> np.ndarray:
+    """One layer's heads' outputs ``ctx [B, Hs, T, Dh]`` (float32) at the batch's valid
+    positions ``(rows, cols)``, the shard's ``tokens``, put in the shard's arrays ``out``:
+    ``z [H, N, Dh]`` float16 (heads ``first`` on; rounded as torch's ``.half()``), ``squares
+    [N]`` float32 (each token's sum of squares added to), and the strongest key and weight
+    ``best`` (``[B, Hs, T]``) as ``keys [H, N]`` uint16 and ``weights [H, N]`` float16; in one
+    pass. Returns the outputs gathered ``[tokens, Hs * Dh]`` float32 (for the projection)."""
+    z, squares, keys, weights = out
+    ctx = np.asarray(ctx, np.float32)
+    _, hs, _, dh = ctx.shape
+    flat = np.empty((len(rows), hs * dh), np.float32)
+    if len(rows):
+        with _launch():
+            _store_tokens(
+                ctx, ctx.view(np.int32), np.asarray(rows, np.int64), np.asarray(cols, np.int64),
+                np.asarray(tokens, np.int64), int(first), best[0],
+                np.asarray(best[1], np.float32).view(np.int32), flat, z.view(np.uint16), squares,
+                keys, weights.view(np.uint16),
+            )  # fmt: skip
+    return flat
 
 
 def pack(codes: np.ndarray, bits: int, size: int) -> np.ndarray:

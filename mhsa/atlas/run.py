@@ -134,14 +134,20 @@ def build_atlas(
         todo = [s for s in range(plan.shards) if not shard_path(folder, s).exists()]
         report = _Report(progress, plan)
         report(plan.shards - len(todo))
+        held: dict[int, dict] = {}
         if ray:
             _on_ray(plan, texts, tagged, folder, todo, workers, report)
         else:
             for s in todo:
-                save_atomic(shard_path(folder, s), build_shard(lm, plan, texts, s, tagged))
+                arrays = build_shard(lm, plan, texts, s, tagged)
+                if s == todo[-1]:  # the last goes straight to the merge (a stop there: redone)
+                    held[s] = arrays
+                else:
+                    save_atomic(shard_path(folder, s), arrays)
                 report(1)
         report.close()
-        merge_shards(folder, plan, texts, time.perf_counter() - start, {"ray": bool(ray)})
+        seconds = time.perf_counter() - start
+        merge_shards(folder, plan, texts, seconds, {"ray": bool(ray)}, held=held)
         shutil.rmtree(folder / ".shards", ignore_errors=True)
         return open_atlas(folder)
 
@@ -188,13 +194,14 @@ def _start(folder: Path, plan: AtlasPlan, resume: bool) -> None:
     """Make the shards folder ready: kept when it belongs to ``plan`` and ``resume``."""
     shards = folder / ".shards"
     plan_file = shards / "plan.json"
-    wanted = {**plan.json(), "shard_format": FORMAT}  # shards of another format are redone
+    # shards of another format (or, before, an .npz each) are redone
+    wanted = {**plan.json(), "shard_format": FORMAT, "shard_files": "npy"}
     same = plan_file.is_file() and json.loads(plan_file.read_text()) == wanted
     if shards.exists() and not (resume and same):
         shutil.rmtree(shards)
     shards.mkdir(parents=True, exist_ok=True)
     for tmp in shards.glob(".*.tmp"):  # a writer killed mid-write
-        tmp.unlink()
+        shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
     if not plan_file.is_file():
         plan_file.write_text(json.dumps(wanted))
 
