@@ -204,13 +204,14 @@ def _hooked_z(texts: list[str], model) -> np.ndarray:
 
 def test_minilm_similar_searches_the_stored_outputs_of_the_hooked_z(minilm_atlas) -> None:
     """The stored head outputs are the model's (from plain hooks) within half their cell's
-    width, each decoded as the midpoint of its cell's two edges (each shard's own);
+    width, each decoded as the midpoint of its cell's two edges (each shard's own, in the
+    ordinary tokens' book or the special tokens' own);
     ``similar(exact=False)`` ranks exactly as a search over those stored values decoded here by
     hand (``similar`` itself ranks by the true outputs: ``tests/test_atlas_exact.py``)."""
     atlas, _ = minilm_atlas
     z = _hooked_z(TEXTS, "default")  # [N, L * 384]: heads in label order
     assert z.shape == (atlas.tokens, 6 * 384)
-    assert atlas.manifest["format"] == 4 and (atlas.folder / "z5.npy").is_file()
+    assert atlas.manifest["format"] == 5 and (atlas.folder / "z5.npy").is_file()
     codes = np.asarray(atlas.z.codes).astype(np.int64)  # [72, N, 20]: 8 numbers in 5 bytes
     groups = codes.reshape(72, atlas.tokens, 4, 5)
     word = sum(groups[..., b] << (8 * b) for b in range(5))  # [72, N, 4] 40-bit integers
@@ -220,21 +221,24 @@ def test_minilm_similar_searches_the_stored_outputs_of_the_hooked_z(minilm_atlas
     shard = text_of // atlas.manifest["plan"]["shard_texts"]
     assert len(set(shard)) > 1  # the cells of several shards are used
     with np.load(atlas.folder / "z_ranges.npz") as f:
-        edges = f["edges"]  # [S, 72, 32, 33]
+        edges = f["edges"]  # [S, 2, 72, 32, 33]: the ordinary tokens' book, the special's
+    book = np.asarray(atlas.special).astype(np.int64)
+    assert 0 < book.sum() < len(book)
     h, d = np.arange(72)[:, None, None], np.arange(32)[None, None]
-    below = edges[shard[None, :, None], h, d, cell]  # [72, N, 32]
-    above = edges[shard[None, :, None], h, d, cell + 1]
+    where = (shard[None, :, None], book[None, :, None], h, d)
+    below, above = edges[(*where, cell)], edges[(*where, cell + 1)]  # [72, N, 32]
     stored = ((below + above) / 2).transpose(1, 0, 2).reshape(atlas.tokens, -1)
     half = ((above - below) / 2).transpose(1, 0, 2).reshape(atlas.tokens, -1)
     assert (np.abs(stored - z) <= half + 2e-3 * np.abs(z) + 1e-4).all()
     # each shard's cells run from its least to its greatest number (where the cells lie
     # between: ``test_the_default_cells_follow_...``, by hand)
-    first = shard == 0
-    for head, dim in [(0, 0), (31, 7), (71, 31)]:
-        values = z[first, head * 32 + dim]
-        np.testing.assert_allclose(
-            edges[0, head, dim, [0, 32]], [values.min(), values.max()], atol=2e-3
-        )
+    for kind in (0, 1):  # each book from its own tokens' least to greatest number
+        first = (shard == 0) & (book == kind)
+        for head, dim in [(0, 0), (31, 7), (71, 31)]:
+            values = z[first, head * 32 + dim]
+            np.testing.assert_allclose(
+                edges[0, kind, head, dim, [0, 32]], [values.min(), values.max()], atol=2e-3
+            )
     text_id, position = 3, 2
     token = int(atlas.offsets[text_id]) + position
 
@@ -774,6 +778,45 @@ def test_the_compiled_layer_summaries_equal_each_definition_counted_pair_by_pair
     assert got["best_key"][0, 1, 2] == 1
 
 
+def test_the_compiled_token_store_rounds_to_float16_as_torch_and_puts_each_token_in_place() -> None:
+    """``kernels.store_tokens``: each valid position's head outputs land at its shard token
+    (heads ``first`` on) rounded to float16 bit for bit as torch's ``.half()`` rounds (ties to
+    even, subnormals, overflow to infinity, signed zero), its squares added to what the token
+    held, its strongest key and weight put beside them; the gathered rows come back in the
+    positions' order; other tokens and heads are left alone."""
+    from mhsa.atlas.kernels import store_tokens
+
+    rng = np.random.default_rng(9)
+    b, hs, t, dh, heads, n = 3, 2, 4, 5, 4, 12
+    ctx = rng.normal(size=(b, hs, t, dh)).astype(np.float32)
+    edge = [1 + 2**-11, 1 + 3 * 2**-11, 65520.0, -70000.0, 2**-20, -(2**-25), 6e-8, -0.0]
+    ctx[1, 0, 2, :5] = edge[:5]
+    ctx[2, 1, 0, :3] = edge[5:]
+    rows, cols = np.array([2, 0, 1, 1]), np.array([0, 3, 2, 0])
+    tokens = np.array([7, 0, 11, 3])
+    keys_in = rng.integers(0, t, (b, hs, t))
+    weights_in = rng.random((b, hs, t)).astype(np.float32)
+    z = np.full((heads, n, dh), 9, np.float16)
+    squares = np.arange(n, dtype=np.float32)
+    keys = np.zeros((heads, n), np.uint16)
+    weights = np.zeros((heads, n), np.float16)
+    flat = store_tokens(
+        ctx, rows, cols, tokens, 1, (keys_in, weights_in), (z, squares, keys, weights)
+    )
+    for i, (r, c, token) in enumerate(zip(rows, cols, tokens, strict=True)):
+        want = torch.from_numpy(ctx[r, :, c].copy()).half().numpy()
+        assert z[1:3, token].view(np.uint16).tolist() == want.view(np.uint16).tolist()
+        np.testing.assert_array_equal(flat[i], ctx[r, :, c].reshape(-1))
+        assert squares[token] == pytest.approx(token + float((ctx[r, :, c] ** 2).sum()), rel=1e-6)
+        assert keys[1:3, token].tolist() == keys_in[r, :, c].tolist()
+        assert weights[1:3, token].tolist() == weights_in[r, :, c].astype(np.float16).tolist()
+    assert np.isinf(z[1, 11, 3]) and z[1, 11, 4] == np.float16(2**-20)
+    assert np.signbit(z[2, 7, 2]) and z[2, 7, 2] == 0  # -0.0 stays signed
+    others = np.setdiff1d(np.arange(n), tokens)
+    assert (z[[0, 3]] == 9).all() and (z[:, others] == 9).all()
+    assert squares[others].tolist() == others.astype(np.float32).tolist()
+
+
 def test_cells_of_equal_count_are_the_quantiles_and_each_number_lies_in_its_own() -> None:
     """``quantise_cells``: each head's and dimension's inner edge c is the first point of its
     grid (``GRID`` even steps from the minimum to the maximum, the ends) with at least c/32 of
@@ -850,6 +893,85 @@ def test_the_default_cells_follow_the_cube_root_of_the_density() -> None:
         return float(((codes.decode(slice(None))[0, :, 0] - x) ** 2).mean())
 
     assert error(cube) < error(equal)
+
+
+def test_an_atlas_of_format_4_is_still_read(indexed_atlas, tmp_path) -> None:
+    """An atlas of format 4 (one book of cells a shard for every token), made here from the
+    new one by hand, opens, decodes each number within half its cell of that one book, and
+    ranks by its true outputs as the new one does."""
+    import shutil
+
+    import torch
+
+    from mhsa.atlas import open_atlas
+    from mhsa.atlas.index import ZCodes
+
+    old = tmp_path / "old4"
+    shutil.copytree(indexed_atlas.folder, old)
+    values = indexed_atlas.z.decode(slice(None))  # [Hs, N, Dh]
+    codes, edges = ZCodes.quantise_cells(torch.from_numpy(values.copy()), 5)
+    assert edges.shape == (values.shape[0], values.shape[2], 33)
+    np.save(old / "z5.npy", codes)
+    np.savez(old / "z_ranges.npz", edges=edges[None], bounds=np.zeros(1, np.int64))
+    manifest = json.loads((old / "manifest.json").read_text())
+    manifest["format"] = 4
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    atlas = open_atlas(old)
+    assert atlas.z.books == 1 and atlas.z.edges.shape == (1, *edges.shape)
+    special = int(np.flatnonzero(np.asarray(atlas.special))[3])  # one book for these too
+    decoded, widths = atlas.z.decode(np.array([special])), atlas.z.widths(np.array([special]))
+    assert (np.abs(decoded[:, 0] - values[:, special]) <= widths[:, 0] / 2 + 1e-6).all()
+    new = indexed_atlas.similar(3, 2, head="L1H2", k=5)
+    got = atlas.similar(3, 2, head="L1H2", k=5)
+    assert got[["text_id", "position"]].equals(new[["text_id", "position"]])
+
+
+def test_each_group_of_tokens_gets_a_book_of_cells_placed_by_its_own_numbers() -> None:
+    """``quantise_cells(groups=...)`` (format 5's special tokens apart): a crowd of tokens
+    whose numbers all lie within 0.01 of each other (every text's ``[CLS]``) gets cells
+    spanning its own least to greatest number, each inner edge where its own counts say (by
+    hand, equal counts), so its cells are narrower than a hundredth of one book's for all;
+    each token decodes in its group's book, in any order of tokens and spans."""
+    import torch
+
+    from mhsa.atlas.index import GRID, ZCodes
+
+    rng = np.random.default_rng(4)
+    n, dh = 400, 9
+    crowd = np.zeros(n, np.uint8)
+    crowd[::10] = 1
+    z = rng.normal(size=(2, n, dh)).astype(np.float32)
+    z[:, crowd == 1] = 3.0 + 0.01 * rng.random((2, int(crowd.sum()), dh))
+    codes, edges = ZCodes.quantise_cells(torch.from_numpy(z), 5, 1.0, groups=crowd, books=2)
+    assert edges.shape == (2, 2, dh, 33)
+    for g in (0, 1):
+        mine = z[:, crowd == g]
+        for h in range(2):
+            for d in range(dh):
+                x = mine[h, :, d]
+                np.testing.assert_allclose(edges[g, h, d, [0, 32]], [x.min(), x.max()])
+                grid = (x.max() - x.min()) / GRID
+                for c in (1, 16, 31):
+                    assert (x < edges[g, h, d, c] + 1e-6).sum() >= c * len(x) / 32
+                    assert (x < edges[g, h, d, c] - grid - 1e-6).sum() < c * len(x) / 32
+    _, one = ZCodes.quantise_cells(torch.from_numpy(z), 5, 1.0)
+    crowd_widths = np.diff(edges[1], axis=-1).max()
+    assert crowd_widths < np.diff(one, axis=-1).mean() / 100
+    # two spans of tokens, each with both books: decoded by the token's own
+    bounds = np.array([0, 150])
+    twice = torch.from_numpy(z * 2)
+    second, second_edges = ZCodes.quantise_cells(twice, 5, 1.0, groups=crowd, books=2)
+    mixed = np.concatenate([codes[:, :150], second[:, 150:]], axis=1)
+    coded = ZCodes(
+        mixed, bounds=bounds, bits=5, edges=np.stack([edges, second_edges]), groups=crowd
+    )
+    tokens = np.array([391, 1, 10, 151, 160, 77])  # 10 and 160 in the crowd
+    truth = np.concatenate([z[:, :150], 2 * z[:, 150:]], axis=1)[:, tokens]
+    decoded, widths = coded.decode(tokens), coded.widths(tokens)
+    assert (np.abs(decoded - truth) <= widths / 2 + 1e-6).all()
+    assert widths[:, [2, 4]].max() < widths[:, [0, 1, 3, 5]].min()
+    with pytest.raises(ValueError, match="needs groups"):
+        ZCodes(mixed, bounds=bounds, bits=5, edges=np.stack([edges, second_edges]))
 
 
 def test_an_atlas_of_format_3_is_still_read(indexed_atlas, tmp_path) -> None:

@@ -58,11 +58,16 @@ __all__ = [
     "shard_texts_for",
 ]
 
-#: the atlas folder's format; a reader refuses a newer one (4: head outputs in 5 bits,
-#: ``z5.npy``, in cells placed by the values' density, their edges in ``z_ranges.npz``; 3: in
-#: 5 bits, even steps; 2: in 4 bits, coded per shard, the all-heads index a random projection;
-#: 1: one range; formats 1 to 3 are still read)
-FORMAT = 4
+#: the atlas folder's format; a reader refuses a newer one (5: head outputs in 5 bits,
+#: ``z5.npy``, in cells placed by the values' density, a book of cells for the ordinary tokens
+#: and one for the special ones, their edges in ``z_ranges.npz``; 4: one book; 3: in 5 bits,
+#: even steps; 2: in 4 bits, coded per shard, the all-heads index a random projection; 1: one
+#: range; formats 1 to 4 are still read)
+FORMAT = 5
+#: books of cells a shard codes its head outputs in: the ordinary tokens' and the special
+#: tokens' (every text's ``[CLS]`` has nearly one output on some heads: cells placed among
+#: all tokens cannot order them, cells of their own can)
+BOOKS = 2
 #: texts per shard where the corpus's own size does not set it (the unit of resuming and of
 #: Ray's work; by default a build sizes its shards by ``SHARD_BYTES``)
 SHARD_TEXTS = 512
@@ -426,7 +431,7 @@ def build_shard(
             summaries,
             (strongest_key, strongest_weight, z, projected, squares),
         )
-    codes, edges = ZCodes.quantise_cells(z)
+    codes, edges = ZCodes.quantise_cells(z, groups=special, books=BOOKS)
     projected /= squares.sqrt_().clamp_(min=1e-12)[:, None]
     truncated = [(first + i, e.truncated) for i, e in enumerate(encoded) if e and e.truncated]
     extra = {}
@@ -628,7 +633,7 @@ def merge_shards(
     z = mm(work / f"z{BITS}.npy", "w+", np.uint8, (hs, n, code_bytes(plan.d_head, BITS)))
     projected = mm(work / ".projected.npy", "w+", np.float16, (n, PROJECTION_DIMS))
     tag_ids = mm(work / "tags.npy", "w+", np.uint8, (n,)) if plan.tagged else None
-    z_edges = np.zeros((plan.shards, hs, plan.d_head, 2**BITS + 1), np.float32)
+    z_edges = np.zeros((plan.shards, BOOKS, hs, plan.d_head, 2**BITS + 1), np.float32)
     summaries: HeadSummaries | None = None
     truncated = []
     bounds = offsets[np.arange(plan.shards) * plan.shard_texts]

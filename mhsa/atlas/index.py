@@ -104,10 +104,12 @@ def code_bytes(dh: int, bits: int) -> int:
 class ZCodes:
     """The heads' outputs of every token, ``bits`` (4 or 5) a number: ``codes [Hs, N, bytes]``
     (``_pack``'s layout: 4 bits two a byte, 5 bits eight in 5 bytes) over S spans of tokens,
-    span s from token ``bounds[s]``. Either ``edges [S, Hs, Dh, 2 ** bits + 1]``, each span's,
-    head's and dimension's cell edges (format 4: a number is its cell's midpoint,
-    ``(edges[c] + edges[c + 1]) / 2``), or ``lo`` and ``step`` ``[S, Hs, Dh]`` (formats 1 to 3:
-    a number is ``lo + code * step``; a format-1 atlas: one span, given as ``[Hs, Dh]``)."""
+    span s from token ``bounds[s]``. Either ``edges``, each span's, head's and dimension's cell
+    edges (a number is its cell's midpoint, ``(edges[c] + edges[c + 1]) / 2``): ``[S, G, Hs,
+    Dh, 2 ** bits + 1]`` with a book of cells for each of G groups of tokens, token t's group
+    ``groups[t]`` (format 5: special tokens apart, ``special.npy``), or ``[S, Hs, Dh, 2 ** bits
+    + 1]`` (format 4: one book); or ``lo`` and ``step`` ``[S, Hs, Dh]`` (formats 1 to 3: a
+    number is ``lo + code * step``; a format-1 atlas: one span, given as ``[Hs, Dh]``)."""
 
     codes: np.ndarray
     lo: np.ndarray | None = None
@@ -115,8 +117,10 @@ class ZCodes:
     bounds: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
     bits: int = 4
     edges: np.ndarray | None = None
+    groups: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        self.books = 1
         if self.edges is None:
             if self.lo is None or self.step is None:
                 raise ValueError("ZCodes needs either edges or lo and step")
@@ -130,12 +134,26 @@ class ZCodes:
             wide = (self.step + 2 * FLOAT16_ERROR * ends)[..., None]
             self._widths = np.repeat(wide, len(levels), axis=-1).astype(np.float32)
         else:
-            self.edges = np.asarray(self.edges, np.float32)
-            # each cell's midpoint and width, [S, Hs, Dh, cells]
-            self._mids = (self.edges[..., 1:] + self.edges[..., :-1]) / 2
-            ends = np.maximum(np.abs(self.edges[..., 1:]), np.abs(self.edges[..., :-1]))
-            self._widths = self.edges[..., 1:] - self.edges[..., :-1] + 2 * FLOAT16_ERROR * ends
+            edges = self.edges = np.asarray(self.edges, np.float32)
+            if edges.ndim == 5:  # a book per group: table s * G + g
+                self.books = edges.shape[1]
+                if self.books > 1 and self.groups is None:
+                    raise ValueError("ZCodes with a book of cells per group needs groups")
+                edges = edges.reshape(-1, *edges.shape[2:])
+            # each cell's midpoint and width, [tables, Hs, Dh, cells]
+            self._mids = (edges[..., 1:] + edges[..., :-1]) / 2
+            ends = np.maximum(np.abs(edges[..., 1:]), np.abs(edges[..., :-1]))
+            self._widths = edges[..., 1:] - edges[..., :-1] + 2 * FLOAT16_ERROR * ends
         self.bounds = np.asarray(self.bounds, np.int64)
+
+    @functools.cached_property
+    def table_of(self) -> np.ndarray:
+        """Each token's table of cells: ``span * G + group``, ``[N]`` int32."""
+        n = self.tokens
+        spans = np.repeat(np.arange(len(self.bounds), dtype=np.int32), np.diff([*self.bounds, n]))
+        if self.books > 1:
+            spans = spans * np.int32(self.books) + np.asarray(self.groups, np.int32)
+        return spans
 
     @property
     def dims(self) -> int:
@@ -163,9 +181,17 @@ class ZCodes:
 
     @staticmethod
     def quantise_cells(
-        z: torch.Tensor, bits: int = BITS, power: float = POINT_DENSITY
+        z: torch.Tensor,
+        bits: int = BITS,
+        power: float = POINT_DENSITY,
+        groups: np.ndarray | None = None,
+        books: int = 1,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """``z [Hs, n, Dh]`` as ``(codes [Hs, n, bytes], edges [Hs, Dh, 2 ** bits + 1])``:
+        """``z [Hs, n, Dh]`` as ``(codes [Hs, n, bytes], edges [Hs, Dh, 2 ** bits + 1])``, or
+        with ``groups [n]`` (each token's, below ``books``) ``edges [books, Hs, Dh, 2 ** bits +
+        1]``, a book of cells for each group placed by its own numbers alone (a crowd such as
+        every text's ``[CLS]``, nearly one point among all tokens, gets cells as fine as its
+        own spread):
         ``2 ** bits`` cells per head and dimension, as many of them in a stretch of values as
         the ``power`` of the numbers' density there (1: cells of equal count, the quantiles;
         ``POINT_DENSITY``, 1/3: the least squared error, see there). The density is a
@@ -174,19 +200,16 @@ class ZCodes:
         the steps' counts to the ``power`` reaches ``c / 2 ** bits`` of its whole. Each
         number's code is its cell ``c``, ``edges[c] <= x <= edges[c + 1]``; where many numbers
         share one grid step, cells are left empty (zero width, no number)."""
-        hs, n, dh = z.shape
-        cells = 2**bits
-        if n == 0:
-            empty = torch.zeros((hs, 0, dh), dtype=torch.uint8)
-            return _pack(empty, bits), np.zeros((hs, dh, cells + 1), np.float32)
         values = z.cpu() if z.dtype in (torch.float16, torch.float32) else z.float().cpu()
         # a head to a core, read as stored (mhsa.atlas.kernels.cells_of)
-        return cells_of(values.numpy(), GRID, power, bits, code_bytes(dh, bits))
+        size = code_bytes(z.shape[2], bits)
+        codes, edges = cells_of(values.numpy(), GRID, power, bits, size, groups, books)
+        return codes, (edges[0] if groups is None else edges)
 
     def _spans(self, tokens: np.ndarray | slice) -> np.ndarray:
-        """The span of each of ``tokens``."""
+        """The table of cells of each of ``tokens`` (``table_of``)."""
         where = np.arange(self.tokens)[tokens] if isinstance(tokens, slice) else tokens
-        return np.searchsorted(self.bounds, np.asarray(where), side="right") - 1
+        return self.table_of[np.asarray(where, np.int64)].astype(np.int64)
 
     def _cells(
         self, tables: tuple[np.ndarray, ...], tokens: np.ndarray | slice, heads: list[int] | None
@@ -227,7 +250,7 @@ class ZCodes:
         decodes nothing (``mhsa.atlas.kernels.cosines``): ``[n]`` float32, ``rows(tokens,
         heads) @ query``."""
         chosen = np.arange(self.codes.shape[0]) if heads is None else np.asarray(heads)
-        return cosines(self.codes, chosen, self.bounds, self._mids, query, self.bits, tokens)
+        return cosines(self.codes, chosen, self.table_of, self._mids, query, self.bits, tokens)
 
     def cosine_bounds(
         self,
@@ -243,7 +266,7 @@ class ZCodes:
         chosen = np.arange(self.codes.shape[0]) if heads is None else np.asarray(heads)
         tables = (self._mids, self._widths)
         return cosine_bounds(
-            self.codes, chosen, self.bounds, tables, query, self.bits, tokens, margin, curvature
+            self.codes, chosen, self.table_of, tables, query, self.bits, tokens, margin, curvature
         )
 
     def rows(self, tokens: np.ndarray | slice, heads: list[int] | None = None) -> np.ndarray:

@@ -9,7 +9,7 @@ little-endian number (4 bits: two a byte, the low nibble first; 5 bits: eight in
 
 - ``lookup(codes, heads, tokens, spans, tables)``: the tables' entries at each code of
   ``heads`` at ``tokens`` (a decode: midpoints; widths).
-- ``cosines(codes, heads, bounds, mids, query, tokens=None)``: each token's cosine with
+- ``cosines(codes, heads, table_of, mids, query, tokens=None)``: each token's cosine with
   ``query`` over ``heads``' decoded values, as an asymmetric scan (Jegou et al. 2011, "Product
   quantization for nearest neighbor search", IEEE TPAMI 33(1), section 4.1: the query's
   products with every cell's midpoint are tabled once, then each token sums its codes'
@@ -120,12 +120,9 @@ def _cosine(codes, heads, token, span, products, squares, bits):  # pragma: no c
 
 
 @numba.njit(parallel=True, cache=True)
-def _cosines(codes, heads, bounds, products, squares, bits, out):  # pragma: no cover
-    for s in range(bounds.shape[0]):
-        first = bounds[s]
-        last = bounds[s + 1] if s + 1 < bounds.shape[0] else codes.shape[1]
-        for token in numba.prange(first, last):
-            out[token] = _cosine(codes, heads, token, s, products, squares, bits)
+def _cosines(codes, heads, table_of, products, squares, bits, out):  # pragma: no cover
+    for token in numba.prange(codes.shape[1]):
+        out[token] = _cosine(codes, heads, token, table_of[token], products, squares, bits)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -196,46 +193,56 @@ def _number_typed(x, halves):  # pragma: no cover - compiled
 
 
 @numba.njit(parallel=True, cache=True)
-def _cells_of(values, halves, grid, power, cells, bits, out, edges):  # pragma: no cover
+def _cells_of(
+    values, halves, groups, books, grid, power, cells, bits, out, edges
+):  # pragma: no cover - compiled
     hs, n, dh = values.shape
     for h in numba.prange(hs):  # a head to a thread; its tokens in order, every dimension
-        lo, hi = np.empty(dh, np.float32), np.empty(dh, np.float32)
-        for d in range(dh):
-            lo[d] = hi[d] = _number(values[h, 0, d], halves)
+        lo = np.full((books, dh), np.inf, np.float32)
+        hi = np.full((books, dh), -np.inf, np.float32)
         for t in range(n):
+            g = groups[t]
             for d in range(dh):
                 x = _number(values[h, t, d], halves)
-                lo[d] = min(lo[d], x)
-                hi[d] = max(hi[d], x)
-        step = np.empty(dh, np.float32)
-        for d in range(dh):
-            step[d] = max((hi[d] - lo[d]) / np.float32(grid), np.float32(1e-30))
-        counts = np.zeros((dh, grid), np.int32)
+                lo[g, d] = min(lo[g, d], x)
+                hi[g, d] = max(hi[g, d], x)
+        step = np.empty((books, dh), np.float32)
+        for g in range(books):
+            for d in range(dh):
+                if lo[g, d] > hi[g, d]:  # a group with no token here: cells of no width
+                    lo[g, d] = hi[g, d] = 0.0
+                step[g, d] = max((hi[g, d] - lo[g, d]) / np.float32(grid), np.float32(1e-30))
+        counts = np.zeros((books, dh, grid), np.int32)
         fine = np.empty((n, dh), np.uint16)  # each number's grid step
         for t in range(n):
+            g = groups[t]
             for d in range(dh):
-                g = _step_of(_number(values[h, t, d], halves), lo[d], step[d], grid)
-                fine[t, d] = g
-                counts[d, g] += 1
-        table = np.zeros((dh, grid + 1), np.uint8)  # grid step -> cell
-        for d in range(dh):
-            below = np.cumsum(counts[d].astype(np.float64) ** power)  # to each step, inclusive
-            starts = np.zeros(grid + 1, np.int64)
-            edges[h, d, 0], edges[h, d, cells] = lo[d], hi[d]
-            for c in range(1, cells):
-                # cell c's first grid step: the one after the first that brings c / cells
-                first = min(np.searchsorted(below, c / cells * below[grid - 1]) + 1, grid)
-                starts[first] += 1
-                edges[h, d, c] = min(lo[d] + np.float32(first) * step[d], hi[d])
-            seen = 0
-            for g in range(grid):
-                seen += starts[g]
-                table[d, g] = min(seen, cells - 1)
+                x = _number(values[h, t, d], halves)
+                f = _step_of(x, lo[g, d], step[g, d], grid)
+                fine[t, d] = f
+                counts[g, d, f] += 1
+        table = np.zeros((books, dh, grid + 1), np.uint8)  # grid step -> cell
+        for g in range(books):
+            for d in range(dh):
+                # to each step, inclusive
+                below = np.cumsum(counts[g, d].astype(np.float64) ** power)
+                starts = np.zeros(grid + 1, np.int64)
+                edges[g, h, d, 0], edges[g, h, d, cells] = lo[g, d], hi[g, d]
+                for c in range(1, cells):
+                    # cell c's first grid step: the one after the first that brings c / cells
+                    first = min(np.searchsorted(below, c / cells * below[grid - 1]) + 1, grid)
+                    starts[first] += 1
+                    edges[g, h, d, c] = min(lo[g, d] + np.float32(first) * step[g, d], hi[g, d])
+                seen = 0
+                for f in range(grid):
+                    seen += starts[f]
+                    table[g, d, f] = min(seen, cells - 1)
         for t in range(n):  # the codes packed as they come, a byte written once it is full
             row = out[h, t]
+            g = groups[t]
             held, count, byte = np.int64(0), 0, 0
             for d in range(dh):
-                held |= np.int64(table[d, fine[t, d]]) << count
+                held |= np.int64(table[g, d, fine[t, d]]) << count
                 count += bits
                 while count >= 8:
                     row[byte] = held & 255
@@ -530,24 +537,38 @@ def pack(codes: np.ndarray, bits: int, size: int) -> np.ndarray:
 
 
 def cells_of(
-    values: np.ndarray, grid: int, power: float, bits: int, size: int
+    values: np.ndarray,
+    grid: int,
+    power: float,
+    bits: int,
+    size: int,
+    groups: np.ndarray | None = None,
+    books: int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Heads' numbers ``values [Hs, n, Dh]`` (float16 or float32) in ``2 ** bits`` cells a head
     and dimension placed on a grid of ``grid`` even steps by the ``power`` of their density
     (``mhsa.atlas.index.ZCodes.quantise_cells``), each number's code packed as it is found
-    (``pack``'s layout, rows of ``size`` bytes): ``(codes [Hs, n, size] uint8, edges [Hs, Dh,
-    2 ** bits + 1] float32)``, a head to a core. float16 is read as it is stored (its bits
-    through a table of every float16's float32), with no float32 copy."""
+    (``pack``'s layout, rows of ``size`` bytes): ``(codes [Hs, n, size] uint8, edges [books,
+    Hs, Dh, 2 ** bits + 1] float32)``, a head to a core. ``groups [n]`` (below ``books``; None:
+    all 0): each token's group, whose numbers get cells of their own, placed by their own
+    density alone. float16 is read as it is stored (its bits through a table of every
+    float16's float32), with no float32 copy."""
     if values.dtype == np.float16:
         values, halves = np.ascontiguousarray(values).view(np.uint16), _HALVES
     else:
         values, halves = np.ascontiguousarray(values, np.float32), _HALVES[:0]
     hs, n, dh = values.shape
+    groups = np.zeros(n, np.uint8) if groups is None else np.asarray(groups, np.uint8)
+    if len(groups) != n or (n and int(groups.max()) >= books):
+        raise ValueError(f"groups must be {n} numbers below {books}")
     codes = np.empty((hs, n, size), np.uint8)
-    edges = np.empty((hs, dh, 2**bits + 1), np.float32)
+    edges = np.zeros((books, hs, dh, 2**bits + 1), np.float32)
     if n:
         with _launch():
-            _cells_of(values, halves, grid, float(power), 2**bits, bits, codes, edges)
+            _cells_of(
+                values, halves, groups, int(books), grid, float(power), 2**bits, bits, codes,
+                edges,
+            )  # fmt: skip
     return codes, edges
 
 
@@ -581,7 +602,7 @@ def lookup(
 def cosines(
     codes: np.ndarray,
     heads: np.ndarray,
-    bounds: np.ndarray,
+    table_of: np.ndarray,
     mids: np.ndarray,
     query: np.ndarray,
     bits: int,
@@ -589,23 +610,23 @@ def cosines(
 ) -> np.ndarray:
     """The cosine of each token's decoded values over ``heads`` (their concatenation) with
     the unit vector ``query [len(heads) * Dh]``: ``[N]`` float32 for every token of ``codes
-    [Hs, N, bytes]``, or ``[n]`` for ``tokens``; span s (from token ``bounds[s]``) decodes by
-    ``mids [S, Hs, Dh, cells]``."""
+    [Hs, N, bytes]``, or ``[n]`` for ``tokens``; token t decodes by the cell midpoints
+    ``mids[table_of[t]]`` (``mids [tables, Hs, Dh, cells]``: a span's, or a span's group's)."""
     heads = np.asarray(heads, np.int64)
-    mids = np.asarray(mids, np.float32)[:, heads]  # [S, len(heads), Dh, cells]
+    mids = np.asarray(mids, np.float32)[:, heads]  # [tables, len(heads), Dh, cells]
     q = np.asarray(query, np.float32).reshape(len(heads), -1)
     products = np.ascontiguousarray(mids * q[None, :, :, None])
     squares = np.ascontiguousarray(mids * mids)
-    bounds = np.asarray(bounds, np.int64)
+    table_of = np.asarray(table_of, np.int32)
     out = np.empty(codes.shape[1] if tokens is None else len(tokens), np.float32)
     if not out.size:
         return out
     with _launch():
         if tokens is None:
-            _cosines(codes, heads, bounds, products, squares, bits, out)
+            _cosines(codes, heads, table_of, products, squares, bits, out)
         else:
             tokens = np.asarray(tokens, np.int64)
-            spans = np.searchsorted(bounds, tokens, side="right") - 1
+            spans = table_of[tokens].astype(np.int64)
             _cosines_at(codes, heads, tokens, spans, products, squares, bits, out)
     return out
 
@@ -613,7 +634,7 @@ def cosines(
 def cosine_bounds(
     codes: np.ndarray,
     heads: np.ndarray,
-    bounds: np.ndarray,
+    table_of: np.ndarray,
     tables: tuple[np.ndarray, np.ndarray],
     query: np.ndarray,
     bits: int,
@@ -625,10 +646,11 @@ def cosine_bounds(
     far above it its true cosine may lie (``mhsa.atlas.exact.cosine_bound``'s ``margin``
     standard deviations of the first-order error plus ``curvature`` times the mean
     second-order one), in one pass over the codes that decodes nothing: ``([n], [n])``
-    float32. ``tables``: the midpoints and widths ``[S, Hs, Dh, cells]``."""
+    float32. ``tables``: the midpoints and widths ``[tables, Hs, Dh, cells]``, token t's at
+    ``table_of[t]``."""
     mids, widths = (np.ascontiguousarray(t, np.float32) for t in tables)
     tokens = np.asarray(tokens, np.int64)
-    spans = np.searchsorted(np.asarray(bounds, np.int64), tokens, side="right") - 1
+    spans = np.asarray(table_of)[tokens].astype(np.int64)
     cos, bound = np.empty(len(tokens), np.float32), np.empty(len(tokens), np.float32)
     if len(tokens):
         q = np.ascontiguousarray(query, np.float64)
@@ -641,17 +663,26 @@ def cosine_bounds(
 
 
 def warm() -> None:
-    """Compile every loop for the codes of an opened atlas (a read-only memory map) into the
-    cache, so that a server's first search does not wait for the compiler (the image's build
-    calls it)."""
+    """Compile every loop for the codes of an opened atlas (a read-only memory map) and for a
+    build into the cache, so that a server's first search or build does not wait for the
+    compiler (the image's build calls it)."""
     codes = np.zeros((1, 2, 5), np.uint8)
     codes.setflags(write=False)
     mids = np.zeros((1, 1, 8, 32), np.float32)
-    cosines(codes, [0], [0], mids, np.ones(8, np.float32), 5)
-    cosines(codes, [0], [0], mids, np.ones(8, np.float32), 5, np.array([1]))
+    table_of = np.zeros(2, np.int32)
+    cosines(codes, [0], table_of, mids, np.ones(8, np.float32), 5)
+    cosines(codes, [0], table_of, mids, np.ones(8, np.float32), 5, np.array([1]))
     lookup(codes, np.array([0]), np.array([1]), np.array([0]), mids[None], 5)
-    cosine_bounds(codes, [0], [0], (mids, mids), np.ones(8), 5, np.array([1]), 2.0, 0.25)
+    cosine_bounds(codes, [0], table_of, (mids, mids), np.ones(8), 5, np.array([1]), 2.0, 0.25)
     for kind in (np.float16, np.float32):
-        cells_of(np.zeros((1, 2, 8), kind), 4096, 1 / 3, 5, 5)
+        cells_of(np.zeros((1, 2, 8), kind), 4096, 1 / 3, 5, 5, np.array([0, 1], np.uint8), 2)
     pack(np.zeros((1, 2, 8), np.uint8), 5, 5)
     pack(np.zeros((1, 2, 8), np.uint8), 4, 4)
+    w, vn = np.full((1, 1, 2, 2), 0.5, np.float32), np.ones((1, 1, 2), np.float32)
+    ids, flags = np.zeros((1, 2), np.int64), np.zeros((1, 2, 2), bool)
+    for causal in (False, True):
+        got = summarise_layer(w, vn, np.array([2]), ids, flags, causal, vn[0], 4, 20, 64)
+    out = (np.zeros((1, 2, 2), np.float16), np.zeros(2, np.float32))
+    out += (np.zeros((1, 2), np.uint16), np.zeros((1, 2), np.float16))
+    best = (got["best_key"], got["best_weight"])
+    store_tokens(w, np.array([0]), np.array([1]), np.array([1]), 0, best, out)

@@ -98,8 +98,9 @@ class Atlas:
             bounds = f["bounds"] if "bounds" in f.files else np.zeros(1, np.int64)  # format 1
             bits = 5 if int(manifest["format"]) >= 3 else 4  # formats 3, 4; 2 and before: 4
             codes = load(folder / f"z{bits}.npy")
-            if "edges" in f.files:  # format 4: cells placed by the density
-                self.z = ZCodes(codes, bounds=bounds, bits=bits, edges=f["edges"])
+            if "edges" in f.files:  # formats 4, 5: cells placed by the density
+                groups = self.special.view(np.uint8)  # format 5: special tokens' book apart
+                self.z = ZCodes(codes, bounds=bounds, bits=bits, edges=f["edges"], groups=groups)
             else:
                 self.z = ZCodes(codes, f["lo"], f["step"], bounds, bits)
         with np.load(folder / "heads.npz") as f:
