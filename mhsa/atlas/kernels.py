@@ -126,9 +126,19 @@ def _cosines(codes, heads, table_of, products, squares, bits, out):  # pragma: n
 
 
 @numba.njit(parallel=True, cache=True)
-def _cosines_at(codes, heads, tokens, spans, products, squares, bits, out):  # pragma: no cover
-    for t in numba.prange(tokens.shape[0]):
-        out[t] = _cosine(codes, heads, tokens[t], spans[t], products, squares, bits)
+def _cosines_at(codes, heads, tokens, spans, mids, query, bits, out):  # pragma: no cover
+    dh = mids.shape[2]
+    for t in numba.prange(tokens.shape[0]):  # each token once: no table of products
+        token, span = tokens[t], spans[t]
+        dot = 0.0
+        norm = 0.0
+        for j in range(heads.shape[0]):
+            row = codes[heads[j], token]
+            for d in range(dh):
+                m = mids[span, heads[j], d, _code(row, d, bits)]
+                dot += query[j * dh + d] * m
+                norm += m * m
+        out[t] = dot / max(np.sqrt(norm), 1e-12)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -613,21 +623,23 @@ def cosines(
     [Hs, N, bytes]``, or ``[n]`` for ``tokens``; token t decodes by the cell midpoints
     ``mids[table_of[t]]`` (``mids [tables, Hs, Dh, cells]``: a span's, or a span's group's)."""
     heads = np.asarray(heads, np.int64)
-    mids = np.asarray(mids, np.float32)[:, heads]  # [tables, len(heads), Dh, cells]
-    q = np.asarray(query, np.float32).reshape(len(heads), -1)
-    products = np.ascontiguousarray(mids * q[None, :, :, None])
-    squares = np.ascontiguousarray(mids * mids)
     table_of = np.asarray(table_of, np.int32)
     out = np.empty(codes.shape[1] if tokens is None else len(tokens), np.float32)
     if not out.size:
         return out
+    if tokens is not None:  # a few tokens, each read once: the midpoints as they are
+        tokens = np.asarray(tokens, np.int64)
+        spans = table_of[tokens].astype(np.int64)
+        q = np.ascontiguousarray(query, np.float32)
+        with _launch():
+            _cosines_at(codes, heads, tokens, spans, np.asarray(mids, np.float32), q, bits, out)
+        return out
+    chosen = np.asarray(mids, np.float32)[:, heads]  # [tables, len(heads), Dh, cells]
+    q = np.asarray(query, np.float32).reshape(len(heads), -1)
+    products = np.ascontiguousarray(chosen * q[None, :, :, None])
+    squares = np.ascontiguousarray(chosen * chosen)
     with _launch():
-        if tokens is None:
-            _cosines(codes, heads, table_of, products, squares, bits, out)
-        else:
-            tokens = np.asarray(tokens, np.int64)
-            spans = table_of[tokens].astype(np.int64)
-            _cosines_at(codes, heads, tokens, spans, products, squares, bits, out)
+        _cosines(codes, heads, table_of, products, squares, bits, out)
     return out
 
 
