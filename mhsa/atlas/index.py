@@ -43,6 +43,7 @@ __all__ = [
     "build_index",
     "code_bytes",
     "exact_neighbours",
+    "index_candidates",
     "projection_matrix",
     "search_index",
 ]
@@ -312,16 +313,25 @@ def search_index(
     ``(tokens, similarities)``, candidates of the approximate index (its projection of
     ``token``, or a format-1 IVF-PQ index searched with ``query``; ``pool`` of them, None:
     ``k * RERANK``) re-ranked on the stored values."""
+    cand = index_candidates(index, query, token, pool or k * RERANK, probes)
+    sims = z.cosines(query, cand)
+    order = np.lexsort((cand, -sims))[:k]
+    return cand[order], sims[order]
+
+
+def index_candidates(
+    index: Any, query: np.ndarray, token: int, pool: int, probes: int = PROBES
+) -> np.ndarray:
+    """The ``pool`` tokens the approximate index puts nearest ``token`` (its projection of
+    ``token``; a format-1 IVF-PQ index: searched with the unit vector ``query``), sorted, the
+    token itself among them."""
     if hasattr(index, "nprobe"):  # format 1: IVF-PQ over the values themselves
         index.nprobe = probes
         probe = query
     else:
         probe = index.reconstruct(int(token))
-    _, cand = index.search(probe[None].astype(np.float32), pool or k * RERANK)
-    cand = np.unique(cand[0][cand[0] >= 0])
-    sims = z.cosines(query, cand)
-    order = np.lexsort((cand, -sims))[:k]
-    return cand[order], sims[order]
+    _, cand = index.search(probe[None].astype(np.float32), pool)
+    return np.unique(cand[0][cand[0] >= 0])
 
 
 def exact_neighbours(

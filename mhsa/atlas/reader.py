@@ -13,7 +13,7 @@ import pandas as pd
 
 from mhsa.atlas.build import FORMAT
 from mhsa.atlas.collect import DETECTORS, KEY_KINDS, MAX_OFFSET, WEIGHT_BINS
-from mhsa.atlas.index import ZCodes, exact_neighbours, search_index
+from mhsa.atlas.index import ZCodes, exact_neighbours, index_candidates, search_index
 from mhsa.atlas.tags import NO_TAG, UNIVERSAL_TAGS, check_tag
 from mhsa.engine.result import html_view
 from mhsa.errors import InputError
@@ -422,12 +422,11 @@ class Atlas:
         token: int,
         heads: list[int] | None,
         k: int | None,
-        pool: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest tokens to unit vector ``query`` by the stored codes (every head
-        above ``EXACT_UP_TO`` tokens: candidates of the approximate index, ``pool`` of them)."""
+        above ``EXACT_UP_TO`` tokens: candidates of the approximate index)."""
         if heads is None and k is not None and self.manifest["index"]["kind"] != "exact":
-            found, sims = search_index(self._index, self.z, query, k + 1, token, pool=pool)
+            found, sims = search_index(self._index, self.z, query, k + 1, token)
             keep = found != token
             return found[keep][:k], sims[keep][:k]
         return exact_neighbours(self.z, heads, query, k, token)
@@ -459,8 +458,20 @@ class Atlas:
             return exact.exact_top(both[1], both[0], query, self.tokens, token)
         unit = query / max(float(np.linalg.norm(query)), 1e-12)
         count = min(exact.candidate_count(k), self.tokens - 1)
-        near, _ = self._similar_coded(unit, token, heads, count, pool=RERANK * 11)
-        coded, margin = self.z.cosine_bounds(unit, near, heads, exact.MARGIN, exact.CURVATURE)
+        bounds = functools.partial(
+            self.z.cosine_bounds, unit, heads=heads, margin=exact.MARGIN, curvature=exact.CURVATURE
+        )
+        if heads is None and self.manifest["index"]["kind"] != "exact":
+            # the index's candidates, each one's coded cosine and bound in one pass over its
+            # codes (their codes lie scattered over the memory map: read once, not twice)
+            cand = index_candidates(self._index, unit, token, RERANK * 11)
+            cand = cand[cand != token]
+            coded, margin = bounds(tokens=cand)
+            keep = np.lexsort((cand, -coded))[:count]
+            near, coded, margin = cand[keep], coded[keep], margin[keep]
+        else:
+            near, _ = self._similar_coded(unit, token, heads, count)
+            coded, margin = bounds(tokens=near)
         return exact.rerank(
             query,
             token,
