@@ -277,8 +277,37 @@ def test_toy_induction_head_finds_the_repeat(tmp_path) -> None:
     assert all(p[3] > 0 for p in _pairs(brute, 1, 0))  # the first query is never ranked
 
 
+def _coded_by_hand(atlas, text_id: int, position: int, head: str | None, k: int) -> list:
+    """The ``k`` tokens nearest by cosine over ``head``'s decoded values (None: every head's,
+    concatenated), brute force in numpy: ``[(text_id, position, similarity)]``, ties by
+    corpus order, the token itself left out."""
+    heads = None if head is None else [atlas.head(head)]
+    values = atlas.z.decode(slice(None), heads)  # [Hs, N, Dh]
+    rows = values.transpose(1, 0, 2).reshape(values.shape[1], -1).astype(np.float64)
+    token = int(atlas.offsets[text_id]) + position
+    norms = np.linalg.norm(rows, axis=1)
+    cos = rows @ rows[token] / np.maximum(norms * norms[token], 1e-30)
+    cos[token] = -np.inf
+    order = np.lexsort((np.arange(len(cos)), -cos))[:k]
+    texts = np.searchsorted(atlas.offsets, order, side="right") - 1
+    return [(int(t), int(i - atlas.offsets[t]), cos[i]) for t, i in zip(texts, order, strict=True)]
+
+
+def _check_coded(atlas, text_id: int, position: int, head: str | None, k: int) -> None:
+    """``similar(exact=False)`` ranks as ``_coded_by_hand`` (near-ties may swap)."""
+    got = atlas.similar(text_id, position, head=head, k=k, exact=False)
+    want = _coded_by_hand(atlas, text_id, position, head, k)
+    np.testing.assert_allclose(got["similarity"], [w[2] for w in want], atol=1e-5)
+    same = [
+        (t, p) == (w[0], w[1]) or abs(s - w[2]) < 1e-5
+        for t, p, s, w in zip(got["text_id"], got["position"], got["similarity"], want, strict=True)
+    ]
+    assert all(same)
+
+
 def test_gpt2_top_and_truncation(tmp_path, tiny_gpt2_path) -> None:
-    """Another decoder family; a text over its 64 positions is cut and counted."""
+    """Another decoder family; a text over its 64 positions is cut and counted; search by the
+    codes ranks as brute force over the decoded values."""
     long = " ".join(["the cat sat on the mat"] * 20)
     texts = [*TEXTS[:5], long, ""]
     atlas = build_atlas(texts, tmp_path / "gpt2", model=tiny_gpt2_path, top_k=4, progress=False)
@@ -288,6 +317,8 @@ def test_gpt2_top_and_truncation(tmp_path, tiny_gpt2_path) -> None:
     assert len(brute[5]["tokens"]) == 64
     _check_top(atlas, brute, "L1H2", "weight", 4)
     assert atlas.text_tokens(5) == brute[5]["tokens"]
+    _check_coded(atlas, 2, 3, "L1H2", 5)
+    _check_coded(atlas, 5, 10, None, 5)
 
 
 def _seq2seq_brute(texts: list[str], model: str) -> dict[str, list[dict]]:
@@ -441,6 +472,34 @@ def test_a_build_killed_halfway_resumes_to_the_same_atlas(tmp_path) -> None:
     assert resumed.tokens == open_atlas(whole).tokens
     _same(whole, out)
     assert not (out / ".shards").exists()
+
+
+def test_a_merge_that_fails_keeps_every_shard_for_the_resumed_build(tmp_path, monkeypatch) -> None:
+    """The last shard goes to the merge in memory; when the merge fails it is written too, so
+    the resumed build builds no shard again and ends as a build that never stopped."""
+    from mhsa.atlas import run as atlas_run
+
+    texts = task_corpus("induction", count=6, seed=8)
+    whole = tmp_path / "whole"
+    build_atlas(texts, whole, model="toy:induction", top_k=4, progress=False, shard_texts=2)
+    real = atlas_run.merge_shards
+
+    def failing(*args, **kwargs):
+        raise OSError("disk full")
+
+    out = tmp_path / "failed"
+    monkeypatch.setattr(atlas_run, "merge_shards", failing)
+    with pytest.raises(OSError, match="disk full"):
+        build_atlas(texts, out, model="toy:induction", top_k=4, progress=False, shard_texts=2)
+    assert len(list((out / ".shards").glob("shard-*"))) == 3
+    built = []
+    monkeypatch.setattr(atlas_run, "merge_shards", real)
+    monkeypatch.setattr(
+        atlas_run, "build_shard", lambda *a, **k: built.append(a) or pytest.fail("rebuilt")
+    )
+    build_atlas(texts, out, model="toy:induction", top_k=4, progress=False, shard_texts=2)
+    assert built == []
+    _same(whole, out)
 
 
 def test_bad_input_gets_one_clear_message_and_writes_nothing(tmp_path, minilm_atlas) -> None:
@@ -776,6 +835,13 @@ def test_the_compiled_layer_summaries_equal_each_definition_counted_pair_by_pair
     assert got["hits"][0, :, 1].sum() == 0  # no weight reaches 2.0
     assert got["hits"][1].max() > cap  # a row and head over the cap
     assert got["best_key"][0, 1, 2] == 1
+    # a row of NaN (no largest weight): its strongest key stays inside the row
+    nan = w.copy()
+    nan[1, 0, 4, :] = np.nan
+    odd = summarise_layer(nan, vn, lengths, ids, flags, causal, limits, cap, 20, 3)
+    assert 0 <= odd["best_key"][1, 0, 4] < (5 if causal else 9)
+    with pytest.raises(ValueError, match="limits must be"):
+        summarise_layer(w, vn, lengths, ids, flags, causal, limits[:, :1], cap, 20, 3)
 
 
 def test_the_compiled_token_store_rounds_to_float16_as_torch_and_puts_each_token_in_place() -> None:
@@ -815,6 +881,11 @@ def test_the_compiled_token_store_rounds_to_float16_as_torch_and_puts_each_token
     others = np.setdiff1d(np.arange(n), tokens)
     assert (z[[0, 3]] == 9).all() and (z[:, others] == 9).all()
     assert squares[others].tolist() == others.astype(np.float32).tolist()
+    best, out = (keys_in, weights_in), (z, squares, keys, weights)
+    with pytest.raises(ValueError, match="do not fit"):  # heads 3 and 4 of 4
+        store_tokens(ctx, rows, cols, tokens, 3, best, out)
+    with pytest.raises(ValueError, match="below the shard"):
+        store_tokens(ctx, rows, cols, tokens + 5, 0, best, out)
 
 
 def test_cells_of_equal_count_are_the_quantiles_and_each_number_lies_in_its_own() -> None:
@@ -834,6 +905,12 @@ def test_cells_of_equal_count_are_the_quantiles_and_each_number_lies_in_its_own(
     z[1, :, 3] = np.where(crowd, 0.1 * z[1, :, 3], 10 * z[1, :, 3])
     codes, edges = ZCodes.quantise_cells(torch.from_numpy(z.copy()), 5, power=1.0)
     assert codes.shape == (2, 321, 10) and edges.shape == (2, 12, 33)
+    from mhsa.atlas.kernels import cells_of, pack
+
+    with pytest.raises(ValueError, match="cannot hold 12 codes"):  # 60 bits in 7 bytes
+        cells_of(z, GRID, 1.0, 5, 7)
+    with pytest.raises(ValueError, match="cannot hold 12 codes"):
+        pack(np.zeros((2, 3, 12), np.uint8), 4, 5)
     for h in range(2):
         for d in range(12):
             x = z[h, :, d]
@@ -924,6 +1001,8 @@ def test_an_atlas_of_format_4_is_still_read(indexed_atlas, tmp_path) -> None:
     new = indexed_atlas.similar(3, 2, head="L1H2", k=5)
     got = atlas.similar(3, 2, head="L1H2", k=5)
     assert got[["text_id", "position"]].equals(new[["text_id", "position"]])
+    _check_coded(atlas, 3, 2, "L1H2", 5)  # its own codes, through its one book
+    _check_coded(atlas, 3, 2, None, 5)
 
 
 def test_each_group_of_tokens_gets_a_book_of_cells_placed_by_its_own_numbers() -> None:
@@ -972,6 +1051,20 @@ def test_each_group_of_tokens_gets_a_book_of_cells_placed_by_its_own_numbers() -
     assert widths[:, [2, 4]].max() < widths[:, [0, 1, 3, 5]].min()
     with pytest.raises(ValueError, match="needs groups"):
         ZCodes(mixed, bounds=bounds, bits=5, edges=np.stack([edges, second_edges]))
+    # a shard with no special token (a tokenizer that adds none, as GPT-2's): that book empty,
+    # every edge 0, and the words' book alone decodes and scores every token
+    none = np.zeros(n, np.uint8)
+    plain, plain_edges = ZCodes.quantise_cells(torch.from_numpy(z), 5, 1.0, groups=none, books=2)
+    assert not plain_edges[1].any() and np.array_equal(plain_edges[0], one)
+    alone = ZCodes(plain, bits=5, edges=plain_edges[None], groups=none)
+    decoded = alone.decode(slice(None))
+    assert (np.abs(decoded - z) <= alone.widths(slice(None)) / 2 + 1e-6).all()
+    query = rng.normal(size=2 * dh).astype(np.float32)
+    query /= np.linalg.norm(query)
+    rows = decoded.transpose(1, 0, 2).reshape(n, -1)
+    want = rows @ query / np.linalg.norm(rows, axis=1)
+    np.testing.assert_allclose(alone.cosines(query), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(alone.cosines(query, tokens=np.array([7, 3])), want[[7, 3]], 1e-5)
 
 
 def test_an_atlas_of_format_3_is_still_read(indexed_atlas, tmp_path) -> None:
@@ -1002,6 +1095,8 @@ def test_an_atlas_of_format_3_is_still_read(indexed_atlas, tmp_path) -> None:
     new = indexed_atlas.similar(3, 2, head="L1H2", k=5)
     got = atlas.similar(3, 2, head="L1H2", k=5)
     assert got[["text_id", "position"]].equals(new[["text_id", "position"]])
+    _check_coded(atlas, 3, 2, "L1H2", 5)  # its own codes, through its one book
+    _check_coded(atlas, 3, 2, None, 5)
 
 
 def test_an_atlas_of_format_2_is_still_read(indexed_atlas, tmp_path) -> None:

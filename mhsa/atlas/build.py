@@ -555,8 +555,8 @@ def _run_batch(
 
 
 def _chosen(tensor: torch.Tensor, heads: list[int]) -> torch.Tensor:
-    """``tensor [B, H, ...]``'s ``heads`` as float32 on the CPU, to be read only (no copy where
-    they are every head in order)."""
+    """``tensor [B, H, ...]``'s ``heads`` as float32 on the CPU, to be read only (no copy only
+    where they are every head in order and the tensor is already float32 on the CPU)."""
     if heads != list(range(tensor.shape[1])):
         tensor = tensor[:, heads]
     return tensor.float().cpu()

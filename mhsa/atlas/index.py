@@ -7,8 +7,11 @@ stretch as the cube root of the density there, the companding rule of least squa
 Gray and Neuhoff 1998, "Quantization", IEEE Trans. Inf. Theory 44(6), section V), so a number
 decodes to its cell's midpoint and lies within half the cell's width of it; the cells are
 narrow where the values crowd, which is where a context search must tell near-equal outputs
-apart (``mhsa.atlas.exact``). 1,440 bytes per token for
-MiniLM's 72 heads of 32 dimensions, against 4,608 in float16. Atlases of format 3 keep 32 even
+apart (``mhsa.atlas.exact``). Special tokens ([CLS], [SEP]: each text's one crowd, far from
+the others) get a book of cells of their own (format 5), so the words' cells stay as fine as
+their own spread. 1,440 bytes per token for
+MiniLM's 72 heads of 32 dimensions, against 4,608 in float16. Atlases of format 4 keep one
+book of cells for every token; format 3 keeps 32 even
 steps from each dimension's minimum to its maximum, format 2 and before 16 (4 bits), and are
 read as they were. A shard codes its own values, so merging shards copies bytes. Over one head
 or a few, search is exhaustive over the stored values. Over every head at once (exBERT's
@@ -59,7 +62,7 @@ PROBES = 64
 PROJECTION_DIMS, PROJECTION_SEED = 128, 48
 #: rows decoded at a time (memory stays flat)
 CHUNK = 16_384
-#: bits a stored number: 5 (formats 3 and 4); atlases of format 2 and before keep 4
+#: bits a stored number: 5 (formats 3 to 5); atlases of format 2 and before keep 4
 BITS = 5
 #: the relative error of the float16 outputs the build codes (half a unit in the last place,
 #: 2 ** -11): a stored number's cell is widened by it on each side, so that the model's own
@@ -215,9 +218,10 @@ class ZCodes:
     def _cells(
         self, tables: tuple[np.ndarray, ...], tokens: np.ndarray | slice, heads: list[int] | None
     ) -> list[np.ndarray]:
-        """Each of ``tables`` (``[S, Hs, Dh, cells]``: midpoints, widths) looked up at each
-        code of ``heads`` at ``tokens``, read from the packed codes in one compiled pass
-        (``mhsa.atlas.kernels.lookup``): ``[Hs, n, Dh]`` float32 each."""
+        """Each of ``tables`` (``[tables, Hs, Dh, cells]``, token t's at ``table_of[t]``:
+        midpoints, widths) looked up at each code of ``heads`` at ``tokens``, read from the
+        packed codes in one compiled pass (``mhsa.atlas.kernels.lookup``): ``[Hs, n, Dh]``
+        float32 each."""
         where = np.arange(self.tokens)[tokens] if isinstance(tokens, slice) else tokens
         where = np.asarray(where, np.int64).reshape(-1)
         chosen = np.arange(self.codes.shape[0]) if heads is None else np.asarray(heads)
@@ -228,8 +232,9 @@ class ZCodes:
     def widths(self, tokens: np.ndarray | slice, heads: list[int] | None = None) -> np.ndarray:
         """How far apart the model's own value of each stored number may lie from the
         decoded one, at most: ``[Hs, n, Dh]``, twice the bound (a number lies within half its
-        width of its decoded value). Format 4: its cell's width; before, its span's step. Each
-        widened by ``FLOAT16_ERROR`` of the value on each side (the build codes float16)."""
+        width of its decoded value). Formats 4 and 5: its cell's width; before, its span's
+        step. Each widened by ``FLOAT16_ERROR`` of the value on each side (the build codes
+        float16)."""
         return self._cells((self._widths,), tokens, heads)[0]
 
     def decode(self, tokens: np.ndarray | slice, heads: list[int] | None = None) -> np.ndarray:
@@ -323,8 +328,8 @@ def index_candidates(
     index: Any, query: np.ndarray, token: int, pool: int, probes: int = PROBES
 ) -> np.ndarray:
     """The ``pool`` tokens the approximate index puts nearest ``token`` (its projection of
-    ``token``; a format-1 IVF-PQ index: searched with the unit vector ``query``), sorted, the
-    token itself among them."""
+    ``token``; a format-1 IVF-PQ index: searched with the unit vector ``query``), sorted; the
+    token itself is usually among them, but nothing guarantees it (callers leave it out)."""
     if hasattr(index, "nprobe"):  # format 1: IVF-PQ over the values themselves
         index.nprobe = probes
         probe = query

@@ -7,18 +7,26 @@ The codes' layout is ``mhsa.atlas.index._pack``'s, one head at one token a row o
 ``i`` of a row lies at bits ``i * bits`` to ``(i + 1) * bits`` of the row read as one
 little-endian number (4 bits: two a byte, the low nibble first; 5 bits: eight in 5 bytes).
 
-- ``lookup(codes, heads, tokens, spans, tables)``: the tables' entries at each code of
-  ``heads`` at ``tokens`` (a decode: midpoints; widths).
-- ``cosines(codes, heads, table_of, mids, query, tokens=None)``: each token's cosine with
+- ``lookup(codes, heads, tokens, spans, tables, bits)``: the tables' entries at each code of
+  ``heads`` at ``tokens``, token ``tokens[i]`` read through table ``spans[i]`` (a span's, or a
+  span's group's: ``ZCodes.table_of``); a decode (midpoints), or the widths.
+- ``cosines(codes, heads, table_of, mids, query, bits, tokens=None)``: each token's cosine with
   ``query`` over ``heads``' decoded values, as an asymmetric scan (Jegou et al. 2011, "Product
-  quantization for nearest neighbor search", IEEE TPAMI 33(1), section 4.1: the query's
-  products with every cell's midpoint are tabled once, then each token sums its codes'
-  entries): the cosine of the concatenation is ``sum_h q_h . c_h / sqrt(sum_h ||c_h||^2)``.
+  quantization for nearest neighbor search", IEEE TPAMI 33(1), section 4.1): over every token,
+  the query's products with every cell's midpoint are tabled once, then each token sums its
+  codes' entries; over a few listed tokens, each read once, the midpoints are read as they are.
+  The cosine of the concatenation is ``sum_h q_h . c_h / sqrt(sum_h ||c_h||^2)``.
 - ``cosine_bounds(...)``: the same for candidates, with each one's bound on its codes' error
   (``mhsa.atlas.exact``'s re-ranking), in the same single pass.
-- ``cells_of(values, grid, power, cells)`` and ``pack(codes, bits, size)``: the build's coding
-  (``ZCodes.quantise_cells``: each dimension's histogram, its cells and every number's code in
-  one pass) and packing.
+- ``cells_of(values, grid, power, bits, size, groups=None, books=1)`` and ``pack(codes, bits,
+  size)``: the build's coding (``ZCodes.quantise_cells``: each dimension's histogram, its cells
+  and every number's code, packed as it is found, in one pass; a book of cells for each group
+  of tokens) and packing.
+- ``summarise_layer(...)``: one layer's per-head sums of a batch of weights (histogram,
+  offsets, kinds of key, entropy, detection scores, each query's strongest key, the top lists'
+  candidates) in one pass (``mhsa.atlas.collect.HeadSummaries.add_layer``).
+- ``store_tokens(...)``: one layer's heads' outputs at the batch's tokens put in a shard's
+  arrays, rounded to float16 exactly as torch rounds, in one pass.
 
 The loops run on every core (numba's ``prange``). Where numba finds neither OpenMP nor TBB its
 thread pool is its "workqueue", which may not be entered by two threads at once, and Streamlit
@@ -360,7 +368,9 @@ def _summarise(
                 if ranked:
                     hist[b, h, min(np.int64(x * np.float32(bins)), bins - 1)] += 1
             top_k = 0
-            while row[top_k] != top_w:  # the strongest key: the first of the largest
+            # the strongest key: the first of the largest (the last key where none equals it,
+            # as for a row of NaN)
+            while top_k < keys - 1 and row[top_k] != top_w:
                 top_k += 1
             best_key[b, h, q], best_weight[b, h, q] = top_k, top_w
             first += row[0]
@@ -422,6 +432,9 @@ def summarise_layer(
     ``limits[0, h]`` (``limits[1, h]``), counted in ``hits [2, B, Hs]``, the first ``cap`` of
     each row and head in ``at`` as ``query * T + key``."""
     b, hs, t, _ = w.shape
+    limits = np.ascontiguousarray(limits, np.float32)
+    if limits.shape != (2, hs):
+        raise ValueError(f"limits must be [2, {hs}] (a limit a list and head): {limits.shape}")
     out = {
         "hist": np.zeros((b, hs, bins), np.int64),
         "folded": np.zeros((b, hs, 2 * max_offset + 1), np.float64),
@@ -441,7 +454,7 @@ def summarise_layer(
                 np.asarray(value_norms, np.float32),
                 np.asarray(lengths, np.int64), np.asarray(ids, np.int64),
                 np.ascontiguousarray(flags, np.bool_), bool(causal), int(bins), int(max_offset),
-                np.ascontiguousarray(limits, np.float32), int(cap), *out.values(),
+                limits, int(cap), *out.values(),
             )  # fmt: skip
     return out
 
@@ -522,6 +535,10 @@ def store_tokens(
     z, squares, keys, weights = out
     ctx = np.asarray(ctx, np.float32)
     _, hs, _, dh = ctx.shape
+    if not 0 <= first <= first + hs <= z.shape[0] or z.shape[2] != dh:
+        raise ValueError(f"heads {first} to {first + hs} of {dh} numbers do not fit z {z.shape}")
+    if len(tokens) and (int(np.max(tokens)) >= z.shape[1] or int(np.min(tokens)) < 0):
+        raise ValueError(f"tokens must lie below the shard's {z.shape[1]}")
     flat = np.empty((len(rows), hs * dh), np.float32)
     if len(rows):
         with _launch():
@@ -538,7 +555,9 @@ def pack(codes: np.ndarray, bits: int, size: int) -> np.ndarray:
     """Codes ``[Hs, n, Dh]`` (uint8, each below ``2 ** bits``) packed as rows of ``size``
     bytes, code ``i`` of a row at bits ``i * bits`` on (``mhsa.atlas.index._pack``'s layout;
     ``size``: ``index.code_bytes``)."""
-    hs, n, _ = codes.shape
+    hs, n, dh = codes.shape
+    if size * 8 < dh * bits:
+        raise ValueError(f"rows of {size} bytes cannot hold {dh} codes of {bits} bits")
     out = np.empty((hs, n, size), np.uint8)
     if out.size:
         with _launch():
@@ -568,6 +587,8 @@ def cells_of(
     else:
         values, halves = np.ascontiguousarray(values, np.float32), _HALVES[:0]
     hs, n, dh = values.shape
+    if size * 8 < dh * bits:
+        raise ValueError(f"rows of {size} bytes cannot hold {dh} codes of {bits} bits")
     groups = np.zeros(n, np.uint8) if groups is None else np.asarray(groups, np.uint8)
     if len(groups) != n or (n and int(groups.max()) >= books):
         raise ValueError(f"groups must be {n} numbers below {books}")
@@ -693,7 +714,8 @@ def warm() -> None:
     w, vn = np.full((1, 1, 2, 2), 0.5, np.float32), np.ones((1, 1, 2), np.float32)
     ids, flags = np.zeros((1, 2), np.int64), np.zeros((1, 2, 2), bool)
     for causal in (False, True):
-        got = summarise_layer(w, vn, np.array([2]), ids, flags, causal, vn[0], 4, 20, 64)
+        limits = np.ones((2, 1), np.float32)
+        got = summarise_layer(w, vn, np.array([2]), ids, flags, causal, limits, 4, 20, 64)
     out = (np.zeros((1, 2, 2), np.float16), np.zeros(2, np.float32))
     out += (np.zeros((1, 2), np.uint16), np.zeros((1, 2), np.float16))
     best = (got["best_key"], got["best_weight"])

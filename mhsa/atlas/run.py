@@ -147,7 +147,12 @@ def build_atlas(
                 report(1)
         report.close()
         seconds = time.perf_counter() - start
-        merge_shards(folder, plan, texts, seconds, {"ray": bool(ray)}, held=held)
+        try:
+            merge_shards(folder, plan, texts, seconds, {"ray": bool(ray)}, held=held)
+        except BaseException:  # the held shard kept, so that a resumed build does not redo it
+            for s, arrays in held.items():
+                save_atomic(shard_path(folder, s), arrays)
+            raise
         shutil.rmtree(folder / ".shards", ignore_errors=True)
         return open_atlas(folder)
 
@@ -269,12 +274,19 @@ def _run_actors(
     @ray.remote
     class ShardActor:
         def __init__(self, model: str) -> None:
+            import numba
             import torch
 
+            # one core an actor, for its model and its compiled loops alike (a pool of
+            # actors each on every core would oversubscribe the machine)
             torch.set_num_threads(1)
+            numba.set_num_threads(1)
             self.lm = get_model(model)
 
         def run(self, shard: int, texts_ref: Any) -> int:
+            import numba
+
+            numba.set_num_threads(1)  # numba's count is a thread's own
             plain, tagged = texts_ref
             arrays = build_shard(self.lm, plan, plain, shard, tagged)
             save_atomic(shard_path(folder, shard), arrays)
