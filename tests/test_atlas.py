@@ -203,41 +203,57 @@ def _hooked_z(texts: list[str], model) -> np.ndarray:
 
 
 def test_minilm_similar_searches_the_stored_outputs_of_the_hooked_z(minilm_atlas) -> None:
-    """The stored head outputs are the model's (from plain hooks) within half their cell's
-    width, each decoded as the midpoint of its cell's two edges (each shard's own, in the
-    ordinary tokens' book or the special tokens' own);
-    ``similar(exact=False)`` ranks exactly as a search over those stored values decoded here by
-    hand (``similar`` itself ranks by the true outputs: ``tests/test_atlas_exact.py``)."""
+    """Format 6: each head's output from plain hooks is stored as its direction ``z / ||z||``
+    and its norm, each within half its cell's width, each decoded as the midpoint of its
+    cell's two edges (each shard's own, in the ordinary tokens' book or the special tokens'
+    own; the direction's 32 cells a dimension, the norm's 16); the stored output is their
+    product. ``similar(exact=False)`` ranks exactly as a search over those stored values
+    decoded here by hand (``similar`` itself ranks by the true outputs:
+    ``tests/test_atlas_exact.py``)."""
     atlas, _ = minilm_atlas
     z = _hooked_z(TEXTS, "default")  # [N, L * 384]: heads in label order
     assert z.shape == (atlas.tokens, 6 * 384)
-    assert atlas.manifest["format"] == 5 and (atlas.folder / "z5.npy").is_file()
+    assert atlas.manifest["format"] == 6 and (atlas.folder / "z5.npy").is_file()
+    heads_z = z.reshape(atlas.tokens, 72, 32).transpose(1, 0, 2)  # [72, N, 32]
+    length = np.linalg.norm(heads_z, axis=2)  # [72, N]
+    unit = heads_z / length[..., None]
     codes = np.asarray(atlas.z.codes).astype(np.int64)  # [72, N, 20]: 8 numbers in 5 bytes
     groups = codes.reshape(72, atlas.tokens, 4, 5)
     word = sum(groups[..., b] << (8 * b) for b in range(5))  # [72, N, 4] 40-bit integers
     cell = np.stack([(word >> (5 * i)) & 31 for i in range(8)], -1).reshape(72, -1, 32)
+    norm_cell = np.load(atlas.folder / "znorm4.npy")[..., 0].astype(np.int64) & 15  # [72, N]
     # each token's shard (its text's, by the plan's texts a shard) coded it in its own cells
     text_of = np.searchsorted(atlas.offsets, np.arange(atlas.tokens), side="right") - 1
     shard = text_of // atlas.manifest["plan"]["shard_texts"]
     assert len(set(shard)) > 1  # the cells of several shards are used
     with np.load(atlas.folder / "z_ranges.npz") as f:
         edges = f["edges"]  # [S, 2, 72, 32, 33]: the ordinary tokens' book, the special's
+        norm_edges = f["norm_edges"][:, :, :, 0]  # [S, 2, 72, 17]
     book = np.asarray(atlas.special).astype(np.int64)
     assert 0 < book.sum() < len(book)
     h, d = np.arange(72)[:, None, None], np.arange(32)[None, None]
     where = (shard[None, :, None], book[None, :, None], h, d)
     below, above = edges[(*where, cell)], edges[(*where, cell + 1)]  # [72, N, 32]
-    stored = ((below + above) / 2).transpose(1, 0, 2).reshape(atlas.tokens, -1)
-    half = ((above - below) / 2).transpose(1, 0, 2).reshape(atlas.tokens, -1)
-    assert (np.abs(stored - z) <= half + 2e-3 * np.abs(z) + 1e-4).all()
+    direction, half = (below + above) / 2, (above - below) / 2
+    assert (np.abs(direction - unit) <= half + 2e-3 * np.abs(unit) + 1e-4).all()
+    at = (shard[None], book[None], np.arange(72)[:, None])
+    low, high = norm_edges[(*at, norm_cell)], norm_edges[(*at, norm_cell + 1)]  # [72, N]
+    norm = (low + high) / 2
+    assert (np.abs(norm - length) <= (high - low) / 2 + 2e-3 * length + 1e-4).all()
+    assert min(len(np.unique(norm_cell[i])) for i in range(72)) >= 8  # 16 cells, not one
+    stored = (direction * norm[..., None]).transpose(1, 0, 2).reshape(atlas.tokens, -1)
     # each shard's cells run from its least to its greatest number (where the cells lie
     # between: ``test_the_default_cells_follow_...``, by hand)
     for kind in (0, 1):  # each book from its own tokens' least to greatest number
         first = (shard == 0) & (book == kind)
         for head, dim in [(0, 0), (31, 7), (71, 31)]:
-            values = z[first, head * 32 + dim]
+            values = unit[head, first, dim]
             np.testing.assert_allclose(
                 edges[0, kind, head, dim, [0, 32]], [values.min(), values.max()], atol=2e-3
+            )
+            lengths = length[head, first]
+            np.testing.assert_allclose(
+                norm_edges[0, kind, head, [0, 16]], [lengths.min(), lengths.max()], rtol=2e-3
             )
     text_id, position = 3, 2
     token = int(atlas.offsets[text_id]) + position

@@ -26,6 +26,7 @@ from mhsa.atlas.collect import BatchLayout, HeadSummaries
 from mhsa.atlas.corpora import TaggedText
 from mhsa.atlas.index import (
     BITS,
+    NORM_BITS,
     PROJECTION_DIMS,
     ZCodes,
     build_index,
@@ -58,12 +59,13 @@ __all__ = [
     "shard_texts_for",
 ]
 
-#: the atlas folder's format; a reader refuses a newer one (5: head outputs in 5 bits,
-#: ``z5.npy``, in cells placed by the values' density, a book of cells for the ordinary tokens
-#: and one for the special ones, their edges in ``z_ranges.npz``; 4: one book; 3: in 5 bits,
+#: the atlas folder's format; a reader refuses a newer one (6: each head output's direction
+#: in 5 bits, ``z5.npy``, in cells placed by the values' density, a book of cells for the
+#: ordinary tokens and one for the special ones, and its norm in 4 bits, ``znorm4.npy``, their
+#: edges in ``z_ranges.npz``; 5: the outputs themselves so coded; 4: one book; 3: in 5 bits,
 #: even steps; 2: in 4 bits, coded per shard, the all-heads index a random projection; 1: one
-#: range; formats 1 to 4 are still read)
-FORMAT = 5
+#: range; formats 1 to 5 are still read)
+FORMAT = 6
 #: books of cells a shard codes its head outputs in: the ordinary tokens' and the special
 #: tokens' (every text's ``[CLS]`` has nearly one output on some heads: cells placed among
 #: all tokens cannot order them, cells of their own can)
@@ -431,7 +433,9 @@ def build_shard(
             summaries,
             (strongest_key, strongest_weight, z, projected, squares),
         )
-    codes, edges = ZCodes.quantise_cells(z, groups=special, books=BOOKS)
+    codes, edges, norm_codes, norm_edges = ZCodes.quantise_directions(
+        z, groups=special, books=BOOKS
+    )
     projected /= squares.sqrt_().clamp_(min=1e-12)[:, None]
     truncated = [(first + i, e.truncated) for i, e in enumerate(encoded) if e and e.truncated]
     extra = {}
@@ -447,6 +451,8 @@ def build_shard(
         "strongest_weight": strongest_weight,
         f"z{BITS}": codes,
         "z_edges": edges,
+        f"znorm{NORM_BITS}": norm_codes,
+        "z_norm_edges": norm_edges,
         "projected": projected.numpy().astype(np.float16),
         "truncated": np.array(truncated, np.int64).reshape(-1, 2),
     }
@@ -631,9 +637,11 @@ def merge_shards(
     key = mm(work / "strongest_key.npy", "w+", np.uint16, (hs, n))
     weight = mm(work / "strongest_weight.npy", "w+", np.float16, (hs, n))
     z = mm(work / f"z{BITS}.npy", "w+", np.uint8, (hs, n, code_bytes(plan.d_head, BITS)))
+    z_norms = mm(work / f"znorm{NORM_BITS}.npy", "w+", np.uint8, (hs, n, 1))
     projected = mm(work / ".projected.npy", "w+", np.float16, (n, PROJECTION_DIMS))
     tag_ids = mm(work / "tags.npy", "w+", np.uint8, (n,)) if plan.tagged else None
     z_edges = np.zeros((plan.shards, BOOKS, hs, plan.d_head, 2**BITS + 1), np.float32)
+    norm_edges = np.zeros((plan.shards, BOOKS, hs, 1, 2**NORM_BITS + 1), np.float32)
     summaries: HeadSummaries | None = None
     truncated = []
     bounds = offsets[np.arange(plan.shards) * plan.shard_texts]
@@ -646,6 +654,8 @@ def merge_shards(
         weight[:, a:b] = f["strongest_weight"]
         z[:, a:b] = f[f"z{BITS}"]  # shards of another format are redone (``run._start``)
         z_edges[s] = f["z_edges"]
+        z_norms[:, a:b] = f[f"znorm{NORM_BITS}"]
+        norm_edges[s] = f["z_norm_edges"]
         projected[a:b] = f["projected"]
         if tag_ids is not None:
             tag_ids[a:b] = f["tag_ids"]
@@ -653,13 +663,13 @@ def merge_shards(
         part = HeadSummaries.from_arrays(dict(f))
         summaries = part if summaries is None else summaries.merge(part)
     assert summaries is not None
-    for array in (token_ids, special, key, weight, z, projected):
+    for array in (token_ids, special, key, weight, z, z_norms, projected):
         array.flush()
     if tag_ids is not None:
         tag_ids.flush()
-    del token_ids, special, key, weight, z, tag_ids
+    del token_ids, special, key, weight, z, z_norms, tag_ids
     np.save(work / "text_offsets.npy", offsets)
-    np.savez(work / "z_ranges.npz", edges=z_edges, bounds=bounds)
+    np.savez(work / "z_ranges.npz", edges=z_edges, norm_edges=norm_edges, bounds=bounds)
     np.savez(work / "heads.npz", **summaries.arrays())
     cut = np.concatenate(truncated) if truncated else np.zeros((0, 2), np.int64)
     vocab = _vocabulary(plan, np.load(work / "token_ids.npy", mmap_mode="r"))

@@ -36,11 +36,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from mhsa.atlas.kernels import cells_of, cosine_bounds, cosines, lookup, pack
+from mhsa.atlas.kernels import cells_of, cosine_bounds, cosines, directions_of, lookup, pack
 
 __all__ = [
     "BITS",
     "EXACT_UP_TO",
+    "NORM_BITS",
     "PROJECTION_DIMS",
     "ZCodes",
     "build_index",
@@ -62,8 +63,10 @@ PROBES = 64
 PROJECTION_DIMS, PROJECTION_SEED = 128, 48
 #: rows decoded at a time (memory stays flat)
 CHUNK = 16_384
-#: bits a stored number: 5 (formats 3 to 5); atlases of format 2 and before keep 4
+#: bits a stored number: 5 (formats 3 to 6); atlases of format 2 and before keep 4
 BITS = 5
+#: bits of each head's norm at each token (format 6: the numbers are its direction's)
+NORM_BITS = 4
 #: the relative error of the float16 outputs the build codes (half a unit in the last place,
 #: 2 ** -11): a stored number's cell is widened by it on each side, so that the model's own
 #: float32 value lies within it too
@@ -122,6 +125,7 @@ class ZCodes:
     bits: int = 4
     edges: np.ndarray | None = None
     groups: np.ndarray | None = None
+    norms: ZCodes | None = None
 
     def __post_init__(self) -> None:
         self.books = 1
@@ -144,10 +148,12 @@ class ZCodes:
                 if self.books > 1 and self.groups is None:
                     raise ValueError("ZCodes with a book of cells per group needs groups")
                 edges = edges.reshape(-1, *edges.shape[2:])
-            # each cell's midpoint and width, [tables, Hs, Dh, cells]
+            # each cell's midpoint and width, [tables, Hs, Dh, cells]; a direction (format 6)
+            # is divided from float16 numbers by their float16 norm: twice their error
             self._mids = (edges[..., 1:] + edges[..., :-1]) / 2
             ends = np.maximum(np.abs(edges[..., 1:]), np.abs(edges[..., :-1]))
-            self._widths = edges[..., 1:] - edges[..., :-1] + 2 * FLOAT16_ERROR * ends
+            slack = (4 if self.norms is not None else 2) * FLOAT16_ERROR
+            self._widths = edges[..., 1:] - edges[..., :-1] + slack * ends
         self.bounds = np.asarray(self.bounds, np.int64)
 
     @functools.cached_property
@@ -210,6 +216,39 @@ class ZCodes:
         codes, edges = cells_of(values.numpy(), GRID, power, bits, size, groups, books)
         return codes, (edges[0] if groups is None else edges)
 
+    @staticmethod
+    def quantise_directions(
+        z: torch.Tensor,
+        bits: int = BITS,
+        power: float = POINT_DENSITY,
+        groups: np.ndarray | None = None,
+        books: int = 1,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``z [Hs, n, Dh]`` as each head's direction at each token, ``z / ||z||``, coded as
+        ``quantise_cells`` codes numbers, and its norm ``||z||`` coded the same way in
+        ``NORM_BITS``: ``(codes, edges, norm_codes [Hs, n, 1], norm_edges [books, Hs, 1,
+        2 ** NORM_BITS + 1])`` (format 6). A direction's numbers are coded to the same share
+        of their length at every norm, so a head's small outputs are told apart as finely as
+        its large ones (a cosine over one head reads the direction alone); the norm-explicit
+        quantization of Dai et al. 2020 ("Norm-Explicit Quantization: Improving Vector
+        Quantization for Maximum Inner Product Search", AAAI), here for cosines."""
+        values = z.cpu() if z.dtype in (torch.float16, torch.float32) else z.float().cpu()
+        size = code_bytes(z.shape[2], bits)
+        codes, edges, norms = directions_of(values.numpy(), GRID, power, bits, size, groups, books)
+        norm_codes, norm_edges = cells_of(
+            norms[..., None], GRID, power, NORM_BITS, 1, groups, books
+        )
+        if groups is None:
+            return codes, edges[0], norm_codes, norm_edges[0]
+        return codes, edges, norm_codes, norm_edges
+
+    def _norm_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The norms' codes, midpoints and widths as the compiled loops read them (format
+        6), or None."""
+        if self.norms is None:
+            return None
+        return self.norms.codes, self.norms._mids, self.norms._widths
+
     def _spans(self, tokens: np.ndarray | slice) -> np.ndarray:
         """The table of cells of each of ``tokens`` (``table_of``)."""
         where = np.arange(self.tokens)[tokens] if isinstance(tokens, slice) else tokens
@@ -232,20 +271,28 @@ class ZCodes:
     def widths(self, tokens: np.ndarray | slice, heads: list[int] | None = None) -> np.ndarray:
         """How far apart the model's own value of each stored number may lie from the
         decoded one, at most: ``[Hs, n, Dh]``, twice the bound (a number lies within half its
-        width of its decoded value). Formats 4 and 5: its cell's width; before, its span's
+        width of its decoded value). Formats 4 to 6: its cell's width; before, its span's
         step. Each widened by ``FLOAT16_ERROR`` of the value on each side (the build codes
-        float16)."""
-        return self._cells((self._widths,), tokens, heads)[0]
+        float16). Format 6 (a direction ``u`` of width ``w`` times a norm ``s`` of width
+        ``v``): ``(|u| + w / 2) v + (s + v / 2) w``, the product's error at its largest."""
+        return self.decode_with_widths(tokens, heads)[1]
 
     def decode(self, tokens: np.ndarray | slice, heads: list[int] | None = None) -> np.ndarray:
         """The stored values of ``heads`` (None: all) at ``tokens``: ``[Hs, n, Dh]`` float32."""
-        return self._cells((self._mids,), tokens, heads)[0]
+        values = self._cells((self._mids,), tokens, heads)[0]
+        if self.norms is not None:
+            values *= self.norms.decode(tokens, heads)
+        return values
 
     def decode_with_widths(
         self, tokens: np.ndarray | slice, heads: list[int] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """``decode`` and ``widths`` at once, the codes unpacked once."""
         values, widths = self._cells((self._mids, self._widths), tokens, heads)
+        if self.norms is not None:
+            norm, spread = self.norms._cells((self.norms._mids, self.norms._widths), tokens, heads)
+            widths = (np.abs(values) + widths / 2) * spread + (norm + spread / 2) * widths
+            values = values * norm
         return values, widths
 
     def cosines(
@@ -256,7 +303,10 @@ class ZCodes:
         decodes nothing (``mhsa.atlas.kernels.cosines``): ``[n]`` float32, ``rows(tokens,
         heads) @ query``."""
         chosen = np.arange(self.codes.shape[0]) if heads is None else np.asarray(heads)
-        return cosines(self.codes, chosen, self.table_of, self._mids, query, self.bits, tokens)
+        return cosines(
+            self.codes, chosen, self.table_of, self._mids, query, self.bits, tokens,
+            self._norm_tables(),
+        )  # fmt: skip
 
     def cosine_bounds(
         self,
@@ -272,8 +322,9 @@ class ZCodes:
         chosen = np.arange(self.codes.shape[0]) if heads is None else np.asarray(heads)
         tables = (self._mids, self._widths)
         return cosine_bounds(
-            self.codes, chosen, self.table_of, tables, query, self.bits, tokens, margin, curvature
-        )
+            self.codes, chosen, self.table_of, tables, query, self.bits, tokens, margin, curvature,
+            self._norm_tables(),
+        )  # fmt: skip
 
     def rows(self, tokens: np.ndarray | slice, heads: list[int] | None = None) -> np.ndarray:
         """Unit-length concatenations of ``heads``' values at ``tokens``: ``[n, Hs Dh]``."""

@@ -61,6 +61,7 @@ __all__ = [
     "cells_of",
     "cosine_bounds",
     "cosines",
+    "directions_of",
     "lookup",
     "pack",
     "store_tokens",
@@ -114,36 +115,61 @@ def _lookup(codes, heads, tokens, spans, tables, bits, out):  # pragma: no cover
 
 
 @numba.njit(inline="always")
-def _cosine(codes, heads, token, span, products, squares, bits):  # pragma: no cover
+def _scale(norms, norm_mids, norm_widths, h, token, span, many):  # pragma: no cover
+    """Head ``h``'s norm at ``token`` and its width (format 6: ``norms`` its 4-bit codes,
+    ``[Hs, N, 1]``; none: 1 and 0). Over one head the norm cancels from a cosine: 1 and 0."""
+    if norms.shape[0] == 0 or not many:
+        return 1.0, 0.0
+    c = _code(norms[h, token], 0, 4)
+    return norm_mids[span, h, 0, c], norm_widths[span, h, 0, c]
+
+
+@numba.njit(inline="always")
+def _cosine(
+    codes, heads, token, span, products, squares, bits, norms, norm_mids
+):  # pragma: no cover - compiled
     """One token's cosine from the query's product and square tables of its span."""
     dot = 0.0
     norm = 0.0
+    many = heads.shape[0] > 1
     for j in range(heads.shape[0]):
         row = codes[heads[j], token]
+        head_dot = 0.0
+        head_norm = 0.0
         for d in range(products.shape[2]):
             c = _code(row, d, bits)
-            dot += products[span, j, d, c]
-            norm += squares[span, j, d, c]
+            head_dot += products[span, j, d, c]
+            head_norm += squares[span, j, d, c]
+        scale = _scale(norms, norm_mids, norm_mids, heads[j], token, span, many)[0]
+        dot += scale * head_dot
+        norm += scale * scale * head_norm
     return dot / max(np.sqrt(norm), 1e-12)
 
 
 @numba.njit(parallel=True, cache=True)
-def _cosines(codes, heads, table_of, products, squares, bits, out):  # pragma: no cover
+def _cosines(
+    codes, heads, table_of, products, squares, bits, norms, norm_mids, out
+):  # pragma: no cover - compiled
     for token in numba.prange(codes.shape[1]):
-        out[token] = _cosine(codes, heads, token, table_of[token], products, squares, bits)
+        span = table_of[token]
+        out[token] = _cosine(codes, heads, token, span, products, squares, bits, norms, norm_mids)
 
 
 @numba.njit(parallel=True, cache=True)
-def _cosines_at(codes, heads, tokens, spans, mids, query, bits, out):  # pragma: no cover
+def _cosines_at(
+    codes, heads, tokens, spans, mids, query, bits, norms, norm_mids, out
+):  # pragma: no cover - compiled
     dh = mids.shape[2]
+    many = heads.shape[0] > 1
     for t in numba.prange(tokens.shape[0]):  # each token once: no table of products
         token, span = tokens[t], spans[t]
         dot = 0.0
         norm = 0.0
         for j in range(heads.shape[0]):
             row = codes[heads[j], token]
+            scale = _scale(norms, norm_mids, norm_mids, heads[j], token, span, many)[0]
             for d in range(dh):
-                m = mids[span, heads[j], d, _code(row, d, bits)]
+                m = scale * mids[span, heads[j], d, _code(row, d, bits)]
                 dot += query[j * dh + d] * m
                 norm += m * m
         out[t] = dot / max(np.sqrt(norm), 1e-12)
@@ -151,26 +177,53 @@ def _cosines_at(codes, heads, tokens, spans, mids, query, bits, out):  # pragma:
 
 @numba.njit(parallel=True, cache=True)
 def _bounds_at(
-    codes, heads, tokens, spans, mids, widths, query, bits, margin, curvature, cos, bound
+    codes,
+    heads,
+    tokens,
+    spans,
+    mids,
+    widths,
+    query,
+    bits,
+    norms,
+    norm_mids,
+    norm_widths,
+    margin,
+    curvature,
+    cos,
+    bound,
 ):  # pragma: no cover - compiled
     dh = mids.shape[2]
+    many = heads.shape[0] > 1
     for t in numba.prange(tokens.shape[0]):
         token, span = tokens[t], spans[t]
         # with m a number's midpoint, w its width, q the query's number: q.m, m.m, and the
-        # sums of q^2 w^2, q m w^2, m^2 w^2 and w^2 give the gradient term without a second pass
+        # sums of q^2 w^2, q m w^2, m^2 w^2 and w^2 give the gradient term without a second
+        # pass; a head's norm (width v, direction u: the codes' midpoints) moves every number
+        # of the head at once: with a = q_h . u, b = u . u, the sums of v^2 a^2, v^2 a s b,
+        # v^2 s^2 b^2 and v^2 b
         dot = 0.0
         norm = 0.0
         qq = 0.0
         qm = 0.0
         mm = 0.0
         ww = 0.0
+        aa = 0.0
+        ab = 0.0
+        bb = 0.0
+        vb = 0.0
         for j in range(heads.shape[0]):
             h = heads[j]
             row = codes[h, token]
+            scale, v = _scale(norms, norm_mids, norm_widths, h, token, span, many)
+            a = 0.0
+            b = 0.0
             for d in range(dh):
                 c = _code(row, d, bits)
-                m = mids[span, h, d, c]
-                w2 = widths[span, h, d, c] ** 2
+                u = mids[span, h, d, c]
+                m = scale * u
+                # a direction's error w, scaled by the norm at its largest
+                w2 = ((scale + v / 2) * widths[span, h, d, c]) ** 2
                 q = query[j * dh + d]
                 dot += q * m
                 norm += m * m
@@ -178,13 +231,22 @@ def _bounds_at(
                 qm += q * m * w2
                 mm += m * m * w2
                 ww += w2
+                a += q * u
+                b += u * u
+            v2 = v * v
+            aa += v2 * a * a
+            ab += v2 * a * scale * b
+            bb += v2 * scale * scale * b * b
+            vb += v2 * b
         length = max(np.sqrt(norm), 1e-12)
         cosine = dot / length
-        # sum_d (q_d - cosine * m_d / length)^2 w_d^2
+        # sum_d (q_d - cosine * m_d / length)^2 w_d^2, and the norms' sum_h (g_h . u_h)^2 v_h^2
+        # with g = q - cosine * m / length
         gradient = qq - 2.0 * cosine / length * qm + (cosine / length) ** 2 * mm
+        gradient += aa - 2.0 * cosine / length * ab + (cosine / length) ** 2 * bb
         first = np.sqrt(max(gradient, 0.0) / 12.0) / length
         cos[t] = cosine
-        bound[t] = margin * first + curvature * ww / 12.0 / length**2
+        bound[t] = margin * first + curvature * (ww + vb) / 12.0 / length**2
 
 
 @numba.njit(parallel=True, cache=True)
@@ -212,16 +274,28 @@ def _number_typed(x, halves):  # pragma: no cover - compiled
 
 @numba.njit(parallel=True, cache=True)
 def _cells_of(
-    values, halves, groups, books, grid, power, cells, bits, out, edges
+    values, halves, groups, books, grid, power, cells, bits, out, edges, norms
 ):  # pragma: no cover - compiled
     hs, n, dh = values.shape
+    unit = norms.shape[0] > 0
     for h in numba.prange(hs):  # a head to a thread; its tokens in order, every dimension
+        # directions (``norms`` given): each token's numbers over their norm, kept there
+        inverse = np.ones(n, np.float32)
+        if unit:
+            for t in range(n):
+                total = 0.0
+                for d in range(dh):
+                    x = np.float64(_number(values[h, t, d], halves))
+                    total += x * x
+                length = np.sqrt(total)
+                norms[h, t] = length
+                inverse[t] = 1.0 / length if length > 0 else 0.0
         lo = np.full((books, dh), np.inf, np.float32)
         hi = np.full((books, dh), -np.inf, np.float32)
         for t in range(n):
             g = groups[t]
             for d in range(dh):
-                x = _number(values[h, t, d], halves)
+                x = _number(values[h, t, d], halves) * inverse[t]
                 lo[g, d] = min(lo[g, d], x)
                 hi[g, d] = max(hi[g, d], x)
         step = np.empty((books, dh), np.float32)
@@ -235,7 +309,7 @@ def _cells_of(
         for t in range(n):
             g = groups[t]
             for d in range(dh):
-                x = _number(values[h, t, d], halves)
+                x = _number(values[h, t, d], halves) * inverse[t]
                 f = _step_of(x, lo[g, d], step[g, d], grid)
                 fine[t, d] = f
                 counts[g, d, f] += 1
@@ -582,6 +656,35 @@ def cells_of(
     all 0): each token's group, whose numbers get cells of their own, placed by their own
     density alone. float16 is read as it is stored (its bits through a table of every
     float16's float32), with no float32 copy."""
+    codes, edges, _ = _coded(values, grid, power, bits, size, groups, books, unit=False)
+    return codes, edges
+
+
+def directions_of(
+    values: np.ndarray,
+    grid: int,
+    power: float,
+    bits: int,
+    size: int,
+    groups: np.ndarray | None = None,
+    books: int = 1,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``cells_of`` for the direction of each head's output at each token, ``values[h, t] /
+    ||values[h, t]||`` (a zero output: zeros), divided in the same pass (float32, from the
+    values as stored): ``(codes, edges, norms [Hs, n] float32)``, the norms beside them."""
+    return _coded(values, grid, power, bits, size, groups, books, unit=True)
+
+
+def _coded(
+    values: np.ndarray,
+    grid: int,
+    power: float,
+    bits: int,
+    size: int,
+    groups: np.ndarray | None,
+    books: int,
+    unit: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if values.dtype == np.float16:
         values, halves = np.ascontiguousarray(values).view(np.uint16), _HALVES
     else:
@@ -594,13 +697,14 @@ def cells_of(
         raise ValueError(f"groups must be {n} numbers below {books}")
     codes = np.empty((hs, n, size), np.uint8)
     edges = np.zeros((books, hs, dh, 2**bits + 1), np.float32)
+    norms = np.zeros((hs, n) if unit else (0, 0), np.float32)
     if n:
         with _launch():
             _cells_of(
                 values, halves, groups, int(books), grid, float(power), 2**bits, bits, codes,
-                edges,
+                edges, norms,
             )  # fmt: skip
-    return codes, edges
+    return codes, edges, norms
 
 
 def lookup(
@@ -630,6 +734,20 @@ def lookup(
     return out
 
 
+#: no norms (atlases before format 6): the scoring loops' norm arguments
+_NO_CODES, _NO_TABLE = np.zeros((0, 0, 1), np.uint8), np.zeros((0, 0, 1, 1), np.float32)
+_NO_CODES.setflags(write=False)  # as an atlas's memory map: one compiled version for both
+
+
+def _norm_args(norms: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> tuple:
+    """``(codes [Hs, N, 1], mids, widths [tables, Hs, 1, 16])`` of each head's 4-bit norm
+    code, as the loops read them (None: none)."""
+    if norms is None:
+        return _NO_CODES, _NO_TABLE, _NO_TABLE
+    codes, mids, widths = norms
+    return codes, np.asarray(mids, np.float32), np.asarray(widths, np.float32)
+
+
 def cosines(
     codes: np.ndarray,
     heads: np.ndarray,
@@ -638,29 +756,36 @@ def cosines(
     query: np.ndarray,
     bits: int,
     tokens: np.ndarray | None = None,
+    norms: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """The cosine of each token's decoded values over ``heads`` (their concatenation) with
     the unit vector ``query [len(heads) * Dh]``: ``[N]`` float32 for every token of ``codes
     [Hs, N, bytes]``, or ``[n]`` for ``tokens``; token t decodes by the cell midpoints
-    ``mids[table_of[t]]`` (``mids [tables, Hs, Dh, cells]``: a span's, or a span's group's)."""
+    ``mids[table_of[t]]`` (``mids [tables, Hs, Dh, cells]``: a span's, or a span's group's),
+    times its head's norm where ``norms`` (format 6: the codes are of directions; their
+    4-bit codes ``[Hs, N, 1]``, midpoints and widths ``[tables, Hs, 1, 16]``)."""
     heads = np.asarray(heads, np.int64)
     table_of = np.asarray(table_of, np.int32)
     out = np.empty(codes.shape[1] if tokens is None else len(tokens), np.float32)
     if not out.size:
         return out
+    norm_codes, norm_mids, _ = _norm_args(norms)
     if tokens is not None:  # a few tokens, each read once: the midpoints as they are
         tokens = np.asarray(tokens, np.int64)
         spans = table_of[tokens].astype(np.int64)
         q = np.ascontiguousarray(query, np.float32)
         with _launch():
-            _cosines_at(codes, heads, tokens, spans, np.asarray(mids, np.float32), q, bits, out)
+            _cosines_at(
+                codes, heads, tokens, spans, np.asarray(mids, np.float32), q, bits, norm_codes,
+                norm_mids, out,
+            )  # fmt: skip
         return out
     chosen = np.asarray(mids, np.float32)[:, heads]  # [tables, len(heads), Dh, cells]
     q = np.asarray(query, np.float32).reshape(len(heads), -1)
     products = np.ascontiguousarray(chosen * q[None, :, :, None])
     squares = np.ascontiguousarray(chosen * chosen)
     with _launch():
-        _cosines(codes, heads, table_of, products, squares, bits, out)
+        _cosines(codes, heads, table_of, products, squares, bits, norm_codes, norm_mids, out)
     return out
 
 
@@ -674,13 +799,14 @@ def cosine_bounds(
     tokens: np.ndarray,
     margin: float,
     curvature: float,
+    norms: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each of ``tokens``' coded cosine over ``heads`` with the unit vector ``query`` and how
     far above it its true cosine may lie (``mhsa.atlas.exact.cosine_bound``'s ``margin``
     standard deviations of the first-order error plus ``curvature`` times the mean
-    second-order one), in one pass over the codes that decodes nothing: ``([n], [n])``
-    float32. ``tables``: the midpoints and widths ``[tables, Hs, Dh, cells]``, token t's at
-    ``table_of[t]``."""
+    second-order one; with ``norms``, as ``cosines``, each head's norm's error too), in one
+    pass over the codes that decodes nothing: ``([n], [n])`` float32. ``tables``: the
+    midpoints and widths ``[tables, Hs, Dh, cells]``, token t's at ``table_of[t]``."""
     mids, widths = (np.ascontiguousarray(t, np.float32) for t in tables)
     tokens = np.asarray(tokens, np.int64)
     spans = np.asarray(table_of)[tokens].astype(np.int64)
@@ -690,7 +816,7 @@ def cosine_bounds(
         with _launch():
             _bounds_at(
                 codes, np.asarray(heads, np.int64), tokens, spans, mids, widths, q, bits,
-                float(margin), float(curvature), cos, bound,
+                *_norm_args(norms), float(margin), float(curvature), cos, bound,
             )  # fmt: skip
     return cos, bound
 
@@ -703,12 +829,20 @@ def warm() -> None:
     codes.setflags(write=False)
     mids = np.zeros((1, 1, 8, 32), np.float32)
     table_of = np.zeros(2, np.int32)
-    cosines(codes, [0], table_of, mids, np.ones(8, np.float32), 5)
-    cosines(codes, [0], table_of, mids, np.ones(8, np.float32), 5, np.array([1]))
+    norm_codes = np.zeros((1, 2, 1), np.uint8)
+    norm_codes.setflags(write=False)
+    norm_mids = np.zeros((1, 1, 1, 16), np.float32)
+    for norms in (None, (norm_codes, norm_mids, norm_mids)):
+        cosines(codes, [0], table_of, mids, np.ones(8, np.float32), 5, norms=norms)
+        cosines(codes, [0], table_of, mids, np.ones(8, np.float32), 5, np.array([1]), norms)
+        bounds = (codes, [0], table_of, (mids, mids), np.ones(8), 5, np.array([1]), 2.0, 0.25)
+        cosine_bounds(*bounds, norms)
     lookup(codes, np.array([0]), np.array([1]), np.array([0]), mids[None], 5)
-    cosine_bounds(codes, [0], table_of, (mids, mids), np.ones(8), 5, np.array([1]), 2.0, 0.25)
     for kind in (np.float16, np.float32):
-        cells_of(np.zeros((1, 2, 8), kind), 4096, 1 / 3, 5, 5, np.array([0, 1], np.uint8), 2)
+        groups = np.array([0, 1], np.uint8)
+        cells_of(np.zeros((1, 2, 8), kind), 4096, 1 / 3, 5, 5, groups, 2)
+        directions_of(np.zeros((1, 2, 8), kind), 4096, 1 / 3, 5, 5, groups, 2)
+    cells_of(np.zeros((1, 2, 1), np.float32), 4096, 1 / 3, 4, 1, groups, 2)
     pack(np.zeros((1, 2, 8), np.uint8), 5, 5)
     pack(np.zeros((1, 2, 8), np.uint8), 4, 4)
     w, vn = np.full((1, 1, 2, 2), 0.5, np.float32), np.ones((1, 1, 2), np.float32)

@@ -13,7 +13,13 @@ import pandas as pd
 
 from mhsa.atlas.build import FORMAT
 from mhsa.atlas.collect import DETECTORS, KEY_KINDS, MAX_OFFSET, WEIGHT_BINS
-from mhsa.atlas.index import ZCodes, exact_neighbours, index_candidates, search_index
+from mhsa.atlas.index import (
+    NORM_BITS,
+    ZCodes,
+    exact_neighbours,
+    index_candidates,
+    search_index,
+)
 from mhsa.atlas.tags import NO_TAG, UNIVERSAL_TAGS, check_tag
 from mhsa.engine.result import html_view
 from mhsa.errors import InputError
@@ -96,11 +102,19 @@ class Atlas:
         self.tag_ids = self._load_tags(folder, manifest)
         with np.load(folder / "z_ranges.npz") as f:
             bounds = f["bounds"] if "bounds" in f.files else np.zeros(1, np.int64)  # format 1
-            bits = 5 if int(manifest["format"]) >= 3 else 4  # formats 3, 4; 2 and before: 4
+            bits = 5 if int(manifest["format"]) >= 3 else 4  # formats 3 to 6; 2 and before: 4
             codes = load(folder / f"z{bits}.npy")
-            if "edges" in f.files:  # formats 4, 5: cells placed by the density
-                groups = self.special.view(np.uint8)  # format 5: special tokens' book apart
-                self.z = ZCodes(codes, bounds=bounds, bits=bits, edges=f["edges"], groups=groups)
+            if "edges" in f.files:  # formats 4 to 6: cells placed by the density
+                groups = self.special.view(np.uint8)  # formats 5, 6: special tokens apart
+                norms = None
+                if "norm_edges" in f.files:  # format 6: directions, and their norms apart
+                    norms = ZCodes(
+                        load(folder / f"znorm{NORM_BITS}.npy"), bounds=bounds, bits=NORM_BITS,
+                        edges=f["norm_edges"], groups=groups,
+                    )  # fmt: skip
+                self.z = ZCodes(
+                    codes, bounds=bounds, bits=bits, edges=f["edges"], groups=groups, norms=norms
+                )
             else:
                 self.z = ZCodes(codes, f["lo"], f["step"], bounds, bits)
         with np.load(folder / "heads.npz") as f:
