@@ -221,14 +221,16 @@ def test_minilm_similar_searches_the_stored_outputs_of_the_hooked_z(minilm_atlas
     groups = codes.reshape(72, atlas.tokens, 4, 5)
     word = sum(groups[..., b] << (8 * b) for b in range(5))  # [72, N, 4] 40-bit integers
     cell = np.stack([(word >> (5 * i)) & 31 for i in range(8)], -1).reshape(72, -1, 32)
-    norm_cell = np.load(atlas.folder / "znorm4.npy")[..., 0].astype(np.int64) & 15  # [72, N]
+    packed = np.load(atlas.folder / "znorm4.npy").astype(np.int64)  # [36, N]: two heads a byte
+    assert packed.shape == (36, atlas.tokens)
+    norm_cell = np.stack([packed[h // 2] >> (4 * (h % 2)) & 15 for h in range(72)])  # [72, N]
     # each token's shard (its text's, by the plan's texts a shard) coded it in its own cells
     text_of = np.searchsorted(atlas.offsets, np.arange(atlas.tokens), side="right") - 1
     shard = text_of // atlas.manifest["plan"]["shard_texts"]
     assert len(set(shard)) > 1  # the cells of several shards are used
     with np.load(atlas.folder / "z_ranges.npz") as f:
         edges = f["edges"]  # [S, 2, 72, 32, 33]: the ordinary tokens' book, the special's
-        norm_edges = f["norm_edges"][:, :, :, 0]  # [S, 2, 72, 17]
+        norm_edges = f["norm_edges"]  # [S, 2, 72, 17]
     book = np.asarray(atlas.special).astype(np.int64)
     assert 0 < book.sum() < len(book)
     h, d = np.arange(72)[:, None, None], np.arange(32)[None, None]
@@ -742,6 +744,81 @@ def test_the_compiled_scans_read_each_code_from_its_bits_and_its_own_spans_cells
     np.testing.assert_allclose(bound, expected, rtol=1e-4)
 
 
+def test_format_6_decodes_direction_times_norm_and_bounds_each_error_by_hand() -> None:
+    """Format 6's codes (``ZCodes(norm_codes=..., norm_edges=...)``): each head's direction in
+    5-bit cells and its norm in 4-bit cells two heads a byte, read here by hand; a decoded
+    output is the product of the two midpoints, its width ``(|u| + w/2) v + (s + v/2) w``;
+    cosines over several heads weigh each head by its norm (full scan and listed tokens alike), over one head the norm
+    cancels; each candidate's bound equals ``exact.cosine_bound`` given the norms' errors
+    apart (and without them over one head)."""
+    from mhsa.atlas.exact import cosine_bound
+    from mhsa.atlas.index import FLOAT16_ERROR, ZCodes, code_bytes, pack_norms
+
+    rng = np.random.default_rng(11)
+    hs, n, dh = 3, 37, 10
+    codes = rng.integers(0, 256, (hs, n, code_bytes(dh, 5)), dtype=np.uint8)
+    edges = np.sort(rng.uniform(-1, 1, (2, hs, dh, 33)), axis=-1).astype(np.float32)
+    norm_cells = rng.integers(0, 16, (hs, n), dtype=np.uint8)
+    norm_edges = np.sort(rng.uniform(0.1, 5, (2, hs, 17)), axis=-1).astype(np.float32)
+    bounds = np.array([0, 20])
+    packed = pack_norms(norm_cells)  # 3 heads: two bytes rows, the last high nibble empty
+    assert packed.shape == (2, n) and (packed[1] >> 4 == 0).all()
+    coded = ZCodes(
+        codes, bounds=bounds, bits=5, edges=edges, norm_codes=packed, norm_edges=norm_edges
+    )
+
+    def by_hand(h: int, t: int) -> tuple:
+        word = int.from_bytes(codes[h, t].tobytes(), "little")
+        c = np.array([(word >> (i * 5)) & 31 for i in range(dh)])
+        e = edges[int(t >= 20), h, np.arange(dh)]
+        lo, hi = e[np.arange(dh), c], e[np.arange(dh), c + 1]
+        u, w = (lo + hi) / 2, hi - lo + 4 * FLOAT16_ERROR * np.maximum(np.abs(lo), np.abs(hi))
+        ne = norm_edges[int(t >= 20), h]
+        a, b = ne[norm_cells[h, t]], ne[norm_cells[h, t] + 1]
+        return u, w, (a + b) / 2, b - a + 2 * FLOAT16_ERROR * b
+
+    heads, tokens = [2, 0], np.array([36, 4, 20, 19, 8])
+    values, widths = coded.decode_with_widths(tokens, heads)
+    np.testing.assert_allclose(coded.decode(tokens, heads), values, rtol=1e-6)
+    parts = {}
+    for j, h in enumerate(heads):
+        for i, t in enumerate(tokens):
+            u, w, s, v = by_hand(h, int(t))
+            parts[h, int(t)] = (u, w, s, v)
+            np.testing.assert_allclose(values[j, i], u * s, rtol=1e-5)
+            np.testing.assert_allclose(widths[j, i], (np.abs(u) + w / 2) * v + (s + v / 2) * w)
+    every = np.stack(
+        [np.concatenate([by_hand(h, t)[0] * by_hand(h, t)[2] for h in heads]) for t in range(n)]
+    )
+    query = rng.normal(size=len(heads) * dh).astype(np.float32)
+    query /= np.linalg.norm(query)
+    truth = every @ query / np.linalg.norm(every, axis=1)
+    np.testing.assert_allclose(coded.cosines(query, heads=heads), truth, atol=1e-5)
+    np.testing.assert_allclose(coded.cosines(query, tokens, heads), truth[tokens], atol=1e-5)
+    # the norms weigh the heads: without them the cosines differ
+    plain = np.stack([np.concatenate([by_hand(h, t)[0] for h in heads]) for t in range(n)])
+    assert np.abs(plain @ query / np.linalg.norm(plain, axis=1) - truth).max() > 0.05
+    cos, bound = coded.cosine_bounds(query, tokens, heads, 2.0, 0.25)
+    np.testing.assert_allclose(cos, truth[tokens], atol=1e-5)
+    rows = [[parts[h, int(t)] for h in heads] for t in tokens]
+    c = np.stack([np.concatenate([p[0] * p[2] for p in r]) for r in rows])
+    w = np.stack([np.concatenate([(p[2] + p[3] / 2) * p[1] for p in r]) for r in rows])
+    u = np.stack([np.stack([p[0] for p in r]) for r in rows])
+    v = np.array([[p[3] for p in r] for r in rows])
+    expected = cosine_bound(query, w, c, truth[tokens], norms=(u, v))
+    np.testing.assert_allclose(bound, expected, rtol=1e-4)
+    assert (expected > cosine_bound(query, w, c, truth[tokens])).all()  # the norms' share
+    # one head: its direction alone
+    one = query[:dh] / np.linalg.norm(query[:dh])
+    dirs = np.stack([by_hand(2, t)[0] for t in range(n)])
+    alone = dirs @ one / np.linalg.norm(dirs, axis=1)
+    np.testing.assert_allclose(coded.cosines(one, heads=[2]), alone, atol=1e-5)
+    cos, bound = coded.cosine_bounds(one, tokens, [2], 2.0, 0.25)
+    np.testing.assert_allclose(cos, alone[tokens], atol=1e-5)
+    w1 = np.stack([by_hand(2, int(t))[1] for t in tokens])
+    np.testing.assert_allclose(bound, cosine_bound(one, w1, dirs[tokens], alone[tokens]), 1e-4)
+
+
 def test_the_compiled_scans_called_from_many_threads_at_once_give_each_its_own_answer() -> None:
     """Streamlit serves each session on a thread: eight threads scanning at once (numba's
     thread pool behind one lock, whatever its layer) each get the cosines of their own query,
@@ -988,6 +1065,41 @@ def test_the_default_cells_follow_the_cube_root_of_the_density() -> None:
     assert error(cube) < error(equal)
 
 
+def test_an_atlas_of_format_5_is_still_read(indexed_atlas, tmp_path) -> None:
+    """An atlas of format 5 (the outputs themselves in cells, a book for the special tokens
+    apart, no norms), made here from the new one by hand, opens, decodes each number within
+    half its cell, ranks by its codes as brute force over them, and by its true outputs as
+    the new one does."""
+    import shutil
+
+    import torch
+
+    from mhsa.atlas import open_atlas
+    from mhsa.atlas.index import ZCodes
+
+    old = tmp_path / "old5"
+    shutil.copytree(indexed_atlas.folder, old)
+    values = indexed_atlas.z.decode(slice(None))  # [Hs, N, Dh]
+    groups = np.asarray(indexed_atlas.special).view(np.uint8)
+    codes, edges = ZCodes.quantise_cells(torch.from_numpy(values.copy()), 5, groups=groups, books=2)
+    np.save(old / "z5.npy", codes)
+    (old / "znorm4.npy").unlink()
+    np.savez(old / "z_ranges.npz", edges=edges[None], bounds=np.zeros(1, np.int64))
+    manifest = json.loads((old / "manifest.json").read_text())
+    manifest["format"] = 5
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    atlas = open_atlas(old)
+    assert atlas.z.norm_codes is None and atlas.z.books == 2
+    tokens = np.array([0, 5, 400, 2000])
+    decoded, widths = atlas.z.decode(tokens), atlas.z.widths(tokens)
+    assert (np.abs(decoded - values[:, tokens]) <= widths / 2 + 1e-6).all()
+    new = indexed_atlas.similar(3, 2, head="L1H2", k=5)
+    got = atlas.similar(3, 2, head="L1H2", k=5)
+    assert got[["text_id", "position"]].equals(new[["text_id", "position"]])
+    _check_coded(atlas, 3, 2, "L1H2", 5)
+    _check_coded(atlas, 3, 2, None, 5)
+
+
 def test_an_atlas_of_format_4_is_still_read(indexed_atlas, tmp_path) -> None:
     """An atlas of format 4 (one book of cells a shard for every token), made here from the
     new one by hand, opens, decodes each number within half its cell of that one book, and
@@ -1005,6 +1117,7 @@ def test_an_atlas_of_format_4_is_still_read(indexed_atlas, tmp_path) -> None:
     codes, edges = ZCodes.quantise_cells(torch.from_numpy(values.copy()), 5)
     assert edges.shape == (values.shape[0], values.shape[2], 33)
     np.save(old / "z5.npy", codes)
+    (old / "znorm4.npy").unlink()
     np.savez(old / "z_ranges.npz", edges=edges[None], bounds=np.zeros(1, np.int64))
     manifest = json.loads((old / "manifest.json").read_text())
     manifest["format"] = 4

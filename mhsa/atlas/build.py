@@ -637,11 +637,11 @@ def merge_shards(
     key = mm(work / "strongest_key.npy", "w+", np.uint16, (hs, n))
     weight = mm(work / "strongest_weight.npy", "w+", np.float16, (hs, n))
     z = mm(work / f"z{BITS}.npy", "w+", np.uint8, (hs, n, code_bytes(plan.d_head, BITS)))
-    z_norms = mm(work / f"znorm{NORM_BITS}.npy", "w+", np.uint8, (hs, n, 1))
+    z_norms = mm(work / f"znorm{NORM_BITS}.npy", "w+", np.uint8, (-(-hs // 2), n))
     projected = mm(work / ".projected.npy", "w+", np.float16, (n, PROJECTION_DIMS))
     tag_ids = mm(work / "tags.npy", "w+", np.uint8, (n,)) if plan.tagged else None
     z_edges = np.zeros((plan.shards, BOOKS, hs, plan.d_head, 2**BITS + 1), np.float32)
-    norm_edges = np.zeros((plan.shards, BOOKS, hs, 1, 2**NORM_BITS + 1), np.float32)
+    norm_edges = np.zeros((plan.shards, BOOKS, hs, 2**NORM_BITS + 1), np.float32)
     summaries: HeadSummaries | None = None
     truncated = []
     bounds = offsets[np.arange(plan.shards) * plan.shard_texts]

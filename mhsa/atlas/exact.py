@@ -13,7 +13,9 @@ the build read them (``mhsa.atlas.build``), so the tokens are the atlas's.
 
 A candidate's coded cosine differs from its true one by the codes' error: each stored number is
 within half its width of the model's (``mhsa.atlas.index.ZCodes.widths``: in an atlas of format
-4 its cell's width, narrow where outputs crowd; before, its span's step); take the error ``e``
+4 to 6 its cell's width, narrow where outputs crowd; before, its span's step; format 6 codes a
+head's direction and norm apart, and a norm's error moves the head's numbers together:
+``cosine_bound``); take the error ``e``
 of a number as uniform on that interval (standard deviation ``width / sqrt(12)``). The cosine of
 the unit query q and a vector c is ``q . c / ||c||``; its first-order change under ``e`` is
 ``w . e / ||c||`` with ``w = q - cos * c / ||c||``, the part of q orthogonal to c (the gradient
@@ -160,19 +162,37 @@ def _run(
 
 
 def cosine_bound(
-    unit_query: np.ndarray, widths: np.ndarray, coded: np.ndarray, cosines: np.ndarray
+    unit_query: np.ndarray,
+    widths: np.ndarray,
+    coded: np.ndarray,
+    cosines: np.ndarray,
+    norms: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """How far above its coded cosine each candidate's true cosine may lie (see the module's
     docstring): ``MARGIN`` standard deviations of the first-order error plus ``CURVATURE``
     times the mean second-order one. ``unit_query [dims]``; ``widths [n, dims]``, each
     candidate's numbers' widths (``ZCodes.widths``; or ``[dims]``, one for all); ``coded
-    [n, dims]`` the candidates' coded vectors; ``cosines [n]`` their coded cosines."""
-    norms = np.maximum(np.linalg.norm(coded, axis=1), 1e-12)
+    [n, dims]`` the candidates' coded vectors; ``cosines [n]`` their coded cosines.
+
+    ``norms`` (format 6, over several heads: a head's output is its direction ``u_h`` times
+    its norm ``s_h``, coded apart): ``(directions [n, Hs, Dh], norm_widths [n, Hs])``, and
+    ``widths`` the directions' widths times the norms at their largest, ``(s_h + v_h / 2)
+    w``. A norm's error ``e_h`` moves the head's numbers together, ``e_h u_h``: its gradient
+    term is ``(g_h . u_h)^2 v_h^2 / 12`` (g the cosine's gradient), its second-order one
+    ``v_h^2 ||u_h||^2 / 12``."""
+    norm = np.maximum(np.linalg.norm(coded, axis=1), 1e-12)
     widths = np.broadcast_to(widths, coded.shape)
-    gradient = unit_query[None] - cosines[:, None] * (coded / norms[:, None])  # [n, dims]
-    first = np.sqrt(((gradient * widths) ** 2).sum(1) / 12.0) / norms
-    second = (widths**2).sum(1) / 12.0 / norms**2
-    return MARGIN * first + CURVATURE * second
+    gradient = unit_query[None] - cosines[:, None] * (coded / norm[:, None])  # [n, dims]
+    spread = ((gradient * widths) ** 2).sum(1)
+    second = (widths**2).sum(1)
+    if norms is not None:
+        directions, norm_widths = norms
+        per_head = gradient.reshape(directions.shape)
+        along = (per_head * directions).sum(2)  # [n, Hs]: g_h . u_h
+        spread = spread + (along**2 * norm_widths**2).sum(1)
+        second = second + (norm_widths**2 * (directions**2).sum(2)).sum(1)
+    first = np.sqrt(spread / 12.0) / norm
+    return MARGIN * first + CURVATURE * second / 12.0 / norm**2
 
 
 def code_error(

@@ -1,18 +1,22 @@
 """The atlas's context search (exBERT's, Hoover et al. 2020): corpus tokens whose head outputs z
 are nearest a chosen token's by cosine similarity.
 
-The heads' outputs are kept in 5 bits per number (``ZCodes``): per shard of the build, head and
-dimension, 32 cells placed by the values' density (``ZCodes.quantise_cells``: as many cells in a
-stretch as the cube root of the density there, the companding rule of least squared error;
-Gray and Neuhoff 1998, "Quantization", IEEE Trans. Inf. Theory 44(6), section V), so a number
-decodes to its cell's midpoint and lies within half the cell's width of it; the cells are
-narrow where the values crowd, which is where a context search must tell near-equal outputs
-apart (``mhsa.atlas.exact``). Special tokens ([CLS], [SEP]: each text's one crowd, far from
-the others) get a book of cells of their own (format 5), so the words' cells stay as fine as
-their own spread. 1,440 bytes per token for
-MiniLM's 72 heads of 32 dimensions, against 4,608 in float16. Atlases of format 4 keep one
-book of cells for every token; format 3 keeps 32 even
-steps from each dimension's minimum to its maximum, format 2 and before 16 (4 bits), and are
+Each head's output at each token is kept as its direction ``z / ||z||`` in 5 bits per number
+and its norm ``||z||`` in 4 (``ZCodes``, format 6; the norm-explicit quantization of Dai et al.
+2020, AAAI): per shard of the build, head and dimension, 32 cells placed by the values' density
+(``ZCodes.quantise_cells``: as many cells in a stretch as the cube root of the density there,
+the companding rule of least squared error; Gray and Neuhoff 1998, "Quantization", IEEE Trans.
+Inf. Theory 44(6), section V), so a number decodes to its cell's midpoint and lies within half
+the cell's width of it; the cells are narrow where the values crowd, which is where a context
+search must tell near-equal outputs apart (``mhsa.atlas.exact``). A direction's numbers are
+coded to the same share of its length whatever the norm, so a head's small outputs are told
+apart as finely as its large ones (a cosine over one head reads the direction alone); over
+several heads each head is weighed by its norm. Special tokens ([CLS], [SEP]: each text's one
+crowd, far from the others) get a book of cells of their own (formats 5 and 6), so the words'
+cells stay as fine as their own spread. 1,476 bytes per token for MiniLM's 72 heads of 32
+dimensions, against 4,608 in float16. Atlases of format 5 keep the outputs themselves in such
+cells; format 4 one book of cells for every token; format 3 32 even steps from each dimension's
+minimum to its maximum, format 2 and before 16 (4 bits); all are
 read as they were. A shard codes its own values, so merging shards copies bytes. Over one head
 or a few, search is exhaustive over the stored values. Over every head at once (exBERT's
 concatenation) it is exhaustive too up to ``EXACT_UP_TO`` tokens; above, each token's unit
@@ -48,6 +52,7 @@ __all__ = [
     "code_bytes",
     "exact_neighbours",
     "index_candidates",
+    "pack_norms",
     "projection_matrix",
     "search_index",
 ]
@@ -102,6 +107,15 @@ def _pack(q: torch.Tensor | np.ndarray, bits: int) -> np.ndarray:
     return pack(codes, bits, code_bytes(codes.shape[2], bits))
 
 
+def pack_norms(cells: np.ndarray) -> np.ndarray:
+    """Norm codes ``[Hs, n]`` (each below 16) two heads a byte: ``[ceil(Hs / 2), n]``, head
+    ``2 i`` in the low nibble of row i, head ``2 i + 1`` in the high one."""
+    cells = np.asarray(cells, np.uint8)
+    if len(cells) % 2:
+        cells = np.concatenate([cells, np.zeros((1, cells.shape[1]), np.uint8)])
+    return cells[0::2] | (cells[1::2] << 4)
+
+
 def code_bytes(dh: int, bits: int) -> int:
     """Bytes of one head's codes at one token (``_pack``'s layout)."""
     return -(-dh // 2) if bits == 4 else 5 * -(-dh // 8)
@@ -116,7 +130,12 @@ class ZCodes:
     Dh, 2 ** bits + 1]`` with a book of cells for each of G groups of tokens, token t's group
     ``groups[t]`` (format 5: special tokens apart, ``special.npy``), or ``[S, Hs, Dh, 2 ** bits
     + 1]`` (format 4: one book); or ``lo`` and ``step`` ``[S, Hs, Dh]`` (formats 1 to 3: a
-    number is ``lo + code * step``; a format-1 atlas: one span, given as ``[Hs, Dh]``)."""
+    number is ``lo + code * step``; a format-1 atlas: one span, given as ``[Hs, Dh]``).
+    ``norm_codes`` and ``norm_edges`` (format 6): the codes are each head's direction at
+    each token, and its norm is coded apart in ``NORM_BITS`` (``norm_codes [ceil(Hs / 2), N]``
+    uint8, head h in byte row ``h // 2``, the even head in the low nibble; ``norm_edges [S,
+    G, Hs, 17]`` or ``[S, Hs, 17]``, the same spans and books); a decoded output is the
+    product of the two."""
 
     codes: np.ndarray
     lo: np.ndarray | None = None
@@ -125,7 +144,8 @@ class ZCodes:
     bits: int = 4
     edges: np.ndarray | None = None
     groups: np.ndarray | None = None
-    norms: ZCodes | None = None
+    norm_codes: np.ndarray | None = None
+    norm_edges: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.books = 1
@@ -152,8 +172,13 @@ class ZCodes:
             # is divided from float16 numbers by their float16 norm: twice their error
             self._mids = (edges[..., 1:] + edges[..., :-1]) / 2
             ends = np.maximum(np.abs(edges[..., 1:]), np.abs(edges[..., :-1]))
-            slack = (4 if self.norms is not None else 2) * FLOAT16_ERROR
+            slack = (4 if self.norm_edges is not None else 2) * FLOAT16_ERROR
             self._widths = edges[..., 1:] - edges[..., :-1] + slack * ends
+        if self.norm_edges is not None:  # each norm's cell: [tables, Hs, cells]
+            ne = np.asarray(self.norm_edges, np.float32)
+            ne = ne.reshape(-1, *ne.shape[-2:])
+            self._norm_mids = (ne[..., 1:] + ne[..., :-1]) / 2
+            self._norm_widths = ne[..., 1:] - ne[..., :-1] + 2 * FLOAT16_ERROR * ne[..., 1:]
         self.bounds = np.asarray(self.bounds, np.int64)
 
     @functools.cached_property
@@ -235,9 +260,9 @@ class ZCodes:
         values = z.cpu() if z.dtype in (torch.float16, torch.float32) else z.float().cpu()
         size = code_bytes(z.shape[2], bits)
         codes, edges, norms = directions_of(values.numpy(), GRID, power, bits, size, groups, books)
-        norm_codes, norm_edges = cells_of(
-            norms[..., None], GRID, power, NORM_BITS, 1, groups, books
-        )
+        cells, norm_edges = cells_of(norms[..., None], GRID, power, NORM_BITS, 1, groups, books)
+        norm_codes = pack_norms(cells[..., 0])
+        norm_edges = norm_edges[..., 0, :]  # [books, Hs, 2 ** NORM_BITS + 1]
         if groups is None:
             return codes, edges[0], norm_codes, norm_edges[0]
         return codes, edges, norm_codes, norm_edges
@@ -245,9 +270,21 @@ class ZCodes:
     def _norm_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """The norms' codes, midpoints and widths as the compiled loops read them (format
         6), or None."""
-        if self.norms is None:
+        if self.norm_codes is None:
             return None
-        return self.norms.codes, self.norms._mids, self.norms._widths
+        return self.norm_codes, self._norm_mids, self._norm_widths
+
+    def _norm_cells(
+        self, tokens: np.ndarray | slice, heads: list[int] | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each of ``heads``' norm at ``tokens`` and its width: ``[Hs, n, 1]`` each."""
+        where = np.arange(self.tokens)[tokens] if isinstance(tokens, slice) else tokens
+        where = np.asarray(where, np.int64).reshape(-1)
+        chosen = np.arange(self.codes.shape[0]) if heads is None else np.asarray(heads)
+        byte = np.asarray(self.norm_codes)[chosen // 2][:, where]  # [Hs, n]
+        cell = (byte >> (4 * (chosen % 2))[:, None].astype(np.uint8)) & 15
+        at = (self.table_of[where][None], chosen[:, None], cell)
+        return self._norm_mids[at][..., None], self._norm_widths[at][..., None]
 
     def _spans(self, tokens: np.ndarray | slice) -> np.ndarray:
         """The table of cells of each of ``tokens`` (``table_of``)."""
@@ -280,8 +317,8 @@ class ZCodes:
     def decode(self, tokens: np.ndarray | slice, heads: list[int] | None = None) -> np.ndarray:
         """The stored values of ``heads`` (None: all) at ``tokens``: ``[Hs, n, Dh]`` float32."""
         values = self._cells((self._mids,), tokens, heads)[0]
-        if self.norms is not None:
-            values *= self.norms.decode(tokens, heads)
+        if self.norm_codes is not None:
+            values *= self._norm_cells(tokens, heads)[0]
         return values
 
     def decode_with_widths(
@@ -289,8 +326,8 @@ class ZCodes:
     ) -> tuple[np.ndarray, np.ndarray]:
         """``decode`` and ``widths`` at once, the codes unpacked once."""
         values, widths = self._cells((self._mids, self._widths), tokens, heads)
-        if self.norms is not None:
-            norm, spread = self.norms._cells((self.norms._mids, self.norms._widths), tokens, heads)
+        if self.norm_codes is not None:
+            norm, spread = self._norm_cells(tokens, heads)
             widths = (np.abs(values) + widths / 2) * spread + (norm + spread / 2) * widths
             values = values * norm
         return values, widths

@@ -116,12 +116,13 @@ def _lookup(codes, heads, tokens, spans, tables, bits, out):  # pragma: no cover
 
 @numba.njit(inline="always")
 def _scale(norms, norm_mids, norm_widths, h, token, span, many):  # pragma: no cover
-    """Head ``h``'s norm at ``token`` and its width (format 6: ``norms`` its 4-bit codes,
-    ``[Hs, N, 1]``; none: 1 and 0). Over one head the norm cancels from a cosine: 1 and 0."""
+    """Head ``h``'s norm at ``token`` and its width (format 6: ``norms`` their 4-bit codes
+    two heads a byte, ``[ceil(Hs / 2), N]``; none: 1 and 0). Over one head the norm cancels
+    from a cosine: 1 and 0."""
     if norms.shape[0] == 0 or not many:
         return 1.0, 0.0
-    c = _code(norms[h, token], 0, 4)
-    return norm_mids[span, h, 0, c], norm_widths[span, h, 0, c]
+    c = (np.int64(norms[h >> 1, token]) >> ((h & 1) << 2)) & 15
+    return norm_mids[span, h, c], norm_widths[span, h, c]
 
 
 @numba.njit(inline="always")
@@ -735,13 +736,13 @@ def lookup(
 
 
 #: no norms (atlases before format 6): the scoring loops' norm arguments
-_NO_CODES, _NO_TABLE = np.zeros((0, 0, 1), np.uint8), np.zeros((0, 0, 1, 1), np.float32)
+_NO_CODES, _NO_TABLE = np.zeros((0, 0), np.uint8), np.zeros((0, 0, 1), np.float32)
 _NO_CODES.setflags(write=False)  # as an atlas's memory map: one compiled version for both
 
 
 def _norm_args(norms: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> tuple:
-    """``(codes [Hs, N, 1], mids, widths [tables, Hs, 1, 16])`` of each head's 4-bit norm
-    code, as the loops read them (None: none)."""
+    """``(codes [ceil(Hs / 2), N], mids, widths [tables, Hs, 16])`` of each head's 4-bit
+    norm code, as the loops read them (None: none)."""
     if norms is None:
         return _NO_CODES, _NO_TABLE, _NO_TABLE
     codes, mids, widths = norms
@@ -762,8 +763,9 @@ def cosines(
     the unit vector ``query [len(heads) * Dh]``: ``[N]`` float32 for every token of ``codes
     [Hs, N, bytes]``, or ``[n]`` for ``tokens``; token t decodes by the cell midpoints
     ``mids[table_of[t]]`` (``mids [tables, Hs, Dh, cells]``: a span's, or a span's group's),
-    times its head's norm where ``norms`` (format 6: the codes are of directions; their
-    4-bit codes ``[Hs, N, 1]``, midpoints and widths ``[tables, Hs, 1, 16]``)."""
+    times its head's norm where ``norms`` (format 6: the codes are of directions; the norms'
+    4-bit codes two heads a byte ``[ceil(Hs / 2), N]``, midpoints and widths ``[tables, Hs,
+    16]``)."""
     heads = np.asarray(heads, np.int64)
     table_of = np.asarray(table_of, np.int32)
     out = np.empty(codes.shape[1] if tokens is None else len(tokens), np.float32)
@@ -829,9 +831,9 @@ def warm() -> None:
     codes.setflags(write=False)
     mids = np.zeros((1, 1, 8, 32), np.float32)
     table_of = np.zeros(2, np.int32)
-    norm_codes = np.zeros((1, 2, 1), np.uint8)
+    norm_codes = np.zeros((1, 2), np.uint8)
     norm_codes.setflags(write=False)
-    norm_mids = np.zeros((1, 1, 1, 16), np.float32)
+    norm_mids = np.zeros((1, 1, 16), np.float32)
     for norms in (None, (norm_codes, norm_mids, norm_mids)):
         cosines(codes, [0], table_of, mids, np.ones(8, np.float32), 5, norms=norms)
         cosines(codes, [0], table_of, mids, np.ones(8, np.float32), 5, np.array([1]), norms)

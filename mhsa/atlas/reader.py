@@ -106,14 +106,12 @@ class Atlas:
             codes = load(folder / f"z{bits}.npy")
             if "edges" in f.files:  # formats 4 to 6: cells placed by the density
                 groups = self.special.view(np.uint8)  # formats 5, 6: special tokens apart
-                norms = None
+                extra = {}
                 if "norm_edges" in f.files:  # format 6: directions, and their norms apart
-                    norms = ZCodes(
-                        load(folder / f"znorm{NORM_BITS}.npy"), bounds=bounds, bits=NORM_BITS,
-                        edges=f["norm_edges"], groups=groups,
-                    )  # fmt: skip
+                    extra["norm_codes"] = load(folder / f"znorm{NORM_BITS}.npy")
+                    extra["norm_edges"] = f["norm_edges"]
                 self.z = ZCodes(
-                    codes, bounds=bounds, bits=bits, edges=f["edges"], groups=groups, norms=norms
+                    codes, bounds=bounds, bits=bits, edges=f["edges"], groups=groups, **extra
                 )
             else:
                 self.z = ZCodes(codes, f["lo"], f["step"], bounds, bits)
