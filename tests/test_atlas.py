@@ -745,12 +745,12 @@ def test_the_compiled_scans_read_each_code_from_its_bits_and_its_own_spans_cells
 
 
 def test_format_6_decodes_direction_times_norm_and_bounds_each_error_by_hand() -> None:
-    """Format 6's codes (``ZCodes(norm_codes=..., norm_edges=...)``): each head's direction in
-    5-bit cells and its norm in 4-bit cells two heads a byte, read here by hand; a decoded
+    """Format 6's codes (``ZCodes(norm_codes=..., norm_edges=...)``): each head's direction
+    in 5-bit cells and its norm in 4-bit cells two heads a byte, read here by hand; a decoded
     output is the product of the two midpoints, its width ``(|u| + w/2) v + (s + v/2) w``;
-    cosines over several heads weigh each head by its norm (full scan and listed tokens alike), over one head the norm
-    cancels; each candidate's bound equals ``exact.cosine_bound`` given the norms' errors
-    apart (and without them over one head)."""
+    cosines over several heads weigh each head by its norm (full scan and listed tokens
+    alike), over one head the norm cancels; each candidate's bound equals
+    ``exact.cosine_bound`` given the norms' errors apart (and without them over one head)."""
     from mhsa.atlas.exact import cosine_bound
     from mhsa.atlas.index import FLOAT16_ERROR, ZCodes, code_bytes, pack_norms
 
