@@ -1065,30 +1065,35 @@ def test_the_default_cells_follow_the_cube_root_of_the_density() -> None:
     assert error(cube) < error(equal)
 
 
+def _rewritten(indexed_atlas, tmp_path, fmt: int, codes: np.ndarray, edges: np.ndarray):
+    """The indexed atlas copied and rewritten by hand as one of format ``fmt`` (4 or 5): the
+    codes and the cells' edges given, one span, no norms; opened."""
+    import shutil
+
+    old = tmp_path / f"old{fmt}"
+    shutil.copytree(indexed_atlas.folder, old)
+    np.save(old / "z5.npy", codes)
+    (old / "znorm4.npy").unlink()
+    np.savez(old / "z_ranges.npz", edges=edges[None], bounds=np.zeros(1, np.int64))
+    manifest = json.loads((old / "manifest.json").read_text())
+    manifest["format"] = fmt
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    return open_atlas(old)
+
+
 def test_an_atlas_of_format_5_is_still_read(indexed_atlas, tmp_path) -> None:
     """An atlas of format 5 (the outputs themselves in cells, a book for the special tokens
     apart, no norms), made here from the new one by hand, opens, decodes each number within
     half its cell, ranks by its codes as brute force over them, and by its true outputs as
     the new one does."""
-    import shutil
-
     import torch
 
-    from mhsa.atlas import open_atlas
     from mhsa.atlas.index import ZCodes
 
-    old = tmp_path / "old5"
-    shutil.copytree(indexed_atlas.folder, old)
     values = indexed_atlas.z.decode(slice(None))  # [Hs, N, Dh]
     groups = np.asarray(indexed_atlas.special).view(np.uint8)
     codes, edges = ZCodes.quantise_cells(torch.from_numpy(values.copy()), 5, groups=groups, books=2)
-    np.save(old / "z5.npy", codes)
-    (old / "znorm4.npy").unlink()
-    np.savez(old / "z_ranges.npz", edges=edges[None], bounds=np.zeros(1, np.int64))
-    manifest = json.loads((old / "manifest.json").read_text())
-    manifest["format"] = 5
-    (old / "manifest.json").write_text(json.dumps(manifest))
-    atlas = open_atlas(old)
+    atlas = _rewritten(indexed_atlas, tmp_path, 5, codes, edges)
     assert atlas.z.norm_codes is None and atlas.z.books == 2
     tokens = np.array([0, 5, 400, 2000])
     decoded, widths = atlas.z.decode(tokens), atlas.z.widths(tokens)
@@ -1104,25 +1109,14 @@ def test_an_atlas_of_format_4_is_still_read(indexed_atlas, tmp_path) -> None:
     """An atlas of format 4 (one book of cells a shard for every token), made here from the
     new one by hand, opens, decodes each number within half its cell of that one book, and
     ranks by its true outputs as the new one does."""
-    import shutil
-
     import torch
 
-    from mhsa.atlas import open_atlas
     from mhsa.atlas.index import ZCodes
 
-    old = tmp_path / "old4"
-    shutil.copytree(indexed_atlas.folder, old)
     values = indexed_atlas.z.decode(slice(None))  # [Hs, N, Dh]
     codes, edges = ZCodes.quantise_cells(torch.from_numpy(values.copy()), 5)
     assert edges.shape == (values.shape[0], values.shape[2], 33)
-    np.save(old / "z5.npy", codes)
-    (old / "znorm4.npy").unlink()
-    np.savez(old / "z_ranges.npz", edges=edges[None], bounds=np.zeros(1, np.int64))
-    manifest = json.loads((old / "manifest.json").read_text())
-    manifest["format"] = 4
-    (old / "manifest.json").write_text(json.dumps(manifest))
-    atlas = open_atlas(old)
+    atlas = _rewritten(indexed_atlas, tmp_path, 4, codes, edges)
     assert atlas.z.books == 1 and atlas.z.edges.shape == (1, *edges.shape)
     special = int(np.flatnonzero(np.asarray(atlas.special))[3])  # one book for these too
     decoded, widths = atlas.z.decode(np.array([special])), atlas.z.widths(np.array([special]))

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mhsa.atlas.kernels import cells_of, cosine_bounds, cosines, directions_of, lookup, pack
+from mhsa.atlas.kernels import cells_of, cosine_bounds, cosines, lookup, pack
 
 __all__ = [
     "BITS",
@@ -128,8 +128,8 @@ class ZCodes:
     span s from token ``bounds[s]``. Either ``edges``, each span's, head's and dimension's cell
     edges (a number is its cell's midpoint, ``(edges[c] + edges[c + 1]) / 2``): ``[S, G, Hs,
     Dh, 2 ** bits + 1]`` with a book of cells for each of G groups of tokens, token t's group
-    ``groups[t]`` (format 5: special tokens apart, ``special.npy``), or ``[S, Hs, Dh, 2 ** bits
-    + 1]`` (format 4: one book); or ``lo`` and ``step`` ``[S, Hs, Dh]`` (formats 1 to 3: a
+    ``groups[t]`` (formats 5 and 6: special tokens apart, ``special.npy``), or ``[S, Hs, Dh,
+    2 ** bits + 1]`` (format 4: one book); or ``lo`` and ``step`` ``[S, Hs, Dh]`` (formats 1 to 3: a
     number is ``lo + code * step``; a format-1 atlas: one span, given as ``[Hs, Dh]``).
     ``norm_codes`` and ``norm_edges`` (format 6): the codes are each head's direction at
     each token, and its norm is coded apart in ``NORM_BITS`` (``norm_codes [ceil(Hs / 2), N]``
@@ -259,7 +259,8 @@ class ZCodes:
         Quantization for Maximum Inner Product Search", AAAI), here for cosines."""
         values = z.cpu() if z.dtype in (torch.float16, torch.float32) else z.float().cpu()
         size = code_bytes(z.shape[2], bits)
-        codes, edges, norms = directions_of(values.numpy(), GRID, power, bits, size, groups, books)
+        norms = np.empty(z.shape[:2], np.float32)
+        codes, edges = cells_of(values.numpy(), GRID, power, bits, size, groups, books, norms)
         cells, norm_edges = cells_of(norms[..., None], GRID, power, NORM_BITS, 1, groups, books)
         norm_codes = pack_norms(cells[..., 0])
         norm_edges = norm_edges[..., 0, :]  # [books, Hs, 2 ** NORM_BITS + 1]

@@ -18,10 +18,11 @@ little-endian number (4 bits: two a byte, the low nibble first; 5 bits: eight in
   The cosine of the concatenation is ``sum_h q_h . c_h / sqrt(sum_h ||c_h||^2)``.
 - ``cosine_bounds(...)``: the same for candidates, with each one's bound on its codes' error
   (``mhsa.atlas.exact``'s re-ranking), in the same single pass.
-- ``cells_of(values, grid, power, bits, size, groups=None, books=1)`` and ``pack(codes, bits,
-  size)``: the build's coding (``ZCodes.quantise_cells``: each dimension's histogram, its cells
-  and every number's code, packed as it is found, in one pass; a book of cells for each group
-  of tokens) and packing.
+- ``cells_of(values, grid, power, bits, size, groups=None, books=1, norms=None)`` and
+  ``pack(codes, bits, size)``: the build's coding (``ZCodes.quantise_cells``: each dimension's
+  histogram, its cells and every number's code, packed as it is found, in one pass; a book of
+  cells for each group of tokens; with ``norms``, of each output's direction, its norm kept)
+  and packing.
 - ``summarise_layer(...)``: one layer's per-head sums of a batch of weights (histogram,
   offsets, kinds of key, entropy, detection scores, each query's strongest key, the top lists'
   candidates) in one pass (``mhsa.atlas.collect.HeadSummaries.add_layer``).
@@ -61,7 +62,6 @@ __all__ = [
     "cells_of",
     "cosine_bounds",
     "cosines",
-    "directions_of",
     "lookup",
     "pack",
     "store_tokens",
@@ -648,6 +648,7 @@ def cells_of(
     size: int,
     groups: np.ndarray | None = None,
     books: int = 1,
+    norms: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Heads' numbers ``values [Hs, n, Dh]`` (float16 or float32) in ``2 ** bits`` cells a head
     and dimension placed on a grid of ``grid`` even steps by the ``power`` of their density
@@ -656,36 +657,9 @@ def cells_of(
     Hs, Dh, 2 ** bits + 1] float32)``, a head to a core. ``groups [n]`` (below ``books``; None:
     all 0): each token's group, whose numbers get cells of their own, placed by their own
     density alone. float16 is read as it is stored (its bits through a table of every
-    float16's float32), with no float32 copy."""
-    codes, edges, _ = _coded(values, grid, power, bits, size, groups, books, unit=False)
-    return codes, edges
-
-
-def directions_of(
-    values: np.ndarray,
-    grid: int,
-    power: float,
-    bits: int,
-    size: int,
-    groups: np.ndarray | None = None,
-    books: int = 1,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``cells_of`` for the direction of each head's output at each token, ``values[h, t] /
-    ||values[h, t]||`` (a zero output: zeros), divided in the same pass (float32, from the
-    values as stored): ``(codes, edges, norms [Hs, n] float32)``, the norms beside them."""
-    return _coded(values, grid, power, bits, size, groups, books, unit=True)
-
-
-def _coded(
-    values: np.ndarray,
-    grid: int,
-    power: float,
-    bits: int,
-    size: int,
-    groups: np.ndarray | None,
-    books: int,
-    unit: bool,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    float16's float32), with no float32 copy. ``norms [Hs, n]`` (float32; format 6): the
+    direction of each head's output at each token is coded, ``values[h, t] / ||values[h,
+    t]||`` (a zero output: zeros), divided in the same pass, and each norm written there."""
     if values.dtype == np.float16:
         values, halves = np.ascontiguousarray(values).view(np.uint16), _HALVES
     else:
@@ -696,16 +670,19 @@ def _coded(
     groups = np.zeros(n, np.uint8) if groups is None else np.asarray(groups, np.uint8)
     if len(groups) != n or (n and int(groups.max()) >= books):
         raise ValueError(f"groups must be {n} numbers below {books}")
+    if norms is None:
+        norms = np.zeros((0, 0), np.float32)
+    elif norms.shape != (hs, n) or norms.dtype != np.float32:
+        raise ValueError(f"norms must be float32 [{hs}, {n}]")
     codes = np.empty((hs, n, size), np.uint8)
     edges = np.zeros((books, hs, dh, 2**bits + 1), np.float32)
-    norms = np.zeros((hs, n) if unit else (0, 0), np.float32)
     if n:
         with _launch():
             _cells_of(
                 values, halves, groups, int(books), grid, float(power), 2**bits, bits, codes,
                 edges, norms,
             )  # fmt: skip
-    return codes, edges, norms
+    return codes, edges
 
 
 def lookup(
@@ -843,7 +820,8 @@ def warm() -> None:
     for kind in (np.float16, np.float32):
         groups = np.array([0, 1], np.uint8)
         cells_of(np.zeros((1, 2, 8), kind), 4096, 1 / 3, 5, 5, groups, 2)
-        directions_of(np.zeros((1, 2, 8), kind), 4096, 1 / 3, 5, 5, groups, 2)
+        norms = np.zeros((1, 2), np.float32)
+        cells_of(np.zeros((1, 2, 8), kind), 4096, 1 / 3, 5, 5, groups, 2, norms)
     cells_of(np.zeros((1, 2, 1), np.float32), 4096, 1 / 3, 4, 1, groups, 2)
     pack(np.zeros((1, 2, 8), np.uint8), 5, 5)
     pack(np.zeros((1, 2, 8), np.uint8), 4, 4)
