@@ -747,7 +747,7 @@ def test_the_compiled_scans_read_each_code_from_its_bits_and_its_own_spans_cells
 def test_format_6_decodes_direction_times_norm_and_bounds_each_error_by_hand() -> None:
     """Format 6's codes (``ZCodes(norm_codes=..., norm_edges=...)``): each head's direction
     in 5-bit cells and its norm in 4-bit cells two heads a byte, read here by hand; a decoded
-    output is the product of the two midpoints, its width ``(|u| + w/2) v + (s + v/2) w``;
+    output is the product of the two midpoints, its width ``|u| v + s w + v w / 2``;
     cosines over several heads weigh each head by its norm (full scan and listed tokens
     alike), over one head the norm cancels; each candidate's bound equals
     ``exact.cosine_bound`` given the norms' errors apart (and without them over one head)."""
@@ -786,7 +786,7 @@ def test_format_6_decodes_direction_times_norm_and_bounds_each_error_by_hand() -
             u, w, s, v = by_hand(h, int(t))
             parts[h, int(t)] = (u, w, s, v)
             np.testing.assert_allclose(values[j, i], u * s, rtol=1e-5)
-            np.testing.assert_allclose(widths[j, i], (np.abs(u) + w / 2) * v + (s + v / 2) * w)
+            np.testing.assert_allclose(widths[j, i], np.abs(u) * v + s * w + v * w / 2, 1e-6)
     every = np.stack(
         [np.concatenate([by_hand(h, t)[0] * by_hand(h, t)[2] for h in heads]) for t in range(n)]
     )

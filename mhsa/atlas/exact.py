@@ -174,12 +174,12 @@ def cosine_bound(
     candidate's numbers' widths (``ZCodes.widths``; or ``[dims]``, one for all); ``coded
     [n, dims]`` the candidates' coded vectors; ``cosines [n]`` their coded cosines.
 
-    ``norms`` (format 6, over several heads: a head's output is its direction ``u_h`` times
-    its norm ``s_h``, coded apart): ``(directions [n, Hs, Dh], norm_widths [n, Hs])``, and
-    ``widths`` the directions' widths times the norms at their largest, ``(s_h + v_h / 2)
-    w``. A norm's error ``e_h`` moves the head's numbers together, ``e_h u_h``: its gradient
-    term is ``(g_h . u_h)^2 v_h^2 / 12`` (g the cosine's gradient), its second-order one
-    ``v_h^2 ||u_h||^2 / 12``."""
+    ``norms`` (format 6, over several heads: a head's output is its direction ``u_h`` times its norm
+    ``s_h``, coded apart): ``(directions [n, Hs, Dh], norm_widths [n, Hs])``, and ``widths`` then
+    the directions' widths times the norms at their largest, ``(s_h + v_h / 2) w`` (not
+    ``ZCodes.widths``, which counts the norm's error in each number). A norm's error ``e_h`` moves
+    the head's numbers together, ``e_h u_h``: its gradient term is ``(g_h . u_h)^2 v_h^2 / 12`` (g
+    the cosine's gradient), its second-order one ``v_h^2 ||u_h||^2 / 12``."""
     norm = np.maximum(np.linalg.norm(coded, axis=1), 1e-12)
     widths = np.broadcast_to(widths, coded.shape)
     gradient = unit_query[None] - cosines[:, None] * (coded / norm[:, None])  # [n, dims]

@@ -174,6 +174,8 @@ class ZCodes:
             ends = np.maximum(np.abs(edges[..., 1:]), np.abs(edges[..., :-1]))
             slack = (4 if self.norm_edges is not None else 2) * FLOAT16_ERROR
             self._widths = edges[..., 1:] - edges[..., :-1] + slack * ends
+        if (self.norm_codes is None) != (self.norm_edges is None):
+            raise ValueError("ZCodes needs both norm_codes and norm_edges, or neither")
         if self.norm_edges is not None:  # each norm's cell: [tables, Hs, cells]
             ne = np.asarray(self.norm_edges, np.float32)
             ne = ne.reshape(-1, *ne.shape[-2:])
@@ -251,12 +253,13 @@ class ZCodes:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``z [Hs, n, Dh]`` as each head's direction at each token, ``z / ||z||``, coded as
         ``quantise_cells`` codes numbers, and its norm ``||z||`` coded the same way in
-        ``NORM_BITS``: ``(codes, edges, norm_codes [Hs, n, 1], norm_edges [books, Hs, 1,
-        2 ** NORM_BITS + 1])`` (format 6). A direction's numbers are coded to the same share
-        of their length at every norm, so a head's small outputs are told apart as finely as
+        ``NORM_BITS``: ``(codes, edges, norm_codes [ceil(Hs / 2), n], norm_edges [books, Hs, 2 **
+        NORM_BITS + 1])`` (format 6; the norms two heads a byte, ``pack_norms``; without ``groups``,
+        edges and norm edges without their books' axis). A direction's numbers are coded to the same
+        share of their length at every norm, so a head's small outputs are told apart as finely as
         its large ones (a cosine over one head reads the direction alone); the norm-explicit
-        quantization of Dai et al. 2020 ("Norm-Explicit Quantization: Improving Vector
-        Quantization for Maximum Inner Product Search", AAAI), here for cosines."""
+        quantization of Dai et al. 2020 ("Norm-Explicit Quantization: Improving Vector Quantization
+        for Maximum Inner Product Search", AAAI), here for cosines."""
         values = z.cpu() if z.dtype in (torch.float16, torch.float32) else z.float().cpu()
         size = code_bytes(z.shape[2], bits)
         norms = np.empty(z.shape[:2], np.float32)
@@ -282,7 +285,8 @@ class ZCodes:
         where = np.arange(self.tokens)[tokens] if isinstance(tokens, slice) else tokens
         where = np.asarray(where, np.int64).reshape(-1)
         chosen = np.arange(self.codes.shape[0]) if heads is None else np.asarray(heads)
-        byte = np.asarray(self.norm_codes)[chosen // 2][:, where]  # [Hs, n]
+        # only the rows and tokens asked are read from the memory map
+        byte = np.asarray(self.norm_codes)[np.ix_(chosen // 2, where)]  # [Hs, n]
         cell = (byte >> (4 * (chosen % 2))[:, None].astype(np.uint8)) & 15
         at = (self.table_of[where][None], chosen[:, None], cell)
         return self._norm_mids[at][..., None], self._norm_widths[at][..., None]
@@ -312,7 +316,8 @@ class ZCodes:
         width of its decoded value). Formats 4 to 6: its cell's width; before, its span's
         step. Each widened by ``FLOAT16_ERROR`` of the value on each side (the build codes
         float16). Format 6 (a direction ``u`` of width ``w`` times a norm ``s`` of width
-        ``v``): ``(|u| + w / 2) v + (s + v / 2) w``, the product's error at its largest."""
+        ``v``): ``|u| v + s w + v w / 2``, twice the product's error at its largest (``|u| v /
+        2 + s w / 2 + (w / 2)(v / 2)``)."""
         return self.decode_with_widths(tokens, heads)[1]
 
     def decode(self, tokens: np.ndarray | slice, heads: list[int] | None = None) -> np.ndarray:
@@ -329,7 +334,7 @@ class ZCodes:
         values, widths = self._cells((self._mids, self._widths), tokens, heads)
         if self.norm_codes is not None:
             norm, spread = self._norm_cells(tokens, heads)
-            widths = (np.abs(values) + widths / 2) * spread + (norm + spread / 2) * widths
+            widths = np.abs(values) * spread + norm * widths + widths * spread / 2
             values = values * norm
         return values, widths
 

@@ -10,12 +10,13 @@ little-endian number (4 bits: two a byte, the low nibble first; 5 bits: eight in
 - ``lookup(codes, heads, tokens, spans, tables, bits)``: the tables' entries at each code of
   ``heads`` at ``tokens``, token ``tokens[i]`` read through table ``spans[i]`` (a span's, or a
   span's group's: ``ZCodes.table_of``); a decode (midpoints), or the widths.
-- ``cosines(codes, heads, table_of, mids, query, bits, tokens=None)``: each token's cosine with
-  ``query`` over ``heads``' decoded values, as an asymmetric scan (Jegou et al. 2011, "Product
-  quantization for nearest neighbor search", IEEE TPAMI 33(1), section 4.1): over every token,
-  the query's products with every cell's midpoint are tabled once, then each token sums its
-  codes' entries; over a few listed tokens, each read once, the midpoints are read as they are.
-  The cosine of the concatenation is ``sum_h q_h . c_h / sqrt(sum_h ||c_h||^2)``.
+- ``cosines(codes, heads, table_of, mids, query, bits, tokens=None, norms=None)``: each token's
+  cosine with ``query`` over ``heads``' decoded values, as an asymmetric scan (Jegou et al.
+  2011, "Product quantization for nearest neighbor search", IEEE TPAMI 33(1), section 4.1): over
+  every token, the query's products with every cell's midpoint are tabled once, then each token
+  sums its codes' entries; over a few listed tokens, each read once, the midpoints are read as
+  they are. The cosine of the concatenation is ``sum_h q_h . c_h / sqrt(sum_h ||c_h||^2)``; with
+  ``norms`` (format 6) the codes are directions and ``c_h`` is each one times its head's norm.
 - ``cosine_bounds(...)``: the same for candidates, with each one's bound on its codes' error
   (``mhsa.atlas.exact``'s re-ranking), in the same single pass.
 - ``cells_of(values, grid, power, bits, size, groups=None, books=1, norms=None)`` and
