@@ -282,19 +282,25 @@ class ZCodes:
         self, tokens: np.ndarray | slice, heads: list[int] | None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Each of ``heads``' norm at ``tokens`` and its width: ``[Hs, n, 1]`` each."""
-        where = np.arange(self.tokens)[tokens] if isinstance(tokens, slice) else tokens
-        where = np.asarray(where, np.int64).reshape(-1)
-        chosen = np.arange(self.codes.shape[0]) if heads is None else np.asarray(heads)
+        where, chosen = self._where(tokens), self._heads(heads)
         # only the rows and tokens asked are read from the memory map
         byte = np.asarray(self.norm_codes)[np.ix_(chosen // 2, where)]  # [Hs, n]
         cell = (byte >> (4 * (chosen % 2))[:, None].astype(np.uint8)) & 15
         at = (self.table_of[where][None], chosen[:, None], cell)
         return self._norm_mids[at][..., None], self._norm_widths[at][..., None]
 
+    def _where(self, tokens: np.ndarray | slice) -> np.ndarray:
+        """``tokens`` (indices or a slice of the atlas's) as a flat int64 array of indices."""
+        where = np.arange(self.tokens)[tokens] if isinstance(tokens, slice) else tokens
+        return np.asarray(where, np.int64).reshape(-1)
+
+    def _heads(self, heads: list[int] | None) -> np.ndarray:
+        """``heads`` as an array (None: every head)."""
+        return np.arange(self.codes.shape[0]) if heads is None else np.asarray(heads)
+
     def _spans(self, tokens: np.ndarray | slice) -> np.ndarray:
         """The table of cells of each of ``tokens`` (``table_of``)."""
-        where = np.arange(self.tokens)[tokens] if isinstance(tokens, slice) else tokens
-        return self.table_of[np.asarray(where, np.int64)].astype(np.int64)
+        return self.table_of[self._where(tokens)].astype(np.int64)
 
     def _cells(
         self, tables: tuple[np.ndarray, ...], tokens: np.ndarray | slice, heads: list[int] | None
@@ -303,9 +309,7 @@ class ZCodes:
         midpoints, widths) looked up at each code of ``heads`` at ``tokens``, read from the
         packed codes in one compiled pass (``mhsa.atlas.kernels.lookup``): ``[Hs, n, Dh]``
         float32 each."""
-        where = np.arange(self.tokens)[tokens] if isinstance(tokens, slice) else tokens
-        where = np.asarray(where, np.int64).reshape(-1)
-        chosen = np.arange(self.codes.shape[0]) if heads is None else np.asarray(heads)
+        where, chosen = self._where(tokens), self._heads(heads)
         stacked = tables[0][None] if len(tables) == 1 else np.stack(tables)
         out = lookup(self.codes, chosen, where, self._spans(where), stacked, self.bits)
         return list(out)
@@ -318,6 +322,8 @@ class ZCodes:
         float16). Format 6 (a direction ``u`` of width ``w`` times a norm ``s`` of width
         ``v``): ``|u| v + s w + v w / 2``, twice the product's error at its largest (``|u| v /
         2 + s w / 2 + (w / 2)(v / 2)``)."""
+        if self.norm_codes is None:  # the widths' table alone
+            return self._cells((self._widths,), tokens, heads)[0]
         return self.decode_with_widths(tokens, heads)[1]
 
     def decode(self, tokens: np.ndarray | slice, heads: list[int] | None = None) -> np.ndarray:
@@ -345,7 +351,7 @@ class ZCodes:
         every token) with the unit vector ``query``, in one compiled scan of the codes that
         decodes nothing (``mhsa.atlas.kernels.cosines``): ``[n]`` float32, ``rows(tokens,
         heads) @ query``."""
-        chosen = np.arange(self.codes.shape[0]) if heads is None else np.asarray(heads)
+        chosen = self._heads(heads)
         return cosines(
             self.codes, chosen, self.table_of, self._mids, query, self.bits, tokens,
             self._norm_tables(),
@@ -362,7 +368,7 @@ class ZCodes:
         """``cosines(query, tokens, heads)`` and, for each token, how far above its coded
         cosine its true one may lie by its own cells' widths (``mhsa.atlas.exact.cosine_bound``
         over ``decode_with_widths``, in one compiled pass that decodes nothing)."""
-        chosen = np.arange(self.codes.shape[0]) if heads is None else np.asarray(heads)
+        chosen = self._heads(heads)
         tables = (self._mids, self._widths)
         return cosine_bounds(
             self.codes, chosen, self.table_of, tables, query, self.bits, tokens, margin, curvature,
